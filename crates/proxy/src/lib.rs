@@ -1,1 +1,23 @@
-//! placeholder
+//! sandgate's egress proxy: an HTTP/1.1 forward proxy (absolute-form `http://` and CONNECT
+//! tunnels) in front of a default-deny policy and an address guard.
+//!
+//! Data path, in module order: [`server`] accepts and reads a bounded request head ([`head`],
+//! [`framing`]); the pure policy crate parses the target and decides; [`dial`] resolves,
+//! vets every address and connects to a vetted one (the only module that dials out);
+//! [`tunnel`] relays CONNECT bytes, [`forward`] relays HTTP messages; [`respond`] renders
+//! every response the proxy writes itself; [`audit`] records every decision and close.
+
+pub mod audit;
+pub mod config;
+pub mod dial;
+pub(crate) mod forward;
+pub mod framing;
+pub mod head;
+pub mod respond;
+pub(crate) mod server;
+pub(crate) mod tunnel;
+
+pub use audit::{AuditDestination, AuditEvent, EventKind};
+pub use config::{Limits, ProxyConfig};
+pub use dial::Nameservers;
+pub use server::{Proxy, StartError};

@@ -1,1 +1,109 @@
-fn main() {}
+//! The `sandgate` binary: parses the command line, builds configuration, runs the library,
+//! and maps failures to exit codes (64 for usage and configuration errors, as sysexits'
+//! EX_USAGE; 1 for failures at run time).
+
+mod cli;
+mod settings;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::Parser;
+use cli::{Cli, Command, LogFormat};
+use sandgate_proxy::Proxy;
+
+const EX_USAGE: u8 = 64;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => ExitCode::SUCCESS,
+                _ => ExitCode::from(EX_USAGE),
+            };
+        }
+    };
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Proxy(args) => run_proxy(&args),
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SANDGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
+    let config = match settings::proxy_config(args, &settings::ProcessEnv) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("sandgate: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    // Each tunnel holds two descriptors; the default soft limit (often 1024) is too low.
+    if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
+        tracing::warn!(error = %e, "cannot raise the open-file limit");
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandgate: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let (allow, deny) = config.rules.len();
+        if allow == 0 {
+            tracing::warn!("the allowlist is empty: every request will be denied");
+        }
+        let proxy = match Proxy::bind(config).await {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("sandgate: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        for addr in proxy.local_addrs() {
+            tracing::info!(%addr, allow_rules = allow, deny_rules = deny, "listening");
+        }
+        for range in proxy.guard().allow_ranges() {
+            tracing::warn!(%range, "address guard exemption");
+        }
+        match proxy.run(shutdown_signal()).await {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sandgate: audit log failed: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM; only SIGINT stops the proxy");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

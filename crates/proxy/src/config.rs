@@ -1,0 +1,61 @@
+//! The proxy's configuration, as a typed value that can only hold valid settings. The CLI
+//! (or a test) builds it; nothing here reads the environment or files.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use sandgate_policy::{AddressGuard, Ruleset};
+
+use crate::audit::AuditDestination;
+use crate::dial::Nameservers;
+
+/// Bounds on what one client may cost.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest request head accepted (431 beyond it).
+    pub max_head_bytes: usize,
+    /// Time for a whole request head to arrive once the client starts sending (408 after)
+    /// and, on a kept-alive connection, for the next one to start (then closed quietly).
+    pub head_timeout: Duration,
+    /// Time to establish the upstream TCP connection (504 after).
+    pub connect_timeout: Duration,
+    /// Time for DNS answers (504 after).
+    pub dns_timeout: Duration,
+    /// Time for the upstream's response head once the request is sent (504 after).
+    pub response_timeout: Duration,
+    /// A body relay that moves no byte this long is abandoned.
+    pub body_idle_timeout: Duration,
+    /// A tunnel that moves no byte either way this long is closed.
+    pub tunnel_idle_timeout: Duration,
+    /// Client connections served at once; more wait in the listen backlog.
+    pub max_connections: usize,
+    /// After SIGTERM, how long in-flight work may take before it is cut.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_head_bytes: 16 * 1024,
+            head_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            dns_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(60),
+            body_idle_timeout: Duration::from_secs(60),
+            tunnel_idle_timeout: Duration::from_secs(900),
+            max_connections: 16_384,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Everything [`crate::Proxy::bind`] needs.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    pub listen: Vec<SocketAddr>,
+    pub rules: Ruleset,
+    pub guard: AddressGuard,
+    pub nameservers: Nameservers,
+    pub audit: AuditDestination,
+    pub limits: Limits,
+}

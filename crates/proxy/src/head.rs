@@ -1,0 +1,415 @@
+//! Request and response heads: parses an HTTP/1.x head (RFC 9112 sections 2-5) with
+//! `httparse`, then applies the framing rules a proxy must hold to avoid request smuggling
+//! (RFC 9112 section 6.3 and 11.2):
+//! - Content-Length together with Transfer-Encoding is refused;
+//! - differing or list-valued Content-Length is refused;
+//! - a request Transfer-Encoding whose final coding is not `chunked` is refused, as is
+//!   Transfer-Encoding in an HTTP/1.0 request;
+//! - obs-fold (RFC 9112 section 5.2), bare CR/LF and NUL in fields are refused by httparse;
+//! - a second Host header is refused.
+//!
+//! It also knows the hop-by-hop fields (RFC 9110 section 7.6.1) that must not be forwarded.
+//! It does not read sockets: [`parse_request_head`] takes bytes, so the fuzz target and the
+//! tests drive it directly.
+
+use crate::framing::BodyKind;
+
+/// Most header fields accepted in one head.
+pub const MAX_HEADERS: usize = 100;
+
+/// A header field as received: name and raw value bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Field {
+    pub name: String,
+    pub value: Vec<u8>,
+}
+
+impl Field {
+    pub fn is(&self, name: &str) -> bool {
+        self.name.eq_ignore_ascii_case(name)
+    }
+}
+
+/// A parsed, framing-checked request head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHead {
+    pub method: String,
+    pub target: String,
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    pub minor_version: u8,
+    pub fields: Vec<Field>,
+    pub body: BodyKind,
+    /// The client asked to close after this exchange (or is HTTP/1.0 without keep-alive).
+    pub close: bool,
+}
+
+impl RequestHead {
+    pub fn is_connect(&self) -> bool {
+        self.method == "CONNECT"
+    }
+}
+
+/// A parsed response head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHead {
+    pub status: u16,
+    pub reason: String,
+    pub minor_version: u8,
+    pub fields: Vec<Field>,
+    pub body: BodyKind,
+    pub close: bool,
+}
+
+/// Why a head was refused. Request-side variants become 400 (431 for size); response-side
+/// ones become 502.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeadError {
+    #[error("malformed HTTP head ({0})")]
+    Syntax(&'static str),
+    #[error("too many header fields")]
+    TooManyFields,
+    #[error("Content-Length together with Transfer-Encoding")]
+    LengthAndChunked,
+    #[error("invalid or conflicting Content-Length")]
+    BadContentLength,
+    #[error("Transfer-Encoding whose final coding is not chunked")]
+    BadTransferEncoding,
+    #[error("duplicate Host header")]
+    DuplicateHost,
+    #[error("CONNECT request with a body")]
+    ConnectBody,
+}
+
+impl HeadError {
+    /// Stable `reason_code` for the audit log.
+    pub fn code(&self) -> &'static str {
+        match self {
+            HeadError::Syntax(_) => "malformed_head",
+            HeadError::TooManyFields => "too_many_fields",
+            HeadError::LengthAndChunked
+            | HeadError::BadContentLength
+            | HeadError::BadTransferEncoding
+            | HeadError::ConnectBody => "ambiguous_framing",
+            HeadError::DuplicateHost => "duplicate_host",
+        }
+    }
+}
+
+fn syntax(err: httparse::Error) -> HeadError {
+    match err {
+        httparse::Error::TooManyHeaders => HeadError::TooManyFields,
+        httparse::Error::HeaderName => HeadError::Syntax("header name"),
+        httparse::Error::HeaderValue => HeadError::Syntax("header value"),
+        httparse::Error::NewLine => HeadError::Syntax("line ending"),
+        httparse::Error::Status => HeadError::Syntax("status"),
+        httparse::Error::Token => HeadError::Syntax("method or target"),
+        httparse::Error::Version => HeadError::Syntax("version"),
+    }
+}
+
+fn collect_fields(headers: &[httparse::Header<'_>]) -> Vec<Field> {
+    headers
+        .iter()
+        .map(|h| Field {
+            name: h.name.to_owned(),
+            value: h.value.to_vec(),
+        })
+        .collect()
+}
+
+/// Parses a request head from the start of `buf`. `Ok(None)` means more bytes are needed;
+/// `Ok(Some((head, len)))` gives the head and how many bytes of `buf` it used.
+pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let len = match req.parse(buf).map_err(syntax)? {
+        httparse::Status::Complete(len) => len,
+        httparse::Status::Partial => return Ok(None),
+    };
+    let (Some(method), Some(target), Some(minor_version)) = (req.method, req.path, req.version)
+    else {
+        return Err(HeadError::Syntax("request line"));
+    };
+    let fields = collect_fields(req.headers);
+    if fields.iter().filter(|f| f.is("host")).count() > 1 {
+        return Err(HeadError::DuplicateHost);
+    }
+    let body = request_body(&fields, minor_version)?;
+    if method == "CONNECT" && body != BodyKind::Empty {
+        return Err(HeadError::ConnectBody);
+    }
+    let close = wants_close(&fields, minor_version);
+    let head = RequestHead {
+        method: method.to_owned(),
+        target: target.to_owned(),
+        minor_version,
+        fields,
+        body,
+        close,
+    };
+    Ok(Some((head, len)))
+}
+
+/// Parses a response head. `request_method` and the status decide whether a body follows
+/// (RFC 9112 section 6.3 rules 1 and 2).
+pub fn parse_response_head(
+    buf: &[u8],
+    request_method: &str,
+) -> Result<Option<(ResponseHead, usize)>, HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut res = httparse::Response::new(&mut headers);
+    let len = match res.parse(buf).map_err(syntax)? {
+        httparse::Status::Complete(len) => len,
+        httparse::Status::Partial => return Ok(None),
+    };
+    let (Some(status), Some(minor_version)) = (res.code, res.version) else {
+        return Err(HeadError::Syntax("status line"));
+    };
+    let reason = res.reason.unwrap_or("").to_owned();
+    let mut fields = collect_fields(res.headers);
+    let no_body = request_method == "HEAD" || (100..200).contains(&status) || status == 204 || status == 304;
+    let body = if no_body {
+        BodyKind::Empty
+    } else {
+        response_body(&mut fields)?
+    };
+    let close = wants_close(&fields, minor_version) || body == BodyKind::UntilClose;
+    let head = ResponseHead {
+        status,
+        reason,
+        minor_version,
+        fields,
+        body,
+        close,
+    };
+    Ok(Some((head, len)))
+}
+
+/// Comma-separated tokens of every field named `name`, lowercased, empty items skipped.
+fn tokens<'a>(fields: &'a [Field], name: &'a str) -> impl Iterator<Item = String> + 'a {
+    fields
+        .iter()
+        .filter(move |f| f.is(name))
+        .flat_map(|f| f.value.split(|b| *b == b','))
+        .map(|t| String::from_utf8_lossy(t.trim_ascii()).to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+}
+
+fn wants_close(fields: &[Field], minor_version: u8) -> bool {
+    let mut close = false;
+    let mut keep_alive = false;
+    for token in tokens(fields, "connection") {
+        close |= token == "close";
+        keep_alive |= token == "keep-alive";
+    }
+    close || (minor_version == 0 && !keep_alive)
+}
+
+/// The Content-Length value, if present: every field must carry the same single decimal.
+fn content_length(fields: &[Field]) -> Result<Option<u64>, HeadError> {
+    let mut found = None;
+    for field in fields.iter().filter(|f| f.is("content-length")) {
+        let v = &field.value;
+        if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+            return Err(HeadError::BadContentLength);
+        }
+        let n = std::str::from_utf8(v)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or(HeadError::BadContentLength)?;
+        if found.is_some_and(|prev| prev != n) {
+            return Err(HeadError::BadContentLength);
+        }
+        found = Some(n);
+    }
+    Ok(found)
+}
+
+fn request_body(fields: &[Field], minor_version: u8) -> Result<BodyKind, HeadError> {
+    let codings: Vec<String> = tokens(fields, "transfer-encoding").collect();
+    let has_te = fields.iter().any(|f| f.is("transfer-encoding"));
+    let length = content_length(fields)?;
+    if has_te {
+        if length.is_some() {
+            return Err(HeadError::LengthAndChunked);
+        }
+        let chunked_count = codings.iter().filter(|c| *c == "chunked").count();
+        let final_chunked = codings.last().is_some_and(|c| c == "chunked");
+        if minor_version == 0 || !final_chunked || chunked_count != 1 {
+            return Err(HeadError::BadTransferEncoding);
+        }
+        return Ok(BodyKind::Chunked);
+    }
+    Ok(match length {
+        None | Some(0) => BodyKind::Empty,
+        Some(n) => BodyKind::Length(n),
+    })
+}
+
+/// Response framing (RFC 9112 section 6.3 rules 3-7). With both Transfer-Encoding and
+/// Content-Length, Transfer-Encoding wins and Content-Length is removed (rule 3).
+fn response_body(fields: &mut Vec<Field>) -> Result<BodyKind, HeadError> {
+    let has_te = fields.iter().any(|f| f.is("transfer-encoding"));
+    if has_te {
+        let last = tokens(fields, "transfer-encoding").last();
+        fields.retain(|f| !f.is("content-length"));
+        return Ok(match last.as_deref() {
+            Some("chunked") => BodyKind::Chunked,
+            _ => BodyKind::UntilClose,
+        });
+    }
+    Ok(match content_length(fields)? {
+        Some(0) => BodyKind::Empty,
+        Some(n) => BodyKind::Length(n),
+        None => BodyKind::UntilClose,
+    })
+}
+
+/// Hop-by-hop fields (RFC 9110 section 7.6.1), plus the proxy credentials, which are meant
+/// for this hop only. `Transfer-Encoding` is not here: sandgate relays the message body
+/// with its framing unchanged, so the field stays true for the next hop.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "te",
+    "upgrade",
+    "proxy-authorization",
+    "proxy-authenticate",
+];
+
+/// Fields to forward: everything but hop-by-hop fields, the fields the Connection header
+/// names, and Host (which the caller sets from the request-target).
+pub fn end_to_end_fields(fields: &[Field]) -> impl Iterator<Item = &Field> {
+    let named: Vec<String> = tokens(fields, "connection").collect();
+    fields.iter().filter(move |f| {
+        let lower = f.name.to_ascii_lowercase();
+        lower != "host" && !HOP_BY_HOP.contains(&lower.as_str()) && !named.contains(&lower)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(text: &str) -> Result<Option<(RequestHead, usize)>, HeadError> {
+        parse_request_head(text.as_bytes())
+    }
+
+    #[test]
+    fn parses_a_simple_request() {
+        let text = "GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\nrest";
+        let (head, len) = req(text).unwrap().unwrap();
+        assert_eq!(len, text.len() - 4);
+        assert_eq!(head.method, "GET");
+        assert_eq!(head.target, "http://a.test/");
+        assert_eq!(head.body, BodyKind::Empty);
+        assert!(!head.close);
+    }
+
+    #[test]
+    fn partial_head_needs_more() {
+        assert_eq!(req("GET http://a.test/ HTTP/1.1\r\nHost: a"), Ok(None));
+    }
+
+    #[test]
+    fn framing_table() {
+        let cases: &[(&str, Result<BodyKind, HeadError>)] = &[
+            ("Content-Length: 5\r\n", Ok(BodyKind::Length(5))),
+            ("Content-Length: 5\r\nContent-Length: 5\r\n", Ok(BodyKind::Length(5))),
+            ("Content-Length: 0\r\n", Ok(BodyKind::Empty)),
+            ("Transfer-Encoding: chunked\r\n", Ok(BodyKind::Chunked)),
+            ("Transfer-Encoding: gzip, Chunked\r\n", Ok(BodyKind::Chunked)),
+            ("Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n", Ok(BodyKind::Chunked)),
+            ("Content-Length: 5\r\nContent-Length: 6\r\n", Err(HeadError::BadContentLength)),
+            ("Content-Length: 5, 5\r\n", Err(HeadError::BadContentLength)),
+            ("Content-Length: +5\r\n", Err(HeadError::BadContentLength)),
+            ("Content-Length: \r\n", Err(HeadError::BadContentLength)),
+            ("Content-Length: 99999999999999999999\r\n", Err(HeadError::BadContentLength)),
+            ("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", Err(HeadError::LengthAndChunked)),
+            ("Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", Err(HeadError::LengthAndChunked)),
+            ("Transfer-Encoding: gzip\r\n", Err(HeadError::BadTransferEncoding)),
+            ("Transfer-Encoding: chunked, gzip\r\n", Err(HeadError::BadTransferEncoding)),
+            ("Transfer-Encoding: chunked, chunked\r\n", Err(HeadError::BadTransferEncoding)),
+            ("Transfer-Encoding: xchunked\r\n", Err(HeadError::BadTransferEncoding)),
+            ("Host: a\r\nHost: b\r\n", Err(HeadError::DuplicateHost)),
+        ];
+        for (fields, want) in cases {
+            let text = format!("POST http://a.test/ HTTP/1.1\r\n{fields}\r\n");
+            let got = req(&text).map(|r| r.unwrap().0.body);
+            assert_eq!(&got, want, "{fields:?}");
+        }
+    }
+
+    #[test]
+    fn obs_fold_and_bad_bytes_are_refused() {
+        for text in [
+            "GET http://a.test/ HTTP/1.1\r\nX-A: 1\r\n  folded\r\n\r\n",
+            "GET http://a.test/ HTTP/1.1\r\nX-A: a\0b\r\n\r\n",
+            "GET http://a.test/ HTTP/1.1\r\nX A: 1\r\n\r\n",
+            "GET http://a.test/ HTTP/2.0\r\n\r\n",
+            "GET  http://a.test/ HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(req(text).is_err(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn http10_rules() {
+        let (head, _) = req("GET http://a.test/ HTTP/1.0\r\n\r\n").unwrap().unwrap();
+        assert!(head.close);
+        let (head, _) = req("GET http://a.test/ HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!head.close);
+        assert_eq!(
+            req("POST http://a.test/ HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            Err(HeadError::BadTransferEncoding)
+        );
+    }
+
+    #[test]
+    fn connect_with_body_is_refused() {
+        assert_eq!(
+            req("CONNECT a.test:443 HTTP/1.1\r\nContent-Length: 3\r\n\r\n"),
+            Err(HeadError::ConnectBody)
+        );
+    }
+
+    #[test]
+    fn hop_by_hop_fields_are_dropped() {
+        let text = "GET http://a.test/ HTTP/1.1\r\nHost: x\r\nConnection: close, X-Secret\r\n\
+                    X-Secret: 1\r\nProxy-Authorization: Basic abc\r\nProxy-Connection: keep-alive\r\n\
+                    Keep-Alive: 5\r\nTE: trailers\r\nUpgrade: h2c\r\nAccept: */*\r\n\r\n";
+        let (head, _) = req(text).unwrap().unwrap();
+        let kept: Vec<&str> = end_to_end_fields(&head.fields).map(|f| f.name.as_str()).collect();
+        assert_eq!(kept, ["Accept"]);
+    }
+
+    #[test]
+    fn response_framing() {
+        let parse = |text: &str, method: &str| {
+            parse_response_head(text.as_bytes(), method).map(|r| r.unwrap().0.body)
+        };
+        assert_eq!(parse("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n", "GET"), Ok(BodyKind::Length(3)));
+        assert_eq!(parse("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n", "HEAD"), Ok(BodyKind::Empty));
+        assert_eq!(parse("HTTP/1.1 204 No Content\r\n\r\n", "GET"), Ok(BodyKind::Empty));
+        assert_eq!(parse("HTTP/1.1 304 Not Modified\r\n\r\n", "GET"), Ok(BodyKind::Empty));
+        assert_eq!(parse("HTTP/1.1 200 OK\r\n\r\n", "GET"), Ok(BodyKind::UntilClose));
+        assert_eq!(
+            parse("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", "GET"),
+            Ok(BodyKind::Chunked)
+        );
+        assert_eq!(
+            parse("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n", "GET"),
+            Err(HeadError::BadContentLength)
+        );
+        let (head, _) = parse_response_head(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+            "GET",
+        )
+        .unwrap()
+        .unwrap();
+        assert!(!head.fields.iter().any(|f| f.is("content-length")));
+    }
+}

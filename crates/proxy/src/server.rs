@@ -1,0 +1,278 @@
+//! The accept loop, the per-connection request loop, and graceful shutdown.
+//!
+//! Shape after mini-redis: a semaphore caps live connections (accept waits for a permit),
+//! every connection task is tracked, and shutdown is three steps: stop accepting and let idle
+//! keep-alive connections go; give in-flight requests and tunnels the grace period; then cut
+//! what remains (each cut tunnel still writes its close event). The audit writer is drained
+//! last, so nothing decided is lost.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use sandgate_policy::{AddressGuard, Ruleset};
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::audit::{Audit, AuditEvent, AuditWriter, EventKind};
+use crate::config::{Limits, ProxyConfig};
+use crate::dial::{DialConfig, Dialer};
+use crate::forward::{self, Upstream};
+use crate::head::{RequestHead, parse_request_head};
+use crate::respond::Refusal;
+use crate::tunnel;
+
+/// Why the proxy could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot open the audit log: {0}")]
+    Audit(std::io::Error),
+    #[error("cannot set up DNS resolution: {0}")]
+    Resolver(String),
+    #[error("no listen address given")]
+    NoListener,
+}
+
+/// State shared by every connection.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub rules: Ruleset,
+    pub dialer: Dialer,
+    pub audit: Audit,
+    pub limits: Limits,
+    pub ids: RequestIds,
+    /// Cancelled when in-flight work must end (grace period over).
+    pub hard_stop: CancellationToken,
+}
+
+/// Request ids: a per-process prefix and a counter, unique within a run and unlikely to
+/// repeat across restarts.
+#[derive(Debug)]
+pub(crate) struct RequestIds {
+    prefix: u32,
+    next: AtomicU64,
+}
+
+impl RequestIds {
+    fn new() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        RequestIds { prefix: nanos ^ std::process::id().rotate_left(16), next: AtomicU64::new(1) }
+    }
+
+    pub fn next(&self) -> String {
+        format!("{:08x}{:08x}", self.prefix, self.next.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// A bound, ready-to-run proxy.
+#[derive(Debug)]
+pub struct Proxy {
+    listeners: Vec<TcpListener>,
+    shared: Arc<Shared>,
+    writer: AuditWriter,
+}
+
+impl Proxy {
+    /// Binds every listen address, builds the resolver and opens the audit log.
+    pub async fn bind(config: ProxyConfig) -> Result<Proxy, StartError> {
+        if config.listen.is_empty() {
+            return Err(StartError::NoListener);
+        }
+        let mut listeners = Vec::with_capacity(config.listen.len());
+        for addr in &config.listen {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::Bind { addr: *addr, source })?;
+            listeners.push(listener);
+        }
+        let own: Vec<SocketAddr> = listeners.iter().filter_map(|l| l.local_addr().ok()).collect();
+        let dial_config = DialConfig {
+            nameservers: config.nameservers.clone(),
+            dns_timeout: config.limits.dns_timeout,
+            connect_timeout: config.limits.connect_timeout,
+            guard: config.guard.clone(),
+        };
+        let dialer = Dialer::new(&dial_config, own).map_err(|e| StartError::Resolver(e.to_string()))?;
+        let (audit, writer) = AuditWriter::start(&config.audit).map_err(StartError::Audit)?;
+        let shared = Arc::new(Shared {
+            rules: config.rules,
+            dialer,
+            audit,
+            limits: config.limits,
+            ids: RequestIds::new(),
+            hard_stop: CancellationToken::new(),
+        });
+        Ok(Proxy { listeners, shared, writer })
+    }
+
+    /// The addresses actually bound (useful with port 0).
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners.iter().filter_map(|l| l.local_addr().ok()).collect()
+    }
+
+    /// The address guard in force (for start-up logging).
+    pub fn guard(&self) -> &AddressGuard {
+        self.shared.dialer.guard()
+    }
+
+    /// Serves until `shutdown` completes, then shuts down gracefully. Returns the number of
+    /// audit events written.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> std::io::Result<u64> {
+        let Proxy { listeners, shared, writer } = self;
+        let stop_accepting = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let permits = Arc::new(Semaphore::new(shared.limits.max_connections));
+        for listener in listeners {
+            tracker.spawn(accept_loop(
+                listener,
+                shared.clone(),
+                permits.clone(),
+                tracker.clone(),
+                stop_accepting.clone(),
+            ));
+        }
+        shutdown.await;
+        tracing::info!(grace_secs = shared.limits.shutdown_grace.as_secs_f64(), "shutting down");
+        stop_accepting.cancel();
+        tracker.close();
+        if tokio::time::timeout(shared.limits.shutdown_grace, tracker.wait()).await.is_err() {
+            tracing::warn!(open = tracker.len(), "grace period over; closing what remains");
+            shared.hard_stop.cancel();
+            // Cut work ends promptly (it only writes its close event); bound it anyway.
+            let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
+        }
+        drop(shared);
+        let written = writer.finish().await?;
+        tracing::info!(audit_events = written, "stopped");
+        Ok(written)
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    permits: Arc<Semaphore>,
+    tracker: TaskTracker,
+    stop: CancellationToken,
+) {
+    loop {
+        let permit = tokio::select! {
+            _ = stop.cancelled() => return,
+            permit = permits.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                let shared = shared.clone();
+                let stop = stop.clone();
+                tracker.spawn(async move {
+                    serve_connection(stream, peer, &shared, &stop).await;
+                    drop(permit);
+                });
+            }
+            Err(e) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// A client connection with its read buffer (bytes received but not yet consumed).
+#[derive(Debug)]
+pub(crate) struct ClientConn {
+    pub stream: TcpStream,
+    pub buf: BytesMut,
+    pub peer: SocketAddr,
+}
+
+/// What to do after one exchange.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Next {
+    KeepAlive,
+    Close,
+}
+
+async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, stop: &CancellationToken) {
+    let mut client = ClientConn { stream, buf: BytesMut::new(), peer };
+    let mut upstream: Option<Upstream> = None;
+    loop {
+        let head = match read_request_head(&mut client, &shared.limits, stop).await {
+            Ok(Some(head)) => head,
+            Ok(None) => return,
+            Err(refusal) => {
+                forward::refuse(shared, &mut client, None, refusal, "-", None).await;
+                return;
+            }
+        };
+        if head.is_connect() {
+            tunnel::handle_connect(shared, client, head).await;
+            return;
+        }
+        if forward::handle_http(shared, &mut client, head, &mut upstream).await == Next::Close {
+            return;
+        }
+    }
+}
+
+/// Reads one request head. `Ok(None)`: the connection ended (or idled out, or the proxy is
+/// stopping) between requests, which needs no answer.
+async fn read_request_head(
+    client: &mut ClientConn,
+    limits: &Limits,
+    stop: &CancellationToken,
+) -> Result<Option<RequestHead>, Refusal> {
+    let deadline = tokio::time::Instant::now() + limits.head_timeout;
+    loop {
+        if !client.buf.is_empty() {
+            match parse_request_head(&client.buf) {
+                Ok(Some((head, len))) => {
+                    client.buf.advance(len);
+                    return Ok(Some(head));
+                }
+                Ok(None) if client.buf.len() >= limits.max_head_bytes => return Err(Refusal::HeadTooLarge),
+                Ok(None) => {}
+                Err(crate::head::HeadError::TooManyFields) => return Err(Refusal::HeadTooLarge),
+                Err(e) => return Err(Refusal::Head(e)),
+            }
+        }
+        let idle = client.buf.is_empty();
+        // Bounded in bytes: never hold more than the head limit plus one read.
+        client.buf.reserve(4096);
+        let read = tokio::select! {
+            _ = stop.cancelled(), if idle => return Ok(None),
+            read = tokio::time::timeout_at(deadline, client.stream.read_buf(&mut client.buf)) => read,
+        };
+        match read {
+            Ok(Ok(0)) | Ok(Err(_)) => return Ok(None),
+            Ok(Ok(_)) => {}
+            Err(_) if idle => return Ok(None),
+            Err(_) => return Err(Refusal::HeadTimeout),
+        }
+    }
+}
+
+/// Builds the decision or close event common fields.
+pub(crate) fn event(kind: EventKind, request_id: &str, peer: SocketAddr) -> AuditEvent {
+    let mut e = AuditEvent::new(kind, request_id.to_owned());
+    e.client_addr = Some(peer);
+    e
+}

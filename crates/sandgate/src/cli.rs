@@ -1,0 +1,79 @@
+//! Command-line grammar (clap). Names here are an interface other tooling depends on.
+
+use clap::{Args, Parser, Subcommand};
+
+/// sandgate: run untrusted code so it reaches only the network destinations a policy allows.
+#[derive(Debug, Parser)]
+#[command(name = "sandgate", version, about)]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the egress proxy (HTTP forward proxy and CONNECT tunnels, default deny).
+    Proxy(ProxyArgs),
+}
+
+/// `sandgate proxy` flags. Repeatable flags also take comma-separated lists.
+#[derive(Debug, Args)]
+#[command(name = "proxy")]
+pub struct ProxyArgs {
+    /// Address to listen on [env: SANDGATE_LISTEN; PROXY_PORT=N means 0.0.0.0:N]
+    /// [default: 127.0.0.1:3128]
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Vec<String>,
+    /// Allowlist pattern: host, host:port, *.domain, *, IP literal [env: SANDGATE_ALLOW,
+    /// PROXY_ALLOWLIST]
+    #[arg(long, value_name = "PATTERN")]
+    pub allow: Vec<String>,
+    /// Denylist pattern, same grammar; always wins [env: SANDGATE_DENY]
+    #[arg(long, value_name = "PATTERN")]
+    pub deny: Vec<String>,
+    /// DNS server to use, IP or IP:PORT (default: nameservers of /etc/resolv.conf)
+    #[arg(long, value_name = "IP:PORT")]
+    pub dns_server: Vec<String>,
+    /// Address range exempt from the address guard (e.g. an internal service network)
+    #[arg(long, value_name = "CIDR")]
+    pub allow_range: Vec<String>,
+    /// Audit log file (JSON lines), or - for stdout [default: -]
+    #[arg(long, value_name = "PATH|-")]
+    pub audit_log: Option<String>,
+    /// Most concurrent client connections [default: 16384]
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Largest request head in bytes [default: 16384]
+    #[arg(long, value_name = "BYTES")]
+    pub max_head_bytes: Option<usize>,
+    /// Seconds for a request head to arrive [default: 10]
+    #[arg(long, value_name = "SECS")]
+    pub head_timeout: Option<f64>,
+    /// Seconds to connect upstream [default: 10]
+    #[arg(long, value_name = "SECS")]
+    pub connect_timeout: Option<f64>,
+    /// Seconds for DNS answers [default: 5]
+    #[arg(long, value_name = "SECS")]
+    pub dns_timeout: Option<f64>,
+    /// Seconds for the upstream response head [default: 60]
+    #[arg(long, value_name = "SECS")]
+    pub response_timeout: Option<f64>,
+    /// Seconds a body relay may stall [default: 60]
+    #[arg(long, value_name = "SECS")]
+    pub body_idle_timeout: Option<f64>,
+    /// Seconds a tunnel may stay idle [default: 900]
+    #[arg(long, value_name = "SECS")]
+    pub tunnel_idle_timeout: Option<f64>,
+    /// Seconds in-flight work may take after SIGTERM/SIGINT [default: 10]
+    #[arg(long, value_name = "SECS")]
+    pub shutdown_grace: Option<f64>,
+}
