@@ -189,9 +189,9 @@ mod tests {
     use clap::Parser;
 
     fn config(argv: &[&str], env: &[(&str, &str)]) -> Result<ProxyConfig, SettingsError> {
-        let mut full = vec!["proxy"];
+        let mut full = vec!["sandgate", "proxy"];
         full.extend_from_slice(argv);
-        let args = ProxyArgs::try_parse_from(full).unwrap();
+        let crate::cli::Command::Proxy(args) = crate::cli::Cli::try_parse_from(full).unwrap().command;
         let env: HashMap<String, String> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         proxy_config(&args, &env)
     }
@@ -229,7 +229,7 @@ mod tests {
             (&[], &[("PROXY_PORT", "0")], "PROXY_PORT value \"0\""),
             (&["--dns-server", "dns.example"], &[], "--dns-server value"),
             (&["--allow-range", "10.0.0.0/33"], &[], "--allow-range value"),
-            (&["--connect-timeout", "-1"], &[], "--connect-timeout value"),
+            (&["--connect-timeout", "0"], &[], "--connect-timeout value"),
         ];
         for (argv, env, want) in cases {
             let err = config(argv, env).unwrap_err().to_string();

@@ -1,0 +1,151 @@
+//! Shared harness for the end-to-end tests: runs the real `sandgate` binary on 127.0.0.1:0,
+//! learns its port from the start-up log, and reads its audit log.
+
+#![allow(dead_code, reason = "each test file uses a different part of the harness")]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A running `sandgate proxy`; killed when dropped.
+pub struct ProxyProcess {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub audit_path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl ProxyProcess {
+    /// Starts the proxy with `args` (plus a listen address and an audit file).
+    pub fn start(args: &[&str]) -> ProxyProcess {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let audit_path = dir.path().join("audit.jsonl");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sandgate"))
+            .arg("proxy")
+            .args(["--listen", "127.0.0.1:0", "--audit-log"])
+            .arg(&audit_path)
+            .args(args)
+            .env("SANDGATE_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn sandgate");
+        let stderr = child.stderr.take().expect("stderr");
+        let mut lines = BufReader::new(stderr).lines();
+        let addr = loop {
+            let line = match lines.next() {
+                Some(Ok(line)) => line,
+                _ => panic!("sandgate exited before listening: {:?}", child.wait()),
+            };
+            if let Some(rest) = line.split("addr=").nth(1) {
+                break rest.split_whitespace().next().unwrap().parse().unwrap();
+            }
+        };
+        // Keep draining stderr so the proxy never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines.by_ref() {});
+        ProxyProcess { child, addr, audit_path, _dir: dir }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "proxy did not stop after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Every audit event written so far (the writer flushes when its queue is empty, so
+    /// poll briefly until `want` events are there).
+    pub fn audit_events(&self, want: usize) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let events = read_audit(&self.audit_path);
+            if events.len() >= want || Instant::now() > deadline {
+                return events;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn read_audit(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("audit line is JSON"))
+        .collect()
+}
+
+/// Runs curl through `proxy` and returns (exit code, stdout, stderr).
+pub fn curl(proxy: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "20", "--noproxy", "", "-x", proxy])
+        .args(args)
+        .output()
+        .expect("run curl");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Sends raw bytes to the proxy and reads until it closes (bounded by a timeout).
+pub fn raw(addr: SocketAddr, request: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect proxy");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The status code of the first response in `text`.
+pub fn status_of(text: &str) -> u16 {
+    text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+/// Runs the calling test again inside a fresh network namespace (`unshare -rn`, loopback
+/// up), so that no bug can send a packet off this machine. Returns true in the outer process
+/// (which has then already checked the inner run passed) and false inside, where the test
+/// body should run.
+pub fn rerun_in_private_netns(test_name: &str) -> bool {
+    if std::env::var_os("SANDGATE_IN_PRIVATE_NETNS").is_some() {
+        return false;
+    }
+    let exe = std::env::current_exe().expect("test binary");
+    let out = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--net", "--", "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\""])
+        .arg(exe)
+        .args(["--exact", test_name, "--nocapture", "--test-threads=1"])
+        .env("SANDGATE_IN_PRIVATE_NETNS", "1")
+        .output()
+        .expect("run unshare");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "inner run failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("1 passed"), "inner run did not run the test:\n{stdout}\n{stderr}");
+    true
+}

@@ -1,0 +1,41 @@
+//! A throwaway certificate authority (rcgen) and a server certificate for test names.
+
+use std::sync::Arc;
+
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+
+/// A CA and one leaf certificate it signed.
+#[derive(Debug)]
+pub struct TestCa {
+    /// The CA certificate, PEM (give it to curl with `--cacert`).
+    pub ca_pem: String,
+    /// A rustls server config presenting the leaf certificate.
+    pub server_config: Arc<rustls::ServerConfig>,
+}
+
+impl TestCa {
+    /// Makes a CA and a leaf certificate valid for `names`.
+    pub fn new(names: &[&str]) -> TestCa {
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        // Distinct names, or the leaf looks self-signed (issuer == subject).
+        ca_params.distinguished_name.push(DnType::CommonName, "sandgate test CA");
+        let ca_key = KeyPair::generate().expect("CA key");
+        let ca = CertifiedIssuer::self_signed(ca_params, ca_key).expect("CA cert");
+        let leaf_names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        let mut leaf_params = CertificateParams::new(leaf_names).expect("leaf params");
+        leaf_params.distinguished_name.push(DnType::CommonName, names.first().copied().unwrap_or("leaf"));
+        let leaf_key = KeyPair::generate().expect("leaf key");
+        let leaf = leaf_params.signed_by(&leaf_key, &ca).expect("leaf cert");
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server_config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_no_client_auth()
+            .with_single_cert(vec![leaf.der().clone()], key)
+            .expect("server cert");
+        TestCa { ca_pem: ca.pem(), server_config: Arc::new(server_config) }
+    }
+}
