@@ -97,13 +97,25 @@ const V4_BLOCKS: &[(u32, u8, AddrClass)] = &[
     (u32::from_be_bytes([169, 254, 0, 0]), 16, AddrClass::LinkLocal),
     // RFC 6890 section 2.2.2 IETF protocol assignments (includes DS-Lite, RFC 7335 and the
     // NAT64 discovery addresses).
-    (u32::from_be_bytes([192, 0, 0, 0]), 24, AddrClass::ProtocolAssignments),
+    (
+        u32::from_be_bytes([192, 0, 0, 0]),
+        24,
+        AddrClass::ProtocolAssignments,
+    ),
     // RFC 5737 documentation (TEST-NET-1, -2, -3).
     (u32::from_be_bytes([192, 0, 2, 0]), 24, AddrClass::Documentation),
-    (u32::from_be_bytes([198, 51, 100, 0]), 24, AddrClass::Documentation),
+    (
+        u32::from_be_bytes([198, 51, 100, 0]),
+        24,
+        AddrClass::Documentation,
+    ),
     (u32::from_be_bytes([203, 0, 113, 0]), 24, AddrClass::Documentation),
     // RFC 7526 deprecated 6to4 relay anycast.
-    (u32::from_be_bytes([192, 88, 99, 0]), 24, AddrClass::Deprecated6to4Relay),
+    (
+        u32::from_be_bytes([192, 88, 99, 0]),
+        24,
+        AddrClass::Deprecated6to4Relay,
+    ),
     // RFC 2544 benchmarking.
     (u32::from_be_bytes([198, 18, 0, 0]), 15, AddrClass::Benchmarking),
     // RFC 5771 multicast.
@@ -119,26 +131,62 @@ const V6_BLOCKS: &[(u128, u8, AddrClass)] = &[
     (0, 128, AddrClass::Unspecified),
     (1, 128, AddrClass::Loopback),
     // AWS IMDS over IPv6, fd00:ec2::254 (inside unique-local; listed for the clearer reason).
-    (0xfd00_0ec2_0000_0000_0000_0000_0000_0254, 128, AddrClass::Metadata),
+    (
+        0xfd00_0ec2_0000_0000_0000_0000_0000_0254,
+        128,
+        AddrClass::Metadata,
+    ),
     // RFC 8215 local-use NAT64 prefix: operator-defined translation, never globally routed.
-    (0x0064_ff9b_0001_0000_0000_0000_0000_0000, 48, AddrClass::Nat64LocalUse),
+    (
+        0x0064_ff9b_0001_0000_0000_0000_0000_0000,
+        48,
+        AddrClass::Nat64LocalUse,
+    ),
     // RFC 6666 discard-only prefix.
     (0x0100_0000_0000_0000_0000_0000_0000_0000, 64, AddrClass::Discard),
     // RFC 3849 documentation, RFC 5180 benchmarking, within RFC 2928 IETF protocol
     // assignments 2001::/23 (Teredo 2001::/32 is handled before this table).
-    (0x2001_0db8_0000_0000_0000_0000_0000_0000, 32, AddrClass::Documentation),
-    (0x2001_0002_0000_0000_0000_0000_0000_0000, 48, AddrClass::Benchmarking),
-    (0x2001_0000_0000_0000_0000_0000_0000_0000, 23, AddrClass::ProtocolAssignments),
+    (
+        0x2001_0db8_0000_0000_0000_0000_0000_0000,
+        32,
+        AddrClass::Documentation,
+    ),
+    (
+        0x2001_0002_0000_0000_0000_0000_0000_0000,
+        48,
+        AddrClass::Benchmarking,
+    ),
+    (
+        0x2001_0000_0000_0000_0000_0000_0000_0000,
+        23,
+        AddrClass::ProtocolAssignments,
+    ),
     // RFC 9637 documentation.
-    (0x3fff_0000_0000_0000_0000_0000_0000_0000, 20, AddrClass::Documentation),
+    (
+        0x3fff_0000_0000_0000_0000_0000_0000_0000,
+        20,
+        AddrClass::Documentation,
+    ),
     // RFC 9602 SRv6 SIDs: not globally reachable.
     (0x5f00_0000_0000_0000_0000_0000_0000_0000, 16, AddrClass::Reserved),
     // RFC 4193 unique-local.
-    (0xfc00_0000_0000_0000_0000_0000_0000_0000, 7, AddrClass::UniqueLocal),
+    (
+        0xfc00_0000_0000_0000_0000_0000_0000_0000,
+        7,
+        AddrClass::UniqueLocal,
+    ),
     // RFC 4291 section 2.5.6 link-local.
-    (0xfe80_0000_0000_0000_0000_0000_0000_0000, 10, AddrClass::LinkLocal),
+    (
+        0xfe80_0000_0000_0000_0000_0000_0000_0000,
+        10,
+        AddrClass::LinkLocal,
+    ),
     // RFC 3879 deprecated site-local.
-    (0xfec0_0000_0000_0000_0000_0000_0000_0000, 10, AddrClass::SiteLocal),
+    (
+        0xfec0_0000_0000_0000_0000_0000_0000_0000,
+        10,
+        AddrClass::SiteLocal,
+    ),
     // RFC 4291 section 2.7 multicast.
     (0xff00_0000_0000_0000_0000_0000_0000_0000, 8, AddrClass::Multicast),
 ];
@@ -209,9 +257,7 @@ pub fn classify_v6(ip: Ipv6Addr) -> AddrClass {
             .find(|c| !c.is_public());
         return match worst {
             Some(class) => class,
-            None if in_v6(bits, 0x0064_ff9b_0001_0000_0000_0000_0000_0000, 48) => {
-                AddrClass::Nat64LocalUse
-            }
+            None if in_v6(bits, 0x0064_ff9b_0001_0000_0000_0000_0000_0000, 48) => AddrClass::Nat64LocalUse,
             None => AddrClass::Public,
         };
     }

@@ -120,7 +120,8 @@ impl RuleIndex {
 
 /// The suffixes of `name` that start after a dot: `a.b.c` gives `b.c`, then `c`.
 fn proper_suffixes(name: &str) -> impl Iterator<Item = &str> {
-    name.match_indices('.').filter_map(move |(i, _)| name.get(i + 1..))
+    name.match_indices('.')
+        .filter_map(move |(i, _)| name.get(i + 1..))
 }
 
 /// The allow and deny rules in force.
@@ -157,7 +158,11 @@ impl Ruleset {
 
     /// Decides `target` for `access`. Deny rules are consulted first and always win.
     pub fn decide(&self, target: &Target, access: Access) -> Decision {
-        if let Some(rule) = self.deny.candidates(&target.host).find(|r| r.pattern.denies(target)) {
+        if let Some(rule) = self
+            .deny
+            .candidates(&target.host)
+            .find(|r| r.pattern.denies(target))
+        {
             return Decision {
                 verdict: Verdict::Deny,
                 reason: PolicyReason::Denylisted,
@@ -207,7 +212,10 @@ mod tests {
     fn default_deny() {
         let r = rules(&[], &[]);
         let d = decide(&r, "example.com:443", Access::Connect);
-        assert_eq!((d.verdict, d.reason, d.rule), (Verdict::Deny, PolicyReason::NotAllowlisted, None));
+        assert_eq!(
+            (d.verdict, d.reason, d.rule),
+            (Verdict::Deny, PolicyReason::NotAllowlisted, None)
+        );
     }
 
     #[test]
@@ -224,8 +232,14 @@ mod tests {
     #[test]
     fn wildcard_deny_covers_subdomains_only() {
         let r = rules(&["*"], &["*.evil.example"]);
-        assert_eq!(decide(&r, "x.evil.example:443", Access::Connect).verdict, Verdict::Deny);
-        assert_eq!(decide(&r, "evil.example:443", Access::Connect).verdict, Verdict::Allow);
+        assert_eq!(
+            decide(&r, "x.evil.example:443", Access::Connect).verdict,
+            Verdict::Deny
+        );
+        assert_eq!(
+            decide(&r, "evil.example:443", Access::Connect).verdict,
+            Verdict::Allow
+        );
     }
 
     #[test]
@@ -238,8 +252,14 @@ mod tests {
     #[test]
     fn ip_literals_only_when_listed() {
         let r = rules(&["*", "192.0.2.7"], &[]);
-        assert_eq!(decide(&r, "192.0.2.7:443", Access::Connect).verdict, Verdict::Allow);
-        assert_eq!(decide(&r, "192.0.2.8:443", Access::Connect).verdict, Verdict::Deny);
+        assert_eq!(
+            decide(&r, "192.0.2.7:443", Access::Connect).verdict,
+            Verdict::Allow
+        );
+        assert_eq!(
+            decide(&r, "192.0.2.8:443", Access::Connect).verdict,
+            Verdict::Deny
+        );
     }
 
     #[test]

@@ -170,8 +170,9 @@ fn parse_host_pattern(text: &str) -> Result<HostPattern, PatternError> {
 /// True when `name` itself is a public suffix in the ICANN section of the PSL (`com`, `co.uk`).
 /// Private-section suffixes (`github.io`) are allowed: they are registrable by one operator.
 fn is_icann_public_suffix(name: &DomainName) -> bool {
-    psl::suffix(name.as_str().as_bytes())
-        .is_some_and(|s| s.is_known() && s.typ() == Some(psl::Type::Icann) && s.as_bytes() == name.as_str().as_bytes())
+    psl::suffix(name.as_str().as_bytes()).is_some_and(|s| {
+        s.is_known() && s.typ() == Some(psl::Type::Icann) && s.as_bytes() == name.as_str().as_bytes()
+    })
 }
 
 #[cfg(test)]
@@ -206,11 +207,31 @@ mod tests {
     #[test]
     fn refuses_broad_or_malformed() {
         for input in [
-            "", "*.com", "*.co.uk", "*.", "**", "*.*.example.com", "a*.example.com", "*example.com",
-            "ex*mple.com", "*.127.0.0.1", "example.com:0", "example.com:99999", "example.com:",
-            "2001:db8::1", "[2001:0db8::1]", "[2001:DB8::1]", "127.1", "0x7f.1", "2130706433",
-            "[fe80::1%eth0]", "exa mple.com", "http://example.com", "example.com/path",
-            "*.com:443", "*.",
+            "",
+            "*.com",
+            "*.co.uk",
+            "*.",
+            "**",
+            "*.*.example.com",
+            "a*.example.com",
+            "*example.com",
+            "ex*mple.com",
+            "*.127.0.0.1",
+            "example.com:0",
+            "example.com:99999",
+            "example.com:",
+            "2001:db8::1",
+            "[2001:0db8::1]",
+            "[2001:DB8::1]",
+            "127.1",
+            "0x7f.1",
+            "2130706433",
+            "[fe80::1%eth0]",
+            "exa mple.com",
+            "http://example.com",
+            "example.com/path",
+            "*.com:443",
+            "*.",
         ] {
             assert!(Pattern::parse(input).is_err(), "{input:?} should be refused");
         }
@@ -232,7 +253,12 @@ mod tests {
             ("*.example.com", "a.b.c.example.com:443", Access::Connect, true),
             ("*.example.com", "example.com:443", Access::Connect, false),
             ("*.example.com", "xexample.com:443", Access::Connect, false),
-            ("*.example.com", "evil.example.com.attacker.net:443", Access::Connect, false),
+            (
+                "*.example.com",
+                "evil.example.com.attacker.net:443",
+                Access::Connect,
+                false,
+            ),
             ("*.example.com", "a.example.com:22", Access::Connect, false),
             ("*.example.com:22", "a.example.com:22", Access::Connect, true),
             ("*", "anything.test:443", Access::Connect, true),
@@ -246,7 +272,11 @@ mod tests {
         ];
         for (pattern, target, access, want) in cases {
             let p = Pattern::parse(pattern).unwrap();
-            assert_eq!(p.allows(&t(target), *access), *want, "{pattern} vs {target} {access:?}");
+            assert_eq!(
+                p.allows(&t(target), *access),
+                *want,
+                "{pattern} vs {target} {access:?}"
+            );
         }
     }
 

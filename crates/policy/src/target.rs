@@ -120,9 +120,7 @@ pub fn parse_http_target(text: &str) -> Result<HttpTarget, TargetError> {
     if text.starts_with('/') || text == "*" {
         return Err(TargetError::OriginForm);
     }
-    let (scheme, rest) = text
-        .split_once("://")
-        .ok_or(TargetError::UnsupportedScheme)?;
+    let (scheme, rest) = text.split_once("://").ok_or(TargetError::UnsupportedScheme)?;
     if scheme.eq_ignore_ascii_case("https") {
         return Err(TargetError::HttpsAbsoluteForm);
     }
@@ -211,7 +209,10 @@ mod tests {
             ("10.0.0.1:22", "10.0.0.1:22"),
         ];
         for (input, shown) in ok {
-            assert_eq!(parse_connect_target(input).map(|t| t.to_string()).as_deref(), Ok(*shown));
+            assert_eq!(
+                parse_connect_target(input).map(|t| t.to_string()).as_deref(),
+                Ok(*shown)
+            );
         }
         let bad: &[(&str, TargetError)] = &[
             ("example.com", TargetError::ConnectNeedsPort),
@@ -253,11 +254,17 @@ mod tests {
             ("https://example.com/", TargetError::HttpsAbsoluteForm),
             ("ftp://example.com/", TargetError::UnsupportedScheme),
             ("example.com/", TargetError::UnsupportedScheme),
-            ("http://user:pw@example.com/", TargetError::Host(HostError::Userinfo)),
+            (
+                "http://user:pw@example.com/",
+                TargetError::Host(HostError::Userinfo),
+            ),
             ("http://example.com:80x/", TargetError::BadPort),
             ("http://example.com:/", TargetError::BadPort),
             ("http://0x7f.1/", TargetError::Host(HostError::NonCanonicalIpv4)),
-            ("http://%65xample.com/", TargetError::Host(HostError::PercentEncoded)),
+            (
+                "http://%65xample.com/",
+                TargetError::Host(HostError::PercentEncoded),
+            ),
             ("http:///path", TargetError::Host(HostError::Empty)),
             ("http://example.com/#frag", TargetError::Fragment),
         ];

@@ -115,7 +115,9 @@ impl AuditWriter {
     pub fn start(dest: &AuditDestination) -> io::Result<(Audit, AuditWriter)> {
         let out: Box<dyn Write + Send> = match dest {
             AuditDestination::Stdout => Box::new(io::stdout()),
-            AuditDestination::File(path) => Box::new(OpenOptions::new().create(true).append(true).open(path)?),
+            AuditDestination::File(path) => {
+                Box::new(OpenOptions::new().create(true).append(true).open(path)?)
+            }
         };
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
         let thread = std::thread::Builder::new()

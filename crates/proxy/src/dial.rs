@@ -13,13 +13,13 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use hickory_resolver::TokioResolver;
 use hickory_resolver::config::{
     LookupIpStrategy, NameServerConfig, ResolveHosts, ResolverConfig, ResolverOpts,
 };
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::net::{DnsError, NetError};
 use hickory_resolver::proto::rr::Name;
-use hickory_resolver::TokioResolver;
 use sandgate_policy::{AddrClass, AddressGuard, Host, Prohibited, Target};
 use tokio::net::TcpStream;
 
@@ -127,7 +127,10 @@ impl Dialer {
             Host::Name(name) => self.resolve(name.as_str()).await?,
         };
         self.guard.vet_all(&ips).map_err(DialError::Prohibited)?;
-        let addrs: Vec<SocketAddr> = ips.into_iter().map(|ip| SocketAddr::new(ip, target.port)).collect();
+        let addrs: Vec<SocketAddr> = ips
+            .into_iter()
+            .map(|ip| SocketAddr::new(ip, target.port))
+            .collect();
         if let Some(own) = addrs.iter().find(|a| self.is_own_listener(**a)) {
             return Err(DialError::SelfConnect(own.ip()));
         }
@@ -153,8 +156,7 @@ impl Dialer {
         self.own_listeners.iter().any(|own| {
             own.port() == addr.port()
                 && (own.ip() == addr.ip()
-                    || (own.ip().is_unspecified()
-                        && (addr.ip().is_loopback() || addr.ip().is_unspecified())))
+                    || (own.ip().is_unspecified() && (addr.ip().is_loopback() || addr.ip().is_unspecified())))
         })
     }
 

@@ -62,7 +62,11 @@ pub(crate) async fn refuse(
     let request_id = request_id.unwrap_or_else(|| shared.ids.next());
     let reply = refusal.reply(&request_id, method);
     let _ = client.stream.write_all(reply.bytes()).await;
-    let kind = if reply.is_denial { EventKind::Decision } else { EventKind::Close };
+    let kind = if reply.is_denial {
+        EventKind::Decision
+    } else {
+        EventKind::Close
+    };
     let mut e = event(kind, &request_id, client.peer);
     e.decision = reply.is_denial.then_some(Verdict::Deny);
     e.reason_code = Some(reply.reason_code.clone());
@@ -75,7 +79,11 @@ pub(crate) async fn refuse(
         e.destination_port = Some(port);
         e.scheme = Some(access.scheme());
     }
-    if let Refusal::Dial { error: crate::dial::DialError::Prohibited(p), .. } = &refusal {
+    if let Refusal::Dial {
+        error: crate::dial::DialError::Prohibited(p),
+        ..
+    } = &refusal
+    {
         e.resolved_ip = Some(p.ip);
     }
     if !reply.is_denial {
@@ -120,15 +128,34 @@ pub(crate) async fn handle_http(
     let http = match parse_http_target(&head.target) {
         Ok(t) => t,
         Err(e) => {
-            refuse(shared, client, None, Refusal::Target(e), &head.method, Some(request_id)).await;
+            refuse(
+                shared,
+                client,
+                None,
+                Refusal::Target(e),
+                &head.method,
+                Some(request_id),
+            )
+            .await;
             return Next::Close;
         }
     };
     let dest = (&http.target.host, http.target.port, Access::Http);
     let decision = shared.rules.decide(&http.target, Access::Http);
     if decision.verdict == Verdict::Deny {
-        let refusal = Refusal::Policy { target: http.target.clone(), reason: decision.reason };
-        refuse(shared, client, Some(dest), refusal, &head.method, Some(request_id)).await;
+        let refusal = Refusal::Policy {
+            target: http.target.clone(),
+            reason: decision.reason,
+        };
+        refuse(
+            shared,
+            client,
+            Some(dest),
+            refusal,
+            &head.method,
+            Some(request_id),
+        )
+        .await;
         return Next::Close;
     }
     let reusable = upstream
@@ -139,16 +166,46 @@ pub(crate) async fn handle_http(
         let vetted = match shared.dialer.vet(&http.target).await {
             Ok(v) => v,
             Err(error) => {
-                let denial = error.prohibited_class().is_some() || matches!(error, crate::dial::DialError::SelfConnect(_));
+                let denial = error.prohibited_class().is_some()
+                    || matches!(error, crate::dial::DialError::SelfConnect(_));
                 if !denial {
-                    audit_allow(shared, &request_id, client.peer, &head.method, dest, None, decision.rule.clone()).await;
+                    audit_allow(
+                        shared,
+                        &request_id,
+                        client.peer,
+                        &head.method,
+                        dest,
+                        None,
+                        decision.rule.clone(),
+                    )
+                    .await;
                 }
-                let refusal = Refusal::Dial { target: http.target.clone(), error };
-                refuse(shared, client, Some(dest), refusal, &head.method, Some(request_id)).await;
+                let refusal = Refusal::Dial {
+                    target: http.target.clone(),
+                    error,
+                };
+                refuse(
+                    shared,
+                    client,
+                    Some(dest),
+                    refusal,
+                    &head.method,
+                    Some(request_id),
+                )
+                .await;
                 return Next::Close;
             }
         };
-        audit_allow(shared, &request_id, client.peer, &head.method, dest, vetted.primary(), decision.rule.clone()).await;
+        audit_allow(
+            shared,
+            &request_id,
+            client.peer,
+            &head.method,
+            dest,
+            vetted.primary(),
+            decision.rule.clone(),
+        )
+        .await;
         match shared.dialer.connect(&vetted).await {
             Ok((stream, addr)) => {
                 *upstream = Some(Upstream {
@@ -160,16 +217,38 @@ pub(crate) async fn handle_http(
                 })
             }
             Err(error) => {
-                let refusal = Refusal::Dial { target: http.target.clone(), error };
-                refuse(shared, client, Some(dest), refusal, &head.method, Some(request_id)).await;
+                let refusal = Refusal::Dial {
+                    target: http.target.clone(),
+                    error,
+                };
+                refuse(
+                    shared,
+                    client,
+                    Some(dest),
+                    refusal,
+                    &head.method,
+                    Some(request_id),
+                )
+                .await;
                 return Next::Close;
             }
         }
     } else {
         let ip = upstream.as_ref().map(|u| u.addr.ip());
-        audit_allow(shared, &request_id, client.peer, &head.method, dest, ip, decision.rule.clone()).await;
+        audit_allow(
+            shared,
+            &request_id,
+            client.peer,
+            &head.method,
+            dest,
+            ip,
+            decision.rule.clone(),
+        )
+        .await;
     }
-    let Some(up) = upstream.as_mut() else { return Next::Close };
+    let Some(up) = upstream.as_mut() else {
+        return Next::Close;
+    };
     let outcome = exchange(shared, client, &head, &http, up).await;
     let mut e = event(EventKind::Close, &request_id, client.peer);
     e.method = Some(head.method.clone());
@@ -193,7 +272,11 @@ pub(crate) async fn handle_http(
     if !outcome.upstream_reusable {
         *upstream = None;
     }
-    if outcome.client_reusable && !head.close { Next::KeepAlive } else { Next::Close }
+    if outcome.client_reusable && !head.close {
+        Next::KeepAlive
+    } else {
+        Next::Close
+    }
 }
 
 /// The result of relaying one request and its response.
@@ -233,7 +316,10 @@ async fn exchange(
     let out_head = request_head_bytes(head, http);
     if let Err(_e) = up.stream.write_all(&out_head).await {
         return Exchange {
-            refusal: Some(Refusal::Upstream { target: http.target.clone(), error: UpstreamError::Closed }),
+            refusal: Some(Refusal::Upstream {
+                target: http.target.clone(),
+                error: UpstreamError::Closed,
+            }),
             ..Exchange::failed(0, 0, "upstream_failure:closed")
         };
     }
@@ -244,7 +330,14 @@ async fn exchange(
     let mut client_read = client_read;
     let mut up_read = up_read;
     let request_body = async {
-        let r = relay_body(&mut client_read, &mut client.buf, &mut up_write, head.body, limits.body_idle_timeout).await;
+        let r = relay_body(
+            &mut client_read,
+            &mut client.buf,
+            &mut up_write,
+            head.body,
+            limits.body_idle_timeout,
+        )
+        .await;
         body_done.notify_one();
         r
     };
@@ -280,7 +373,10 @@ async fn exchange(
                 _ => "upstream_failure:closed",
             };
             return Exchange {
-                refusal: Some(Refusal::Upstream { target: http.target.clone(), error }),
+                refusal: Some(Refusal::Upstream {
+                    target: http.target.clone(),
+                    error,
+                }),
                 ..Exchange::failed(sent, received, label)
             };
         }
@@ -292,7 +388,14 @@ async fn exchange(
         return Exchange::failed(sent, received, "client_failure");
     }
     received += out.len() as u64;
-    let relayed = relay_body(&mut up.stream, &mut up.buf, &mut client.stream, response.body, limits.body_idle_timeout).await;
+    let relayed = relay_body(
+        &mut up.stream,
+        &mut up.buf,
+        &mut client.stream,
+        response.body,
+        limits.body_idle_timeout,
+    )
+    .await;
     let status = Some(response.status);
     match relayed {
         Ok(n) => Exchange {
@@ -311,7 +414,10 @@ async fn exchange(
                 RelayError::Idle => "upstream_failure:idle_timeout",
                 _ => "upstream_failure:response_body",
             };
-            Exchange { status, ..Exchange::failed(sent, received, label) }
+            Exchange {
+                status,
+                ..Exchange::failed(sent, received, label)
+            }
         }
     }
 }
@@ -339,9 +445,14 @@ where
             match parse_response_head(buf, method) {
                 Ok(Some((head, len))) if (100..200).contains(&head.status) => {
                     if head.status == 101 {
-                        return Err(UpstreamError::Malformed(crate::head::HeadError::Syntax("unrequested upgrade")));
+                        return Err(UpstreamError::Malformed(crate::head::HeadError::Syntax(
+                            "unrequested upgrade",
+                        )));
                     }
-                    client.write_all(buf.get(..len).unwrap_or_default()).await.map_err(UpstreamError::Io)?;
+                    client
+                        .write_all(buf.get(..len).unwrap_or_default())
+                        .await
+                        .map_err(UpstreamError::Io)?;
                     interim += len as u64;
                     buf.advance(len);
                     continue;
@@ -431,7 +542,9 @@ where
             BodyKind::Chunked => scanner.feed(buf).map_err(RelayError::Framing)?,
             _ => usize::try_from(remaining).unwrap_or(usize::MAX).min(buf.len()),
         };
-        dst.write_all(buf.get(..take).unwrap_or_default()).await.map_err(RelayError::Dest)?;
+        dst.write_all(buf.get(..take).unwrap_or_default())
+            .await
+            .map_err(RelayError::Dest)?;
         buf.advance(take);
         copied += take as u64;
         if matches!(kind, BodyKind::Length(_)) {
@@ -462,7 +575,11 @@ fn request_head_bytes(head: &RequestHead, http: &HttpTarget) -> Vec<u8> {
     out.extend_from_slice(head.method.as_bytes());
     out.push(b' ');
     out.extend_from_slice(http.origin_form.as_bytes());
-    out.extend_from_slice(if head.minor_version == 0 { b" HTTP/1.0\r\n" } else { b" HTTP/1.1\r\n" });
+    out.extend_from_slice(if head.minor_version == 0 {
+        b" HTTP/1.0\r\n"
+    } else {
+        b" HTTP/1.1\r\n"
+    });
     push_field(&mut out, "Host", http.authority.as_bytes());
     for field in end_to_end_fields(&head.fields).filter(|f| !f.is("via")) {
         push_field(&mut out, &field.name, &field.value);
@@ -476,7 +593,10 @@ fn request_head_bytes(head: &RequestHead, http: &HttpTarget) -> Vec<u8> {
 /// when this connection ends after the response.
 fn response_head_bytes(head: &ResponseHead, close: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(256 + head.fields.len() * 32);
-    let line = format!("HTTP/1.{} {} {}\r\n", head.minor_version, head.status, head.reason);
+    let line = format!(
+        "HTTP/1.{} {} {}\r\n",
+        head.minor_version, head.status, head.reason
+    );
     out.extend_from_slice(line.as_bytes());
     for field in end_to_end_fields(&head.fields).filter(|f| !f.is("via")) {
         push_field(&mut out, &field.name, &field.value);
@@ -496,5 +616,9 @@ fn via(fields: &[Field]) -> String {
         .filter(|f| f.is("via"))
         .map(|f| String::from_utf8_lossy(&f.value).into_owned())
         .collect();
-    if prior.is_empty() { VIA.to_owned() } else { format!("{}, {VIA}", prior.join(", ")) }
+    if prior.is_empty() {
+        VIA.to_owned()
+    } else {
+        format!("{}, {VIA}", prior.join(", "))
+    }
 }

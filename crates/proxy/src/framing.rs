@@ -89,7 +89,11 @@ impl ChunkedScanner {
                 let avail = (input.len() - used) as u64;
                 let take = left.min(avail);
                 used += take as usize;
-                self.state = if take == left { State::DataCr } else { State::Data(left - take) };
+                self.state = if take == left {
+                    State::DataCr
+                } else {
+                    State::Data(left - take)
+                };
                 continue;
             }
             let Some(&byte) = input.get(used) else { break };
@@ -107,7 +111,10 @@ impl ChunkedScanner {
                         return Err(ChunkError::BadSize);
                     }
                     let nibble = u64::from((byte as char).to_digit(16).unwrap_or(0));
-                    State::Size { value: (value << 4) | nibble, digits: digits + 1 }
+                    State::Size {
+                        value: (value << 4) | nibble,
+                        digits: digits + 1,
+                    }
                 }
                 _ if digits == 0 => return Err(ChunkError::BadSize),
                 b'\r' => State::SizeLf { value },
@@ -154,7 +161,11 @@ impl ChunkedScanner {
 }
 
 fn expect(byte: u8, want: u8, next: State) -> Result<State, ChunkError> {
-    if byte == want { Ok(next) } else { Err(ChunkError::BadLineEnding) }
+    if byte == want {
+        Ok(next)
+    } else {
+        Err(ChunkError::BadLineEnding)
+    }
 }
 
 #[cfg(test)]

@@ -126,8 +126,7 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
         httparse::Status::Complete(len) => len,
         httparse::Status::Partial => return Ok(None),
     };
-    let (Some(method), Some(target), Some(minor_version)) = (req.method, req.path, req.version)
-    else {
+    let (Some(method), Some(target), Some(minor_version)) = (req.method, req.path, req.version) else {
         return Err(HeadError::Syntax("request line"));
     };
     let fields = collect_fields(req.headers);
@@ -316,22 +315,49 @@ mod tests {
     fn framing_table() {
         let cases: &[(&str, Result<BodyKind, HeadError>)] = &[
             ("Content-Length: 5\r\n", Ok(BodyKind::Length(5))),
-            ("Content-Length: 5\r\nContent-Length: 5\r\n", Ok(BodyKind::Length(5))),
+            (
+                "Content-Length: 5\r\nContent-Length: 5\r\n",
+                Ok(BodyKind::Length(5)),
+            ),
             ("Content-Length: 0\r\n", Ok(BodyKind::Empty)),
             ("Transfer-Encoding: chunked\r\n", Ok(BodyKind::Chunked)),
             ("Transfer-Encoding: gzip, Chunked\r\n", Ok(BodyKind::Chunked)),
-            ("Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n", Ok(BodyKind::Chunked)),
-            ("Content-Length: 5\r\nContent-Length: 6\r\n", Err(HeadError::BadContentLength)),
+            (
+                "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n",
+                Ok(BodyKind::Chunked),
+            ),
+            (
+                "Content-Length: 5\r\nContent-Length: 6\r\n",
+                Err(HeadError::BadContentLength),
+            ),
             ("Content-Length: 5, 5\r\n", Err(HeadError::BadContentLength)),
             ("Content-Length: +5\r\n", Err(HeadError::BadContentLength)),
             ("Content-Length: \r\n", Err(HeadError::BadContentLength)),
-            ("Content-Length: 99999999999999999999\r\n", Err(HeadError::BadContentLength)),
-            ("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", Err(HeadError::LengthAndChunked)),
-            ("Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", Err(HeadError::LengthAndChunked)),
+            (
+                "Content-Length: 99999999999999999999\r\n",
+                Err(HeadError::BadContentLength),
+            ),
+            (
+                "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+                Err(HeadError::LengthAndChunked),
+            ),
+            (
+                "Transfer-Encoding: chunked\r\nContent-Length: 5\r\n",
+                Err(HeadError::LengthAndChunked),
+            ),
             ("Transfer-Encoding: gzip\r\n", Err(HeadError::BadTransferEncoding)),
-            ("Transfer-Encoding: chunked, gzip\r\n", Err(HeadError::BadTransferEncoding)),
-            ("Transfer-Encoding: chunked, chunked\r\n", Err(HeadError::BadTransferEncoding)),
-            ("Transfer-Encoding: xchunked\r\n", Err(HeadError::BadTransferEncoding)),
+            (
+                "Transfer-Encoding: chunked, gzip\r\n",
+                Err(HeadError::BadTransferEncoding),
+            ),
+            (
+                "Transfer-Encoding: chunked, chunked\r\n",
+                Err(HeadError::BadTransferEncoding),
+            ),
+            (
+                "Transfer-Encoding: xchunked\r\n",
+                Err(HeadError::BadTransferEncoding),
+            ),
             ("Host: a\r\nHost: b\r\n", Err(HeadError::DuplicateHost)),
         ];
         for (fields, want) in cases {
@@ -391,17 +417,35 @@ mod tests {
         let parse = |text: &str, method: &str| {
             parse_response_head(text.as_bytes(), method).map(|r| r.unwrap().0.body)
         };
-        assert_eq!(parse("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n", "GET"), Ok(BodyKind::Length(3)));
-        assert_eq!(parse("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n", "HEAD"), Ok(BodyKind::Empty));
-        assert_eq!(parse("HTTP/1.1 204 No Content\r\n\r\n", "GET"), Ok(BodyKind::Empty));
-        assert_eq!(parse("HTTP/1.1 304 Not Modified\r\n\r\n", "GET"), Ok(BodyKind::Empty));
+        assert_eq!(
+            parse("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n", "GET"),
+            Ok(BodyKind::Length(3))
+        );
+        assert_eq!(
+            parse("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n", "HEAD"),
+            Ok(BodyKind::Empty)
+        );
+        assert_eq!(
+            parse("HTTP/1.1 204 No Content\r\n\r\n", "GET"),
+            Ok(BodyKind::Empty)
+        );
+        assert_eq!(
+            parse("HTTP/1.1 304 Not Modified\r\n\r\n", "GET"),
+            Ok(BodyKind::Empty)
+        );
         assert_eq!(parse("HTTP/1.1 200 OK\r\n\r\n", "GET"), Ok(BodyKind::UntilClose));
         assert_eq!(
-            parse("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n", "GET"),
+            parse(
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+                "GET"
+            ),
             Ok(BodyKind::Chunked)
         );
         assert_eq!(
-            parse("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n", "GET"),
+            parse(
+                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+                "GET"
+            ),
             Err(HeadError::BadContentLength)
         );
         let (head, _) = parse_response_head(

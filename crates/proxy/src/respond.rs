@@ -83,46 +83,128 @@ impl Refusal {
         use DialError as D;
         use UpstreamError as U;
         // (status, Proxy-Status error type, reason_code, denial?, body text)
-        let (status, error_type, code, denial, text): (u16, &str, Cow<'static, str>, bool, String) = match self {
-            Refusal::Head(e) => (400, "http_request_error", e.code().into(), true, format!("bad request: {e}")),
-            Refusal::HeadTooLarge => (431, "http_request_error", "head_too_large".into(), true, "request head too large".into()),
-            Refusal::HeadTimeout => (408, "http_request_error", "head_timeout".into(), true, "request head timed out".into()),
-            Refusal::Target(e) => (400, "http_request_error", e.code().into(), true, format!("bad request: {e}")),
-            Refusal::Policy { target, reason } => (
-                403,
-                "http_request_denied",
-                reason.code().into(),
-                true,
-                format!("denied {method} {target}: {}", reason.describe()),
-            ),
-            Refusal::Dial { target, error } => match error {
-                D::Prohibited(p) => (
-                    403,
-                    "destination_ip_prohibited",
-                    "destination_ip_prohibited".into(),
+        let (status, error_type, code, denial, text): (u16, &str, Cow<'static, str>, bool, String) =
+            match self {
+                Refusal::Head(e) => (
+                    400,
+                    "http_request_error",
+                    e.code().into(),
                     true,
-                    format!("denied {method} {target}: resolves to a {} address", p.class.as_str()),
+                    format!("bad request: {e}"),
                 ),
-                D::SelfConnect(_) => (
-                    403,
-                    "destination_ip_prohibited",
-                    "proxy_loop".into(),
+                Refusal::HeadTooLarge => (
+                    431,
+                    "http_request_error",
+                    "head_too_large".into(),
                     true,
-                    format!("denied {method} {target}: that is this proxy"),
+                    "request head too large".into(),
                 ),
-                D::Dns(_) => (502, "dns_error", "upstream_failure:dns".into(), false, format!("cannot resolve {target}")),
-                D::DnsTimeout => (504, "dns_timeout", "upstream_failure:dns_timeout".into(), false, format!("DNS timeout for {target}")),
-                D::Refused => (502, "connection_refused", "upstream_failure:connection_refused".into(), false, format!("connection to {target} refused")),
-                D::ConnectTimeout => (504, "connection_timeout", "upstream_failure:connection_timeout".into(), false, format!("connection to {target} timed out")),
-                D::Connect(_) => (502, "destination_unavailable", "upstream_failure:connect".into(), false, format!("cannot connect to {target}")),
-            },
-            Refusal::Upstream { target, error } => match error {
-                U::Timeout => (504, "connection_read_timeout", "upstream_failure:response_timeout".into(), false, format!("{target} did not respond in time")),
-                U::Closed | U::Io(_) => (502, "connection_terminated", "upstream_failure:closed".into(), false, format!("{target} closed the connection")),
-                U::Malformed(_) => (502, "http_protocol_error", "upstream_failure:malformed_response".into(), false, format!("{target} sent a malformed response")),
-                U::HeadTooLarge => (502, "http_response_header_section_size", "upstream_failure:response_head_too_large".into(), false, format!("{target} sent a response head too large")),
-            },
-        };
+                Refusal::HeadTimeout => (
+                    408,
+                    "http_request_error",
+                    "head_timeout".into(),
+                    true,
+                    "request head timed out".into(),
+                ),
+                Refusal::Target(e) => (
+                    400,
+                    "http_request_error",
+                    e.code().into(),
+                    true,
+                    format!("bad request: {e}"),
+                ),
+                Refusal::Policy { target, reason } => (
+                    403,
+                    "http_request_denied",
+                    reason.code().into(),
+                    true,
+                    format!("denied {method} {target}: {}", reason.describe()),
+                ),
+                Refusal::Dial { target, error } => match error {
+                    D::Prohibited(p) => (
+                        403,
+                        "destination_ip_prohibited",
+                        "destination_ip_prohibited".into(),
+                        true,
+                        format!(
+                            "denied {method} {target}: resolves to a {} address",
+                            p.class.as_str()
+                        ),
+                    ),
+                    D::SelfConnect(_) => (
+                        403,
+                        "destination_ip_prohibited",
+                        "proxy_loop".into(),
+                        true,
+                        format!("denied {method} {target}: that is this proxy"),
+                    ),
+                    D::Dns(_) => (
+                        502,
+                        "dns_error",
+                        "upstream_failure:dns".into(),
+                        false,
+                        format!("cannot resolve {target}"),
+                    ),
+                    D::DnsTimeout => (
+                        504,
+                        "dns_timeout",
+                        "upstream_failure:dns_timeout".into(),
+                        false,
+                        format!("DNS timeout for {target}"),
+                    ),
+                    D::Refused => (
+                        502,
+                        "connection_refused",
+                        "upstream_failure:connection_refused".into(),
+                        false,
+                        format!("connection to {target} refused"),
+                    ),
+                    D::ConnectTimeout => (
+                        504,
+                        "connection_timeout",
+                        "upstream_failure:connection_timeout".into(),
+                        false,
+                        format!("connection to {target} timed out"),
+                    ),
+                    D::Connect(_) => (
+                        502,
+                        "destination_unavailable",
+                        "upstream_failure:connect".into(),
+                        false,
+                        format!("cannot connect to {target}"),
+                    ),
+                },
+                Refusal::Upstream { target, error } => match error {
+                    U::Timeout => (
+                        504,
+                        "connection_read_timeout",
+                        "upstream_failure:response_timeout".into(),
+                        false,
+                        format!("{target} did not respond in time"),
+                    ),
+                    U::Closed | U::Io(_) => (
+                        502,
+                        "connection_terminated",
+                        "upstream_failure:closed".into(),
+                        false,
+                        format!("{target} closed the connection"),
+                    ),
+                    U::Malformed(_) => (
+                        502,
+                        "http_protocol_error",
+                        "upstream_failure:malformed_response".into(),
+                        false,
+                        format!("{target} sent a malformed response"),
+                    ),
+                    U::HeadTooLarge => (
+                        502,
+                        "http_response_header_section_size",
+                        "upstream_failure:response_head_too_large".into(),
+                        false,
+                        format!("{target} sent a response head too large"),
+                    ),
+                },
+            };
         let body = format!("sandgate: {text} (request {request_id})\n");
         let details = sf_string(&text);
         let mut head = String::with_capacity(160 + body.len());
@@ -133,7 +215,12 @@ impl Refusal {
             status_text(status),
             body.len(),
         );
-        Reply { status, reason_code: code, is_denial: denial, bytes: head.into_bytes() }
+        Reply {
+            status,
+            reason_code: code,
+            is_denial: denial,
+            bytes: head.into_bytes(),
+        }
     }
 }
 
@@ -163,7 +250,11 @@ mod tests {
     #[test]
     fn deny_names_destination_and_sets_proxy_status() {
         let target = parse_connect_target("evil.test:443").unwrap();
-        let r = Refusal::Policy { target, reason: PolicyReason::NotAllowlisted }.reply("abc", "CONNECT");
+        let r = Refusal::Policy {
+            target,
+            reason: PolicyReason::NotAllowlisted,
+        }
+        .reply("abc", "CONNECT");
         let text = String::from_utf8(r.bytes().to_vec()).unwrap();
         assert!(text.starts_with("HTTP/1.1 403 Forbidden\r\n"));
         assert!(text.contains("Proxy-Status: sandgate; error=http_request_denied; details=\"denied CONNECT evil.test:443: not in allowlist\"\r\n"));

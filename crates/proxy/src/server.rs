@@ -32,7 +32,10 @@ use crate::tunnel;
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("cannot open the audit log: {0}")]
     Audit(std::io::Error),
     #[error("cannot set up DNS resolution: {0}")]
@@ -66,11 +69,18 @@ impl RequestIds {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        RequestIds { prefix: nanos ^ std::process::id().rotate_left(16), next: AtomicU64::new(1) }
+        RequestIds {
+            prefix: nanos ^ std::process::id().rotate_left(16),
+            next: AtomicU64::new(1),
+        }
     }
 
     pub fn next(&self) -> String {
-        format!("{:08x}{:08x}", self.prefix, self.next.fetch_add(1, Ordering::Relaxed))
+        format!(
+            "{:08x}{:08x}",
+            self.prefix,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        )
     }
 }
 
@@ -112,12 +122,19 @@ impl Proxy {
             ids: RequestIds::new(),
             hard_stop: CancellationToken::new(),
         });
-        Ok(Proxy { listeners, shared, writer })
+        Ok(Proxy {
+            listeners,
+            shared,
+            writer,
+        })
     }
 
     /// The addresses actually bound (useful with port 0).
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.listeners.iter().filter_map(|l| l.local_addr().ok()).collect()
+        self.listeners
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect()
     }
 
     /// The address guard in force (for start-up logging).
@@ -128,7 +145,11 @@ impl Proxy {
     /// Serves until `shutdown` completes, then shuts down gracefully. Returns the number of
     /// audit events written.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> std::io::Result<u64> {
-        let Proxy { listeners, shared, writer } = self;
+        let Proxy {
+            listeners,
+            shared,
+            writer,
+        } = self;
         let stop_accepting = CancellationToken::new();
         let tracker = TaskTracker::new();
         let permits = Arc::new(Semaphore::new(shared.limits.max_connections));
@@ -142,10 +163,16 @@ impl Proxy {
             ));
         }
         shutdown.await;
-        tracing::info!(grace_secs = shared.limits.shutdown_grace.as_secs_f64(), "shutting down");
+        tracing::info!(
+            grace_secs = shared.limits.shutdown_grace.as_secs_f64(),
+            "shutting down"
+        );
         stop_accepting.cancel();
         tracker.close();
-        if tokio::time::timeout(shared.limits.shutdown_grace, tracker.wait()).await.is_err() {
+        if tokio::time::timeout(shared.limits.shutdown_grace, tracker.wait())
+            .await
+            .is_err()
+        {
             tracing::warn!(open = tracker.len(), "grace period over; closing what remains");
             shared.hard_stop.cancel();
             // Cut work ends promptly (it only writes its close event); bound it anyway.
@@ -212,7 +239,11 @@ pub(crate) enum Next {
 }
 
 async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, stop: &CancellationToken) {
-    let mut client = ClientConn { stream, buf: BytesMut::new(), peer };
+    let mut client = ClientConn {
+        stream,
+        buf: BytesMut::new(),
+        peer,
+    };
     let mut upstream: Option<Upstream> = None;
     loop {
         let head = match read_request_head(&mut client, &shared.limits, stop).await {

@@ -34,34 +34,93 @@ pub(crate) async fn handle_connect(shared: &Shared, mut client: ClientConn, head
     let target = match parse_connect_target(&head.target) {
         Ok(t) => t,
         Err(e) => {
-            refuse(shared, &mut client, None, Refusal::Target(e), "CONNECT", Some(request_id)).await;
+            refuse(
+                shared,
+                &mut client,
+                None,
+                Refusal::Target(e),
+                "CONNECT",
+                Some(request_id),
+            )
+            .await;
             return;
         }
     };
     let dest = (&target.host, target.port, Access::Connect);
     let decision = shared.rules.decide(&target, Access::Connect);
     if decision.verdict == Verdict::Deny {
-        let refusal = Refusal::Policy { target: target.clone(), reason: decision.reason };
-        refuse(shared, &mut client, Some(dest), refusal, "CONNECT", Some(request_id)).await;
+        let refusal = Refusal::Policy {
+            target: target.clone(),
+            reason: decision.reason,
+        };
+        refuse(
+            shared,
+            &mut client,
+            Some(dest),
+            refusal,
+            "CONNECT",
+            Some(request_id),
+        )
+        .await;
         return;
     }
     let vetted = match shared.dialer.vet(&target).await {
         Ok(v) => v,
         Err(error) => {
             if error.prohibited_class().is_none() && !matches!(error, DialError::SelfConnect(_)) {
-                audit_allow(shared, &request_id, client.peer, "CONNECT", dest, None, decision.rule.clone()).await;
+                audit_allow(
+                    shared,
+                    &request_id,
+                    client.peer,
+                    "CONNECT",
+                    dest,
+                    None,
+                    decision.rule.clone(),
+                )
+                .await;
             }
-            let refusal = Refusal::Dial { target: target.clone(), error };
-            refuse(shared, &mut client, Some(dest), refusal, "CONNECT", Some(request_id)).await;
+            let refusal = Refusal::Dial {
+                target: target.clone(),
+                error,
+            };
+            refuse(
+                shared,
+                &mut client,
+                Some(dest),
+                refusal,
+                "CONNECT",
+                Some(request_id),
+            )
+            .await;
             return;
         }
     };
-    audit_allow(shared, &request_id, client.peer, "CONNECT", dest, vetted.primary(), decision.rule.clone()).await;
+    audit_allow(
+        shared,
+        &request_id,
+        client.peer,
+        "CONNECT",
+        dest,
+        vetted.primary(),
+        decision.rule.clone(),
+    )
+    .await;
     let (upstream, addr) = match shared.dialer.connect(&vetted).await {
         Ok(pair) => pair,
         Err(error) => {
-            let refusal = Refusal::Dial { target: target.clone(), error };
-            refuse(shared, &mut client, Some(dest), refusal, "CONNECT", Some(request_id)).await;
+            let refusal = Refusal::Dial {
+                target: target.clone(),
+                error,
+            };
+            refuse(
+                shared,
+                &mut client,
+                Some(dest),
+                refusal,
+                "CONNECT",
+                Some(request_id),
+            )
+            .await;
             return;
         }
     };
@@ -83,7 +142,11 @@ pub(crate) async fn handle_connect(shared: &Shared, mut client: ClientConn, head
 /// Answers 200, forwards bytes the client sent early, then tunnels until both sides are done.
 async fn relay(shared: &Shared, client: ClientConn, upstream: TcpStream) -> (u64, u64, Cow<'static, str>) {
     let ClientConn { mut stream, buf, .. } = client;
-    if stream.write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n").await.is_err() {
+    if stream
+        .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        .await
+        .is_err()
+    {
         return (0, 0, Cow::Borrowed("client_failure"));
     }
     // A client may pipeline its first bytes (a TLS ClientHello) behind the CONNECT head.
@@ -99,8 +162,16 @@ async fn relay(shared: &Shared, client: ClientConn, upstream: TcpStream) -> (u64
     let idle = shared.limits.tunnel_idle_timeout;
     let both = async {
         tokio::try_join!(
-            async { pump(&stream, &upstream, &sent, &last_activity, epoch).await.map_err(|_| Side::Client) },
-            async { pump(&upstream, &stream, &received, &last_activity, epoch).await.map_err(|_| Side::Upstream) },
+            async {
+                pump(&stream, &upstream, &sent, &last_activity, epoch)
+                    .await
+                    .map_err(|_| Side::Client)
+            },
+            async {
+                pump(&upstream, &stream, &received, &last_activity, epoch)
+                    .await
+                    .map_err(|_| Side::Upstream)
+            },
         )
     };
     let outcome: &'static str = tokio::select! {
@@ -112,7 +183,11 @@ async fn relay(shared: &Shared, client: ClientConn, upstream: TcpStream) -> (u64
         _ = idle_watch(&last_activity, epoch, idle) => "idle_timeout",
         _ = shared.hard_stop.cancelled() => "shutdown",
     };
-    (sent.load(Ordering::Relaxed), received.load(Ordering::Relaxed), Cow::Borrowed(outcome))
+    (
+        sent.load(Ordering::Relaxed),
+        received.load(Ordering::Relaxed),
+        Cow::Borrowed(outcome),
+    )
 }
 
 /// Which side of a tunnel failed.
@@ -123,7 +198,13 @@ enum Side {
 }
 
 /// Moves bytes from `src` to `dst` until EOF, then half-closes `dst`.
-async fn pump(src: &TcpStream, dst: &TcpStream, count: &AtomicU64, last: &AtomicU64, epoch: Instant) -> io::Result<()> {
+async fn pump(
+    src: &TcpStream,
+    dst: &TcpStream,
+    count: &AtomicU64,
+    last: &AtomicU64,
+    epoch: Instant,
+) -> io::Result<()> {
     loop {
         src.readable().await?;
         // Allocated only while data moves; freed as soon as the socket runs dry.

@@ -43,7 +43,11 @@ impl Env for HashMap<String, String> {
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
     #[error("invalid {source_name} value {value:?}: {reason}")]
-    Invalid { source_name: String, value: String, reason: String },
+    Invalid {
+        source_name: String,
+        value: String,
+        reason: String,
+    },
 }
 
 fn invalid(source_name: &str, value: &str, reason: impl ToString) -> SettingsError {
@@ -56,23 +60,36 @@ fn invalid(source_name: &str, value: &str, reason: impl ToString) -> SettingsErr
 
 /// Splits repeatable, comma-separated values into items, dropping empty ones.
 fn items(values: &[String]) -> impl Iterator<Item = &str> {
-    values.iter().flat_map(|v| v.split(',')).map(str::trim).filter(|s| !s.is_empty())
+    values
+        .iter()
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
 }
 
 /// Values from flags if any were given, else from the first environment variables set.
 fn flag_or_env(flags: &[String], env: &dyn Env, vars: &[&str]) -> Vec<(String, String)> {
     if !flags.is_empty() {
-        return items(flags).map(|v| ("--flag".to_owned(), v.to_owned())).collect();
+        return items(flags)
+            .map(|v| ("--flag".to_owned(), v.to_owned()))
+            .collect();
     }
     vars.iter()
         .filter_map(|var| env.get(var).map(|v| (var.to_string(), v)))
         .flat_map(|(var, v)| {
-            items(std::slice::from_ref(&v)).map(|i| (var.clone(), i.to_owned())).collect::<Vec<_>>()
+            items(std::slice::from_ref(&v))
+                .map(|i| (var.clone(), i.to_owned()))
+                .collect::<Vec<_>>()
         })
         .collect()
 }
 
-fn patterns(flag: &str, flags: &[String], env: &dyn Env, vars: &[&str]) -> Result<Vec<Pattern>, SettingsError> {
+fn patterns(
+    flag: &str,
+    flags: &[String],
+    env: &dyn Env,
+    vars: &[&str],
+) -> Result<Vec<Pattern>, SettingsError> {
     flag_or_env(flags, env, vars)
         .into_iter()
         .map(|(src, v)| {
@@ -83,12 +100,17 @@ fn patterns(flag: &str, flags: &[String], env: &dyn Env, vars: &[&str]) -> Resul
 }
 
 fn listen_addrs(args: &ProxyArgs, env: &dyn Env) -> Result<Vec<SocketAddr>, SettingsError> {
-    let parse = |src: &str, v: &str| v.parse::<SocketAddr>().map_err(|_| invalid(src, v, "expected IP:PORT, e.g. 127.0.0.1:3128"));
+    let parse = |src: &str, v: &str| {
+        v.parse::<SocketAddr>()
+            .map_err(|_| invalid(src, v, "expected IP:PORT, e.g. 127.0.0.1:3128"))
+    };
     if !args.listen.is_empty() {
         return items(&args.listen).map(|v| parse("--listen", v)).collect();
     }
     if let Some(v) = env.get("SANDGATE_LISTEN") {
-        return items(std::slice::from_ref(&v)).map(|i| parse("SANDGATE_LISTEN", i)).collect();
+        return items(std::slice::from_ref(&v))
+            .map(|i| parse("SANDGATE_LISTEN", i))
+            .collect();
     }
     if let Some(port) = env.get("PROXY_PORT") {
         let port: u16 = port
@@ -131,14 +153,23 @@ fn seconds(flag: &str, value: Option<f64>, default: Duration) -> Result<Duration
     match value {
         None => Ok(default),
         Some(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(Duration::from_secs_f64(s)),
-        Some(s) => Err(invalid(flag, &s.to_string(), "expected a positive number of seconds")),
+        Some(s) => Err(invalid(
+            flag,
+            &s.to_string(),
+            "expected a positive number of seconds",
+        )),
     }
 }
 
 /// Builds the proxy configuration.
 pub fn proxy_config(args: &ProxyArgs, env: &dyn Env) -> Result<ProxyConfig, SettingsError> {
     let mut rules = Ruleset::new();
-    for p in patterns("--allow", &args.allow, env, &["SANDGATE_ALLOW", "PROXY_ALLOWLIST"])? {
+    for p in patterns(
+        "--allow",
+        &args.allow,
+        env,
+        &["SANDGATE_ALLOW", "PROXY_ALLOWLIST"],
+    )? {
         rules.allow(p);
     }
     for p in patterns("--deny", &args.deny, env, &["SANDGATE_DENY"])? {
@@ -148,7 +179,13 @@ pub fn proxy_config(args: &ProxyArgs, env: &dyn Env) -> Result<ProxyConfig, Sett
     let limits = Limits {
         max_head_bytes: match args.max_head_bytes {
             Some(n) if (1024..=1024 * 1024).contains(&n) => n,
-            Some(n) => return Err(invalid("--max-head-bytes", &n.to_string(), "expected 1024 to 1048576")),
+            Some(n) => {
+                return Err(invalid(
+                    "--max-head-bytes",
+                    &n.to_string(),
+                    "expected 1024 to 1048576",
+                ));
+            }
             None => d.max_head_bytes,
         },
         head_timeout: seconds("--head-timeout", args.head_timeout, d.head_timeout)?,
@@ -156,7 +193,11 @@ pub fn proxy_config(args: &ProxyArgs, env: &dyn Env) -> Result<ProxyConfig, Sett
         dns_timeout: seconds("--dns-timeout", args.dns_timeout, d.dns_timeout)?,
         response_timeout: seconds("--response-timeout", args.response_timeout, d.response_timeout)?,
         body_idle_timeout: seconds("--body-idle-timeout", args.body_idle_timeout, d.body_idle_timeout)?,
-        tunnel_idle_timeout: seconds("--tunnel-idle-timeout", args.tunnel_idle_timeout, d.tunnel_idle_timeout)?,
+        tunnel_idle_timeout: seconds(
+            "--tunnel-idle-timeout",
+            args.tunnel_idle_timeout,
+            d.tunnel_idle_timeout,
+        )?,
         max_connections: match args.max_connections {
             Some(0) => return Err(invalid("--max-connections", "0", "expected at least 1")),
             Some(n) => n,
@@ -164,7 +205,13 @@ pub fn proxy_config(args: &ProxyArgs, env: &dyn Env) -> Result<ProxyConfig, Sett
         },
         shutdown_grace: match args.shutdown_grace {
             Some(s) if s >= 0.0 && s.is_finite() && s < 1e9 => Duration::from_secs_f64(s),
-            Some(s) => return Err(invalid("--shutdown-grace", &s.to_string(), "expected seconds >= 0")),
+            Some(s) => {
+                return Err(invalid(
+                    "--shutdown-grace",
+                    &s.to_string(),
+                    "expected seconds >= 0",
+                ));
+            }
             None => d.shutdown_grace,
         },
     };
@@ -207,25 +254,59 @@ mod tests {
 
     #[test]
     fn environment_and_precedence() {
-        let c = config(&[], &[("PROXY_PORT", "8080"), ("PROXY_ALLOWLIST", "a.example, b.example")]).unwrap();
+        let c = config(
+            &[],
+            &[
+                ("PROXY_PORT", "8080"),
+                ("PROXY_ALLOWLIST", "a.example, b.example"),
+            ],
+        )
+        .unwrap();
         assert_eq!(c.listen, vec!["0.0.0.0:8080".parse().unwrap()]);
         assert_eq!(c.rules.len(), (2, 0));
         let c = config(&[], &[("PROXY_PORT", "8080"), ("SANDGATE_LISTEN", "127.0.0.1:9")]).unwrap();
         assert_eq!(c.listen, vec!["127.0.0.1:9".parse().unwrap()]);
-        let c = config(&["--listen", "[::1]:7", "--allow", "c.example"], &[("SANDGATE_LISTEN", "127.0.0.1:9"), ("SANDGATE_ALLOW", "a.example,b.example")]).unwrap();
+        let c = config(
+            &["--listen", "[::1]:7", "--allow", "c.example"],
+            &[
+                ("SANDGATE_LISTEN", "127.0.0.1:9"),
+                ("SANDGATE_ALLOW", "a.example,b.example"),
+            ],
+        )
+        .unwrap();
         assert_eq!(c.listen, vec!["[::1]:7".parse().unwrap()]);
         assert_eq!(c.rules.len(), (1, 0));
-        let c = config(&["--allow", "a.example,b.example", "--allow", "c.example", "--deny", "x.example"], &[]).unwrap();
+        let c = config(
+            &[
+                "--allow",
+                "a.example,b.example",
+                "--allow",
+                "c.example",
+                "--deny",
+                "x.example",
+            ],
+            &[],
+        )
+        .unwrap();
         assert_eq!(c.rules.len(), (3, 1));
     }
 
     #[test]
     fn bad_values_name_the_source_and_value() {
-        let cases: &[(&[&str], &[(&str, &str)], &str)] = &[
+        type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+        let cases: &[Case<'_>] = &[
             (&["--allow", "*.com"], &[], "--allow value \"*.com\""),
             (&["--deny", "a b"], &[], "--deny value \"a b\""),
-            (&[], &[("PROXY_ALLOWLIST", "ok.example,127.1")], "PROXY_ALLOWLIST value \"127.1\""),
-            (&["--listen", "localhost:3128"], &[], "--listen value \"localhost:3128\""),
+            (
+                &[],
+                &[("PROXY_ALLOWLIST", "ok.example,127.1")],
+                "PROXY_ALLOWLIST value \"127.1\"",
+            ),
+            (
+                &["--listen", "localhost:3128"],
+                &[],
+                "--listen value \"localhost:3128\"",
+            ),
             (&[], &[("PROXY_PORT", "0")], "PROXY_PORT value \"0\""),
             (&["--dns-server", "dns.example"], &[], "--dns-server value"),
             (&["--allow-range", "10.0.0.0/33"], &[], "--allow-range value"),
@@ -239,8 +320,23 @@ mod tests {
 
     #[test]
     fn dns_servers_and_ranges() {
-        let c = config(&["--dns-server", "127.0.0.1:5353,10.0.0.2", "--allow-range", "10.20.1.1/16,192.0.2.1"], &[]).unwrap();
-        assert_eq!(c.nameservers, Nameservers::Explicit(vec!["127.0.0.1:5353".parse().unwrap(), "10.0.0.2:53".parse().unwrap()]));
+        let c = config(
+            &[
+                "--dns-server",
+                "127.0.0.1:5353,10.0.0.2",
+                "--allow-range",
+                "10.20.1.1/16,192.0.2.1",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            c.nameservers,
+            Nameservers::Explicit(vec![
+                "127.0.0.1:5353".parse().unwrap(),
+                "10.0.0.2:53".parse().unwrap()
+            ])
+        );
         let ranges: Vec<String> = c.guard.allow_ranges().iter().map(|r| r.to_string()).collect();
         assert_eq!(ranges, ["10.20.0.0/16", "192.0.2.1/32"]);
     }

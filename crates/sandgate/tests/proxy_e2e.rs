@@ -2,6 +2,16 @@
 //! origins, a fixture DNS server of our own, and a test CA. Tests whose DNS answers are
 //! private or reserved run inside a private network namespace.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::disallowed_methods,
+    clippy::zombie_processes,
+    reason = "integration tests: a failed setup step should fail loudly, and tests connect to their own loopback fixtures"
+)]
+
 mod common;
 
 use std::io::{Read, Write};
@@ -68,15 +78,27 @@ fn curl_http_through_the_proxy_reaches_an_allowed_origin() {
     let allow = format!("allowed.test:{}", origin.port());
     let p = proxy(&dns, &["--allow", &allow]);
     let url = format!("http://allowed.test:{}/hello?x=1", origin.port());
-    let (code, body, err) = curl(&p.url(), &["-H", "Proxy-Authorization: Basic c2VjcmV0", url.as_str()]);
+    let (code, body, err) = curl(
+        &p.url(),
+        &["-H", "Proxy-Authorization: Basic c2VjcmV0", url.as_str()],
+    );
     assert_eq!(code, 0, "{err}");
     let seen: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(seen["path"], "/hello?x=1");
     let headers = seen["headers"].as_array().unwrap();
-    let header = |name: &str| headers.iter().find(|h| h[0] == name).map(|h| h[1].as_str().unwrap().to_owned());
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|h| h[0] == name)
+            .map(|h| h[1].as_str().unwrap().to_owned())
+    };
     assert_eq!(header("host"), Some(allow.clone()));
     assert_eq!(header("via").as_deref(), Some("1.1 sandgate"));
-    assert_eq!(header("proxy-authorization"), None, "credentials must not reach the upstream");
+    assert_eq!(
+        header("proxy-authorization"),
+        None,
+        "credentials must not reach the upstream"
+    );
     assert_eq!(header("proxy-connection"), None);
 
     let events = p.audit_events(2);
@@ -99,7 +121,11 @@ fn curl_https_through_connect_and_deny_names_the_destination() {
     let w = World::new();
     let ca = TestCa::new(&["allowed.test"]);
     let origin = w.tls_origin(&ca);
-    let dns = w.dns(Zone::new().with("allowed.test", &["127.0.0.1"]).with("denied.test", &["127.0.0.1"]));
+    let dns = w.dns(
+        Zone::new()
+            .with("allowed.test", &["127.0.0.1"])
+            .with("denied.test", &["127.0.0.1"]),
+    );
     let allow = format!("allowed.test:{}", origin.port());
     let p = proxy(&dns, &["--allow", &allow]);
     let dir = tempfile::tempdir().unwrap();
@@ -118,11 +144,31 @@ fn curl_https_through_connect_and_deny_names_the_destination() {
     assert_ne!(code, 0);
     assert!(err.contains("403"), "{err}");
     // The body names the destination; read it with a raw client.
-    let reply = raw(p.addr, format!("CONNECT denied.test:{0} HTTP/1.1\r\nHost: denied.test:{0}\r\n\r\n", origin.port()).as_bytes());
+    let reply = raw(
+        p.addr,
+        format!(
+            "CONNECT denied.test:{0} HTTP/1.1\r\nHost: denied.test:{0}\r\n\r\n",
+            origin.port()
+        )
+        .as_bytes(),
+    );
     assert_eq!(status_of(&reply), 403);
-    assert!(reply.contains(&format!("denied CONNECT denied.test:{}: not in allowlist", origin.port())), "{reply}");
-    assert!(reply.contains("Proxy-Status: sandgate; error=http_request_denied"), "{reply}");
-    assert_eq!(dns.questions_about("denied.test"), 0, "a denied name must cause no DNS query");
+    assert!(
+        reply.contains(&format!(
+            "denied CONNECT denied.test:{}: not in allowlist",
+            origin.port()
+        )),
+        "{reply}"
+    );
+    assert!(
+        reply.contains("Proxy-Status: sandgate; error=http_request_denied"),
+        "{reply}"
+    );
+    assert_eq!(
+        dns.questions_about("denied.test"),
+        0,
+        "a denied name must cause no DNS query"
+    );
 
     let events = p.audit_events(4);
     let decisions = events_of(&events, "decision");
@@ -167,13 +213,24 @@ except urllib.error.HTTPError as e:
 print("python ok")
 "#;
     let out = Command::new("python3")
-        .args(["-c", script, &p.url(), &origin.port().to_string(), &tls.port().to_string(), ca_file.to_str().unwrap()])
+        .args([
+            "-c",
+            script,
+            &p.url(),
+            &origin.port().to_string(),
+            &tls.port().to_string(),
+            ca_file.to_str().unwrap(),
+        ])
         .env_remove("http_proxy")
         .env_remove("https_proxy")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("python ok"), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        stdout.contains("python ok"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -185,7 +242,10 @@ fn malformed_and_ambiguous_requests_get_400_before_any_dns_query() {
         ("GET / HTTP/1.1\r\nHost: ok.test\r\n\r\n", 400),
         ("GET https://ok.test/ HTTP/1.1\r\nHost: ok.test\r\n\r\n", 400),
         ("GET ftp://ok.test/ HTTP/1.1\r\nHost: ok.test\r\n\r\n", 400),
-        ("GET http://user:pw@ok.test/ HTTP/1.1\r\nHost: ok.test\r\n\r\n", 400),
+        (
+            "GET http://user:pw@ok.test/ HTTP/1.1\r\nHost: ok.test\r\n\r\n",
+            400,
+        ),
         ("GET http://ok%2etest/ HTTP/1.1\r\nHost: ok.test\r\n\r\n", 400),
         ("GET http://0x7f.1/ HTTP/1.1\r\nHost: x\r\n\r\n", 400),
         ("GET http://127.1/ HTTP/1.1\r\nHost: x\r\n\r\n", 400),
@@ -193,22 +253,51 @@ fn malformed_and_ambiguous_requests_get_400_before_any_dns_query() {
         ("GET http://ok.test:99999/ HTTP/1.1\r\nHost: x\r\n\r\n", 400),
         ("CONNECT ok.test HTTP/1.1\r\nHost: x\r\n\r\n", 400),
         ("CONNECT [fe80::1%25eth0]:443 HTTP/1.1\r\nHost: x\r\n\r\n", 400),
-        ("POST http://ok.test/ HTTP/1.1\r\nHost: ok.test\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
-        ("POST http://ok.test/ HTTP/1.1\r\nHost: ok.test\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd", 400),
-        ("POST http://ok.test/ HTTP/1.1\r\nHost: ok.test\r\nContent-Length: 3, 3\r\n\r\nabc", 400),
-        ("POST http://ok.test/ HTTP/1.1\r\nHost: ok.test\r\nTransfer-Encoding: gzip\r\n\r\n", 400),
-        ("GET http://ok.test/ HTTP/1.1\r\nHost: ok.test\r\nX-A: 1\r\n folded\r\n\r\n", 400),
-        ("GET http://ok.test/ HTTP/1.1\r\nHost: ok.test\r\nHost: evil.test\r\n\r\n", 400),
+        (
+            "POST http://ok.test/ HTTP/1.1\r\nHost: ok.test\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            400,
+        ),
+        (
+            "POST http://ok.test/ HTTP/1.1\r\nHost: ok.test\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+            400,
+        ),
+        (
+            "POST http://ok.test/ HTTP/1.1\r\nHost: ok.test\r\nContent-Length: 3, 3\r\n\r\nabc",
+            400,
+        ),
+        (
+            "POST http://ok.test/ HTTP/1.1\r\nHost: ok.test\r\nTransfer-Encoding: gzip\r\n\r\n",
+            400,
+        ),
+        (
+            "GET http://ok.test/ HTTP/1.1\r\nHost: ok.test\r\nX-A: 1\r\n folded\r\n\r\n",
+            400,
+        ),
+        (
+            "GET http://ok.test/ HTTP/1.1\r\nHost: ok.test\r\nHost: evil.test\r\n\r\n",
+            400,
+        ),
     ];
     for (request, want) in cases {
         let reply = raw(p.addr, request.as_bytes());
         assert_eq!(status_of(&reply), *want, "{request:?} -> {reply}");
-        assert!(reply.contains("Proxy-Status: sandgate; error=http_request_error"), "{reply}");
+        assert!(
+            reply.contains("Proxy-Status: sandgate; error=http_request_error"),
+            "{reply}"
+        );
     }
-    assert!(dns.questions().is_empty(), "no DNS for malformed requests: {:?}", dns.questions());
+    assert!(
+        dns.questions().is_empty(),
+        "no DNS for malformed requests: {:?}",
+        dns.questions()
+    );
     let events = p.audit_events(cases.len());
     assert_eq!(events.len(), cases.len(), "one decision per request: {events:#?}");
-    assert!(events.iter().all(|e| e["event"] == "decision" && e["decision"] == "deny"));
+    assert!(
+        events
+            .iter()
+            .all(|e| e["event"] == "decision" && e["decision"] == "deny")
+    );
 }
 
 #[test]
@@ -216,7 +305,10 @@ fn oversized_and_slow_heads() {
     let w = World::new();
     let dns = w.dns(Zone::new());
     let p = proxy(&dns, &["--allow", "*", "--head-timeout", "0.5"]);
-    let big = format!("GET http://ok.test/ HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(20_000));
+    let big = format!(
+        "GET http://ok.test/ HTTP/1.1\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(20_000)
+    );
     let reply = raw(p.addr, big.as_bytes());
     assert_eq!(status_of(&reply), 431, "{reply}");
     // A head that never finishes: 408 once the head timeout passes.
@@ -230,13 +322,32 @@ fn oversized_and_slow_heads() {
 fn upstream_failures_map_to_502_and_504() {
     let w = World::new();
     // A port with nothing listening.
-    let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     // A server that accepts and never answers.
     let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let mute_port = mute.local_addr().unwrap().port();
     let dns = w.dns(Zone::new().with("up.test", &["127.0.0.1"]).silent("slow.test"));
-    let p = proxy(&dns, &["--allow", "*", "--dns-timeout", "0.5", "--response-timeout", "0.5"]);
-    let get = |host: &str| raw(p.addr, format!("GET http://{host}/ HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes());
+    let p = proxy(
+        &dns,
+        &[
+            "--allow",
+            "*",
+            "--dns-timeout",
+            "0.5",
+            "--response-timeout",
+            "0.5",
+        ],
+    );
+    let get = |host: &str| {
+        raw(
+            p.addr,
+            format!("GET http://{host}/ HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes(),
+        )
+    };
     let reply = get("nxdomain.test");
     assert_eq!(status_of(&reply), 502, "{reply}");
     assert!(reply.contains("error=dns_error"), "{reply}");
@@ -257,7 +368,12 @@ fn upstream_failures_map_to_502_and_504() {
     let outcomes: Vec<&str> = closes.iter().map(|e| e["outcome"].as_str().unwrap()).collect();
     assert_eq!(
         outcomes,
-        ["upstream_failure:dns", "upstream_failure:dns_timeout", "upstream_failure:connection_refused", "upstream_failure:response_timeout"]
+        [
+            "upstream_failure:dns",
+            "upstream_failure:dns_timeout",
+            "upstream_failure:connection_refused",
+            "upstream_failure:response_timeout"
+        ]
     );
 }
 
@@ -265,7 +381,11 @@ fn upstream_failures_map_to_502_and_504() {
 fn keep_alive_decides_each_request_and_reuses_only_the_same_destination() {
     let w = World::new();
     let origin = w.origin();
-    let dns = w.dns(Zone::new().with("a.test", &["127.0.0.1"]).with("b.test", &["127.0.0.1"]));
+    let dns = w.dns(
+        Zone::new()
+            .with("a.test", &["127.0.0.1"])
+            .with("b.test", &["127.0.0.1"]),
+    );
     let allow = format!("a.test:{}", origin.port());
     let p = proxy(&dns, &["--allow", &allow]);
     let mut s = TcpStream::connect(p.addr).unwrap();
@@ -281,12 +401,25 @@ fn keep_alive_decides_each_request_and_reuses_only_the_same_destination() {
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
     // Bodies have no trailing newline, so find status lines anywhere.
-    let statuses: Vec<&str> = out.match_indices("HTTP/1.1 ").map(|(i, _)| &out[i + 9..i + 12]).collect();
+    let statuses: Vec<&str> = out
+        .match_indices("HTTP/1.1 ")
+        .map(|(i, _)| &out[i + 9..i + 12])
+        .collect();
     assert_eq!(statuses, ["200", "200", "403"], "{out}");
-    assert!(out.contains(&format!("[\"host\",\"a.test:{port}\"]")), "Host is rewritten from the target: {out}");
-    assert!(!out.contains("\"b.test\""), "the lying Host header must not reach the origin: {out}");
+    assert!(
+        out.contains(&format!("[\"host\",\"a.test:{port}\"]")),
+        "Host is rewritten from the target: {out}"
+    );
+    assert!(
+        !out.contains("\"b.test\""),
+        "the lying Host header must not reach the origin: {out}"
+    );
     assert!(out.contains("denied GET b.test"), "{out}");
-    assert_eq!(origin.connections(), 1, "the upstream connection is reused for the same destination");
+    assert_eq!(
+        origin.connections(),
+        1,
+        "the upstream connection is reused for the same destination"
+    );
 }
 
 #[test]
@@ -352,9 +485,26 @@ fn the_proxy_refuses_to_connect_to_itself() {
     let dns = w.dns(Zone::new());
     let dns_addr = dns.addr().to_string();
     // The policy must name the proxy's own port, so learn a free loopback port first.
-    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
-    let p = ProxyWithListen::start(&free, &["--dns-server", &dns_addr, "--allow-range", "127.0.0.0/8", "--allow", &free]);
-    let reply = raw(p.addr, format!("CONNECT {free} HTTP/1.1\r\nHost: {free}\r\n\r\n").as_bytes());
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let p = ProxyWithListen::start(
+        &free,
+        &[
+            "--dns-server",
+            &dns_addr,
+            "--allow-range",
+            "127.0.0.0/8",
+            "--allow",
+            &free,
+        ],
+    );
+    let reply = raw(
+        p.addr,
+        format!("CONNECT {free} HTTP/1.1\r\nHost: {free}\r\n\r\n").as_bytes(),
+    );
     assert_eq!(status_of(&reply), 403, "{reply}");
     assert!(reply.contains("that is this proxy"), "{reply}");
 }
@@ -410,7 +560,16 @@ fn private_and_reserved_answers_are_refused_in_a_private_netns() {
     );
     let dns_addr = dns.addr().to_string();
     // No --allow-range here: the guard is in full force.
-    let p = ProxyProcess::start(&["--dns-server", &dns_addr, "--allow", "*", "--allow", "10.0.0.5", "--allow", "[::1]"]);
+    let p = ProxyProcess::start(&[
+        "--dns-server",
+        &dns_addr,
+        "--allow",
+        "*",
+        "--allow",
+        "10.0.0.5",
+        "--allow",
+        "[::1]",
+    ]);
     for (target, class) in [
         ("rebind.test:443", "private"),
         ("meta.test:443", "cloud_metadata"),
@@ -421,14 +580,27 @@ fn private_and_reserved_answers_are_refused_in_a_private_netns() {
         ("10.0.0.5:443", "private"),
         ("[::1]:443", "loopback"),
     ] {
-        let reply = raw(p.addr, format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes());
+        let reply = raw(
+            p.addr,
+            format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes(),
+        );
         assert_eq!(status_of(&reply), 403, "{target}: {reply}");
-        assert!(reply.contains("error=destination_ip_prohibited"), "{target}: {reply}");
-        assert!(reply.contains(&format!("resolves to a {class} address")), "{target}: {reply}");
+        assert!(
+            reply.contains("error=destination_ip_prohibited"),
+            "{target}: {reply}"
+        );
+        assert!(
+            reply.contains(&format!("resolves to a {class} address")),
+            "{target}: {reply}"
+        );
     }
     let events = p.audit_events(8);
     assert_eq!(events.len(), 8, "{events:#?}");
-    assert!(events.iter().all(|e| e["decision"] == "deny" && e["reason_code"] == "destination_ip_prohibited"));
+    assert!(
+        events
+            .iter()
+            .all(|e| e["decision"] == "deny" && e["reason_code"] == "destination_ip_prohibited")
+    );
     assert_eq!(events[0]["resolved_ip"], "10.0.0.1");
 }
 
@@ -441,7 +613,8 @@ fn sigterm_lets_a_tunnel_finish_and_flushes_the_audit_log() {
     let mut p = proxy(&dns, &["--allow", &allow, "--shutdown-grace", "5"]);
     let mut s = TcpStream::connect(p.addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(format!("CONNECT {allow} HTTP/1.1\r\nHost: {allow}\r\n\r\n").as_bytes()).unwrap();
+    s.write_all(format!("CONNECT {allow} HTTP/1.1\r\nHost: {allow}\r\n\r\n").as_bytes())
+        .unwrap();
     let mut head = [0u8; 39];
     s.read_exact(&mut head).unwrap();
     let pid = p.child.id().to_string();
@@ -471,9 +644,46 @@ fn bad_flags_exit_64_naming_the_value() {
         (&["--allow-range", "10.0.0.0/99"][..], "10.0.0.0/99"),
         (&["--no-such-flag"][..], "--no-such-flag"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_sandgate")).arg("proxy").args(args).output().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_sandgate"))
+            .arg("proxy")
+            .args(args)
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(64), "{args:?}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
+}
+
+#[test]
+fn an_ordinary_user_runs_the_proxy() {
+    let w = World::new();
+    let origin = w.origin();
+    let dns = w.dns(Zone::new().with("plain.test", &["127.0.0.1"]));
+    let dns_addr = dns.addr().to_string();
+    let allow = format!("plain.test:{}", origin.port());
+    let (p, _bin) = ProxyProcess::start_unprivileged(&[
+        "--dns-server",
+        &dns_addr,
+        "--allow-range",
+        "127.0.0.0/8",
+        "--allow",
+        &allow,
+    ]);
+    let pid = p.child.id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap().to_owned();
+    assert!(
+        !uid_line.split_whitespace().skip(1).any(|u| u == "0"),
+        "proxy runs as root: {uid_line}"
+    );
+    let (code, body, err) = curl(&p.url(), &[&format!("http://{allow}/as-nobody")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(body.contains("/as-nobody"), "{body}");
+    let reply = raw(
+        p.addr,
+        b"CONNECT elsewhere.test:443 HTTP/1.1\r\nHost: elsewhere.test:443\r\n\r\n",
+    );
+    assert_eq!(status_of(&reply), 403, "{reply}");
+    assert_eq!(p.audit_events(3).len(), 3);
 }

@@ -60,14 +60,22 @@ impl DnsServer {
         let task = tokio::spawn(async move {
             let mut buf = vec![0u8; 4096];
             loop {
-                let Ok((n, peer)) = socket.recv_from(&mut buf).await else { return };
-                let Some(query) = buf.get(..n).and_then(|b| Message::from_vec(b).ok()) else { continue };
+                let Ok((n, peer)) = socket.recv_from(&mut buf).await else {
+                    return;
+                };
+                let Some(query) = buf.get(..n).and_then(|b| Message::from_vec(b).ok()) else {
+                    continue;
+                };
                 if let Some(reply) = answer(&zone, &query, &log) {
                     let _ = socket.send_to(&reply, peer).await;
                 }
             }
         });
-        DnsServer { addr, questions, task }
+        DnsServer {
+            addr,
+            questions,
+            task,
+        }
     }
 
     /// Where to send questions (`--dns-server`).
@@ -83,7 +91,10 @@ impl DnsServer {
     /// Questions about `name` (any type).
     pub fn questions_about(&self, name: &str) -> usize {
         let name = name.to_ascii_lowercase();
-        self.questions().iter().filter(|q| q.split(' ').next() == Some(name.as_str())).count()
+        self.questions()
+            .iter()
+            .filter(|q| q.split(' ').next() == Some(name.as_str()))
+            .count()
     }
 }
 

@@ -4,7 +4,11 @@
 //! counts the questions ([`dns`]), HTTP and HTTPS origins that echo what they received
 //! ([`origin`]), a test CA made with rcgen ([`tls`]), and a raw TCP echo server ([`echo`]).
 
-#![expect(clippy::expect_used, clippy::indexing_slicing, reason = "test fixtures fail loudly on setup errors")]
+#![expect(
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    reason = "test fixtures fail loudly on setup errors"
+)]
 
 pub mod dns;
 pub mod echo;

@@ -65,7 +65,11 @@ impl Origin {
                 });
             }
         });
-        Origin { addr, connections, task }
+        Origin {
+            addr,
+            connections,
+            task,
+        }
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -93,7 +97,12 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
         .iter()
         .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
         .collect();
-    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     let json = serde_json::json!({
         "method": method,
         "path": path,
@@ -102,6 +111,9 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
         "body_sha": format!("{:x}", body.iter().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(*b)))),
     });
     let mut resp = Response::new(Full::new(Bytes::from(json.to_string())));
-    resp.headers_mut().insert("content-type", hyper::header::HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(
+        "content-type",
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
     Ok(resp)
 }

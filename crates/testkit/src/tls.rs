@@ -20,12 +20,16 @@ impl TestCa {
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         // Distinct names, or the leaf looks self-signed (issuer == subject).
-        ca_params.distinguished_name.push(DnType::CommonName, "sandgate test CA");
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "sandgate test CA");
         let ca_key = KeyPair::generate().expect("CA key");
         let ca = CertifiedIssuer::self_signed(ca_params, ca_key).expect("CA cert");
         let leaf_names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
         let mut leaf_params = CertificateParams::new(leaf_names).expect("leaf params");
-        leaf_params.distinguished_name.push(DnType::CommonName, names.first().copied().unwrap_or("leaf"));
+        leaf_params
+            .distinguished_name
+            .push(DnType::CommonName, names.first().copied().unwrap_or("leaf"));
         let leaf_key = KeyPair::generate().expect("leaf key");
         let leaf = leaf_params.signed_by(&leaf_key, &ca).expect("leaf cert");
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
@@ -36,6 +40,9 @@ impl TestCa {
             .with_no_client_auth()
             .with_single_cert(vec![leaf.der().clone()], key)
             .expect("server cert");
-        TestCa { ca_pem: ca.pem(), server_config: Arc::new(server_config) }
+        TestCa {
+            ca_pem: ca.pem(),
+            server_config: Arc::new(server_config),
+        }
     }
 }

@@ -22,9 +22,37 @@ pub struct ProxyProcess {
 impl ProxyProcess {
     /// Starts the proxy with `args` (plus a listen address and an audit file).
     pub fn start(args: &[&str]) -> ProxyProcess {
+        ProxyProcess::start_with(Command::new(env!("CARGO_BIN_EXE_sandgate")), args)
+    }
+
+    /// Starts the proxy as user `nobody` (tests run as root), from a copy of the binary in a
+    /// directory that user can read, so the unprivileged path is exercised. When the tests
+    /// already run unprivileged, this is the same as [`ProxyProcess::start`].
+    pub fn start_unprivileged(args: &[&str]) -> (ProxyProcess, tempfile::TempDir) {
+        use std::os::unix::fs::PermissionsExt;
+        let bin_dir = tempfile::tempdir().expect("tempdir");
+        let bin = bin_dir.path().join("sandgate");
+        std::fs::copy(env!("CARGO_BIN_EXE_sandgate"), &bin).expect("copy binary");
+        std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let mut cmd = if is_root() {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+                .arg(&bin);
+            c
+        } else {
+            Command::new(&bin)
+        };
+        cmd.current_dir(bin_dir.path());
+        (ProxyProcess::start_with(cmd, args), bin_dir)
+    }
+
+    fn start_with(mut command: Command, args: &[&str]) -> ProxyProcess {
+        use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().expect("tempdir");
+        // World-writable so an unprivileged proxy can write its audit log here.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
         let audit_path = dir.path().join("audit.jsonl");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sandgate"))
+        let mut child = command
             .arg("proxy")
             .args(["--listen", "127.0.0.1:0", "--audit-log"])
             .arg(&audit_path)
@@ -48,7 +76,12 @@ impl ProxyProcess {
         };
         // Keep draining stderr so the proxy never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines.by_ref() {});
-        ProxyProcess { child, addr, audit_path, _dir: dir }
+        ProxyProcess {
+            child,
+            addr,
+            audit_path,
+            _dir: dir,
+        }
     }
 
     pub fn url(&self) -> String {
@@ -90,6 +123,15 @@ impl Drop for ProxyProcess {
     }
 }
 
+/// True when the tests run as root.
+pub fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0\n"))
+        .unwrap_or(false)
+}
+
 pub fn read_audit(path: &std::path::Path) -> Vec<Value> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
@@ -124,7 +166,10 @@ pub fn raw(addr: SocketAddr, request: &[u8]) -> String {
 
 /// The status code of the first response in `text`.
 pub fn status_of(text: &str) -> u16 {
-    text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Runs the calling test again inside a fresh network namespace (`unshare -rn`, loopback
@@ -137,7 +182,15 @@ pub fn rerun_in_private_netns(test_name: &str) -> bool {
     }
     let exe = std::env::current_exe().expect("test binary");
     let out = Command::new("unshare")
-        .args(["--user", "--map-root-user", "--net", "--", "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\""])
+        .args([
+            "--user",
+            "--map-root-user",
+            "--net",
+            "--",
+            "sh",
+            "-c",
+            "ip link set lo up && exec \"$0\" \"$@\"",
+        ])
         .arg(exe)
         .args(["--exact", test_name, "--nocapture", "--test-threads=1"])
         .env("SANDGATE_IN_PRIVATE_NETNS", "1")
@@ -146,6 +199,9 @@ pub fn rerun_in_private_netns(test_name: &str) -> bool {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "inner run failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("1 passed"), "inner run did not run the test:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("1 passed"),
+        "inner run did not run the test:\n{stdout}\n{stderr}"
+    );
     true
 }
