@@ -687,3 +687,52 @@ fn an_ordinary_user_runs_the_proxy() {
     assert_eq!(status_of(&reply), 403, "{reply}");
     assert_eq!(p.audit_events(3).len(), 3);
 }
+
+#[test]
+fn an_upstream_reset_mid_tunnel_ends_only_that_tunnel() {
+    let w = World::new();
+    let origin = w.origin();
+    // An upstream that reads a little, then resets the connection (SO_LINGER 0).
+    let resetter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let reset_port = resetter.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = resetter.accept().unwrap();
+        let mut buf = [0u8; 5];
+        s.read_exact(&mut buf).unwrap();
+        socket2::SockRef::from(&s)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(s);
+    });
+    let dns = w.dns(
+        Zone::new()
+            .with("reset.test", &["127.0.0.1"])
+            .with("fine.test", &["127.0.0.1"]),
+    );
+    let a1 = format!("reset.test:{reset_port}");
+    let a2 = format!("fine.test:{}", origin.port());
+    let p = proxy(&dns, &["--allow", &a1, "--allow", &a2]);
+    let mut s = TcpStream::connect(p.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(format!("CONNECT {a1} HTTP/1.1\r\nHost: {a1}\r\n\r\nhello").as_bytes())
+        .unwrap();
+    server.join().unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    assert!(
+        out.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    // The proxy carries on serving.
+    let (code, body, err) = curl(&p.url(), &[&format!("http://{a2}/after-reset")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(body.contains("/after-reset"));
+    let events = p.audit_events(4);
+    let close = events_of(&events, "close")
+        .into_iter()
+        .find(|e| e["destination_host"] == "reset.test")
+        .unwrap();
+    assert_eq!(close["outcome"], "upstream_reset", "{close}");
+    assert_eq!(close["bytes_sent"], 5);
+}
