@@ -19,7 +19,7 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{ProxyProcess, curl, raw, rerun_in_private_netns, status_of};
+use common::{ProxyProcess, curl, raw, rerun_in_private_netns, rerun_in_private_netns_with, status_of};
 use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::echo::EchoServer;
 use sandgate_testkit::origin::Origin;
@@ -735,4 +735,80 @@ fn an_upstream_reset_mid_tunnel_ends_only_that_tunnel() {
         .unwrap();
     assert_eq!(close["outcome"], "upstream_reset", "{close}");
     assert_eq!(close["bytes_sent"], 5);
+}
+
+#[test]
+fn connect_timeout_is_504_in_a_private_netns() {
+    // A veth pair whose far end has no address: ARP for 198.18.0.2 is never answered, so the
+    // SYN never leaves, inside a namespace that has no route off this machine anyway.
+    let setup = "ip link add sink0 type veth peer name sink1; ip addr add 198.18.0.1/24 dev sink0; \
+                 ip link set sink0 up; ip link set sink1 up; \
+                 for i in 1 2 3 4 5 6 7 8 9 10; do ip link show sink0 | grep -q LOWER_UP && break; sleep 0.1; done";
+    if rerun_in_private_netns_with("connect_timeout_is_504_in_a_private_netns", setup) {
+        return;
+    }
+    let p = ProxyProcess::start(&[
+        "--dns-server",
+        "127.0.0.1:9",
+        "--allow-range",
+        "198.18.0.0/15",
+        "--allow",
+        "198.18.0.2:443",
+        "--connect-timeout",
+        "0.5",
+    ]);
+    let reply = raw(
+        p.addr,
+        b"CONNECT 198.18.0.2:443 HTTP/1.1\r\nHost: 198.18.0.2:443\r\n\r\n",
+    );
+    assert_eq!(status_of(&reply), 504, "{reply}");
+    assert!(reply.contains("error=connection_timeout"), "{reply}");
+    let events = p.audit_events(2);
+    assert_eq!(
+        events[1]["outcome"], "upstream_failure:connection_timeout",
+        "{events:#?}"
+    );
+}
+
+#[test]
+fn idle_tunnels_are_closed_and_the_connection_cap_holds() {
+    let w = World::new();
+    let echo = w.echo();
+    let dns = w.dns(Zone::new().with("echo.test", &["127.0.0.1"]));
+    let allow = format!("echo.test:{}", echo.addr().port());
+    let p = proxy(
+        &dns,
+        &[
+            "--allow",
+            &allow,
+            "--tunnel-idle-timeout",
+            "0.5",
+            "--max-connections",
+            "1",
+        ],
+    );
+    let connect = format!("CONNECT {allow} HTTP/1.1\r\nHost: {allow}\r\n\r\n");
+    let mut first = TcpStream::connect(p.addr).unwrap();
+    first.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    first.write_all(connect.as_bytes()).unwrap();
+    let mut head = [0u8; 39];
+    first.read_exact(&mut head).unwrap();
+    // While the first tunnel holds the only slot, a second connection is not served.
+    let mut second = TcpStream::connect(p.addr).unwrap();
+    second.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    second.write_all(connect.as_bytes()).unwrap();
+    let mut byte = [0u8; 1];
+    assert!(
+        second.read(&mut byte).is_err(),
+        "second connection served beyond the cap"
+    );
+    // The idle first tunnel is closed after 0.5 s; then the second is served.
+    let mut rest = Vec::new();
+    first.read_to_end(&mut rest).unwrap();
+    second.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    second.read_exact(&mut head).unwrap();
+    assert!(head.starts_with(b"HTTP/1.1 200"));
+    let events = p.audit_events(3);
+    let close = events_of(&events, "close")[0];
+    assert_eq!(close["outcome"], "idle_timeout", "{events:#?}");
 }

@@ -177,20 +177,19 @@ pub fn status_of(text: &str) -> u16 {
 /// (which has then already checked the inner run passed) and false inside, where the test
 /// body should run.
 pub fn rerun_in_private_netns(test_name: &str) -> bool {
+    rerun_in_private_netns_with(test_name, "")
+}
+
+/// As [`rerun_in_private_netns`], running the shell commands `setup` inside the namespace
+/// first (for example a dummy interface that swallows packets).
+pub fn rerun_in_private_netns_with(test_name: &str, setup: &str) -> bool {
     if std::env::var_os("SANDGATE_IN_PRIVATE_NETNS").is_some() {
         return false;
     }
     let exe = std::env::current_exe().expect("test binary");
     let out = Command::new("unshare")
-        .args([
-            "--user",
-            "--map-root-user",
-            "--net",
-            "--",
-            "sh",
-            "-c",
-            "ip link set lo up && exec \"$0\" \"$@\"",
-        ])
+        .args(["--user", "--map-root-user", "--net", "--", "sh", "-c"])
+        .arg(format!("set -e; ip link set lo up; {setup}\nexec \"$0\" \"$@\""))
         .arg(exe)
         .args(["--exact", test_name, "--nocapture", "--test-threads=1"])
         .env("SANDGATE_IN_PRIVATE_NETNS", "1")
