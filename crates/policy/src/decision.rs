@@ -78,11 +78,15 @@ pub struct Decision {
     pub rule: Option<Arc<str>>,
 }
 
+/// Rule maps hash with foldhash: keys are operator-written rules, so a client cannot flood
+/// them with colliding keys, and lookups are on the per-request path.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// One side (allow or deny) of the policy, indexed for lookup.
 #[derive(Debug, Default, Clone)]
 struct RuleIndex {
-    exact: HashMap<Host, Vec<Rule>>,
-    subdomains: HashMap<String, Vec<Rule>>,
+    exact: FastMap<Host, Vec<Rule>>,
+    subdomains: FastMap<String, Vec<Rule>>,
     any_name: Vec<Rule>,
 }
 
@@ -105,10 +109,15 @@ impl RuleIndex {
         let suffixes = host
             .name()
             .into_iter()
+            .filter(|_| !self.subdomains.is_empty())
             .flat_map(|name| proper_suffixes(name.as_str()))
             .filter_map(|suffix| self.subdomains.get(suffix))
             .flatten();
         exact.chain(suffixes).chain(self.any_name.iter())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.exact.is_empty() && self.subdomains.is_empty() && self.any_name.is_empty()
     }
 
     fn len(&self) -> usize {
@@ -153,7 +162,7 @@ impl Ruleset {
 
     /// True when nothing is allowed at all (every request will be denied).
     pub fn allows_nothing(&self) -> bool {
-        self.allow.len() == 0
+        self.allow.is_empty()
     }
 
     /// Decides `target` for `access`. Deny rules are consulted first and always win.
