@@ -3,7 +3,7 @@
 //! Events go through a bounded channel to a dedicated writer thread, so disk latency never
 //! stalls a proxy worker; when the writer falls behind, senders wait (back-pressure) rather
 //! than drop an event. The writer serialises, writes, and flushes whenever the queue runs
-//! empty; on shutdown every queued event is written and flushed before [`AuditWriter::finish`]
+//! empty or at most a few milliseconds after an event arrived; on shutdown every queued event is written and flushed before [`AuditWriter::finish`]
 //! returns. Field names follow the seed spec (`docs/audit.md` lists them all).
 
 use std::borrow::Cow;
@@ -12,6 +12,7 @@ use std::io::{self, BufWriter, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use sandgate_policy::Verdict;
 use serde::Serialize;
@@ -21,6 +22,8 @@ use tokio::sync::mpsc;
 pub const SCHEMA_VERSION: u32 = 1;
 /// Events queued before senders wait.
 const QUEUE_DEPTH: usize = 8192;
+/// Longest an event waits in the writer before it is handed to the OS.
+const FLUSH_DELAY: Duration = Duration::from_millis(4);
 
 /// Where audit lines go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,9 +145,19 @@ fn write_loop(mut rx: mpsc::Receiver<AuditEvent>, mut out: impl Write) -> io::Re
     while let Some(event) = rx.blocking_recv() {
         write_event(&mut out, &event)?;
         written += 1;
-        while let Ok(event) = rx.try_recv() {
-            write_event(&mut out, &event)?;
-            written += 1;
+        // Coalesce: keep taking events for up to FLUSH_DELAY before one write, so a busy
+        // proxy makes a few hundred write calls a second instead of one per event.
+        let first = Instant::now();
+        loop {
+            while let Ok(event) = rx.try_recv() {
+                write_event(&mut out, &event)?;
+                written += 1;
+            }
+            let waited = first.elapsed();
+            if waited >= FLUSH_DELAY || rx.is_closed() || rx.is_empty() && waited >= FLUSH_DELAY / 4 {
+                break;
+            }
+            std::thread::sleep(FLUSH_DELAY / 8);
         }
         out.flush()?;
     }

@@ -383,7 +383,16 @@ async fn exchange(
     };
     let request_complete = body_result.is_ok();
     let client_closes = head.close || response.close || !request_complete;
-    let out = response_head_bytes(&response, client_closes);
+    let mut out = response_head_bytes(&response, client_closes);
+    let mut body = response.body;
+    // A small body that already arrived with the head goes out in the same write.
+    if let BodyKind::Length(n) = body {
+        if let Some(whole) = usize::try_from(n).ok().and_then(|n| up.buf.get(..n)) {
+            out.extend_from_slice(whole);
+            up.buf.advance(whole.len());
+            body = BodyKind::Empty;
+        }
+    }
     if client.stream.write_all(&out).await.is_err() {
         return Exchange::failed(sent, received, "client_failure");
     }
@@ -392,7 +401,7 @@ async fn exchange(
         &mut up.stream,
         &mut up.buf,
         &mut client.stream,
-        response.body,
+        body,
         limits.body_idle_timeout,
     )
     .await;

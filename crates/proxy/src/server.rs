@@ -210,7 +210,12 @@ async fn accept_loop(
                 let shared = shared.clone();
                 let stop = stop.clone();
                 tracker.spawn(async move {
-                    serve_connection(stream, peer, &shared, &stop).await;
+                    // The request loop is boxed and gone before a tunnel starts, so a
+                    // long-lived tunnel's task holds only the tunnel's own small state.
+                    let handoff = Box::pin(serve_connection(stream, peer, &shared, &stop)).await;
+                    if let Some((client, head)) = handoff {
+                        tunnel::handle_connect(&shared, client, head).await;
+                    }
                     drop(permit);
                 });
             }
@@ -238,7 +243,14 @@ pub(crate) enum Next {
     Close,
 }
 
-async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, stop: &CancellationToken) {
+/// Serves requests until the connection ends, or returns it with a CONNECT head to become
+/// a tunnel.
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: &Shared,
+    stop: &CancellationToken,
+) -> Option<(ClientConn, RequestHead)> {
     let mut client = ClientConn {
         stream,
         buf: BytesMut::new(),
@@ -248,18 +260,19 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, shared: &Shared, 
     loop {
         let head = match read_request_head(&mut client, &shared.limits, stop).await {
             Ok(Some(head)) => head,
-            Ok(None) => return,
+            Ok(None) => return None,
             Err(refusal) => {
                 forward::refuse(shared, &mut client, None, refusal, "-", None).await;
-                return;
+                return None;
             }
         };
         if head.is_connect() {
-            tunnel::handle_connect(shared, client, head).await;
-            return;
+            return Some((client, head));
         }
-        if forward::handle_http(shared, &mut client, head, &mut upstream).await == Next::Close {
-            return;
+        // Boxed: the HTTP exchange state would otherwise enlarge every connection's future,
+        // tunnels included.
+        if Box::pin(forward::handle_http(shared, &mut client, head, &mut upstream)).await == Next::Close {
+            return None;
         }
     }
 }

@@ -1,0 +1,170 @@
+//! Starting the proxies under test, each pinned to core 0 and allowing exactly the harness's
+//! servers: sandgate, Squid and tinyproxy (Debian packages), with equivalent allowlists.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::client::BoxError;
+use crate::servers::Servers;
+
+/// A running proxy; killed when dropped.
+#[derive(Debug)]
+pub struct RunningProxy {
+    pub addr: SocketAddr,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl RunningProxy {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for RunningProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> Result<u16, BoxError> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn pinned(program: &Path, core: Option<usize>) -> Command {
+    match core {
+        Some(core) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", &core.to_string()]).arg(program);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
+#[expect(clippy::disallowed_methods, reason = "waits for a loopback proxy to listen")]
+fn wait_listening(addr: SocketAddr, child: &mut Child, name: &str) -> Result<(), BoxError> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(addr).is_ok() {
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait()? {
+            return Err(format!("{name} exited: {status}").into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(format!("{name} did not listen on {addr}").into())
+}
+
+fn world_writable_dir() -> Result<tempfile::TempDir, BoxError> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir()?;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))?;
+    Ok(dir)
+}
+
+fn allowed(s: &Servers) -> [SocketAddr; 4] {
+    [s.origin, s.echo, s.sink, s.source]
+}
+
+pub fn sandgate(binary: &Path, s: &Servers, core: Option<usize>) -> Result<RunningProxy, BoxError> {
+    let dir = world_writable_dir()?;
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let mut cmd = pinned(binary, core);
+    cmd.args([
+        "proxy",
+        "--listen",
+        &addr.to_string(),
+        "--allow-range",
+        "127.0.0.1/32",
+    ]);
+    cmd.args(["--audit-log"]).arg(dir.path().join("audit.jsonl"));
+    cmd.args(["--dns-server", "127.0.0.1:9", "--max-connections", "20000"]);
+    for a in allowed(s) {
+        cmd.args(["--allow", &a.to_string()]);
+    }
+    let mut child = cmd
+        .env("SANDGATE_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    wait_listening(addr, &mut child, "sandgate")?;
+    Ok(RunningProxy {
+        addr,
+        child,
+        _dir: dir,
+    })
+}
+
+pub fn squid(s: &Servers, core: Option<usize>) -> Result<RunningProxy, BoxError> {
+    let dir = world_writable_dir()?;
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let d = dir.path().display();
+    let ports: Vec<String> = allowed(s).iter().map(|a| a.port().to_string()).collect();
+    let conf = format!(
+        "http_port {addr}\npid_filename {d}/squid.pid\ncache deny all\ncache_mem 8 MB\n\
+         access_log none\ncache_store_log none\ncache_log {d}/cache.log\ncoredump_dir {d}\n\
+         visible_hostname bench\nmax_filedescriptors 65536\nshutdown_lifetime 0 seconds\n\
+         acl bench_dst dst 127.0.0.1/32\nacl bench_ports port {}\n\
+         http_access allow bench_dst bench_ports\nhttp_access deny all\n",
+        ports.join(" ")
+    );
+    let conf_path = dir.path().join("squid.conf");
+    std::fs::write(&conf_path, conf)?;
+    let squid = which("squid").ok_or("squid not installed (apt-get install -y squid)")?;
+    let mut child = pinned(&squid, core)
+        .args(["-N", "-f"])
+        .arg(&conf_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    wait_listening(addr, &mut child, "squid")?;
+    Ok(RunningProxy {
+        addr,
+        child,
+        _dir: dir,
+    })
+}
+
+pub fn tinyproxy(s: &Servers, core: Option<usize>) -> Result<RunningProxy, BoxError> {
+    let dir = world_writable_dir()?;
+    let port = free_port()?;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let filter = dir.path().join("filter");
+    std::fs::write(&filter, "^127\\.0\\.0\\.1$\n")?;
+    let mut conf = format!(
+        "User nobody\nGroup nogroup\nPort {port}\nListen 127.0.0.1\nTimeout 600\nMaxClients 12000\n\
+         Allow 127.0.0.1\nLogLevel Critical\nFilter \"{}\"\nFilterDefaultDeny Yes\nFilterExtended Yes\n",
+        filter.display()
+    );
+    for a in allowed(s) {
+        conf.push_str(&format!("ConnectPort {}\n", a.port()));
+    }
+    let conf_path = dir.path().join("tinyproxy.conf");
+    std::fs::write(&conf_path, conf)?;
+    let tinyproxy = which("tinyproxy").ok_or("tinyproxy not installed (apt-get install -y tinyproxy)")?;
+    let mut child = pinned(&tinyproxy, core)
+        .args(["-d", "-c"])
+        .arg(&conf_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    wait_listening(addr, &mut child, "tinyproxy")?;
+    Ok(RunningProxy {
+        addr,
+        child,
+        _dir: dir,
+    })
+}
+
+pub fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/usr/bin".into()])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}

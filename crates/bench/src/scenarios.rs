@@ -1,0 +1,186 @@
+//! The benchmark suite. Each scenario runs against one [`Via`] and returns its figures.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::client::{BoxError, HttpClient, Via, open};
+use crate::servers::Servers;
+
+/// MB/s (10^6 bytes per second) moving `bytes` through one tunnel, client to server.
+pub async fn upload(via: Via, s: &Servers, bytes: u64) -> Result<f64, BoxError> {
+    let mut stream = open(via, s.sink).await?;
+    let started = Instant::now();
+    stream.write_u64(bytes).await?;
+    let buf = vec![0xa5u8; 256 * 1024];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        stream.write_all(buf.get(..n).unwrap_or_default()).await?;
+        left -= n as u64;
+    }
+    let mut ack = [0u8; 1];
+    stream.read_exact(&mut ack).await?;
+    Ok(bytes as f64 / started.elapsed().as_secs_f64() / 1e6)
+}
+
+/// MB/s moving `bytes` through one tunnel, server to client.
+pub async fn download(via: Via, s: &Servers, bytes: u64) -> Result<f64, BoxError> {
+    let mut stream = open(via, s.source).await?;
+    let started = Instant::now();
+    stream.write_u64(bytes).await?;
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut left = bytes;
+    while left > 0 {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            return Err("download ended early".into());
+        }
+        left = left.saturating_sub(n as u64);
+    }
+    Ok(bytes as f64 / started.elapsed().as_secs_f64() / 1e6)
+}
+
+/// Keep-alive GET results.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpFigures {
+    pub rps: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+}
+
+/// `conns` keep-alive connections sending GETs back to back for `duration`.
+pub async fn http_gets(
+    via: Via,
+    s: &Servers,
+    conns: usize,
+    duration: Duration,
+) -> Result<HttpFigures, BoxError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let origin = s.origin;
+    let mut tasks = Vec::with_capacity(conns);
+    for _ in 0..conns {
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut client = HttpClient::new(via, origin);
+            let mut latencies: Vec<u32> = Vec::with_capacity(1 << 16);
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                client.get().await?;
+                latencies.push(t.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
+            }
+            Ok::<_, BoxError>(latencies)
+        }));
+    }
+    let started = Instant::now();
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    all.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        let i = ((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1));
+        all.get(i).copied().map_or(0.0, f64::from)
+    };
+    Ok(HttpFigures {
+        rps: all.len() as f64 / elapsed,
+        p50_us: pct(0.5),
+        p99_us: pct(0.99),
+        p999_us: pct(0.999),
+    })
+}
+
+/// New tunnels per second: each opens a tunnel to the echo server, echoes 16 bytes, closes.
+pub async fn new_tunnels(via: Via, s: &Servers, conns: usize, duration: Duration) -> Result<f64, BoxError> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let echo = s.echo;
+    let mut tasks = Vec::with_capacity(conns);
+    for _ in 0..conns {
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let mut stream = open(via, echo).await?;
+                stream.write_all(b"0123456789abcdef").await?;
+                let mut back = [0u8; 16];
+                stream.read_exact(&mut back).await?;
+                done += 1;
+            }
+            Ok::<_, BoxError>(done)
+        }));
+    }
+    let started = Instant::now();
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Opens `n` tunnels to the echo server (one echo each, so every tunnel has carried data) and
+/// returns them, to be held idle while the proxy's memory is measured.
+pub async fn hold_tunnels(
+    via: Via,
+    echo: SocketAddr,
+    n: usize,
+) -> Result<Vec<tokio::net::TcpStream>, BoxError> {
+    let mut held = Vec::with_capacity(n);
+    for batch in 0..n.div_ceil(200) {
+        let count = 200.min(n - batch * 200);
+        let mut tasks = Vec::with_capacity(count);
+        for _ in 0..count {
+            tasks.push(tokio::spawn(async move {
+                let mut stream = open(via, echo).await?;
+                stream.write_all(b"x").await?;
+                let mut back = [0u8; 1];
+                stream.read_exact(&mut back).await?;
+                Ok::<_, BoxError>(stream)
+            }));
+        }
+        for t in tasks {
+            held.push(t.await??);
+        }
+    }
+    Ok(held)
+}
+
+/// Resident memory of `pid` and its direct children, in bytes.
+pub fn rss_bytes(pid: u32) -> u64 {
+    let mut pids = vec![pid];
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+            // Field 4 (after the parenthesised command) is the parent pid.
+            let ppid = stat
+                .rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().nth(1));
+            if ppid.and_then(|p| p.parse::<u32>().ok()) == Some(pid) {
+                pids.push(child);
+            }
+        }
+    }
+    pids.iter()
+        .map(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/status"))
+                .unwrap_or_default()
+                .lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .unwrap_or(0)
+                * 1024
+        })
+        .sum()
+}
