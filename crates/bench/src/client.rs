@@ -123,7 +123,8 @@ impl HttpClient {
                     .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
                     .ok_or("no content-length")?;
                 let close = header("connection").is_some_and(|v| v.eq_ignore_ascii_case(b"close"))
-                    || resp.version == Some(0) && !header("connection").is_some_and(|v| v.eq_ignore_ascii_case(b"keep-alive"));
+                    || resp.version == Some(0)
+                        && !header("connection").is_some_and(|v| v.eq_ignore_ascii_case(b"keep-alive"));
                 break (len, body, close);
             }
         };

@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::net::IpAddr;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use sandgate_policy::{Access, Pattern, Ruleset, Target, classify, parse_connect_target};
+use sandgate_policy::{Access, Context, Pattern, Ruleset, Target, classify, parse_connect_target};
 
 fn ruleset(n: usize) -> Ruleset {
     let mut rules = Ruleset::new();
@@ -39,7 +39,9 @@ fn decisions(c: &mut Criterion) {
     ];
     let mut group = c.benchmark_group("decide_10k_rules");
     for (name, t) in &cases {
-        group.bench_function(*name, |b| b.iter(|| rules.decide(black_box(t), Access::Connect)));
+        group.bench_function(*name, |b| {
+            b.iter(|| rules.decide(black_box(t), Access::Connect, &Context::system(0)))
+        });
     }
     group.finish();
 }

@@ -3,30 +3,105 @@
 //! Default deny; a matching deny rule always wins over any allow rule. Rules are indexed by
 //! exact host and by wildcard suffix, so a decision costs a few hash lookups per label of the
 //! target name whatever the number of rules (10,000 entries decide in well under a
-//! microsecond; see `benches/`). Pure: no I/O, no clock; the address guard comes later, in the
-//! proxy, and always applies to an allowed name.
+//! microsecond; see `benches/`). Pure: no I/O, no clock (the time is a [`Context`] field);
+//! the address guard comes later, in the proxy, and always applies to an allowed name.
+//!
+//! Scopes add up: a request attributed to task T of project P is decided against the union of
+//! the system entries, P's entries and T's entries. An entry at or past its expiry is absent.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::document::{Entry, Scope};
 use crate::host::Host;
 use crate::pattern::{HostPattern, Pattern};
 use crate::target::{Access, Target};
 
-/// Where a rule came from, for the audit log's `rule` field and for `explain`.
+/// A rule and where it came from, for the audit log's `rule` field and for `explain`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
     pub pattern: Pattern,
+    /// Exactly these ports, when the entry listed them.
+    pub ports: Option<Vec<u16>>,
+    pub scope: Scope,
+    /// Unix seconds from which the rule is absent.
+    pub expires_at: Option<i64>,
+    /// `file:line`, `preset:NAME` or `flag`.
+    pub origin: Arc<str>,
     /// Human label, e.g. `allow:*.example.com`; shared, so a decision copies no string.
     pub label: Arc<str>,
 }
 
 impl Rule {
-    fn new(pattern: Pattern, kind: &str) -> Rule {
-        let label = Arc::from(format!("{kind}:{pattern}"));
-        Rule { pattern, label }
+    fn new(entry: Entry, kind: &str) -> Rule {
+        let ports = match &entry.ports {
+            Some(p) => format!(":{}", p.iter().map(u16::to_string).collect::<Vec<_>>().join(",")),
+            None => String::new(),
+        };
+        let scope = match &entry.scope {
+            Scope::System => String::new(),
+            other => format!(" [{other}]"),
+        };
+        let origin = if &*entry.origin == "flag" {
+            String::new()
+        } else {
+            format!(" ({})", entry.origin)
+        };
+        let label = Arc::from(format!("{kind}:{}{ports}{scope}{origin}", entry.pattern));
+        Rule {
+            pattern: entry.pattern,
+            ports: entry.ports,
+            scope: entry.scope,
+            expires_at: entry.expires_at,
+            origin: entry.origin,
+            label,
+        }
+    }
+
+    /// Does the rule exist for this request (scope and expiry)?
+    fn applies(&self, ctx: &Context<'_>) -> bool {
+        let scoped = match &self.scope {
+            Scope::System => true,
+            Scope::Project(p) => ctx.project == Some(p.as_str()),
+            Scope::Task(t) => ctx.task == Some(t.as_str()),
+        };
+        scoped && self.expires_at.is_none_or(|at| ctx.now < at)
+    }
+
+    fn allows(&self, target: &Target, access: Access) -> bool {
+        match &self.ports {
+            Some(ports) => ports.contains(&target.port) && self.pattern.host_matches(&target.host),
+            None => self.pattern.allows(target, access),
+        }
+    }
+
+    fn denies(&self, target: &Target) -> bool {
+        match &self.ports {
+            Some(ports) => ports.contains(&target.port) && self.pattern.host_matches(&target.host),
+            None => self.pattern.denies(target),
+        }
+    }
+}
+
+/// Who is asking, and when: the inputs of a decision besides the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Context<'a> {
+    pub task: Option<&'a str>,
+    pub project: Option<&'a str>,
+    /// Unix seconds.
+    pub now: i64,
+}
+
+impl Context<'_> {
+    /// A request with no task or project (system entries only).
+    pub fn system(now: i64) -> Context<'static> {
+        Context {
+            task: None,
+            project: None,
+            now,
+        }
     }
 }
 
@@ -75,7 +150,14 @@ pub struct Decision {
     pub verdict: Verdict,
     pub reason: PolicyReason,
     /// The rule that decided; `None` for the default deny.
-    pub rule: Option<Arc<str>>,
+    pub rule: Option<Arc<Rule>>,
+}
+
+impl Decision {
+    /// The deciding rule's label, for the audit log.
+    pub fn rule_label(&self) -> Option<Arc<str>> {
+        self.rule.as_ref().map(|r| r.label.clone())
+    }
 }
 
 /// Rule maps hash with foldhash: keys are operator-written rules, so a client cannot flood
@@ -85,13 +167,14 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 /// One side (allow or deny) of the policy, indexed for lookup.
 #[derive(Debug, Default, Clone)]
 struct RuleIndex {
-    exact: FastMap<Host, Vec<Rule>>,
-    subdomains: FastMap<String, Vec<Rule>>,
-    any_name: Vec<Rule>,
+    exact: FastMap<Host, Vec<Arc<Rule>>>,
+    subdomains: FastMap<String, Vec<Arc<Rule>>>,
+    any_name: Vec<Arc<Rule>>,
 }
 
 impl RuleIndex {
     fn insert(&mut self, rule: Rule) {
+        let rule = Arc::new(rule);
         match &rule.pattern.host {
             HostPattern::AnyName => self.any_name.push(rule),
             HostPattern::Subdomains(suffix) => self
@@ -104,7 +187,7 @@ impl RuleIndex {
     }
 
     /// Every rule whose host part could match `host`, most specific first.
-    fn candidates<'a>(&'a self, host: &'a Host) -> impl Iterator<Item = &'a Rule> + 'a {
+    fn candidates<'a>(&'a self, host: &'a Host) -> impl Iterator<Item = &'a Arc<Rule>> + 'a {
         let exact = self.exact.get(host).into_iter().flatten();
         let suffixes = host
             .name()
@@ -145,14 +228,40 @@ impl Ruleset {
         Ruleset::default()
     }
 
-    /// Adds an allow rule.
-    pub fn allow(&mut self, pattern: Pattern) {
-        self.allow.insert(Rule::new(pattern, "allow"));
+    /// The rules of a policy file plus the system-scope patterns given on the command line.
+    pub fn from_parts(
+        allow: &[Pattern],
+        deny: &[Pattern],
+        file: Option<&crate::document::PolicyFile>,
+    ) -> Ruleset {
+        let mut rules = Ruleset::new();
+        allow.iter().cloned().for_each(|p| rules.allow(p));
+        deny.iter().cloned().for_each(|p| rules.deny(p));
+        if let Some(file) = file {
+            file.allow.iter().cloned().for_each(|e| rules.allow_entry(e));
+            file.deny.iter().cloned().for_each(|e| rules.deny_entry(e));
+        }
+        rules
     }
 
-    /// Adds a deny rule; deny rules always win.
+    /// Adds a system-scope allow rule given on the command line.
+    pub fn allow(&mut self, pattern: Pattern) {
+        self.allow.insert(Rule::new(Entry::from_flag(pattern), "allow"));
+    }
+
+    /// Adds a system-scope deny rule given on the command line; deny rules always win.
     pub fn deny(&mut self, pattern: Pattern) {
-        self.deny.insert(Rule::new(pattern, "deny"));
+        self.deny.insert(Rule::new(Entry::from_flag(pattern), "deny"));
+    }
+
+    /// Adds an allow entry from a policy file.
+    pub fn allow_entry(&mut self, entry: Entry) {
+        self.allow.insert(Rule::new(entry, "allow"));
+    }
+
+    /// Adds a deny entry from a policy file.
+    pub fn deny_entry(&mut self, entry: Entry) {
+        self.deny.insert(Rule::new(entry, "deny"));
     }
 
     /// Number of allow and deny rules.
@@ -165,28 +274,31 @@ impl Ruleset {
         self.allow.is_empty()
     }
 
-    /// Decides `target` for `access`. Deny rules are consulted first and always win.
-    pub fn decide(&self, target: &Target, access: Access) -> Decision {
-        if let Some(rule) = self
-            .deny
-            .candidates(&target.host)
-            .find(|r| r.pattern.denies(target))
-        {
+    /// Decides `target` for `access` in `ctx`. Deny rules are consulted first and always win.
+    pub fn decide(&self, target: &Target, access: Access, ctx: &Context<'_>) -> Decision {
+        let denied = match self.deny.is_empty() {
+            true => None,
+            false => self
+                .deny
+                .candidates(&target.host)
+                .find(|r| r.applies(ctx) && r.denies(target)),
+        };
+        if let Some(rule) = denied {
             return Decision {
                 verdict: Verdict::Deny,
                 reason: PolicyReason::Denylisted,
-                rule: Some(rule.label.clone()),
+                rule: Some(rule.clone()),
             };
         }
         match self
             .allow
             .candidates(&target.host)
-            .find(|r| r.pattern.allows(target, access))
+            .find(|r| r.applies(ctx) && r.allows(target, access))
         {
             Some(rule) => Decision {
                 verdict: Verdict::Allow,
                 reason: PolicyReason::Allowlisted,
-                rule: Some(rule.label.clone()),
+                rule: Some(rule.clone()),
             },
             None => Decision {
                 verdict: Verdict::Deny,
@@ -214,7 +326,15 @@ mod tests {
     }
 
     fn decide(r: &Ruleset, target: &str, access: Access) -> Decision {
-        r.decide(&parse_connect_target(target).unwrap(), access)
+        r.decide(
+            &parse_connect_target(target).unwrap(),
+            access,
+            &Context::system(0),
+        )
+    }
+
+    fn label(d: &Decision) -> Option<String> {
+        d.rule_label().map(|l| l.to_string())
     }
 
     #[test]
@@ -232,10 +352,10 @@ mod tests {
         let r = rules(&["*.example.com", "*"], &["bad.example.com"]);
         let d = decide(&r, "bad.example.com:443", Access::Connect);
         assert_eq!(d.verdict, Verdict::Deny);
-        assert_eq!(d.rule.as_deref(), Some("deny:bad.example.com"));
+        assert_eq!(label(&d).as_deref(), Some("deny:bad.example.com"));
         let d = decide(&r, "good.example.com:443", Access::Connect);
         assert_eq!(d.verdict, Verdict::Allow);
-        assert_eq!(d.rule.as_deref(), Some("allow:*.example.com"));
+        assert_eq!(label(&d).as_deref(), Some("allow:*.example.com"));
     }
 
     #[test]
@@ -255,7 +375,7 @@ mod tests {
     fn most_specific_rule_is_reported() {
         let r = rules(&["*", "*.example.com", "api.example.com"], &[]);
         let d = decide(&r, "api.example.com:443", Access::Connect);
-        assert_eq!(d.rule.as_deref(), Some("allow:api.example.com"));
+        assert_eq!(label(&d).as_deref(), Some("allow:api.example.com"));
     }
 
     #[test]

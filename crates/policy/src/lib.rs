@@ -3,17 +3,20 @@
 //! ([`AddressGuard`]).
 //!
 //! Nothing in this crate opens a socket, reads a file, reads the clock or spawns a task:
-//! time, when a later rule needs it, is an argument. That keeps every decision table-testable
+//! time is an argument ([`Context::now`]). Policy files are parsed from text handed in. That keeps every decision table-testable
 //! and property-testable, the way rustls keeps its protocol core free of I/O.
 
 pub mod addr;
 pub mod decision;
+pub mod document;
 pub mod host;
 pub mod pattern;
+pub mod preset;
 pub mod target;
 
 pub use addr::{AddrClass, AddressGuard, Prohibited, classify};
-pub use decision::{Decision, PolicyReason, Ruleset, Verdict};
+pub use decision::{Context, Decision, PolicyReason, Rule, Ruleset, Verdict};
+pub use document::{DocError, DocErrors, Entry, ListenerSpec, PolicyFile, Scope, parse_policy};
 pub use host::{DomainName, Host, HostError};
 pub use pattern::{HostPattern, Pattern, PatternError};
 pub use target::{Access, HttpTarget, Target, TargetError, parse_connect_target, parse_http_target};

@@ -83,7 +83,8 @@ impl Pattern {
         self.port.is_none_or(|p| p == target.port) && self.host_matches(&target.host)
     }
 
-    fn host_matches(&self, host: &Host) -> bool {
+    /// Does the host half match (ports aside)?
+    pub fn host_matches(&self, host: &Host) -> bool {
         match (&self.host, host) {
             (HostPattern::AnyName, Host::Name(_)) => true,
             (HostPattern::Subdomains(suffix), Host::Name(name)) => is_strict_subdomain(name, suffix),

@@ -75,7 +75,7 @@ proptest! {
         let access = if connect { Access::Connect } else { Access::Http };
         let naive = !deny.iter().any(|p| p.denies(&target))
             && allow.iter().any(|p| p.allows(&target, access));
-        prop_assert_eq!(rules.decide(&target, access).verdict == Verdict::Allow, naive);
+        prop_assert_eq!(rules.decide(&target, access, &sandgate_policy::Context::system(0)).verdict == Verdict::Allow, naive);
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub enum EventKind {
     Decision,
     /// An allowed request or tunnel ended (exactly one per allowed request).
     Close,
+    /// A policy file was reloaded, or a reload was rejected.
+    PolicyReload,
 }
 
 /// One audit record. Absent values serialise as `null` so every line has every field.
@@ -50,6 +52,9 @@ pub struct AuditEvent {
     pub created_at: String,
     pub request_id: String,
     pub client_addr: Option<SocketAddr>,
+    pub task_id: Option<String>,
+    pub project_id: Option<String>,
+    pub job_id: Option<String>,
     pub decision: Option<Verdict>,
     pub reason_code: Option<Cow<'static, str>>,
     pub scheme: Option<&'static str>,
@@ -63,6 +68,8 @@ pub struct AuditEvent {
     pub bytes_received: Option<u64>,
     pub duration_ms: Option<u64>,
     pub outcome: Option<Cow<'static, str>>,
+    /// Free text for events that need it (a rejected reload's errors).
+    pub detail: Option<String>,
 }
 
 impl AuditEvent {
@@ -74,6 +81,9 @@ impl AuditEvent {
             created_at: jiff::Timestamp::now().to_string(),
             request_id,
             client_addr: None,
+            task_id: None,
+            project_id: None,
+            job_id: None,
             decision: None,
             reason_code: None,
             scheme: None,
@@ -87,6 +97,7 @@ impl AuditEvent {
             bytes_received: None,
             duration_ms: None,
             outcome: None,
+            detail: None,
         }
     }
 }
@@ -97,7 +108,29 @@ pub struct Audit {
     tx: mpsc::Sender<AuditEvent>,
 }
 
+/// A handle that does not keep the writer open (for long-lived helpers such as the policy
+/// reloader, which must not hold up shutdown).
+#[derive(Debug, Clone)]
+pub struct WeakAudit {
+    tx: mpsc::WeakSender<AuditEvent>,
+}
+
+impl WeakAudit {
+    /// Queues an event if the proxy is still running.
+    pub async fn record(&self, event: AuditEvent) {
+        if let Some(tx) = self.tx.upgrade() {
+            Audit { tx }.record(event).await;
+        }
+    }
+}
+
 impl Audit {
+    pub fn downgrade(&self) -> WeakAudit {
+        WeakAudit {
+            tx: self.tx.downgrade(),
+        }
+    }
+
     /// Queues an event, waiting while the queue is full. Only fails if the writer died,
     /// which it reports itself; the event is then logged as lost.
     pub async fn record(&self, event: AuditEvent) {

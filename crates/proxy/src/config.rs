@@ -49,10 +49,36 @@ impl Default for Limits {
     }
 }
 
+/// Who the traffic arriving on a listener belongs to. A sandbox gets its own listener and so
+/// its own identity without holding any secret.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Identity {
+    pub task: Option<String>,
+    pub project: Option<String>,
+    pub job: Option<String>,
+}
+
+/// One address to listen on, and the identity of what arrives there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    pub addr: SocketAddr,
+    pub identity: Identity,
+}
+
+impl Listener {
+    /// A listener whose traffic has no task or project (system entries only).
+    pub fn system(addr: SocketAddr) -> Listener {
+        Listener {
+            addr,
+            identity: Identity::default(),
+        }
+    }
+}
+
 /// Everything [`crate::Proxy::bind`] needs.
 #[derive(Debug, Clone)]
 pub struct ProxyConfig {
-    pub listen: Vec<SocketAddr>,
+    pub listen: Vec<Listener>,
     pub rules: Ruleset,
     pub guard: AddressGuard,
     pub nameservers: Nameservers,

@@ -67,7 +67,7 @@ pub(crate) async fn refuse(
     } else {
         EventKind::Close
     };
-    let mut e = event(kind, &request_id, client.peer);
+    let mut e = event(kind, &request_id, client.peer, &client.identity);
     e.decision = reply.is_denial.then_some(Verdict::Deny);
     e.reason_code = Some(reply.reason_code.clone());
     e.status = Some(reply.status);
@@ -98,13 +98,13 @@ pub(crate) async fn refuse(
 pub(crate) async fn audit_allow(
     shared: &Shared,
     request_id: &str,
-    peer: SocketAddr,
+    client: &ClientConn,
     method: &str,
     target: (&Host, u16, Access),
     resolved: Option<std::net::IpAddr>,
     rule: Option<std::sync::Arc<str>>,
 ) {
-    let mut e = event(EventKind::Decision, request_id, peer);
+    let mut e = event(EventKind::Decision, request_id, client.peer, &client.identity);
     e.decision = Some(Verdict::Allow);
     e.reason_code = Some(Cow::Borrowed("allowlisted"));
     e.method = Some(method.to_owned());
@@ -141,7 +141,11 @@ pub(crate) async fn handle_http(
         }
     };
     let dest = (&http.target.host, http.target.port, Access::Http);
-    let decision = shared.rules.decide(&http.target, Access::Http);
+    let decision = shared.rules().decide(
+        &http.target,
+        Access::Http,
+        &crate::server::context(&client.identity),
+    );
     if decision.verdict == Verdict::Deny {
         let refusal = Refusal::Policy {
             target: http.target.clone(),
@@ -172,11 +176,11 @@ pub(crate) async fn handle_http(
                     audit_allow(
                         shared,
                         &request_id,
-                        client.peer,
+                        client,
                         &head.method,
                         dest,
                         None,
-                        decision.rule.clone(),
+                        decision.rule_label(),
                     )
                     .await;
                 }
@@ -199,11 +203,11 @@ pub(crate) async fn handle_http(
         audit_allow(
             shared,
             &request_id,
-            client.peer,
+            client,
             &head.method,
             dest,
             vetted.primary(),
-            decision.rule.clone(),
+            decision.rule_label(),
         )
         .await;
         match shared.dialer.connect(&vetted).await {
@@ -238,11 +242,11 @@ pub(crate) async fn handle_http(
         audit_allow(
             shared,
             &request_id,
-            client.peer,
+            client,
             &head.method,
             dest,
             ip,
-            decision.rule.clone(),
+            decision.rule_label(),
         )
         .await;
     }
@@ -250,7 +254,7 @@ pub(crate) async fn handle_http(
         return Next::Close;
     };
     let outcome = exchange(shared, client, &head, &http, up).await;
-    let mut e = event(EventKind::Close, &request_id, client.peer);
+    let mut e = event(EventKind::Close, &request_id, client.peer, &client.identity);
     e.method = Some(head.method.clone());
     e.destination_host = Some(http.target.host.to_string());
     e.destination_port = Some(http.target.port);

@@ -13,11 +13,12 @@ pub mod dial;
 pub(crate) mod forward;
 pub mod framing;
 pub mod head;
+pub mod reload;
 pub mod respond;
 pub(crate) mod server;
 pub(crate) mod tunnel;
 
 pub use audit::{AuditDestination, AuditEvent, EventKind};
-pub use config::{Limits, ProxyConfig};
+pub use config::{Identity, Limits, Listener, ProxyConfig};
 pub use dial::Nameservers;
-pub use server::{Proxy, StartError};
+pub use server::{PolicyHandle, Proxy, StartError};

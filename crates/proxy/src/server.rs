@@ -8,20 +8,20 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use sandgate_policy::{AddressGuard, Ruleset};
+use sandgate_policy::{AddressGuard, Context, Ruleset};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::audit::{Audit, AuditEvent, AuditWriter, EventKind};
-use crate::config::{Limits, ProxyConfig};
+use crate::audit::{Audit, AuditEvent, AuditWriter, EventKind, WeakAudit};
+use crate::config::{Identity, Limits, ProxyConfig};
 use crate::dial::{DialConfig, Dialer};
 use crate::forward::{self, Upstream};
 use crate::head::{RequestHead, parse_request_head};
@@ -47,13 +47,75 @@ pub enum StartError {
 /// State shared by every connection.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub rules: Ruleset,
+    /// Swapped whole on reload; a request decides against the set it started with.
+    rules: Arc<RwLock<Arc<Ruleset>>>,
     pub dialer: Dialer,
     pub audit: Audit,
     pub limits: Limits,
     pub ids: RequestIds,
     /// Cancelled when in-flight work must end (grace period over).
     pub hard_stop: CancellationToken,
+}
+
+impl Shared {
+    /// The rules in force now.
+    pub fn rules(&self) -> Arc<Ruleset> {
+        match self.rules.read() {
+            Ok(r) => r.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+}
+
+/// Unix seconds now, for decisions (entries expire at exact seconds).
+pub(crate) fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// The decision context for a connection's identity, now.
+pub(crate) fn context(identity: &Identity) -> Context<'_> {
+    Context {
+        task: identity.task.as_deref(),
+        project: identity.project.as_deref(),
+        now: unix_now(),
+    }
+}
+
+/// Replaces the policy of a running proxy. Holds no strong reference to the audit writer, so
+/// it never delays shutdown.
+#[derive(Debug, Clone)]
+pub struct PolicyHandle {
+    rules: Arc<RwLock<Arc<Ruleset>>>,
+    audit: WeakAudit,
+}
+
+impl PolicyHandle {
+    /// Swaps in a new rule set atomically and records the reload.
+    pub async fn replace(&self, rules: Ruleset, generation: u64, detail: String) {
+        match self.rules.write() {
+            Ok(mut r) => *r = Arc::new(rules),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(rules),
+        }
+        self.record(true, generation, detail).await;
+    }
+
+    /// Records a rejected reload (the old rules stay in force).
+    pub async fn rejected(&self, generation: u64, detail: String) {
+        self.record(false, generation, detail).await;
+    }
+
+    async fn record(&self, applied: bool, generation: u64, detail: String) {
+        let mut e = AuditEvent::new(EventKind::PolicyReload, format!("reload-{generation}"));
+        e.outcome = Some(if applied {
+            "applied".into()
+        } else {
+            "rejected".into()
+        });
+        e.detail = Some(detail);
+        self.audit.record(e).await;
+    }
 }
 
 /// Request ids: a per-process prefix and a counter, unique within a run and unlikely to
@@ -87,7 +149,7 @@ impl RequestIds {
 /// A bound, ready-to-run proxy.
 #[derive(Debug)]
 pub struct Proxy {
-    listeners: Vec<TcpListener>,
+    listeners: Vec<(TcpListener, Arc<Identity>)>,
     shared: Arc<Shared>,
     writer: AuditWriter,
 }
@@ -99,13 +161,19 @@ impl Proxy {
             return Err(StartError::NoListener);
         }
         let mut listeners = Vec::with_capacity(config.listen.len());
-        for addr in &config.listen {
-            let listener = TcpListener::bind(addr)
+        for spec in &config.listen {
+            let listener = TcpListener::bind(spec.addr)
                 .await
-                .map_err(|source| StartError::Bind { addr: *addr, source })?;
-            listeners.push(listener);
+                .map_err(|source| StartError::Bind {
+                    addr: spec.addr,
+                    source,
+                })?;
+            listeners.push((listener, Arc::new(spec.identity.clone())));
         }
-        let own: Vec<SocketAddr> = listeners.iter().filter_map(|l| l.local_addr().ok()).collect();
+        let own: Vec<SocketAddr> = listeners
+            .iter()
+            .filter_map(|(l, _)| l.local_addr().ok())
+            .collect();
         let dial_config = DialConfig {
             nameservers: config.nameservers.clone(),
             dns_timeout: config.limits.dns_timeout,
@@ -115,7 +183,7 @@ impl Proxy {
         let dialer = Dialer::new(&dial_config, own).map_err(|e| StartError::Resolver(e.to_string()))?;
         let (audit, writer) = AuditWriter::start(&config.audit).map_err(StartError::Audit)?;
         let shared = Arc::new(Shared {
-            rules: config.rules,
+            rules: Arc::new(RwLock::new(Arc::new(config.rules))),
             dialer,
             audit,
             limits: config.limits,
@@ -133,8 +201,16 @@ impl Proxy {
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
         self.listeners
             .iter()
-            .filter_map(|l| l.local_addr().ok())
+            .filter_map(|(l, _)| l.local_addr().ok())
             .collect()
+    }
+
+    /// A handle to replace the policy while the proxy runs.
+    pub fn policy_handle(&self) -> PolicyHandle {
+        PolicyHandle {
+            rules: self.shared.rules.clone(),
+            audit: self.shared.audit.downgrade(),
+        }
     }
 
     /// The address guard in force (for start-up logging).
@@ -153,9 +229,10 @@ impl Proxy {
         let stop_accepting = CancellationToken::new();
         let tracker = TaskTracker::new();
         let permits = Arc::new(Semaphore::new(shared.limits.max_connections));
-        for listener in listeners {
+        for (listener, identity) in listeners {
             tracker.spawn(accept_loop(
                 listener,
+                identity,
                 shared.clone(),
                 permits.clone(),
                 tracker.clone(),
@@ -187,6 +264,7 @@ impl Proxy {
 
 async fn accept_loop(
     listener: TcpListener,
+    identity: Arc<Identity>,
     shared: Arc<Shared>,
     permits: Arc<Semaphore>,
     tracker: TaskTracker,
@@ -209,10 +287,11 @@ async fn accept_loop(
                 let _ = stream.set_nodelay(true);
                 let shared = shared.clone();
                 let stop = stop.clone();
+                let identity = identity.clone();
                 tracker.spawn(async move {
                     // The request loop is boxed and gone before a tunnel starts, so a
                     // long-lived tunnel's task holds only the tunnel's own small state.
-                    let handoff = Box::pin(serve_connection(stream, peer, &shared, &stop)).await;
+                    let handoff = Box::pin(serve_connection(stream, peer, identity, &shared, &stop)).await;
                     if let Some((client, head)) = handoff {
                         tunnel::handle_connect(&shared, client, head).await;
                     }
@@ -234,6 +313,7 @@ pub(crate) struct ClientConn {
     pub stream: TcpStream,
     pub buf: BytesMut,
     pub peer: SocketAddr,
+    pub identity: Arc<Identity>,
 }
 
 /// What to do after one exchange.
@@ -248,6 +328,7 @@ pub(crate) enum Next {
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
+    identity: Arc<Identity>,
     shared: &Shared,
     stop: &CancellationToken,
 ) -> Option<(ClientConn, RequestHead)> {
@@ -255,6 +336,7 @@ async fn serve_connection(
         stream,
         buf: BytesMut::new(),
         peer,
+        identity,
     };
     let mut upstream: Option<Upstream> = None;
     loop {
@@ -315,8 +397,11 @@ async fn read_request_head(
 }
 
 /// Builds the decision or close event common fields.
-pub(crate) fn event(kind: EventKind, request_id: &str, peer: SocketAddr) -> AuditEvent {
+pub(crate) fn event(kind: EventKind, request_id: &str, peer: SocketAddr, identity: &Identity) -> AuditEvent {
     let mut e = AuditEvent::new(kind, request_id.to_owned());
     e.client_addr = Some(peer);
+    e.task_id = identity.task.clone();
+    e.project_id = identity.project.clone();
+    e.job_id = identity.job.clone();
     e
 }

@@ -36,8 +36,9 @@ pub(crate) async fn handle_connect(shared: &Shared, mut client: ClientConn, head
         return;
     };
     let peer = client.peer;
+    let identity = client.identity.clone();
     let (sent, received, outcome) = relay(shared, client, upstream).await;
-    let mut close = event(EventKind::Close, &request_id, peer);
+    let mut close = event(EventKind::Close, &request_id, peer, &identity);
     close.method = Some("CONNECT".to_owned());
     close.scheme = Some("connect");
     close.destination_host = Some(target.host.to_string());
@@ -76,7 +77,11 @@ async fn establish(
         }
     };
     let dest = (&target.host, target.port, Access::Connect);
-    let decision = shared.rules.decide(&target, Access::Connect);
+    let decision = shared.rules().decide(
+        &target,
+        Access::Connect,
+        &crate::server::context(&client.identity),
+    );
     if decision.verdict == Verdict::Deny {
         let refusal = Refusal::Policy {
             target: target.clone(),
@@ -92,11 +97,11 @@ async fn establish(
                 audit_allow(
                     shared,
                     &request_id,
-                    client.peer,
+                    client,
                     "CONNECT",
                     dest,
                     None,
-                    decision.rule.clone(),
+                    decision.rule_label(),
                 )
                 .await;
             }
@@ -111,11 +116,11 @@ async fn establish(
     audit_allow(
         shared,
         &request_id,
-        client.peer,
+        client,
         "CONNECT",
         dest,
         vetted.primary(),
-        decision.rule.clone(),
+        decision.rule_label(),
     )
     .await;
     let (upstream, addr) = match shared.dialer.connect(&vetted).await {

@@ -23,6 +23,41 @@ pub enum LogFormat {
 pub enum Command {
     /// Run the egress proxy (HTTP forward proxy and CONNECT tunnels, default deny).
     Proxy(ProxyArgs),
+    /// Validate a policy file: exit 0, or 64 listing every error as file:line: message.
+    CheckConfig {
+        /// The policy file.
+        file: std::path::PathBuf,
+    },
+    /// Say whether a destination would be allowed, and by which rule.
+    Explain(ExplainArgs),
+}
+
+/// `sandgate explain` flags.
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// Policy file to consult.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<std::path::PathBuf>,
+    /// Decide as this task would be (its task-scoped entries apply).
+    #[arg(long, value_name = "ID")]
+    pub task: Option<String>,
+    /// Decide as this project would be.
+    #[arg(long, value_name = "ID")]
+    pub project: Option<String>,
+    /// Extra allowlist pattern, as for `proxy --allow`.
+    #[arg(long, value_name = "PATTERN")]
+    pub allow: Vec<String>,
+    /// Extra denylist pattern, as for `proxy --deny`.
+    #[arg(long, value_name = "PATTERN")]
+    pub deny: Vec<String>,
+    /// Address range exempt from the address guard, as for `proxy --allow-range`.
+    #[arg(long, value_name = "CIDR")]
+    pub allow_range: Vec<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// host, host:port, or a URL (http:// is plain HTTP; https:// and host:port are CONNECT).
+    pub target: String,
 }
 
 /// `sandgate proxy` flags. Repeatable flags also take comma-separated lists.
@@ -46,6 +81,9 @@ pub struct ProxyArgs {
     /// Address range exempt from the address guard (e.g. an internal service network)
     #[arg(long, value_name = "CIDR")]
     pub allow_range: Vec<String>,
+    /// Policy file (YAML EgressPolicy); reloaded on SIGHUP and when it changes
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<std::path::PathBuf>,
     /// Audit log file (JSON lines), or - for stdout [default: -]
     #[arg(long, value_name = "PATH|-")]
     pub audit_log: Option<String>,

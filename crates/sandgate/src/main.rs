@@ -3,6 +3,7 @@
 //! EX_USAGE; 1 for failures at run time).
 
 mod cli;
+mod explain;
 mod settings;
 
 use std::io::IsTerminal;
@@ -12,7 +13,7 @@ use clap::Parser;
 use cli::{Cli, Command, LogFormat};
 use sandgate_proxy::Proxy;
 
-const EX_USAGE: u8 = 64;
+pub(crate) const EX_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -30,6 +31,8 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     match cli.command {
         Command::Proxy(args) => run_proxy(&args),
+        Command::CheckConfig { file } => check_config(&file),
+        Command::Explain(args) => explain::run(&args),
     }
 }
 
@@ -46,8 +49,29 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+/// `sandgate check-config FILE`.
+fn check_config(file: &std::path::Path) -> ExitCode {
+    match sandgate_proxy::reload::load_file(file) {
+        Ok(policy) => {
+            println!(
+                "{}: ok: {} ({} allow, {} deny entries, {} listeners)",
+                file.display(),
+                policy.name,
+                policy.allow.len(),
+                policy.deny.len(),
+                policy.listeners.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(EX_USAGE)
+        }
+    }
+}
+
 fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
-    let config = match settings::proxy_config(args, &settings::ProcessEnv) {
+    let setup = match settings::proxy_setup(args, &settings::ProcessEnv) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("sandgate: {e}");
@@ -65,6 +89,7 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let settings::ProxySetup { config, policy } = setup;
     runtime.block_on(async move {
         let (allow, deny) = config.rules.len();
         if allow == 0 {
@@ -83,6 +108,17 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
         for range in proxy.guard().allow_ranges() {
             tracing::warn!(%range, "address guard exemption");
         }
+        // SIGHUP and changes of the file reload the policy; the watcher ends with the runtime.
+        if let Some((source, file)) = policy {
+            let (hup_tx, hup_rx) = tokio::sync::mpsc::channel(1);
+            tokio::spawn(forward_sighup(hup_tx));
+            tokio::spawn(sandgate_proxy::reload::watch(
+                source,
+                file,
+                proxy.policy_handle(),
+                hup_rx,
+            ));
+        }
         match proxy.run(shutdown_signal()).await {
             Ok(_) => ExitCode::SUCCESS,
             Err(e) => {
@@ -91,6 +127,19 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
             }
         }
     })
+}
+
+/// Passes each SIGHUP on to the policy watcher.
+async fn forward_sighup(tx: tokio::sync::mpsc::Sender<()>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot watch SIGHUP; the policy reloads only when its file changes");
+        return;
+    };
+    while hup.recv().await.is_some() {
+        // A full channel means a reload is already pending.
+        let _ = tx.try_send(());
+    }
 }
 
 /// Completes on SIGTERM or SIGINT.

@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use sandgate_policy::{AddressGuard, Pattern, Ruleset};
-use sandgate_proxy::{AuditDestination, Limits, Nameservers, ProxyConfig};
+use sandgate_policy::{AddressGuard, Pattern, PolicyFile, Ruleset};
+use sandgate_proxy::reload::{LoadError, PolicySource, load_file};
+use sandgate_proxy::{AuditDestination, Identity, Limits, Listener, Nameservers, ProxyConfig};
 
 use crate::cli::ProxyArgs;
 
@@ -48,6 +49,15 @@ pub enum SettingsError {
         value: String,
         reason: String,
     },
+    #[error("{0}")]
+    Policy(#[from] LoadError),
+}
+
+/// A proxy configuration and, when `--policy` was given, the file to keep watching.
+#[derive(Debug)]
+pub struct ProxySetup {
+    pub config: ProxyConfig,
+    pub policy: Option<(PolicySource, PolicyFile)>,
 }
 
 fn invalid(source_name: &str, value: &str, reason: impl ToString) -> SettingsError {
@@ -84,7 +94,7 @@ fn flag_or_env(flags: &[String], env: &dyn Env, vars: &[&str]) -> Vec<(String, S
         .collect()
 }
 
-fn patterns(
+pub fn patterns(
     flag: &str,
     flags: &[String],
     env: &dyn Env,
@@ -99,6 +109,7 @@ fn patterns(
         .collect()
 }
 
+/// Listen addresses from flags or environment; empty when neither names one.
 fn listen_addrs(args: &ProxyArgs, env: &dyn Env) -> Result<Vec<SocketAddr>, SettingsError> {
     let parse = |src: &str, v: &str| {
         v.parse::<SocketAddr>()
@@ -121,7 +132,7 @@ fn listen_addrs(args: &ProxyArgs, env: &dyn Env) -> Result<Vec<SocketAddr>, Sett
             .ok_or_else(|| invalid("PROXY_PORT", &port, "expected a port number 1-65535"))?;
         return Ok(vec![SocketAddr::new(IpAddr::from([0, 0, 0, 0]), port)]);
     }
-    Ok(vec![parse("default", DEFAULT_LISTEN)?])
+    Ok(Vec::new())
 }
 
 fn nameservers(values: &[String]) -> Result<Nameservers, SettingsError> {
@@ -138,7 +149,7 @@ fn nameservers(values: &[String]) -> Result<Nameservers, SettingsError> {
         .map(Nameservers::Explicit)
 }
 
-fn ranges(values: &[String]) -> Result<Vec<IpNet>, SettingsError> {
+pub fn ranges(values: &[String]) -> Result<Vec<IpNet>, SettingsError> {
     items(values)
         .map(|v| {
             v.parse::<IpNet>()
@@ -161,7 +172,66 @@ fn seconds(flag: &str, value: Option<f64>, default: Duration) -> Result<Duration
     }
 }
 
-/// Builds the proxy configuration.
+/// Builds the proxy configuration: flags and environment, plus the policy file if given.
+pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, SettingsError> {
+    let mut config = proxy_config(args, env)?;
+    let default_listen = || {
+        DEFAULT_LISTEN
+            .parse::<SocketAddr>()
+            .map(Listener::system)
+            .map_err(|_| invalid("default", DEFAULT_LISTEN, "not IP:PORT"))
+    };
+    let Some(path) = &args.policy else {
+        if config.listen.is_empty() {
+            config.listen.push(default_listen()?);
+        }
+        return Ok(ProxySetup { config, policy: None });
+    };
+    let file = load_file(path)?;
+    let source = PolicySource {
+        path: path.clone(),
+        flag_allow: patterns(
+            "--allow",
+            &args.allow,
+            env,
+            &["SANDGATE_ALLOW", "PROXY_ALLOWLIST"],
+        )?,
+        flag_deny: patterns("--deny", &args.deny, env, &["SANDGATE_DENY"])?,
+    };
+    config.rules = Ruleset::from_parts(&source.flag_allow, &source.flag_deny, Some(&file));
+    for l in &file.listeners {
+        let identity = Identity {
+            task: l.task.clone(),
+            project: l.project.clone(),
+            job: l.job.clone(),
+        };
+        config.listen.push(Listener {
+            addr: l.listen,
+            identity,
+        });
+    }
+    if config.listen.is_empty() {
+        config.listen.push(default_listen()?);
+    }
+    let mut ranges = config.guard.allow_ranges().to_vec();
+    ranges.extend(file.allow_ranges.iter().copied());
+    config.guard = AddressGuard::new(ranges);
+    if let Some(resolver) = &file.resolver {
+        if args.dns_server.is_empty() && !resolver.servers.is_empty() {
+            config.nameservers = Nameservers::Explicit(resolver.servers.clone());
+        }
+        if let (None, Some(ms)) = (args.dns_timeout, resolver.timeout_ms) {
+            config.limits.dns_timeout = Duration::from_millis(ms);
+        }
+    }
+    Ok(ProxySetup {
+        config,
+        policy: Some((source, file)),
+    })
+}
+
+/// Builds the proxy configuration from flags and environment alone (no listener when none
+/// is named; [`proxy_setup`] adds the default).
 pub fn proxy_config(args: &ProxyArgs, env: &dyn Env) -> Result<ProxyConfig, SettingsError> {
     let mut rules = Ruleset::new();
     for p in patterns(
@@ -221,7 +291,10 @@ pub fn proxy_config(args: &ProxyArgs, env: &dyn Env) -> Result<ProxyConfig, Sett
         Some(path) => AuditDestination::File(PathBuf::from(path)),
     };
     Ok(ProxyConfig {
-        listen: listen_addrs(args, env)?,
+        listen: listen_addrs(args, env)?
+            .into_iter()
+            .map(Listener::system)
+            .collect(),
         rules,
         guard: AddressGuard::new(ranges(&args.allow_range)?),
         nameservers: nameservers(&args.dns_server)?,
@@ -238,15 +311,21 @@ mod tests {
     fn config(argv: &[&str], env: &[(&str, &str)]) -> Result<ProxyConfig, SettingsError> {
         let mut full = vec!["sandgate", "proxy"];
         full.extend_from_slice(argv);
-        let crate::cli::Command::Proxy(args) = crate::cli::Cli::try_parse_from(full).unwrap().command;
+        let crate::cli::Command::Proxy(args) = crate::cli::Cli::try_parse_from(full).unwrap().command else {
+            panic!("not a proxy command")
+        };
         let env: HashMap<String, String> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        proxy_config(&args, &env)
+        proxy_setup(&args, &env).map(|s| s.config)
+    }
+
+    fn addrs(c: &ProxyConfig) -> Vec<SocketAddr> {
+        c.listen.iter().map(|l| l.addr).collect()
     }
 
     #[test]
     fn defaults() {
         let c = config(&[], &[]).unwrap();
-        assert_eq!(c.listen, vec!["127.0.0.1:3128".parse().unwrap()]);
+        assert_eq!(addrs(&c), vec!["127.0.0.1:3128".parse().unwrap()]);
         assert!(c.rules.allows_nothing());
         assert_eq!(c.nameservers, Nameservers::System);
         assert_eq!(c.audit, AuditDestination::Stdout);
@@ -262,10 +341,10 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(c.listen, vec!["0.0.0.0:8080".parse().unwrap()]);
+        assert_eq!(addrs(&c), vec!["0.0.0.0:8080".parse().unwrap()]);
         assert_eq!(c.rules.len(), (2, 0));
         let c = config(&[], &[("PROXY_PORT", "8080"), ("SANDGATE_LISTEN", "127.0.0.1:9")]).unwrap();
-        assert_eq!(c.listen, vec!["127.0.0.1:9".parse().unwrap()]);
+        assert_eq!(addrs(&c), vec!["127.0.0.1:9".parse().unwrap()]);
         let c = config(
             &["--listen", "[::1]:7", "--allow", "c.example"],
             &[
@@ -274,7 +353,7 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(c.listen, vec!["[::1]:7".parse().unwrap()]);
+        assert_eq!(addrs(&c), vec!["[::1]:7".parse().unwrap()]);
         assert_eq!(c.rules.len(), (1, 0));
         let c = config(
             &[

@@ -1,0 +1,538 @@
+//! Policy files: the YAML `EgressPolicy` document, parsed and validated into a [`PolicyFile`]
+//! that cannot hold an invalid value. See docs/policy.md for the schema.
+//!
+//! Parsing is pure: it takes the text, the file name for messages, and the current time (for
+//! `ttl_seconds`); reading the file is the caller's job. Unknown fields, bad patterns, bad
+//! CIDRs, ports out of range and non-positive TTLs are errors; every error found is reported,
+//! each as `file:line: field: message`.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use ipnet::IpNet;
+use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde_saphyr::Spanned;
+
+use crate::pattern::Pattern;
+use crate::preset;
+
+/// The only `apiVersion` understood.
+pub const API_VERSION: &str = "sandgate.dev/v1";
+/// The only `kind` understood.
+pub const KIND: &str = "EgressPolicy";
+
+/// Who an entry applies to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Every request.
+    System,
+    /// Requests attributed to this project.
+    Project(String),
+    /// Requests attributed to this task.
+    Task(String),
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scope::System => f.write_str("system"),
+            Scope::Project(p) => write!(f, "project:{p}"),
+            Scope::Task(t) => write!(f, "task:{t}"),
+        }
+    }
+}
+
+/// One allow or deny entry, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub pattern: Pattern,
+    /// Exactly these ports (replaces the pattern's default ports).
+    pub ports: Option<Vec<u16>>,
+    pub scope: Scope,
+    /// Unix seconds; the entry is absent from this second on (`now >= expires_at`).
+    pub expires_at: Option<i64>,
+    pub created_by: Option<String>,
+    pub reason: Option<String>,
+    /// Where it came from: `file:line`, `preset:NAME` or `flag`.
+    pub origin: Arc<str>,
+}
+
+impl Entry {
+    /// A system-scope entry given on the command line.
+    pub fn from_flag(pattern: Pattern) -> Entry {
+        Entry {
+            pattern,
+            ports: None,
+            scope: Scope::System,
+            expires_at: None,
+            created_by: None,
+            reason: None,
+            origin: Arc::from("flag"),
+        }
+    }
+}
+
+/// A listener declared in the file, with the identity of everything that arrives on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerSpec {
+    pub listen: SocketAddr,
+    pub task: Option<String>,
+    pub project: Option<String>,
+    pub job: Option<String>,
+}
+
+/// Resolver settings from the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolverSpec {
+    pub servers: Vec<SocketAddr>,
+    pub timeout_ms: Option<u64>,
+}
+
+/// A validated policy file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyFile {
+    pub name: String,
+    pub version: Option<String>,
+    pub allow: Vec<Entry>,
+    pub deny: Vec<Entry>,
+    pub allow_ranges: Vec<IpNet>,
+    pub resolver: Option<ResolverSpec>,
+    pub listeners: Vec<ListenerSpec>,
+}
+
+/// One problem found in a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DocError {
+    pub file: String,
+    pub line: u64,
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for DocError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "{}:{}: {}", self.file, self.line, self.message)
+        } else {
+            write!(f, "{}:{}: {}: {}", self.file, self.line, self.field, self.message)
+        }
+    }
+}
+
+/// Every problem found in a file (never empty).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct DocErrors(pub Vec<DocError>);
+
+impl fmt::Display for DocErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lines: Vec<String> = self.0.iter().map(ToString::to_string).collect();
+        f.write_str(&lines.join("\n"))
+    }
+}
+
+// ---- the raw, serde-facing shape -------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDoc {
+    #[serde(rename = "apiVersion")]
+    api_version: Spanned<String>,
+    kind: Spanned<String>,
+    metadata: RawMeta,
+    #[serde(default)]
+    spec: RawSpec,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMeta {
+    name: String,
+    #[serde(default)]
+    version: Option<String>,
+    #[serde(default)]
+    labels: Option<std::collections::BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpec {
+    #[serde(default)]
+    network: RawNetwork,
+    #[serde(default)]
+    resolver: Option<Spanned<RawResolver>>,
+    #[serde(default)]
+    listeners: Vec<Spanned<RawListener>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNetwork {
+    #[serde(default)]
+    allowlist: Vec<Spanned<RawEntry>>,
+    #[serde(default)]
+    denylist: Vec<Spanned<RawEntry>>,
+    #[serde(default)]
+    presets: Vec<Spanned<String>>,
+    #[serde(default)]
+    allow_ranges: Vec<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawResolver {
+    #[serde(default)]
+    servers: Vec<String>,
+    #[serde(default)]
+    timeout_ms: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawListener {
+    listen: String,
+    #[serde(default)]
+    task: Option<String>,
+    #[serde(default)]
+    project: Option<String>,
+    #[serde(default)]
+    job: Option<String>,
+}
+
+/// An entry: a bare pattern string, or a map with `host` and the optional fields.
+#[derive(Debug)]
+struct RawEntry(RawEntryFull);
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEntryFull {
+    host: String,
+    #[serde(default)]
+    ports: Option<Vec<i64>>,
+    #[serde(default)]
+    scope: Option<RawScope>,
+    #[serde(default)]
+    ttl_seconds: Option<i64>,
+    #[serde(default)]
+    expires_at: Option<String>,
+    #[serde(default)]
+    created_by: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for RawEntry {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct EntryVisitor;
+        impl<'de> Visitor<'de> for EntryVisitor {
+            type Value = RawEntry;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a pattern string or a map with `host`")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawEntry, E> {
+                Ok(RawEntry(RawEntryFull {
+                    host: v.to_owned(),
+                    ..RawEntryFull::default()
+                }))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawEntry, A::Error> {
+                RawEntryFull::deserialize(de::value::MapAccessDeserializer::new(map)).map(RawEntry)
+            }
+        }
+        d.deserialize_any(EntryVisitor)
+    }
+}
+
+/// `system`, or a map with exactly one of `project` / `task`.
+#[derive(Debug)]
+struct RawScope(Result<Scope, String>);
+
+impl<'de> Deserialize<'de> for RawScope {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Map {
+            #[serde(default)]
+            project: Option<String>,
+            #[serde(default)]
+            task: Option<String>,
+        }
+        struct ScopeVisitor;
+        impl<'de> Visitor<'de> for ScopeVisitor {
+            type Value = RawScope;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("`system`, `{ project: ID }` or `{ task: ID }`")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawScope, E> {
+                match v {
+                    "system" => Ok(RawScope(Ok(Scope::System))),
+                    other => Ok(RawScope(Err(format!(
+                        "unknown scope {other:?} (use system, project or task)"
+                    )))),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawScope, A::Error> {
+                let m = Map::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(RawScope(match (m.project, m.task) {
+                    (Some(p), None) if !p.is_empty() => Ok(Scope::Project(p)),
+                    (None, Some(t)) if !t.is_empty() => Ok(Scope::Task(t)),
+                    (None, None) => Ok(Scope::System),
+                    _ => Err("give exactly one non-empty `project` or `task`".to_owned()),
+                }))
+            }
+        }
+        d.deserialize_any(ScopeVisitor)
+    }
+}
+
+// ---- conversion --------------------------------------------------------------------------
+
+struct Checker<'a> {
+    file: &'a str,
+    errors: Vec<DocError>,
+}
+
+impl Checker<'_> {
+    fn error(&mut self, line: u64, field: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(DocError {
+            file: self.file.to_owned(),
+            line,
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    fn entry(&mut self, raw: &Spanned<RawEntry>, field: &str, now: i64) -> Option<Entry> {
+        let line = raw.referenced.line();
+        let e = &raw.value.0;
+        let mut ok = true;
+        let pattern = match Pattern::parse(&e.host) {
+            Ok(p) => Some(p),
+            Err(err) => {
+                self.error(line, format!("{field}.host"), format!("{:?}: {err}", e.host));
+                None
+            }
+        };
+        let ports = match &e.ports {
+            None => None,
+            Some(list) => {
+                let mut ports = Vec::with_capacity(list.len());
+                for p in list {
+                    match u16::try_from(*p) {
+                        Ok(port) if port > 0 => ports.push(port),
+                        _ => {
+                            self.error(
+                                line,
+                                format!("{field}.ports"),
+                                format!("port {p} out of range 1-65535"),
+                            );
+                            ok = false;
+                        }
+                    }
+                }
+                if ports.is_empty() && ok {
+                    self.error(line, format!("{field}.ports"), "empty port list");
+                    ok = false;
+                }
+                if pattern.as_ref().is_some_and(|p| p.port.is_some()) {
+                    self.error(
+                        line,
+                        format!("{field}.ports"),
+                        "give the port in `host` or in `ports`, not both",
+                    );
+                    ok = false;
+                }
+                Some(ports)
+            }
+        };
+        let scope = match &e.scope {
+            None => Scope::System,
+            Some(RawScope(Ok(s))) => s.clone(),
+            Some(RawScope(Err(msg))) => {
+                self.error(line, format!("{field}.scope"), msg.clone());
+                ok = false;
+                Scope::System
+            }
+        };
+        let expires_at = match (e.ttl_seconds, &e.expires_at) {
+            (Some(_), Some(_)) => {
+                self.error(
+                    line,
+                    format!("{field}.ttl_seconds"),
+                    "give ttl_seconds or expires_at, not both",
+                );
+                ok = false;
+                None
+            }
+            (Some(ttl), None) if ttl <= 0 => {
+                self.error(
+                    line,
+                    format!("{field}.ttl_seconds"),
+                    format!("must be positive, got {ttl}"),
+                );
+                ok = false;
+                None
+            }
+            (Some(ttl), None) => Some(now.saturating_add(ttl)),
+            (None, Some(text)) => match text.parse::<jiff::Timestamp>() {
+                Ok(ts) => Some(ts.as_second()),
+                Err(err) => {
+                    self.error(
+                        line,
+                        format!("{field}.expires_at"),
+                        format!("{text:?} is not an RFC 3339 time: {err}"),
+                    );
+                    ok = false;
+                    None
+                }
+            },
+            (None, None) => None,
+        };
+        let pattern = pattern?;
+        ok.then(|| Entry {
+            pattern,
+            ports,
+            scope,
+            expires_at,
+            created_by: e.created_by.clone(),
+            reason: e.reason.clone(),
+            origin: Arc::from(format!("{}:{line}", self.file)),
+        })
+    }
+}
+
+/// Parses and validates a policy file. `now` (Unix seconds) anchors `ttl_seconds`.
+pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocErrors> {
+    let raw: RawDoc = serde_saphyr::from_str(text).map_err(|e| {
+        let line = e.location().map_or(0, |l| l.line());
+        // The first line of the parser's message says what; its location is ours to add.
+        let message = e.to_string().lines().next().unwrap_or("invalid YAML").to_owned();
+        DocErrors(vec![DocError {
+            file: file.to_owned(),
+            line,
+            field: String::new(),
+            message,
+        }])
+    })?;
+    let mut c = Checker {
+        file,
+        errors: Vec::new(),
+    };
+    if raw.api_version.value != API_VERSION {
+        c.error(
+            raw.api_version.referenced.line(),
+            "apiVersion",
+            format!("expected {API_VERSION:?}"),
+        );
+    }
+    if raw.kind.value != KIND {
+        c.error(raw.kind.referenced.line(), "kind", format!("expected {KIND:?}"));
+    }
+    let _ = &raw.metadata.labels;
+    let net = &raw.spec.network;
+    let allow: Vec<Entry> = net
+        .allowlist
+        .iter()
+        .filter_map(|e| c.entry(e, "spec.network.allowlist", now))
+        .collect();
+    let deny: Vec<Entry> = net
+        .denylist
+        .iter()
+        .filter_map(|e| c.entry(e, "spec.network.denylist", now))
+        .collect();
+    let mut allow = allow;
+    for name in &net.presets {
+        match preset::hosts(&name.value) {
+            Some(hosts) => allow.extend(hosts.iter().filter_map(|h| {
+                Pattern::parse(h).ok().map(|pattern| Entry {
+                    pattern,
+                    ports: Some(vec![443]),
+                    scope: Scope::System,
+                    expires_at: None,
+                    created_by: None,
+                    reason: Some(format!("preset {}", name.value)),
+                    origin: Arc::from(format!("preset:{}", name.value)),
+                })
+            })),
+            None => c.error(
+                name.referenced.line(),
+                "spec.network.presets",
+                format!(
+                    "unknown preset {:?} (known: {})",
+                    name.value,
+                    preset::NAMES.join(", ")
+                ),
+            ),
+        }
+    }
+    let mut allow_ranges = Vec::new();
+    for r in &net.allow_ranges {
+        match r.value.parse::<IpNet>() {
+            Ok(net) => allow_ranges.push(net.trunc()),
+            Err(_) => c.error(
+                r.referenced.line(),
+                "spec.network.allow_ranges",
+                format!("{:?} is not a CIDR", r.value),
+            ),
+        }
+    }
+    let resolver = raw.spec.resolver.as_ref().map(|r| {
+        let line = r.referenced.line();
+        let mut servers = Vec::new();
+        for s in &r.value.servers {
+            match s
+                .parse::<SocketAddr>()
+                .or_else(|_| s.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+            {
+                Ok(addr) => servers.push(addr),
+                Err(_) => c.error(
+                    line,
+                    "spec.resolver.servers",
+                    format!("{s:?} is not IP or IP:PORT"),
+                ),
+            }
+        }
+        let timeout_ms = match r.value.timeout_ms {
+            Some(ms) if ms <= 0 => {
+                c.error(
+                    line,
+                    "spec.resolver.timeout_ms",
+                    format!("must be positive, got {ms}"),
+                );
+                None
+            }
+            other => other.map(|ms| ms as u64),
+        };
+        ResolverSpec { servers, timeout_ms }
+    });
+    let mut listeners = Vec::new();
+    for l in &raw.spec.listeners {
+        let line = l.referenced.line();
+        match l.value.listen.parse::<SocketAddr>() {
+            Ok(listen) => listeners.push(ListenerSpec {
+                listen,
+                task: l.value.task.clone(),
+                project: l.value.project.clone(),
+                job: l.value.job.clone(),
+            }),
+            Err(_) => c.error(
+                line,
+                "spec.listeners.listen",
+                format!("{:?} is not IP:PORT", l.value.listen),
+            ),
+        }
+    }
+    if !c.errors.is_empty() {
+        return Err(DocErrors(c.errors));
+    }
+    Ok(PolicyFile {
+        name: raw.metadata.name,
+        version: raw.metadata.version,
+        allow,
+        deny,
+        allow_ranges,
+        resolver,
+        listeners,
+    })
+}

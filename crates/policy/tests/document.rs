@@ -1,0 +1,169 @@
+//! Policy files: the documented example parses, every error names file, line and field,
+//! scopes add up, expiry is exact to the second, deny wins, presets expand.
+
+#![allow(clippy::indexing_slicing, clippy::unwrap_used, reason = "tests")]
+
+use sandgate_policy::{Access, Context, Ruleset, Scope, Verdict, parse_connect_target, parse_policy};
+
+const NOW: i64 = 1_800_000_000;
+
+fn doc_example() -> String {
+    let md = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/policy.md")).unwrap();
+    let start = md.find("```yaml\n").unwrap() + "```yaml\n".len();
+    let end = md[start..].find("```").unwrap() + start;
+    md[start..end].to_owned()
+}
+
+fn decide(rules: &Ruleset, target: &str, task: Option<&str>, project: Option<&str>, now: i64) -> Verdict {
+    let t = parse_connect_target(target).unwrap();
+    rules
+        .decide(&t, Access::Connect, &Context { task, project, now })
+        .verdict
+}
+
+#[test]
+fn the_documented_example_parses() {
+    let file = parse_policy(&doc_example(), "policy.yaml", NOW).unwrap();
+    assert_eq!(file.name, "prod-egress");
+    assert_eq!(
+        file.allow.len(),
+        4 + 2,
+        "four entries and the python-packages preset"
+    );
+    assert_eq!(file.deny.len(), 1);
+    assert_eq!(file.listeners.len(), 2);
+    assert_eq!(file.listeners[1].task.as_deref(), Some("t-123"));
+    assert_eq!(file.allow[2].scope, Scope::Task("t-123".into()));
+    assert_eq!(&*file.allow[2].origin, "policy.yaml:12");
+    assert_eq!(file.allow[3].expires_at, Some(NOW + 3600));
+}
+
+#[test]
+fn scopes_add_up_and_deny_wins() {
+    let file = parse_policy(&doc_example(), "policy.yaml", NOW).unwrap();
+    let rules = Ruleset::from_parts(&[], &[], Some(&file));
+    // System entries apply to everyone.
+    assert_eq!(
+        decide(&rules, "api.openai.com:443", None, None, NOW),
+        Verdict::Allow
+    );
+    assert_eq!(
+        decide(&rules, "api.openai.com:443", Some("t-9"), None, NOW),
+        Verdict::Allow
+    );
+    // Task entries only to that task, on top of the system ones.
+    assert_eq!(
+        decide(&rules, "pypi.org:443", Some("t-123"), None, NOW),
+        Verdict::Allow,
+        "preset and task both allow"
+    );
+    let t = parse_connect_target("registry.internal.example:8443").unwrap();
+    let for_project = Context {
+        task: None,
+        project: Some("p-9"),
+        now: NOW,
+    };
+    assert_eq!(
+        rules.decide(&t, Access::Connect, &for_project).verdict,
+        Verdict::Allow
+    );
+    assert_eq!(
+        rules.decide(&t, Access::Connect, &Context::system(NOW)).verdict,
+        Verdict::Deny
+    );
+    // The wildcard deny beats every allow.
+    let mut with_star =
+        Ruleset::from_parts(&[sandgate_policy::Pattern::parse("*").unwrap()], &[], Some(&file));
+    assert_eq!(
+        decide(&with_star, "x.evil.example:443", None, None, NOW),
+        Verdict::Deny
+    );
+    with_star.allow(sandgate_policy::Pattern::parse("x.evil.example").unwrap());
+    assert_eq!(
+        decide(&with_star, "x.evil.example:443", None, None, NOW),
+        Verdict::Deny
+    );
+}
+
+#[test]
+fn expiry_is_exact_to_the_second() {
+    let text = "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: { name: t }\nspec:\n  network:\n    allowlist:\n      - host: brief.example\n        ttl_seconds: 10\n      - host: dated.example\n        expires_at: 2027-01-01T00:00:00Z\n";
+    let file = parse_policy(text, "p.yaml", NOW).unwrap();
+    let rules = Ruleset::from_parts(&[], &[], Some(&file));
+    assert_eq!(
+        decide(&rules, "brief.example:443", None, None, NOW + 9),
+        Verdict::Allow
+    );
+    assert_eq!(
+        decide(&rules, "brief.example:443", None, None, NOW + 10),
+        Verdict::Deny,
+        "now >= expires_at is expired"
+    );
+    let at = 1_798_761_600; // 2027-01-01T00:00:00Z
+    assert_eq!(
+        decide(&rules, "dated.example:443", None, None, at - 1),
+        Verdict::Allow
+    );
+    assert_eq!(decide(&rules, "dated.example:443", None, None, at), Verdict::Deny);
+}
+
+#[test]
+fn ports_replace_the_default_ports() {
+    let text = "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: { name: t }\nspec:\n  network:\n    allowlist:\n      - host: a.example\n        ports: [8443, 9443]\n";
+    let rules = Ruleset::from_parts(&[], &[], Some(&parse_policy(text, "p.yaml", NOW).unwrap()));
+    assert_eq!(decide(&rules, "a.example:8443", None, None, NOW), Verdict::Allow);
+    assert_eq!(decide(&rules, "a.example:9443", None, None, NOW), Verdict::Allow);
+    assert_eq!(decide(&rules, "a.example:443", None, None, NOW), Verdict::Deny);
+}
+
+#[test]
+fn every_error_names_file_line_and_field() {
+    let text = "apiVersion: sandgate.dev/v1
+kind: EgressPolicy
+metadata: { name: bad }
+spec:
+  network:
+    allowlist:
+      - ok.example
+      - \"*.com\"
+      - host: a.example
+        ports: [0, 70000]
+      - host: b.example
+        ttl_seconds: 0
+    presets: [ no-such-preset ]
+    allow_ranges: [ 10.0.0.0/33 ]
+";
+    let errors = parse_policy(text, "bad.yaml", NOW).unwrap_err().to_string();
+    for want in [
+        "bad.yaml:8: spec.network.allowlist.host: \"*.com\"",
+        "bad.yaml:9: spec.network.allowlist.ports: port 0 out of range",
+        "bad.yaml:9: spec.network.allowlist.ports: port 70000 out of range",
+        "bad.yaml:11: spec.network.allowlist.ttl_seconds: must be positive",
+        "bad.yaml:13: spec.network.presets: unknown preset",
+        "bad.yaml:14: spec.network.allow_ranges:",
+    ] {
+        assert!(errors.contains(want), "missing {want:?} in:\n{errors}");
+    }
+    // A scope with an unknown key is refused with its line.
+    let err = parse_policy("apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: { name: x }\nspec:\n  network:\n    allowlist:\n      - host: c.example\n        scope: { team: x }\n", "s.yaml", NOW)
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("s.yaml:8:") && err.contains("team"), "{err}");
+    // Unknown fields are refused with their line.
+    let err = parse_policy(
+        "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: { name: x }\nspec:\n  netwrk: {}\n",
+        "u.yaml",
+        NOW,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.starts_with("u.yaml:5:") && err.contains("netwrk"), "{err}");
+    let err = parse_policy(
+        "apiVersion: v2\nkind: EgressPolicy\nmetadata: { name: x }\n",
+        "v.yaml",
+        NOW,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("v.yaml:1: apiVersion"), "{err}");
+}

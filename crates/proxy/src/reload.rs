@@ -1,0 +1,112 @@
+//! Policy files at run time: loading a file together with the command line's patterns, and
+//! reloading it on SIGHUP or when the file changes on disk.
+//!
+//! A reload parses and validates the whole file first; only a valid file replaces the rules,
+//! in one atomic swap (requests already decided, and open tunnels, are not touched). An
+//! invalid file leaves the old rules in force; both outcomes are logged and audited
+//! (`policy_reload`). Listeners, the resolver and `allow_ranges` are read at start only; a
+//! reload that changes them says so in the log.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use sandgate_policy::{DocErrors, Pattern, PolicyFile, Ruleset, parse_policy};
+use tokio::sync::mpsc;
+
+use crate::server::{PolicyHandle, unix_now};
+
+/// How often the file's modification time is checked.
+const POLL: Duration = Duration::from_secs(1);
+
+/// Why a policy file could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("{0}")]
+    Invalid(DocErrors),
+}
+
+/// A policy file and the command-line patterns that join it.
+#[derive(Debug, Clone)]
+pub struct PolicySource {
+    pub path: PathBuf,
+    pub flag_allow: Vec<Pattern>,
+    pub flag_deny: Vec<Pattern>,
+}
+
+/// Reads and validates a policy file.
+pub fn load_file(path: &Path) -> Result<PolicyFile, LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse_policy(&text, &path.display().to_string(), unix_now()).map_err(LoadError::Invalid)
+}
+
+impl PolicySource {
+    /// Loads the file and builds the rules (file entries plus command-line patterns).
+    pub fn load(&self) -> Result<(PolicyFile, Ruleset), LoadError> {
+        let file = load_file(&self.path)?;
+        let rules = Ruleset::from_parts(&self.flag_allow, &self.flag_deny, Some(&file));
+        Ok((file, rules))
+    }
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// Reloads on every message from `hup` (SIGHUP) and whenever the file's modification time
+/// changes. Runs until `hup` closes. `current` is the file in force at start.
+pub async fn watch(
+    source: PolicySource,
+    current: PolicyFile,
+    handle: PolicyHandle,
+    mut hup: mpsc::Receiver<()>,
+) {
+    let mut last_seen = modified(&source.path);
+    let mut in_force = current;
+    let mut generation = 1u64;
+    loop {
+        tokio::select! {
+            signal = hup.recv() => {
+                if signal.is_none() {
+                    return;
+                }
+            }
+            _ = tokio::time::sleep(POLL) => {
+                let now = modified(&source.path);
+                if now == last_seen {
+                    continue;
+                }
+                last_seen = now;
+            }
+        }
+        generation += 1;
+        match source.load() {
+            Ok((file, rules)) => {
+                if file.listeners != in_force.listeners
+                    || file.resolver != in_force.resolver
+                    || file.allow_ranges != in_force.allow_ranges
+                {
+                    tracing::warn!(path = %source.path.display(), "listeners, resolver and allow_ranges change only on restart");
+                }
+                let (allow, deny) = rules.len();
+                tracing::info!(path = %source.path.display(), generation, allow, deny, "policy reloaded");
+                handle
+                    .replace(
+                        rules,
+                        generation,
+                        format!("{}: {allow} allow, {deny} deny rules", source.path.display()),
+                    )
+                    .await;
+                in_force = file;
+            }
+            Err(e) => {
+                tracing::error!(path = %source.path.display(), generation, error = %e, "policy reload rejected; the previous policy stays in force");
+                handle.rejected(generation, e.to_string()).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! Policy files end to end: per-listener task identity, hot reload of a valid and an invalid
+//! file while a tunnel stays open, `check-config` and `explain`.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::disallowed_methods,
+    reason = "integration tests: a failed setup step should fail loudly, and tests connect to their own loopback fixtures"
+)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{ProxyProcess, status_of};
+use sandgate_testkit::dns::{DnsServer, Zone};
+use sandgate_testkit::echo::EchoServer;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn policy(body: &str) -> String {
+    format!("apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: test }}\nspec:\n{body}")
+}
+
+fn connect(addr: SocketAddr, target: &str) -> (TcpStream, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut byte).unwrap() == 0 {
+            break;
+        }
+        head.push(byte[0]);
+    }
+    (s, String::from_utf8_lossy(&head).into_owned())
+}
+
+fn echo_roundtrip(s: &mut TcpStream, data: &[u8]) {
+    s.write_all(data).unwrap();
+    let mut back = vec![0u8; data.len()];
+    s.read_exact(&mut back).unwrap();
+    assert_eq!(back, data);
+}
+
+/// Waits (bounded) until the audit log holds `n` policy_reload events; returns the last.
+fn wait_reloads(p: &ProxyProcess, n: usize) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reloads: Vec<_> = common::read_audit(&p.audit_path)
+            .into_iter()
+            .filter(|e| e["event"] == "policy_reload")
+            .collect();
+        if reloads.len() >= n {
+            return reloads[n - 1].clone();
+        }
+        assert!(Instant::now() < deadline, "no reload #{n} within 10 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_listener_bound_to_a_task_gets_that_tasks_entries() {
+    let rt = runtime();
+    let echo = rt.block_on(EchoServer::start());
+    let dns = rt.block_on(DnsServer::start(Zone::new().with("echo.test", &["127.0.0.1"])));
+    let task_listener = free_addr();
+    let target = format!("echo.test:{}", echo.addr().port());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    std::fs::write(
+        &file,
+        policy(&format!(
+            "  network:\n    allowlist:\n      - host: \"{target}\"\n        scope: {{ task: t-1 }}\n  listeners:\n    - listen: {task_listener}\n      task: t-1\n      job: j-7\n"
+        )),
+    )
+    .unwrap();
+    let dns_addr = dns.addr().to_string();
+    let p = ProxyProcess::start(&[
+        "--dns-server",
+        &dns_addr,
+        "--allow-range",
+        "127.0.0.0/8",
+        "--policy",
+        file.to_str().unwrap(),
+    ]);
+    // The plain listener has no task: the task's entry does not apply.
+    let (_, head) = connect(p.addr, &target);
+    assert_eq!(status_of(&head), 403, "{head}");
+    // The task's listener gets it.
+    let (mut s, head) = connect(task_listener, &target);
+    assert_eq!(status_of(&head), 200, "{head}");
+    echo_roundtrip(&mut s, b"hello task");
+    drop(s);
+    let events = p.audit_events(3);
+    let allowed = events.iter().find(|e| e["decision"] == "allow").unwrap();
+    assert_eq!(allowed["task_id"], "t-1");
+    assert_eq!(allowed["job_id"], "j-7");
+    assert!(
+        allowed["rule"].as_str().unwrap().contains("[task:t-1]"),
+        "{allowed}"
+    );
+    let denied = events.iter().find(|e| e["decision"] == "deny").unwrap();
+    assert_eq!(denied["task_id"], serde_json::Value::Null);
+}
+
+#[test]
+fn reload_valid_and_invalid_files_while_a_tunnel_stays_open() {
+    let rt = runtime();
+    let echo = rt.block_on(EchoServer::start());
+    let dns = rt.block_on(DnsServer::start(
+        Zone::new()
+            .with("one.test", &["127.0.0.1"])
+            .with("two.test", &["127.0.0.1"]),
+    ));
+    let port = echo.addr().port();
+    let one = format!("one.test:{port}");
+    let two = format!("two.test:{port}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    std::fs::write(
+        &file,
+        policy(&format!("  network:\n    allowlist: [ \"{one}\" ]\n")),
+    )
+    .unwrap();
+    let dns_addr = dns.addr().to_string();
+    let p = ProxyProcess::start(&[
+        "--dns-server",
+        &dns_addr,
+        "--allow-range",
+        "127.0.0.0/8",
+        "--policy",
+        file.to_str().unwrap(),
+    ]);
+    let (mut tunnel, head) = connect(p.addr, &one);
+    assert_eq!(status_of(&head), 200, "{head}");
+    echo_roundtrip(&mut tunnel, b"before");
+
+    // A valid change on disk is picked up; the open tunnel is not cut.
+    std::fs::write(
+        &file,
+        policy(&format!("  network:\n    allowlist: [ \"{two}\" ]\n")),
+    )
+    .unwrap();
+    let reload = wait_reloads(&p, 1);
+    assert_eq!(reload["outcome"], "applied", "{reload}");
+    assert_eq!(status_of(&connect(p.addr, &one).1), 403);
+    assert_eq!(status_of(&connect(p.addr, &two).1), 200);
+    echo_roundtrip(&mut tunnel, b"during");
+
+    // An invalid file is rejected and the previous policy stays in force.
+    std::fs::write(&file, policy("  network:\n    allowlist: [ \"*.com\" ]\n")).unwrap();
+    let reload = wait_reloads(&p, 2);
+    assert_eq!(reload["outcome"], "rejected", "{reload}");
+    assert!(
+        reload["detail"].as_str().unwrap().contains("policy.yaml:6"),
+        "{reload}"
+    );
+    assert_eq!(status_of(&connect(p.addr, &two).1), 200);
+    echo_roundtrip(&mut tunnel, b"still flowing");
+
+    // SIGHUP reloads too (the file is valid again and allows both).
+    std::fs::write(
+        &file,
+        policy(&format!("  network:\n    allowlist: [ \"{one}\", \"{two}\" ]\n")),
+    )
+    .unwrap();
+    let reload = wait_reloads(&p, 3);
+    assert_eq!(reload["outcome"], "applied");
+    Command::new("kill")
+        .args(["-HUP", &p.child.id().to_string()])
+        .status()
+        .unwrap();
+    let reload = wait_reloads(&p, 4);
+    assert_eq!(reload["outcome"], "applied");
+    assert_eq!(status_of(&connect(p.addr, &one).1), 200);
+    echo_roundtrip(&mut tunnel, b"after");
+}
+
+#[test]
+fn check_config_and_explain() {
+    let bin = env!("CARGO_BIN_EXE_sandgate");
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/policy.md");
+    let md = std::fs::read_to_string(example).unwrap();
+    let start = md.find("```yaml\n").unwrap() + 8;
+    let end = md[start..].find("```").unwrap() + start;
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("policy.yaml");
+    std::fs::write(&good, &md[start..end]).unwrap();
+    let out = Command::new(bin).arg("check-config").arg(&good).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok: prod-egress"));
+
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        policy("  network:\n    allowlist: [ \"*.com\", \"127.1\" ]\n"),
+    )
+    .unwrap();
+    let out = Command::new(bin).arg("check-config").arg(&bad).output().unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("bad.yaml:6: spec.network.allowlist.host: \"*.com\""),
+        "{stderr}"
+    );
+    assert!(stderr.contains("\"127.1\""), "every error is listed: {stderr}");
+
+    let explain = |args: &[&str]| {
+        let out = Command::new(bin)
+            .arg("explain")
+            .args(["--policy", good.to_str().unwrap()])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = explain(&["--task", "t-123", "pypi.org"]);
+    assert!(text.starts_with("allow connect pypi.org:443"), "{text}");
+    assert!(
+        text.contains("expires: 2030-12-01T00:00:00Z") || text.contains("preset:python-packages"),
+        "{text}"
+    );
+    let text = explain(&["pypi.org"]);
+    assert!(text.contains("from:    preset:python-packages"), "{text}");
+    let json: serde_json::Value =
+        serde_json::from_str(&explain(&["--json", "https://x.evil.example/"])).unwrap();
+    assert_eq!(json["decision"], "deny");
+    assert_eq!(json["reason_code"], "denylisted");
+    assert!(
+        json["origin"].as_str().unwrap().ends_with("policy.yaml:18"),
+        "{json}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&explain(&["--json", "--allow", "10.0.0.1", "10.0.0.1"])).unwrap();
+    assert_eq!(json["decision"], "allow");
+    assert!(
+        json["address_guard"].as_str().unwrap().contains("private"),
+        "{json}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&explain(&["--json", "http://nowhere.example/"])).unwrap();
+    assert_eq!(
+        (json["decision"].as_str(), json["scheme"].as_str()),
+        (Some("deny"), Some("http"))
+    );
+}
