@@ -221,6 +221,8 @@ fn proper_suffixes(name: &str) -> impl Iterator<Item = &str> {
 pub struct Ruleset {
     allow: RuleIndex,
     deny: RuleIndex,
+    /// Task credentials for listeners that require them; swapped together with the rules.
+    credentials: crate::auth::Credentials,
 }
 
 impl Ruleset {
@@ -242,6 +244,16 @@ impl Ruleset {
             file.deny.iter().cloned().for_each(|e| rules.deny_entry(e));
         }
         rules
+    }
+
+    /// Sets the task credentials.
+    pub fn set_credentials(&mut self, credentials: crate::auth::Credentials) {
+        self.credentials = credentials;
+    }
+
+    /// The task credentials in force.
+    pub fn credentials(&self) -> &crate::auth::Credentials {
+        &self.credentials
     }
 
     /// Adds a system-scope allow rule given on the command line.

@@ -81,6 +81,27 @@ pub struct ListenerSpec {
     pub task: Option<String>,
     pub project: Option<String>,
     pub job: Option<String>,
+    /// Requests must carry task credentials (`auth: basic`); the task comes from them.
+    pub require_auth: bool,
+}
+
+/// Where a task's secret hash is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretSource {
+    /// The hex SHA-256, in the file.
+    Inline(String),
+    /// A file holding the hex SHA-256 (relative paths are relative to the policy file).
+    File(String),
+}
+
+/// A task's credential as declared; the loader reads referenced files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskSecretSpec {
+    pub task: String,
+    pub project: Option<String>,
+    pub secret: SecretSource,
+    /// `file:line`, for errors found while loading.
+    pub origin: String,
 }
 
 /// Resolver settings from the file.
@@ -100,6 +121,7 @@ pub struct PolicyFile {
     pub allow_ranges: Vec<IpNet>,
     pub resolver: Option<ResolverSpec>,
     pub listeners: Vec<ListenerSpec>,
+    pub task_secrets: Vec<TaskSecretSpec>,
 }
 
 /// One problem found in a file.
@@ -164,6 +186,27 @@ struct RawSpec {
     resolver: Option<Spanned<RawResolver>>,
     #[serde(default)]
     listeners: Vec<Spanned<RawListener>>,
+    #[serde(default)]
+    auth: Option<RawAuth>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAuth {
+    #[serde(default)]
+    tasks: Vec<Spanned<RawTaskSecret>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTaskSecret {
+    task: String,
+    #[serde(default)]
+    project: Option<String>,
+    #[serde(default)]
+    secret_sha256: Option<String>,
+    #[serde(default)]
+    secret_sha256_file: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -198,6 +241,8 @@ struct RawListener {
     project: Option<String>,
     #[serde(default)]
     job: Option<String>,
+    #[serde(default)]
+    auth: Option<String>,
 }
 
 /// An entry: a bare pattern string, or a map with `host` and the optional fields.
@@ -509,12 +554,32 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
     let mut listeners = Vec::new();
     for l in &raw.spec.listeners {
         let line = l.referenced.line();
+        let require_auth = match l.value.auth.as_deref() {
+            None | Some("none") => false,
+            Some("basic") => true,
+            Some(other) => {
+                c.error(
+                    line,
+                    "spec.listeners.auth",
+                    format!("{other:?}: use basic or none"),
+                );
+                false
+            }
+        };
+        if require_auth && l.value.task.is_some() {
+            c.error(
+                line,
+                "spec.listeners.task",
+                "a listener takes its task from credentials (auth: basic) or from `task`, not both",
+            );
+        }
         match l.value.listen.parse::<SocketAddr>() {
             Ok(listen) => listeners.push(ListenerSpec {
                 listen,
                 task: l.value.task.clone(),
                 project: l.value.project.clone(),
                 job: l.value.job.clone(),
+                require_auth,
             }),
             Err(_) => c.error(
                 line,
@@ -522,6 +587,47 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
                 format!("{:?} is not IP:PORT", l.value.listen),
             ),
         }
+    }
+    let mut task_secrets = Vec::new();
+    for t in raw.spec.auth.iter().flat_map(|a| a.tasks.iter()) {
+        let line = t.referenced.line();
+        let secret = match (&t.value.secret_sha256, &t.value.secret_sha256_file) {
+            (Some(hex), None) => match crate::auth::TaskCredential::from_hex(t.value.task.clone(), None, hex)
+            {
+                Ok(_) => Some(SecretSource::Inline(hex.clone())),
+                Err(e) => {
+                    c.error(line, "spec.auth.tasks.secret_sha256", e.to_string());
+                    None
+                }
+            },
+            (None, Some(path)) => Some(SecretSource::File(path.clone())),
+            _ => {
+                c.error(
+                    line,
+                    "spec.auth.tasks",
+                    "give exactly one of secret_sha256 or secret_sha256_file",
+                );
+                None
+            }
+        };
+        if t.value.task.is_empty() {
+            c.error(line, "spec.auth.tasks.task", "empty task id");
+        }
+        if let Some(secret) = secret {
+            task_secrets.push(TaskSecretSpec {
+                task: t.value.task.clone(),
+                project: t.value.project.clone(),
+                secret,
+                origin: format!("{file}:{line}"),
+            });
+        }
+    }
+    if listeners.iter().any(|l| l.require_auth) && task_secrets.is_empty() {
+        c.error(
+            0,
+            "spec.auth.tasks",
+            "a listener requires credentials but no task has any",
+        );
     }
     if !c.errors.is_empty() {
         return Err(DocErrors(c.errors));
@@ -534,5 +640,6 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
         allow_ranges,
         resolver,
         listeners,
+        task_secrets,
     })
 }

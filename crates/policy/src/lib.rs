@@ -7,6 +7,7 @@
 //! and property-testable, the way rustls keeps its protocol core free of I/O.
 
 pub mod addr;
+pub mod auth;
 pub mod decision;
 pub mod document;
 pub mod host;
@@ -15,8 +16,11 @@ pub mod preset;
 pub mod target;
 
 pub use addr::{AddrClass, AddressGuard, Prohibited, classify};
+pub use auth::{AuthError, Credentials, TaskCredential};
 pub use decision::{Context, Decision, PolicyReason, Rule, Ruleset, Verdict};
-pub use document::{DocError, DocErrors, Entry, ListenerSpec, PolicyFile, Scope, parse_policy};
+pub use document::{
+    DocError, DocErrors, Entry, ListenerSpec, PolicyFile, Scope, SecretSource, TaskSecretSpec, parse_policy,
+};
 pub use host::{DomainName, Host, HostError};
 pub use pattern::{HostPattern, Pattern, PatternError};
 pub use target::{Access, HttpTarget, Target, TargetError, parse_connect_target, parse_http_target};

@@ -63,6 +63,9 @@ pub struct Identity {
 pub struct Listener {
     pub addr: SocketAddr,
     pub identity: Identity,
+    /// Requests must carry task credentials (`Proxy-Authorization: Basic`); the task and
+    /// project then come from the credentials.
+    pub require_auth: bool,
 }
 
 impl Listener {
@@ -71,6 +74,7 @@ impl Listener {
         Listener {
             addr,
             identity: Identity::default(),
+            require_auth: false,
         }
     }
 }

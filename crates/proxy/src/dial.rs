@@ -137,6 +137,14 @@ impl Dialer {
         Ok(VettedAddrs { addrs })
     }
 
+    /// Every address `target` resolves to, unvetted (for `explain --resolve`).
+    pub async fn lookup(&self, target: &Target) -> Result<Vec<IpAddr>, DialError> {
+        match &target.host {
+            Host::Ip(ip) => Ok(vec![*ip]),
+            Host::Name(name) => self.resolve(name.as_str()).await,
+        }
+    }
+
     async fn resolve(&self, name: &str) -> Result<Vec<IpAddr>, DialError> {
         let mut fqdn = Name::from_ascii(name).map_err(|e| DialError::Dns(e.to_string()))?;
         fqdn.set_fqdn(true);

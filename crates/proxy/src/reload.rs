@@ -10,7 +10,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use sandgate_policy::{DocErrors, Pattern, PolicyFile, Ruleset, parse_policy};
+use sandgate_policy::{
+    Credentials, DocError, DocErrors, Pattern, PolicyFile, Ruleset, SecretSource, TaskCredential,
+    parse_policy,
+};
 use tokio::sync::mpsc;
 
 use crate::server::{PolicyHandle, unix_now};
@@ -35,20 +38,62 @@ pub struct PolicySource {
     pub flag_deny: Vec<Pattern>,
 }
 
-/// Reads and validates a policy file.
-pub fn load_file(path: &Path) -> Result<PolicyFile, LoadError> {
+/// Reads and validates a policy file, including the secret files it refers to.
+pub fn load_file(path: &Path) -> Result<(PolicyFile, Credentials), LoadError> {
     let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
         path: path.display().to_string(),
         source,
     })?;
-    parse_policy(&text, &path.display().to_string(), unix_now()).map_err(LoadError::Invalid)
+    let file = parse_policy(&text, &path.display().to_string(), unix_now()).map_err(LoadError::Invalid)?;
+    let credentials = credentials(&file, path)?;
+    Ok((file, credentials))
+}
+
+/// Builds the task credentials, reading `secret_sha256_file`s relative to the policy file.
+fn credentials(file: &PolicyFile, policy_path: &Path) -> Result<Credentials, LoadError> {
+    let mut list = Vec::new();
+    let mut errors = Vec::new();
+    for spec in &file.task_secrets {
+        let (file_name, line) = spec.origin.rsplit_once(':').unwrap_or((&spec.origin, "0"));
+        let mut fail = |message: String| {
+            errors.push(DocError {
+                file: file_name.to_owned(),
+                line: line.parse().unwrap_or(0),
+                field: "spec.auth.tasks".to_owned(),
+                message,
+            })
+        };
+        let hex = match &spec.secret {
+            SecretSource::Inline(hex) => hex.clone(),
+            SecretSource::File(name) => {
+                let full = policy_path.parent().unwrap_or(Path::new(".")).join(name);
+                match std::fs::read_to_string(&full) {
+                    Ok(text) => text,
+                    Err(e) => {
+                        fail(format!("cannot read {}: {e}", full.display()));
+                        continue;
+                    }
+                }
+            }
+        };
+        match TaskCredential::from_hex(spec.task.clone(), spec.project.clone(), &hex) {
+            Ok(c) => list.push(c),
+            Err(e) => fail(e.to_string()),
+        }
+    }
+    if errors.is_empty() {
+        Ok(Credentials::new(list))
+    } else {
+        Err(LoadError::Invalid(DocErrors(errors)))
+    }
 }
 
 impl PolicySource {
     /// Loads the file and builds the rules (file entries plus command-line patterns).
     pub fn load(&self) -> Result<(PolicyFile, Ruleset), LoadError> {
-        let file = load_file(&self.path)?;
-        let rules = Ruleset::from_parts(&self.flag_allow, &self.flag_deny, Some(&file));
+        let (file, credentials) = load_file(&self.path)?;
+        let mut rules = Ruleset::from_parts(&self.flag_allow, &self.flag_deny, Some(&file));
+        rules.set_credentials(credentials);
         Ok((file, rules))
     }
 }

@@ -40,6 +40,8 @@ pub enum Refusal {
     HeadTimeout,
     /// The request-target is not something a forward proxy accepts.
     Target(TargetError),
+    /// The listener requires task credentials and they were missing or wrong.
+    ProxyAuth(sandgate_policy::AuthError),
     /// The policy denied the destination.
     Policy { target: Target, reason: PolicyReason },
     /// Vetting or connecting failed (address guard refusals included).
@@ -69,6 +71,7 @@ fn status_text(status: u16) -> &'static str {
     match status {
         400 => "Bad Request",
         403 => "Forbidden",
+        407 => "Proxy Authentication Required",
         408 => "Request Timeout",
         431 => "Request Header Fields Too Large",
         502 => "Bad Gateway",
@@ -105,6 +108,13 @@ impl Refusal {
                     "head_timeout".into(),
                     true,
                     "request head timed out".into(),
+                ),
+                Refusal::ProxyAuth(e) => (
+                    407,
+                    "http_request_denied",
+                    e.code().into(),
+                    true,
+                    format!("proxy authentication required: {e}"),
                 ),
                 Refusal::Target(e) => (
                     400,
@@ -207,11 +217,17 @@ impl Refusal {
             };
         let body = format!("sandgate: {text} (request {request_id})\n");
         let details = sf_string(&text);
+        // RFC 9110 section 11.7.1: a 407 says how to authenticate.
+        let challenge = if status == 407 {
+            "Proxy-Authenticate: Basic realm=\"sandgate\"\r\n"
+        } else {
+            ""
+        };
         let mut head = String::with_capacity(160 + body.len());
         let _ = write!(
             head,
             "HTTP/1.1 {status} {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n\
-             Proxy-Status: sandgate; error={error_type}; details={details}\r\nConnection: close\r\n\r\n{body}",
+             Proxy-Status: sandgate; error={error_type}; details={details}\r\n{challenge}Connection: close\r\n\r\n{body}",
             status_text(status),
             body.len(),
         );

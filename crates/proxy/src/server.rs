@@ -149,7 +149,7 @@ impl RequestIds {
 /// A bound, ready-to-run proxy.
 #[derive(Debug)]
 pub struct Proxy {
-    listeners: Vec<(TcpListener, Arc<Identity>)>,
+    listeners: Vec<(TcpListener, Arc<Identity>, bool)>,
     shared: Arc<Shared>,
     writer: AuditWriter,
 }
@@ -168,11 +168,11 @@ impl Proxy {
                     addr: spec.addr,
                     source,
                 })?;
-            listeners.push((listener, Arc::new(spec.identity.clone())));
+            listeners.push((listener, Arc::new(spec.identity.clone()), spec.require_auth));
         }
         let own: Vec<SocketAddr> = listeners
             .iter()
-            .filter_map(|(l, _)| l.local_addr().ok())
+            .filter_map(|(l, _, _)| l.local_addr().ok())
             .collect();
         let dial_config = DialConfig {
             nameservers: config.nameservers.clone(),
@@ -201,7 +201,7 @@ impl Proxy {
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
         self.listeners
             .iter()
-            .filter_map(|(l, _)| l.local_addr().ok())
+            .filter_map(|(l, _, _)| l.local_addr().ok())
             .collect()
     }
 
@@ -229,10 +229,11 @@ impl Proxy {
         let stop_accepting = CancellationToken::new();
         let tracker = TaskTracker::new();
         let permits = Arc::new(Semaphore::new(shared.limits.max_connections));
-        for (listener, identity) in listeners {
+        for (listener, identity, require_auth) in listeners {
             tracker.spawn(accept_loop(
                 listener,
                 identity,
+                require_auth,
                 shared.clone(),
                 permits.clone(),
                 tracker.clone(),
@@ -265,6 +266,7 @@ impl Proxy {
 async fn accept_loop(
     listener: TcpListener,
     identity: Arc<Identity>,
+    require_auth: bool,
     shared: Arc<Shared>,
     permits: Arc<Semaphore>,
     tracker: TaskTracker,
@@ -291,7 +293,15 @@ async fn accept_loop(
                 tracker.spawn(async move {
                     // The request loop is boxed and gone before a tunnel starts, so a
                     // long-lived tunnel's task holds only the tunnel's own small state.
-                    let handoff = Box::pin(serve_connection(stream, peer, identity, &shared, &stop)).await;
+                    let handoff = Box::pin(serve_connection(
+                        stream,
+                        peer,
+                        identity,
+                        require_auth,
+                        &shared,
+                        &stop,
+                    ))
+                    .await;
                     if let Some((client, head)) = handoff {
                         tunnel::handle_connect(&shared, client, head).await;
                     }
@@ -329,9 +339,11 @@ async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     identity: Arc<Identity>,
+    require_auth: bool,
     shared: &Shared,
     stop: &CancellationToken,
 ) -> Option<(ClientConn, RequestHead)> {
+    let listener_identity = identity.clone();
     let mut client = ClientConn {
         stream,
         buf: BytesMut::new(),
@@ -348,6 +360,23 @@ async fn serve_connection(
                 return None;
             }
         };
+        if require_auth {
+            match authenticate(shared, &head, &listener_identity) {
+                Ok(identity) => client.identity = identity,
+                Err(e) => {
+                    forward::refuse(
+                        shared,
+                        &mut client,
+                        None,
+                        Refusal::ProxyAuth(e),
+                        &head.method,
+                        None,
+                    )
+                    .await;
+                    return None;
+                }
+            }
+        }
         if head.is_connect() {
             return Some((client, head));
         }
@@ -357,6 +386,26 @@ async fn serve_connection(
             return None;
         }
     }
+}
+
+/// Checks a request's task credentials; the task (and its project) replace the listener's.
+fn authenticate(
+    shared: &Shared,
+    head: &RequestHead,
+    listener: &Identity,
+) -> Result<Arc<Identity>, sandgate_policy::AuthError> {
+    let header = head
+        .fields
+        .iter()
+        .find(|f| f.is("proxy-authorization"))
+        .map(|f| f.value.as_slice());
+    let rules = shared.rules();
+    let cred = rules.credentials().verify(header)?;
+    Ok(Arc::new(Identity {
+        task: Some(cred.task.clone()),
+        project: cred.project.clone().or_else(|| listener.project.clone()),
+        job: listener.job.clone(),
+    }))
 }
 
 /// Reads one request head. `Ok(None)`: the connection ended (or idled out, or the proxy is

@@ -53,6 +53,13 @@ pub struct ExplainArgs {
     /// Address range exempt from the address guard, as for `proxy --allow-range`.
     #[arg(long, value_name = "CIDR")]
     pub allow_range: Vec<String>,
+    /// Also resolve the name (through --dns-server, the file's resolver, or resolv.conf's
+    /// nameservers; never getaddrinfo) and classify every address.
+    #[arg(long)]
+    pub resolve: bool,
+    /// DNS server for --resolve, IP or IP:PORT.
+    #[arg(long, value_name = "IP:PORT")]
+    pub dns_server: Vec<String>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

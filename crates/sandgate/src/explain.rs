@@ -9,6 +9,9 @@ use sandgate_policy::{
 };
 use serde_json::json;
 
+use sandgate_proxy::Nameservers;
+use sandgate_proxy::dial::{DialConfig, Dialer};
+
 use crate::EX_USAGE;
 use crate::cli::ExplainArgs;
 use crate::settings::{patterns, ranges};
@@ -60,7 +63,11 @@ fn explain(args: &ExplainArgs) -> Result<ExitCode, String> {
     let allow = patterns("--allow", &args.allow, &env, &[]).map_err(|e| e.to_string())?;
     let deny = patterns("--deny", &args.deny, &env, &[]).map_err(|e| e.to_string())?;
     let file = match &args.policy {
-        Some(path) => Some(sandgate_proxy::reload::load_file(path).map_err(|e| e.to_string())?),
+        Some(path) => Some(
+            sandgate_proxy::reload::load_file(path)
+                .map_err(|e| e.to_string())?
+                .0,
+        ),
         None => None,
     };
     let rules = Ruleset::from_parts(&allow, &deny, file.as_ref());
@@ -87,6 +94,11 @@ fn explain(args: &ExplainArgs) -> Result<ExitCode, String> {
             "applies: every address the name resolves to must be public (or in an allow range)".to_owned()
         }
     };
+    let resolved = if args.resolve {
+        Some(resolve(args, file.as_ref(), &guard, &target)?)
+    } else {
+        None
+    };
     let verdict = match decision.verdict {
         Verdict::Allow => "allow",
         Verdict::Deny => "deny",
@@ -103,6 +115,7 @@ fn explain(args: &ExplainArgs) -> Result<ExitCode, String> {
             "scope": rule.map(|r| r.scope.to_string()),
             "expires_at": rule.and_then(|r| r.expires_at).and_then(|s| jiff::Timestamp::from_second(s).ok()).map(|t| t.to_string()),
             "address_guard": guard_note,
+            "resolved": resolved.as_ref().map(|list| list.iter().map(|(ip, class, ok)| json!({"ip": ip.to_string(), "class": class, "allowed": ok})).collect::<Vec<_>>()),
         });
         println!("{value}");
     } else {
@@ -120,6 +133,68 @@ fn explain(args: &ExplainArgs) -> Result<ExitCode, String> {
             }
         }
         println!("  address guard: {guard_note}");
+        for (ip, class, ok) in resolved.iter().flatten() {
+            println!(
+                "  resolved: {ip} ({class}) {}",
+                if *ok {
+                    "may be dialled"
+                } else {
+                    "refused by the address guard"
+                }
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves `target` through the proxy's own dialer and classifies every address.
+fn resolve(
+    args: &ExplainArgs,
+    file: Option<&sandgate_policy::PolicyFile>,
+    guard: &AddressGuard,
+    target: &Target,
+) -> Result<Vec<(std::net::IpAddr, &'static str, bool)>, String> {
+    let mut servers = Vec::new();
+    for s in &args.dns_server {
+        let addr = s
+            .parse::<std::net::SocketAddr>()
+            .or_else(|_| {
+                s.parse::<std::net::IpAddr>()
+                    .map(|ip| std::net::SocketAddr::new(ip, 53))
+            })
+            .map_err(|_| format!("invalid --dns-server value {s:?}: expected IP or IP:PORT"))?;
+        servers.push(addr);
+    }
+    if servers.is_empty() {
+        servers = file
+            .and_then(|f| f.resolver.as_ref())
+            .map(|r| r.servers.clone())
+            .unwrap_or_default();
+    }
+    let nameservers = if servers.is_empty() {
+        Nameservers::System
+    } else {
+        Nameservers::Explicit(servers)
+    };
+    let config = DialConfig {
+        nameservers,
+        dns_timeout: std::time::Duration::from_secs(5),
+        connect_timeout: std::time::Duration::from_secs(5),
+        guard: guard.clone(),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let dialer = Dialer::new(&config, Vec::new()).map_err(|e| format!("cannot set up DNS: {e}"))?;
+        let ips = dialer
+            .lookup(target)
+            .await
+            .map_err(|e| format!("cannot resolve {target}: {e}"))?;
+        Ok(ips
+            .into_iter()
+            .map(|ip| (ip, classify(ip).as_str(), guard.check(ip).is_ok()))
+            .collect())
+    })
 }

@@ -52,7 +52,7 @@ fn init_logging(format: LogFormat) {
 /// `sandgate check-config FILE`.
 fn check_config(file: &std::path::Path) -> ExitCode {
     match sandgate_proxy::reload::load_file(file) {
-        Ok(policy) => {
+        Ok((policy, _)) => {
             println!(
                 "{}: ok: {} ({} allow, {} deny entries, {} listeners)",
                 file.display(),

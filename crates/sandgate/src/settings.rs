@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 use sandgate_policy::{AddressGuard, Pattern, PolicyFile, Ruleset};
-use sandgate_proxy::reload::{LoadError, PolicySource, load_file};
+use sandgate_proxy::reload::{LoadError, PolicySource};
 use sandgate_proxy::{AuditDestination, Identity, Limits, Listener, Nameservers, ProxyConfig};
 
 use crate::cli::ProxyArgs;
@@ -187,7 +187,6 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
         }
         return Ok(ProxySetup { config, policy: None });
     };
-    let file = load_file(path)?;
     let source = PolicySource {
         path: path.clone(),
         flag_allow: patterns(
@@ -198,7 +197,8 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
         )?,
         flag_deny: patterns("--deny", &args.deny, env, &["SANDGATE_DENY"])?,
     };
-    config.rules = Ruleset::from_parts(&source.flag_allow, &source.flag_deny, Some(&file));
+    let (file, rules) = source.load()?;
+    config.rules = rules;
     for l in &file.listeners {
         let identity = Identity {
             task: l.task.clone(),
@@ -208,6 +208,7 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
         config.listen.push(Listener {
             addr: l.listen,
             identity,
+            require_auth: l.require_auth,
         });
     }
     if config.listen.is_empty() {

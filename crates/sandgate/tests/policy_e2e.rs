@@ -271,3 +271,128 @@ fn check_config_and_explain() {
         (Some("deny"), Some("http"))
     );
 }
+
+#[test]
+fn basic_credentials_on_a_shared_listener() {
+    let rt = runtime();
+    let origin = rt.block_on(sandgate_testkit::origin::Origin::http());
+    let dns = rt.block_on(DnsServer::start(Zone::new().with("web.test", &["127.0.0.1"])));
+    let shared = free_addr();
+    let target = format!("web.test:{}", origin.port());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("t2.sha256"),
+        sandgate_policy::auth::secret_hash("tok-2"),
+    )
+    .unwrap();
+    let file = dir.path().join("policy.yaml");
+    std::fs::write(
+        &file,
+        policy(&format!(
+            "  network:\n    allowlist:\n      - host: \"{target}\"\n        scope: {{ task: t-1 }}\n\
+             \x20 listeners:\n    - listen: {shared}\n      auth: basic\n\
+             \x20 auth:\n    tasks:\n      - task: t-1\n        project: p-1\n        secret_sha256: {}\n\
+             \x20     - task: t-2\n        secret_sha256_file: t2.sha256\n",
+            sandgate_policy::auth::secret_hash("tok-1")
+        )),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sandgate"))
+        .arg("check-config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let dns_addr = dns.addr().to_string();
+    let p = ProxyProcess::start(&[
+        "--dns-server",
+        &dns_addr,
+        "--allow-range",
+        "127.0.0.0/8",
+        "--policy",
+        file.to_str().unwrap(),
+    ]);
+    let proxy = format!("http://{shared}");
+    let url = format!("http://{target}/authed");
+    let run = |user: Option<&str>| {
+        let mut args = vec!["-s", "-o", "-", "-w", "\n%{http_code}"];
+        if let Some(u) = user {
+            args.extend_from_slice(&["--proxy-user", u]);
+        }
+        args.push(&url);
+        let (_, body, _) = common::curl(&proxy, &args);
+        body
+    };
+    let ok = run(Some("t-1:tok-1"));
+    assert!(ok.ends_with("\n200"), "{ok}");
+    assert!(
+        !ok.to_ascii_lowercase().contains("proxy-authorization"),
+        "credentials leaked upstream: {ok}"
+    );
+    assert!(run(Some("t-1:wrong")).ends_with("\n407"));
+    assert!(run(None).ends_with("\n407"));
+    // t-2 authenticates (secret from a referenced file) but the entry is t-1's.
+    assert!(run(Some("t-2:tok-2")).ends_with("\n403"));
+    let reply = common::raw(
+        shared,
+        format!("GET {url} HTTP/1.1\r\nHost: web.test\r\n\r\n").as_bytes(),
+    );
+    assert!(
+        reply.contains("Proxy-Authenticate: Basic realm=\"sandgate\""),
+        "{reply}"
+    );
+    let events = p.audit_events(6);
+    let allowed = events.iter().find(|e| e["decision"] == "allow").unwrap();
+    assert_eq!(
+        (allowed["task_id"].as_str(), allowed["project_id"].as_str()),
+        (Some("t-1"), Some("p-1"))
+    );
+    let codes: Vec<&str> = events.iter().filter_map(|e| e["reason_code"].as_str()).collect();
+    assert!(
+        codes.contains(&"proxy_auth_wrong") && codes.contains(&"proxy_auth_missing"),
+        "{codes:?}"
+    );
+}
+
+#[test]
+fn explain_resolve_classifies_every_answer() {
+    let rt = runtime();
+    let dns = rt.block_on(DnsServer::start(
+        Zone::new().with("rebind.test", &["93.184.216.34", "10.0.0.1"]),
+    ));
+    let out = Command::new(env!("CARGO_BIN_EXE_sandgate"))
+        .args([
+            "explain",
+            "--allow",
+            "rebind.test",
+            "--resolve",
+            "--json",
+            "--dns-server",
+            &dns.addr().to_string(),
+            "rebind.test",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["decision"], "allow");
+    let resolved = json["resolved"].as_array().unwrap();
+    assert_eq!(resolved.len(), 2, "{json}");
+    assert!(
+        resolved
+            .iter()
+            .any(|r| r["ip"] == "10.0.0.1" && r["class"] == "private" && r["allowed"] == false),
+        "{json}"
+    );
+    assert!(
+        resolved
+            .iter()
+            .any(|r| r["ip"] == "93.184.216.34" && r["allowed"] == true),
+        "{json}"
+    );
+    assert_eq!(
+        dns.questions_about("rebind.test"),
+        2,
+        "one A and one AAAA question"
+    );
+}
