@@ -18,6 +18,8 @@ use sandgate_policy::Verdict;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use crate::metrics::Metrics;
+
 /// Version of the event schema below; bumped on any incompatible change.
 pub const SCHEMA_VERSION: u32 = 1;
 /// Events queued before senders wait.
@@ -42,6 +44,8 @@ pub enum EventKind {
     Close,
     /// A policy file was reloaded, or a reload was rejected.
     PolicyReload,
+    /// Allowed traffic to one destination over one window, when aggregation is on.
+    Aggregate,
 }
 
 /// One audit record. Absent values serialise as `null` so every line has every field.
@@ -70,6 +74,12 @@ pub struct AuditEvent {
     pub outcome: Option<Cow<'static, str>>,
     /// Free text for events that need it (a rejected reload's errors).
     pub detail: Option<String>,
+    /// Aggregate events: allowed requests folded into this line, and when the window began.
+    pub count: Option<u64>,
+    pub window_start: Option<String>,
+    /// When the event was made, for the audit lag metric; not written.
+    #[serde(skip)]
+    pub made_at: Option<Instant>,
 }
 
 impl AuditEvent {
@@ -98,6 +108,9 @@ impl AuditEvent {
             duration_ms: None,
             outcome: None,
             detail: None,
+            count: None,
+            window_start: None,
+            made_at: Some(Instant::now()),
         }
     }
 }
@@ -106,6 +119,7 @@ impl AuditEvent {
 #[derive(Debug, Clone)]
 pub struct Audit {
     tx: mpsc::Sender<AuditEvent>,
+    metrics: Arc<Metrics>,
 }
 
 /// A handle that does not keep the writer open (for long-lived helpers such as the policy
@@ -113,13 +127,19 @@ pub struct Audit {
 #[derive(Debug, Clone)]
 pub struct WeakAudit {
     tx: mpsc::WeakSender<AuditEvent>,
+    metrics: Arc<Metrics>,
 }
 
 impl WeakAudit {
     /// Queues an event if the proxy is still running.
     pub async fn record(&self, event: AuditEvent) {
         if let Some(tx) = self.tx.upgrade() {
-            Audit { tx }.record(event).await;
+            Audit {
+                tx,
+                metrics: self.metrics.clone(),
+            }
+            .record(event)
+            .await;
         }
     }
 }
@@ -128,15 +148,22 @@ impl Audit {
     pub fn downgrade(&self) -> WeakAudit {
         WeakAudit {
             tx: self.tx.downgrade(),
+            metrics: self.metrics.clone(),
         }
     }
 
     /// Queues an event, waiting while the queue is full. Only fails if the writer died,
     /// which it reports itself; the event is then logged as lost.
     pub async fn record(&self, event: AuditEvent) {
+        self.metrics.observe(&event);
+        if self.tx.capacity() == 0 {
+            self.metrics.audit_waits.inc();
+        }
         if let Err(e) = self.tx.send(event).await {
             tracing::error!(request_id = %e.0.request_id, "audit writer gone; event lost");
         }
+        let depth = self.tx.max_capacity().saturating_sub(self.tx.capacity());
+        self.metrics.audit_queue_depth.set(depth as i64);
     }
 }
 
@@ -148,18 +175,24 @@ pub struct AuditWriter {
 
 impl AuditWriter {
     /// Opens the destination (appending to a file) and starts the writer thread.
-    pub fn start(dest: &AuditDestination) -> io::Result<(Audit, AuditWriter)> {
-        let out: Box<dyn Write + Send> = match dest {
-            AuditDestination::Stdout => Box::new(io::stdout()),
-            AuditDestination::File(path) => {
-                Box::new(OpenOptions::new().create(true).append(true).open(path)?)
-            }
+    pub fn start(
+        dest: &AuditDestination,
+        options: &AuditOptions,
+        metrics: Arc<Metrics>,
+    ) -> io::Result<(Audit, AuditWriter)> {
+        let sink = match dest {
+            AuditDestination::Stdout => Sink::Stdout(BufWriter::with_capacity(64 * 1024, io::stdout())),
+            AuditDestination::File(path) => Sink::File(RotatingFile::open(path.clone(), options.clone())?),
         };
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
+        let window = options.aggregate_window;
         let thread = std::thread::Builder::new()
             .name("sandgate-audit".to_owned())
-            .spawn(move || write_loop(rx, BufWriter::with_capacity(64 * 1024, out)))?;
-        Ok((Audit { tx }, AuditWriter { thread }))
+            .spawn({
+                let metrics = metrics.clone();
+                move || write_loop(rx, sink, &metrics, window)
+            })?;
+        Ok((Audit { tx, metrics }, AuditWriter { thread }))
     }
 
     /// Waits until every handle is dropped and every queued event is written and flushed.
@@ -173,32 +206,323 @@ impl AuditWriter {
     }
 }
 
-fn write_loop(mut rx: mpsc::Receiver<AuditEvent>, mut out: impl Write) -> io::Result<u64> {
-    let mut written = 0u64;
-    while let Some(event) = rx.blocking_recv() {
-        write_event(&mut out, &event)?;
-        written += 1;
-        // Coalesce: keep taking events for up to FLUSH_DELAY before one write, so a busy
-        // proxy makes a few hundred write calls a second instead of one per event.
-        let first = Instant::now();
-        loop {
-            while let Ok(event) = rx.try_recv() {
-                write_event(&mut out, &event)?;
-                written += 1;
+fn write_loop(
+    rx: mpsc::Receiver<AuditEvent>,
+    sink: Sink,
+    metrics: &Metrics,
+    window: Option<Duration>,
+) -> io::Result<u64> {
+    // A small runtime of the writer's own, so it can wait for events with a timeout (to
+    // close aggregation windows while the proxy is idle).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?;
+    let mut w = Writer {
+        rx,
+        sink,
+        metrics,
+        written: 0,
+        line: Vec::with_capacity(1024),
+        agg: window.map(Aggregator::new),
+    };
+    loop {
+        let next = match w.agg.as_ref().map(Aggregator::due_in) {
+            Some(wait) => rt.block_on(async { tokio::time::timeout(wait, w.rx.recv()).await.ok() }),
+            None => Some(w.rx.blocking_recv()),
+        };
+        match next {
+            // The window closed with no event: write its aggregates.
+            None => {
+                w.close_window()?;
+                w.sink.flush(false)?;
             }
-            let waited = first.elapsed();
-            if waited >= FLUSH_DELAY || rx.is_closed() || rx.is_empty() && waited >= FLUSH_DELAY / 4 {
-                break;
+            Some(None) => break,
+            Some(Some(event)) => {
+                w.take(event)?;
+                // Coalesce: keep taking events for up to FLUSH_DELAY before one write, so a
+                // busy proxy makes a few hundred write calls a second instead of one per event.
+                let first = Instant::now();
+                loop {
+                    while let Ok(event) = w.rx.try_recv() {
+                        w.take(event)?;
+                    }
+                    let waited = first.elapsed();
+                    if waited >= FLUSH_DELAY
+                        || w.rx.is_closed()
+                        || w.rx.is_empty() && waited >= FLUSH_DELAY / 4
+                    {
+                        break;
+                    }
+                    std::thread::sleep(FLUSH_DELAY / 8);
+                }
+                if w.agg.as_ref().is_some_and(|a| a.due_in().is_zero()) {
+                    w.close_window()?;
+                }
+                w.sink.flush(false)?;
             }
-            std::thread::sleep(FLUSH_DELAY / 8);
         }
-        out.flush()?;
     }
-    out.flush()?;
-    Ok(written)
+    w.close_window()?;
+    w.sink.flush(true)?;
+    Ok(w.written)
 }
 
-fn write_event(out: &mut impl Write, event: &AuditEvent) -> io::Result<()> {
-    serde_json::to_writer(&mut *out, event)?;
-    out.write_all(b"\n")
+struct Writer<'a> {
+    rx: mpsc::Receiver<AuditEvent>,
+    sink: Sink,
+    metrics: &'a Metrics,
+    written: u64,
+    line: Vec<u8>,
+    agg: Option<Aggregator>,
+}
+
+impl Writer<'_> {
+    fn take(&mut self, event: AuditEvent) -> io::Result<()> {
+        if let Some(agg) = &mut self.agg {
+            if agg.absorb(&event) {
+                return Ok(());
+            }
+        }
+        self.write(&event)
+    }
+
+    fn write(&mut self, event: &AuditEvent) -> io::Result<()> {
+        let line = encode(&mut self.line, event, self.metrics)?;
+        self.sink.write_line(line)?;
+        self.written += 1;
+        Ok(())
+    }
+
+    fn close_window(&mut self) -> io::Result<()> {
+        let Some(agg) = &mut self.agg else { return Ok(()) };
+        for event in agg.drain() {
+            self.write(&event)?;
+        }
+        Ok(())
+    }
+}
+
+/// Folds allowed traffic into one event per destination and identity per window. Denies,
+/// failures, reloads and anything unusual are never absorbed.
+struct Aggregator {
+    window: Duration,
+    started: Instant,
+    started_at: jiff::Timestamp,
+    by_key: std::collections::BTreeMap<AggKey, AuditEvent>,
+    next_id: u64,
+}
+
+type AggKey = (
+    Option<&'static str>,
+    Option<String>,
+    Option<u16>,
+    Option<String>,
+    Option<String>,
+);
+
+impl Aggregator {
+    fn new(window: Duration) -> Aggregator {
+        Aggregator {
+            window,
+            started: Instant::now(),
+            started_at: jiff::Timestamp::now(),
+            by_key: std::collections::BTreeMap::new(),
+            next_id: 1,
+        }
+    }
+
+    fn due_in(&self) -> Duration {
+        self.window.saturating_sub(self.started.elapsed())
+    }
+
+    fn absorb(&mut self, e: &AuditEvent) -> bool {
+        let allowed_decision = e.event == EventKind::Decision && e.decision == Some(Verdict::Allow);
+        let clean_close = e.event == EventKind::Close && e.outcome.as_deref() == Some("ok");
+        if !allowed_decision && !clean_close {
+            return false;
+        }
+        let key = (
+            e.scheme,
+            e.destination_host.clone(),
+            e.destination_port,
+            e.task_id.clone(),
+            e.project_id.clone(),
+        );
+        let agg = self.by_key.entry(key).or_insert_with(|| {
+            let mut a = AuditEvent::new(EventKind::Aggregate, String::new());
+            a.decision = Some(Verdict::Allow);
+            a.scheme = e.scheme;
+            a.destination_host = e.destination_host.clone();
+            a.destination_port = e.destination_port;
+            a.task_id = e.task_id.clone();
+            a.project_id = e.project_id.clone();
+            a.count = Some(0);
+            a.bytes_sent = Some(0);
+            a.bytes_received = Some(0);
+            a
+        });
+        if allowed_decision {
+            agg.count = Some(agg.count.unwrap_or(0) + 1);
+        } else {
+            agg.bytes_sent = Some(agg.bytes_sent.unwrap_or(0) + e.bytes_sent.unwrap_or(0));
+            agg.bytes_received = Some(agg.bytes_received.unwrap_or(0) + e.bytes_received.unwrap_or(0));
+        }
+        true
+    }
+
+    fn drain(&mut self) -> Vec<AuditEvent> {
+        let window_start = self.started_at.to_string();
+        let mut out = Vec::with_capacity(self.by_key.len());
+        for (_, mut e) in std::mem::take(&mut self.by_key) {
+            e.request_id = format!("aggregate-{}", self.next_id);
+            self.next_id += 1;
+            e.created_at = jiff::Timestamp::now().to_string();
+            e.window_start = Some(window_start.clone());
+            out.push(e);
+        }
+        self.started = Instant::now();
+        self.started_at = jiff::Timestamp::now();
+        out
+    }
+}
+
+/// Serialises one event as a JSON line into `line` (reused between events).
+fn encode<'a>(line: &'a mut Vec<u8>, event: &AuditEvent, metrics: &Metrics) -> io::Result<&'a [u8]> {
+    line.clear();
+    serde_json::to_writer(&mut *line, event)?;
+    line.push(b'\n');
+    metrics.audit_events_written.inc();
+    if let Some(made) = event.made_at {
+        metrics.audit_lag_seconds.set(made.elapsed().as_secs_f64());
+    }
+    Ok(line)
+}
+
+/// Rotation and durability settings for a file audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditOptions {
+    /// Rotate before a line would take the file past this size.
+    pub max_bytes: Option<u64>,
+    /// Rotated files kept (`audit.jsonl.1` is the newest); older ones are deleted.
+    pub keep: usize,
+    /// fsync at most this often while events flow (`None`: only at shutdown).
+    pub fsync_interval: Option<Duration>,
+    /// Fold allowed traffic into one `aggregate` event per destination per window.
+    pub aggregate_window: Option<Duration>,
+}
+
+impl Default for AuditOptions {
+    fn default() -> Self {
+        AuditOptions {
+            max_bytes: None,
+            keep: 5,
+            fsync_interval: Some(Duration::from_secs(1)),
+            aggregate_window: None,
+        }
+    }
+}
+
+enum Sink {
+    Stdout(BufWriter<io::Stdout>),
+    File(RotatingFile),
+}
+
+impl Sink {
+    fn write_line(&mut self, line: &[u8]) -> io::Result<()> {
+        match self {
+            Sink::Stdout(out) => out.write_all(line),
+            Sink::File(f) => f.write_line(line),
+        }
+    }
+
+    fn flush(&mut self, last: bool) -> io::Result<()> {
+        match self {
+            Sink::Stdout(out) => out.flush(),
+            Sink::File(f) => f.flush(last),
+        }
+    }
+}
+
+/// An append-only file that rotates by size. Rotation happens between whole lines, by one
+/// thread, so no line is lost, split or written twice.
+struct RotatingFile {
+    path: std::path::PathBuf,
+    out: BufWriter<std::fs::File>,
+    size: u64,
+    options: AuditOptions,
+    last_sync: Instant,
+    unsynced: bool,
+}
+
+impl RotatingFile {
+    fn open(path: std::path::PathBuf, options: AuditOptions) -> io::Result<RotatingFile> {
+        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        let size = file.metadata()?.len();
+        Ok(RotatingFile {
+            path,
+            out: BufWriter::with_capacity(64 * 1024, file),
+            size,
+            options,
+            last_sync: Instant::now(),
+            unsynced: false,
+        })
+    }
+
+    /// `audit.jsonl` with `.N` appended.
+    fn numbered(&self, n: usize) -> std::path::PathBuf {
+        let mut name = self.path.clone().into_os_string();
+        name.push(format!(".{n}"));
+        name.into()
+    }
+
+    fn write_line(&mut self, line: &[u8]) -> io::Result<()> {
+        let len = line.len() as u64;
+        if self
+            .options
+            .max_bytes
+            .is_some_and(|max| self.size > 0 && self.size + len > max)
+        {
+            self.rotate()?;
+        }
+        self.out.write_all(line)?;
+        self.size += len;
+        self.unsynced = true;
+        Ok(())
+    }
+
+    fn rotate(&mut self) -> io::Result<()> {
+        self.out.flush()?;
+        self.out.get_ref().sync_data()?;
+        let keep = self.options.keep;
+        if keep == 0 {
+            std::fs::remove_file(&self.path)?;
+        } else {
+            let _ = std::fs::remove_file(self.numbered(keep));
+            for n in (1..keep).rev() {
+                let from = self.numbered(n);
+                if from.exists() {
+                    std::fs::rename(&from, self.numbered(n + 1))?;
+                }
+            }
+            std::fs::rename(&self.path, self.numbered(1))?;
+        }
+        let file = OpenOptions::new().create(true).append(true).open(&self.path)?;
+        self.out = BufWriter::with_capacity(64 * 1024, file);
+        self.size = 0;
+        Ok(())
+    }
+
+    fn flush(&mut self, last: bool) -> io::Result<()> {
+        self.out.flush()?;
+        let due = self
+            .options
+            .fsync_interval
+            .is_some_and(|every| self.last_sync.elapsed() >= every);
+        if self.unsynced && (last || due) {
+            self.out.get_ref().sync_data()?;
+            self.last_sync = Instant::now();
+            self.unsynced = false;
+        }
+        Ok(())
+    }
 }

@@ -88,4 +88,8 @@ pub struct ProxyConfig {
     pub nameservers: Nameservers,
     pub audit: AuditDestination,
     pub limits: Limits,
+    /// Rotation and fsync of a file audit log.
+    pub audit_options: crate::audit::AuditOptions,
+    /// The admin listener serving `/metrics`, if any.
+    pub metrics_listen: Option<SocketAddr>,
 }

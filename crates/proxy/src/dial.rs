@@ -11,6 +11,7 @@
 //! addresses are refused too, so it cannot be made to loop into itself.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hickory_resolver::TokioResolver;
@@ -22,6 +23,8 @@ use hickory_resolver::net::{DnsError, NetError};
 use hickory_resolver::proto::rr::Name;
 use sandgate_policy::{AddrClass, AddressGuard, Host, Prohibited, Target};
 use tokio::net::TcpStream;
+
+use crate::metrics::Metrics;
 
 /// Where DNS questions go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +84,7 @@ pub struct Dialer {
     guard: AddressGuard,
     connect_timeout: Duration,
     own_listeners: Vec<SocketAddr>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Dialer {
@@ -112,7 +116,13 @@ impl Dialer {
             guard: config.guard.clone(),
             connect_timeout: config.connect_timeout,
             own_listeners,
+            metrics: None,
         })
+    }
+
+    /// Where to report DNS and connect latencies.
+    pub fn set_metrics(&mut self, metrics: Arc<Metrics>) {
+        self.metrics = Some(metrics);
     }
 
     /// The address guard in force.
@@ -148,7 +158,12 @@ impl Dialer {
     async fn resolve(&self, name: &str) -> Result<Vec<IpAddr>, DialError> {
         let mut fqdn = Name::from_ascii(name).map_err(|e| DialError::Dns(e.to_string()))?;
         fqdn.set_fqdn(true);
-        let lookup = self.resolver.lookup_ip(fqdn).await.map_err(|e| match e {
+        let started = std::time::Instant::now();
+        let lookup = self.resolver.lookup_ip(fqdn).await;
+        if let Some(m) = &self.metrics {
+            m.dns_seconds.observe(started.elapsed().as_secs_f64());
+        }
+        let lookup = lookup.map_err(|e| match e {
             NetError::Timeout => DialError::DnsTimeout,
             NetError::Dns(DnsError::NoRecordsFound(nr)) => DialError::Dns(nr.response_code.to_string()),
             other => DialError::Dns(other.to_string()),
@@ -173,8 +188,12 @@ impl Dialer {
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
         let mut last = DialError::ConnectTimeout;
         for addr in &vetted.addrs {
+            let started = std::time::Instant::now();
             #[expect(clippy::disallowed_methods, reason = "the one place that dials out")]
             let attempt = tokio::time::timeout_at(deadline, TcpStream::connect(*addr)).await;
+            if let Some(m) = &self.metrics {
+                m.connect_seconds.observe(started.elapsed().as_secs_f64());
+            }
             match attempt {
                 Ok(Ok(stream)) => {
                     // Latency matters more than packet count for proxied request/response.

@@ -7,18 +7,21 @@
 //! [`tunnel`] relays CONNECT bytes, [`forward`] relays HTTP messages; [`respond`] renders
 //! every response the proxy writes itself; [`audit`] records every decision and close.
 
+pub(crate) mod admin;
 pub mod audit;
+pub mod audit_query;
 pub mod config;
 pub mod dial;
 pub(crate) mod forward;
 pub mod framing;
 pub mod head;
+pub mod metrics;
 pub mod reload;
 pub mod respond;
 pub(crate) mod server;
 pub(crate) mod tunnel;
 
-pub use audit::{AuditDestination, AuditEvent, EventKind};
+pub use audit::{AuditDestination, AuditEvent, AuditOptions, EventKind};
 pub use config::{Identity, Limits, Listener, ProxyConfig};
 pub use dial::Nameservers;
 pub use server::{PolicyHandle, Proxy, StartError};

@@ -25,6 +25,7 @@ use crate::config::{Identity, Limits, ProxyConfig};
 use crate::dial::{DialConfig, Dialer};
 use crate::forward::{self, Upstream};
 use crate::head::{RequestHead, parse_request_head};
+use crate::metrics::{Metrics, OutcomeLabels};
 use crate::respond::Refusal;
 use crate::tunnel;
 
@@ -55,6 +56,7 @@ pub(crate) struct Shared {
     pub ids: RequestIds,
     /// Cancelled when in-flight work must end (grace period over).
     pub hard_stop: CancellationToken,
+    pub metrics: Arc<Metrics>,
 }
 
 impl Shared {
@@ -89,6 +91,7 @@ pub(crate) fn context(identity: &Identity) -> Context<'_> {
 pub struct PolicyHandle {
     rules: Arc<RwLock<Arc<Ruleset>>>,
     audit: WeakAudit,
+    metrics: Arc<Metrics>,
 }
 
 impl PolicyHandle {
@@ -107,6 +110,16 @@ impl PolicyHandle {
     }
 
     async fn record(&self, applied: bool, generation: u64, detail: String) {
+        let outcome = if applied { "applied" } else { "rejected" };
+        self.metrics
+            .policy_reloads
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            })
+            .inc();
+        if applied {
+            self.metrics.policy_generation.set(generation as i64);
+        }
         let mut e = AuditEvent::new(EventKind::PolicyReload, format!("reload-{generation}"));
         e.outcome = Some(if applied {
             "applied".into()
@@ -152,6 +165,7 @@ pub struct Proxy {
     listeners: Vec<(TcpListener, Arc<Identity>, bool)>,
     shared: Arc<Shared>,
     writer: AuditWriter,
+    admin: Option<TcpListener>,
 }
 
 impl Proxy {
@@ -180,8 +194,19 @@ impl Proxy {
             connect_timeout: config.limits.connect_timeout,
             guard: config.guard.clone(),
         };
-        let dialer = Dialer::new(&dial_config, own).map_err(|e| StartError::Resolver(e.to_string()))?;
-        let (audit, writer) = AuditWriter::start(&config.audit).map_err(StartError::Audit)?;
+        let mut dialer = Dialer::new(&dial_config, own).map_err(|e| StartError::Resolver(e.to_string()))?;
+        let metrics = Arc::new(Metrics::new());
+        dialer.set_metrics(metrics.clone());
+        let (audit, writer) = AuditWriter::start(&config.audit, &config.audit_options, metrics.clone())
+            .map_err(StartError::Audit)?;
+        let admin = match config.metrics_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| StartError::Bind { addr, source })?,
+            ),
+            None => None,
+        };
         let shared = Arc::new(Shared {
             rules: Arc::new(RwLock::new(Arc::new(config.rules))),
             dialer,
@@ -189,12 +214,19 @@ impl Proxy {
             limits: config.limits,
             ids: RequestIds::new(),
             hard_stop: CancellationToken::new(),
+            metrics,
         });
         Ok(Proxy {
             listeners,
             shared,
             writer,
+            admin,
         })
+    }
+
+    /// The admin (metrics) listener's address, when one is configured.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The addresses actually bound (useful with port 0).
@@ -210,6 +242,7 @@ impl Proxy {
         PolicyHandle {
             rules: self.shared.rules.clone(),
             audit: self.shared.audit.downgrade(),
+            metrics: self.shared.metrics.clone(),
         }
     }
 
@@ -225,6 +258,7 @@ impl Proxy {
             listeners,
             shared,
             writer,
+            admin,
         } = self;
         let stop_accepting = CancellationToken::new();
         let tracker = TaskTracker::new();
@@ -237,6 +271,13 @@ impl Proxy {
                 shared.clone(),
                 permits.clone(),
                 tracker.clone(),
+                stop_accepting.clone(),
+            ));
+        }
+        if let Some(admin) = admin {
+            tracker.spawn(crate::admin::serve(
+                admin,
+                shared.metrics.clone(),
                 stop_accepting.clone(),
             ));
         }
@@ -290,6 +331,8 @@ async fn accept_loop(
                 let shared = shared.clone();
                 let stop = stop.clone();
                 let identity = identity.clone();
+                shared.metrics.connections.inc();
+                shared.metrics.connections_active.inc();
                 tracker.spawn(async move {
                     // The request loop is boxed and gone before a tunnel starts, so a
                     // long-lived tunnel's task holds only the tunnel's own small state.
@@ -305,6 +348,7 @@ async fn accept_loop(
                     if let Some((client, head)) = handoff {
                         tunnel::handle_connect(&shared, client, head).await;
                     }
+                    shared.metrics.connections_active.dec();
                     drop(permit);
                 });
             }

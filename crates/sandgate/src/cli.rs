@@ -30,6 +30,90 @@ pub enum Command {
     },
     /// Say whether a destination would be allowed, and by which rule.
     Explain(ExplainArgs),
+    /// Read the audit log: tail, export, summary.
+    #[command(subcommand)]
+    Audit(AuditCommand),
+}
+
+/// `sandgate audit ...`
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Show events from the current and rotated files, oldest first.
+    Tail {
+        #[command(flatten)]
+        filter: AuditFilterArgs,
+        /// The audit log (its rotated siblings .1, .2, ... are read too).
+        #[arg(
+            long,
+            value_name = "PATH",
+            default_value = "audit.jsonl",
+            env = "SANDGATE_AUDIT_LOG"
+        )]
+        file: std::path::PathBuf,
+        /// Keep printing events as they are appended (Ctrl-C to stop).
+        #[arg(long)]
+        follow: bool,
+        /// Print raw JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Export events for compliance, as JSON lines or CSV.
+    Export {
+        #[command(flatten)]
+        filter: AuditFilterArgs,
+        /// Input files, read in the order given.
+        #[arg(long = "input", value_name = "FILE", required = true, num_args = 1..)]
+        inputs: Vec<std::path::PathBuf>,
+        /// Only these event types (decision, close, policy_reload); repeatable.
+        #[arg(long = "event-type", value_name = "TYPE")]
+        event_types: Vec<String>,
+        #[arg(long, value_enum)]
+        format: ExportFormat,
+        /// Where to write (created or replaced).
+        #[arg(long, value_name = "F")]
+        output_file: std::path::PathBuf,
+    },
+    /// Top denied destinations, bytes by destination and by task.
+    Summary {
+        #[command(flatten)]
+        filter: AuditFilterArgs,
+        #[arg(
+            long,
+            value_name = "PATH",
+            default_value = "audit.jsonl",
+            env = "SANDGATE_AUDIT_LOG"
+        )]
+        file: std::path::PathBuf,
+        /// Rows per table.
+        #[arg(long, default_value_t = 10)]
+        top: usize,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    Jsonl,
+    Csv,
+}
+
+/// Filters shared by the audit commands.
+#[derive(Debug, Args)]
+pub struct AuditFilterArgs {
+    /// Only lines containing this text.
+    #[arg(long, value_name = "PATTERN")]
+    pub grep: Option<String>,
+    /// Only events since: 90s, 30m, 1h, 2d, or an RFC 3339 time.
+    #[arg(long, value_name = "WHEN")]
+    pub since: Option<String>,
+    /// Only allow or deny decisions.
+    #[arg(long, value_name = "allow|deny")]
+    pub decision: Option<String>,
+    /// Only events of this task.
+    #[arg(long, value_name = "ID")]
+    pub task: Option<String>,
+    /// Only events for this destination host (exact, or *.suffix).
+    #[arg(long, value_name = "HOST")]
+    pub host: Option<String>,
 }
 
 /// `sandgate explain` flags.
@@ -94,6 +178,23 @@ pub struct ProxyArgs {
     /// Audit log file (JSON lines), or - for stdout [default: -]
     #[arg(long, value_name = "PATH|-")]
     pub audit_log: Option<String>,
+    /// Rotate the audit log before it grows past this many bytes
+    #[arg(long, value_name = "BYTES")]
+    pub audit_max_bytes: Option<u64>,
+    /// Rotated audit files kept (audit.jsonl.1 .. .N) [default: 5]
+    #[arg(long, value_name = "N")]
+    pub audit_keep: Option<usize>,
+    /// Seconds between fsyncs of the audit log while events flow; 0 = only at shutdown
+    /// [default: 1]
+    #[arg(long, value_name = "SECS")]
+    pub audit_fsync_interval: Option<f64>,
+    /// Fold allowed traffic into one `aggregate` audit event per destination and task every
+    /// SECS seconds (denies, failures and reloads stay individual)
+    #[arg(long, value_name = "SECS")]
+    pub audit_aggregate_window: Option<f64>,
+    /// Serve Prometheus/OpenMetrics text on http://ADDR/metrics (e.g. 127.0.0.1:9090)
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
     /// Most concurrent client connections [default: 16384]
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,

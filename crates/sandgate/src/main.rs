@@ -2,6 +2,7 @@
 //! and maps failures to exit codes (64 for usage and configuration errors, as sysexits'
 //! EX_USAGE; 1 for failures at run time).
 
+mod audit_cmd;
 mod cli;
 mod explain;
 mod settings;
@@ -33,6 +34,7 @@ fn main() -> ExitCode {
         Command::Proxy(args) => run_proxy(&args),
         Command::CheckConfig { file } => check_config(&file),
         Command::Explain(args) => explain::run(&args),
+        Command::Audit(cmd) => audit_cmd::run(cmd),
     }
 }
 
@@ -104,6 +106,12 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
         };
         for addr in proxy.local_addrs() {
             tracing::info!(%addr, allow_rules = allow, deny_rules = deny, "listening");
+        }
+        if let Some(addr) = proxy.metrics_addr() {
+            if !addr.ip().is_loopback() {
+                tracing::warn!(%addr, "the metrics listener is not on loopback");
+            }
+            tracing::info!(%addr, "metrics listening");
         }
         for range in proxy.guard().allow_ranges() {
             tracing::warn!(%range, "address guard exemption");

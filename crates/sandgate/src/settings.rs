@@ -12,7 +12,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use sandgate_policy::{AddressGuard, Pattern, PolicyFile, Ruleset};
 use sandgate_proxy::reload::{LoadError, PolicySource};
-use sandgate_proxy::{AuditDestination, Identity, Limits, Listener, Nameservers, ProxyConfig};
+use sandgate_proxy::{AuditDestination, AuditOptions, Identity, Limits, Listener, Nameservers, ProxyConfig};
 
 use crate::cli::ProxyArgs;
 
@@ -291,6 +291,36 @@ pub fn proxy_config(args: &ProxyArgs, env: &dyn Env) -> Result<ProxyConfig, Sett
         Some("") => return Err(invalid("--audit-log", "", "expected a path or -")),
         Some(path) => AuditDestination::File(PathBuf::from(path)),
     };
+    let audit_defaults = AuditOptions::default();
+    let audit_options = AuditOptions {
+        max_bytes: match args.audit_max_bytes {
+            Some(n) if n < 4096 => {
+                return Err(invalid(
+                    "--audit-max-bytes",
+                    &n.to_string(),
+                    "expected at least 4096",
+                ));
+            }
+            other => other,
+        },
+        keep: args.audit_keep.unwrap_or(audit_defaults.keep),
+        fsync_interval: match args.audit_fsync_interval {
+            None => audit_defaults.fsync_interval,
+            Some(0.0) => None,
+            Some(s) => Some(seconds("--audit-fsync-interval", Some(s), Duration::ZERO)?),
+        },
+        aggregate_window: match args.audit_aggregate_window {
+            None => None,
+            Some(w) => Some(seconds("--audit-aggregate-window", Some(w), Duration::ZERO)?),
+        },
+    };
+    let metrics_listen = match &args.metrics_listen {
+        None => None,
+        Some(v) => Some(
+            v.parse::<SocketAddr>()
+                .map_err(|_| invalid("--metrics-listen", v, "expected IP:PORT, e.g. 127.0.0.1:9090"))?,
+        ),
+    };
     Ok(ProxyConfig {
         listen: listen_addrs(args, env)?
             .into_iter()
@@ -301,6 +331,8 @@ pub fn proxy_config(args: &ProxyArgs, env: &dyn Env) -> Result<ProxyConfig, Sett
         nameservers: nameservers(&args.dns_server)?,
         audit,
         limits,
+        audit_options,
+        metrics_listen,
     })
 }
 

@@ -1,6 +1,7 @@
 //! HTTP and HTTPS origins on 127.0.0.1:0 (hyper). Every response is JSON describing the
 //! request the origin received (method, path, headers, body length), so tests can check
-//! what the proxy forwarded. `/bytes/N` answers with N bytes instead.
+//! what the proxy forwarded. `/bytes/N` answers with N bytes instead, `/sleep/MS` answers
+//! `slept` after MS milliseconds.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -89,6 +90,10 @@ impl Origin {
 async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let method = req.method().to_string();
     let path = req.uri().to_string();
+    if let Some(ms) = path.strip_prefix("/sleep/").and_then(|n| n.parse::<u64>().ok()) {
+        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        return Ok(Response::new(Full::new(Bytes::from_static(b"slept"))));
+    }
     if let Some(n) = path.strip_prefix("/bytes/").and_then(|n| n.parse::<usize>().ok()) {
         return Ok(Response::new(Full::new(Bytes::from(vec![b'x'; n]))));
     }

@@ -1,0 +1,383 @@
+//! Reading audit logs back: the current file and its rotated siblings in order, every line
+//! parsed, filters for the common questions, and summaries. A line that is not valid JSON is
+//! skipped and reported, never guessed at; a crash can leave at most a torn last line, which
+//! is reported as such.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// A line that could not be read as an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub file: PathBuf,
+    pub line: usize,
+    /// True when it is the last line of its file and has no newline (a torn write).
+    pub torn: bool,
+}
+
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = if self.torn {
+            "torn last line (incomplete write)"
+        } else {
+            "malformed line"
+        };
+        write!(f, "{}:{}: skipped {what}", self.file.display(), self.line)
+    }
+}
+
+/// The files of an audit log, oldest first: `audit.jsonl.N` .. `audit.jsonl.1`, `audit.jsonl`.
+/// Only files that exist are returned.
+pub fn log_files(path: &Path) -> Vec<PathBuf> {
+    let mut rotated = Vec::new();
+    for n in 1.. {
+        let mut name = path.as_os_str().to_owned();
+        name.push(format!(".{n}"));
+        let candidate = PathBuf::from(name);
+        if !candidate.exists() {
+            break;
+        }
+        rotated.push(candidate);
+    }
+    rotated.reverse();
+    if path.exists() {
+        rotated.push(path.to_path_buf());
+    }
+    rotated
+}
+
+/// Reads every event of `files` in order. Unreadable lines are skipped and reported.
+pub fn read_events(files: &[PathBuf]) -> std::io::Result<(Vec<Value>, Vec<Skipped>)> {
+    let mut events = Vec::new();
+    let mut skipped = Vec::new();
+    for file in files {
+        let mut text = String::new();
+        std::fs::File::open(file)?.read_to_string(&mut text)?;
+        let ends_clean = text.ends_with('\n') || text.is_empty();
+        let count = text.lines().count();
+        for (i, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            match serde_json::from_str::<Value>(line) {
+                Ok(v) if v.is_object() => events.push(v),
+                _ => skipped.push(Skipped {
+                    file: file.clone(),
+                    line: i + 1,
+                    torn: i + 1 == count && !ends_clean,
+                }),
+            }
+        }
+    }
+    Ok((events, skipped))
+}
+
+/// Reads complete lines appended to `file` after byte `offset`; returns the new offset. A
+/// partial last line is left for the next call. Used by `audit tail --follow`.
+pub fn read_appended(file: &Path, offset: u64) -> std::io::Result<(Vec<Value>, u64)> {
+    let mut f = std::fs::File::open(file)?;
+    let len = f.metadata()?.len();
+    // The file was rotated or truncated: start again from its beginning.
+    let start = if len < offset { 0 } else { offset };
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(start))?;
+    let mut reader = BufReader::new(f);
+    let mut events = Vec::new();
+    let mut pos = start;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = reader.read_line(&mut line)?;
+        if n == 0 || !line.ends_with('\n') {
+            break;
+        }
+        pos += n as u64;
+        if let Ok(v) = serde_json::from_str::<Value>(&line) {
+            events.push(v);
+        }
+    }
+    Ok((events, pos))
+}
+
+/// Which events to show.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Only events at or after this time.
+    pub since: Option<jiff::Timestamp>,
+    pub decision: Option<String>,
+    pub task: Option<String>,
+    /// Destination host, exact or as a `*.suffix` wildcard.
+    pub host: Option<String>,
+    /// Substring anywhere in the event's JSON.
+    pub grep: Option<String>,
+    /// Event kinds (`decision`, `close`, `policy_reload`); empty means all.
+    pub events: Vec<String>,
+}
+
+impl Filter {
+    pub fn matches(&self, e: &Value) -> bool {
+        let str_of = |k: &str| e.get(k).and_then(Value::as_str);
+        if let Some(since) = self.since {
+            let at = str_of("created_at").and_then(|t| t.parse::<jiff::Timestamp>().ok());
+            if at.is_none_or(|at| at < since) {
+                return false;
+            }
+        }
+        if self
+            .decision
+            .as_deref()
+            .is_some_and(|d| str_of("decision") != Some(d))
+        {
+            return false;
+        }
+        if self.task.as_deref().is_some_and(|t| str_of("task_id") != Some(t)) {
+            return false;
+        }
+        if let Some(host) = &self.host {
+            let have = str_of("destination_host").unwrap_or("");
+            let ok = match host.strip_prefix("*.") {
+                Some(suffix) => have.ends_with(&format!(".{suffix}")),
+                None => have.eq_ignore_ascii_case(host),
+            };
+            if !ok {
+                return false;
+            }
+        }
+        if !self.events.is_empty() && !self.events.iter().any(|k| str_of("event") == Some(k)) {
+            return false;
+        }
+        if let Some(g) = &self.grep {
+            if !e.to_string().contains(g.as_str()) {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// Parses `--since`: a duration back from `now` (`90s`, `30m`, `1h`, `2d`) or an RFC 3339 time.
+pub fn parse_since(text: &str, now: jiff::Timestamp) -> Result<jiff::Timestamp, String> {
+    if let Ok(t) = text.parse::<jiff::Timestamp>() {
+        return Ok(t);
+    }
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (num, unit) = text.split_at(split);
+    let n: i64 = num
+        .parse()
+        .map_err(|_| format!("invalid --since {text:?}: use 90s, 30m, 1h, 2d or an RFC 3339 time"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => {
+            return Err(format!(
+                "invalid --since {text:?}: use 90s, 30m, 1h, 2d or an RFC 3339 time"
+            ));
+        }
+    };
+    now.checked_sub(jiff::SignedDuration::from_secs(secs))
+        .map_err(|e| e.to_string())
+}
+
+/// One human-readable line for an event.
+pub fn human(e: &Value) -> String {
+    let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("-").to_owned();
+    let n = |k: &str| {
+        e.get(k)
+            .and_then(Value::as_u64)
+            .map_or("-".to_owned(), |v| v.to_string())
+    };
+    let dest = match (
+        e.get("destination_host").and_then(Value::as_str),
+        e.get("destination_port").and_then(Value::as_u64),
+    ) {
+        (Some(h), Some(p)) => format!("{h}:{p}"),
+        _ => "-".to_owned(),
+    };
+    let task = e
+        .get("task_id")
+        .and_then(Value::as_str)
+        .map(|t| format!(" task={t}"))
+        .unwrap_or_default();
+    match e.get("event").and_then(Value::as_str) {
+        Some("decision") => format!(
+            "{} {:5} {} {dest} {}{task} [{}]",
+            s("created_at"),
+            s("decision"),
+            s("method"),
+            s("reason_code"),
+            s("request_id")
+        ),
+        Some("close") => format!(
+            "{} close {} {dest} {} sent={} received={} {}ms{task} [{}]",
+            s("created_at"),
+            s("method"),
+            s("outcome"),
+            n("bytes_sent"),
+            n("bytes_received"),
+            n("duration_ms"),
+            s("request_id")
+        ),
+        _ => format!(
+            "{} {} {} {}",
+            s("created_at"),
+            s("event"),
+            s("outcome"),
+            s("detail")
+        ),
+    }
+}
+
+/// The columns of `audit export --format csv`, in order.
+pub const CSV_COLUMNS: &[&str] = &[
+    "schema_version",
+    "event",
+    "created_at",
+    "request_id",
+    "client_addr",
+    "task_id",
+    "project_id",
+    "job_id",
+    "decision",
+    "reason_code",
+    "scheme",
+    "method",
+    "destination_host",
+    "destination_port",
+    "resolved_ip",
+    "rule",
+    "status",
+    "bytes_sent",
+    "bytes_received",
+    "duration_ms",
+    "outcome",
+    "detail",
+];
+
+/// One CSV record (RFC 4180 quoting).
+pub fn csv_row(e: &Value) -> String {
+    CSV_COLUMNS
+        .iter()
+        .map(|k| {
+            let cell = match e.get(*k) {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(s)) => s.clone(),
+                Some(other) => other.to_string(),
+            };
+            if cell.contains([',', '"', '\n', '\r']) {
+                format!("\"{}\"", cell.replace('"', "\"\""))
+            } else {
+                cell
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Totals for `audit summary`.
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub denied: Vec<(String, u64)>,
+    pub bytes_by_destination: Vec<(String, u64, u64)>,
+    pub bytes_by_task: Vec<(String, u64, u64)>,
+}
+
+pub fn summarize(events: &[Value]) -> Summary {
+    let mut denied: HashMap<String, u64> = HashMap::new();
+    let mut by_dest: HashMap<String, (u64, u64)> = HashMap::new();
+    let mut by_task: HashMap<String, (u64, u64)> = HashMap::new();
+    for e in events {
+        let dest = match (
+            e.get("destination_host").and_then(Value::as_str),
+            e.get("destination_port").and_then(Value::as_u64),
+        ) {
+            (Some(h), Some(p)) => format!("{h}:{p}"),
+            _ => "(no destination)".to_owned(),
+        };
+        match e.get("event").and_then(Value::as_str) {
+            Some("decision") if e.get("decision").and_then(Value::as_str) == Some("deny") => {
+                *denied.entry(dest).or_default() += 1;
+            }
+            Some("close") => {
+                let sent = e.get("bytes_sent").and_then(Value::as_u64).unwrap_or(0);
+                let recv = e.get("bytes_received").and_then(Value::as_u64).unwrap_or(0);
+                let d = by_dest.entry(dest).or_default();
+                d.0 += sent;
+                d.1 += recv;
+                let task = e
+                    .get("task_id")
+                    .and_then(Value::as_str)
+                    .unwrap_or("(none)")
+                    .to_owned();
+                let t = by_task.entry(task).or_default();
+                t.0 += sent;
+                t.1 += recv;
+            }
+            _ => {}
+        }
+    }
+    let mut denied: Vec<_> = denied.into_iter().collect();
+    denied.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let flatten = |m: HashMap<String, (u64, u64)>| {
+        let mut v: Vec<_> = m.into_iter().map(|(k, (s, r))| (k, s, r)).collect();
+        v.sort_by(|a, b| (b.1 + b.2).cmp(&(a.1 + a.2)).then(a.0.cmp(&b.0)));
+        v
+    };
+    Summary {
+        denied,
+        bytes_by_destination: flatten(by_dest),
+        bytes_by_task: flatten(by_task),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torn_last_line_is_skipped_and_reported() {
+        let dir = std::env::temp_dir().join(format!("sandgate-aq-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("audit.jsonl");
+        std::fs::write(dir.join("audit.jsonl.1"), "{\"event\":\"decision\",\"n\":1}\n").unwrap();
+        std::fs::write(
+            &path,
+            "{\"event\":\"decision\",\"n\":2}\nnot json\n{\"event\":\"clo",
+        )
+        .unwrap();
+        let files = log_files(&path);
+        assert_eq!(files.len(), 2);
+        let (events, skipped) = read_events(&files).unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0]["n"], 1, "rotated files come first");
+        assert_eq!(skipped.len(), 2);
+        assert!(!skipped[0].torn && skipped[0].line == 2);
+        assert!(skipped[1].torn && skipped[1].line == 3);
+        let (appended, offset) = read_appended(&path, 0).unwrap();
+        assert_eq!(
+            (appended.len(), offset),
+            (1, 36),
+            "the partial line is left for later"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn since_and_csv() {
+        let now: jiff::Timestamp = "2026-11-22T12:00:00Z".parse().unwrap();
+        assert_eq!(
+            parse_since("1h", now).unwrap().to_string(),
+            "2026-11-22T11:00:00Z"
+        );
+        assert_eq!(
+            parse_since("2026-01-01T00:00:00Z", now).unwrap().to_string(),
+            "2026-01-01T00:00:00Z"
+        );
+        assert!(parse_since("1w", now).is_err());
+        let e: Value = serde_json::json!({"event": "decision", "rule": "allow:a, \"b\""});
+        assert!(csv_row(&e).contains("\"allow:a, \"\"b\"\"\""));
+    }
+}

@@ -1,0 +1,196 @@
+//! Prometheus metrics (prometheus-client), served in OpenMetrics text by [`crate::admin`].
+//!
+//! Decisions, bytes and upstream errors are counted from the audit events themselves
+//! ([`Metrics::observe`]), so the metrics and the audit log can never disagree about what
+//! happened. Latencies are observed where they are measured (the dialer), connection counts
+//! in the accept loop, audit queue depth and lag by the audit path, reloads by the policy
+//! handle.
+
+use std::borrow::Cow;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::audit::{AuditEvent, EventKind};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    pub decision: Cow<'static, str>,
+    pub reason: Cow<'static, str>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: Cow<'static, str>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: Cow<'static, str>,
+}
+
+/// Every metric the proxy exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub connections_active: Gauge,
+    pub connections: Counter,
+    pub decisions: Family<DecisionLabels, Counter>,
+    pub bytes_sent: Counter,
+    pub bytes_received: Counter,
+    pub upstream_errors: Family<KindLabels, Counter>,
+    pub dns_seconds: Histogram,
+    pub connect_seconds: Histogram,
+    pub audit_queue_depth: Gauge,
+    pub audit_waits: Counter,
+    pub audit_lag_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub audit_events_written: Counter,
+    pub policy_reloads: Family<OutcomeLabels, Counter>,
+    pub policy_generation: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("sandgate");
+        let m = Metrics {
+            connections_active: Gauge::default(),
+            connections: Counter::default(),
+            decisions: Family::default(),
+            bytes_sent: Counter::default(),
+            bytes_received: Counter::default(),
+            upstream_errors: Family::default(),
+            // 100 µs to ~6.5 s.
+            dns_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 17)),
+            connect_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 17)),
+            audit_queue_depth: Gauge::default(),
+            audit_waits: Counter::default(),
+            audit_lag_seconds: Gauge::default(),
+            audit_events_written: Counter::default(),
+            policy_reloads: Family::default(),
+            policy_generation: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "connections_active",
+            "Client connections open now",
+            m.connections_active.clone(),
+        );
+        registry.register(
+            "connections",
+            "Client connections accepted",
+            m.connections.clone(),
+        );
+        registry.register(
+            "decisions",
+            "Requests decided, by decision and reason",
+            m.decisions.clone(),
+        );
+        registry.register(
+            "bytes_sent",
+            "Bytes relayed from clients toward upstreams",
+            m.bytes_sent.clone(),
+        );
+        registry.register(
+            "bytes_received",
+            "Bytes relayed from upstreams toward clients",
+            m.bytes_received.clone(),
+        );
+        registry.register(
+            "upstream_errors",
+            "Allowed requests that failed upstream, by kind",
+            m.upstream_errors.clone(),
+        );
+        registry.register("dns_seconds", "DNS resolution latency", m.dns_seconds.clone());
+        registry.register(
+            "connect_seconds",
+            "Upstream TCP connect latency",
+            m.connect_seconds.clone(),
+        );
+        registry.register(
+            "audit_queue_depth",
+            "Audit events waiting for the writer",
+            m.audit_queue_depth.clone(),
+        );
+        registry.register(
+            "audit_waits",
+            "Times a request waited because the audit queue was full",
+            m.audit_waits.clone(),
+        );
+        registry.register(
+            "audit_lag_seconds",
+            "Age of the last audit event when it was written",
+            m.audit_lag_seconds.clone(),
+        );
+        registry.register(
+            "audit_events_written",
+            "Audit events written",
+            m.audit_events_written.clone(),
+        );
+        registry.register(
+            "policy_reloads",
+            "Policy reloads, by outcome",
+            m.policy_reloads.clone(),
+        );
+        registry.register(
+            "policy_generation",
+            "Generation of the policy in force (1 at start)",
+            m.policy_generation.clone(),
+        );
+        m.policy_generation.set(1);
+        Metrics { registry, ..m }
+    }
+
+    /// Counts what an audit event records.
+    pub fn observe(&self, e: &AuditEvent) {
+        match e.event {
+            EventKind::Decision => {
+                let decision = match e.decision {
+                    Some(sandgate_policy::Verdict::Allow) => "allow",
+                    _ => "deny",
+                };
+                let reason = e.reason_code.clone().unwrap_or(Cow::Borrowed("none"));
+                self.decisions
+                    .get_or_create(&DecisionLabels {
+                        decision: decision.into(),
+                        reason,
+                    })
+                    .inc();
+            }
+            EventKind::Close => {
+                self.bytes_sent.inc_by(e.bytes_sent.unwrap_or(0));
+                self.bytes_received.inc_by(e.bytes_received.unwrap_or(0));
+                if let Some(kind) = e
+                    .outcome
+                    .as_deref()
+                    .and_then(|o| o.strip_prefix("upstream_failure:"))
+                {
+                    self.upstream_errors
+                        .get_or_create(&KindLabels {
+                            kind: Cow::Owned(kind.to_owned()),
+                        })
+                        .inc();
+                }
+            }
+            EventKind::PolicyReload | EventKind::Aggregate => {}
+        }
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
