@@ -33,6 +33,47 @@ pub enum Command {
     /// Read the audit log: tail, export, summary.
     #[command(subcommand)]
     Audit(AuditCommand),
+    /// Run a command in a bubblewrap sandbox whose only way out is the policy.
+    Run(RunArgs),
+    /// (internal) The first process inside a proxied sandbox.
+    #[command(hide = true)]
+    SandboxInit {
+        #[arg(long)]
+        bridge: std::path::PathBuf,
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        #[arg(last = true, required = true)]
+        command: Vec<std::ffi::OsString>,
+    },
+}
+
+/// `sandgate run` flags.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The sandbox policy (YAML; see docs/sandbox.md).
+    #[arg(long, value_name = "FILE")]
+    pub policy: std::path::PathBuf,
+    /// Fill ${NAME} in the policy.
+    #[arg(long, value_name = "NAME=VALUE")]
+    pub param: Vec<String>,
+    /// Override net.mode: none, loopback, all, allowlist.
+    #[arg(long, value_name = "MODE")]
+    pub net: Option<String>,
+    /// Extra allowed destination (allowlist mode), same grammar as `proxy --allow`.
+    #[arg(long, value_name = "D")]
+    pub allow_domain: Vec<String>,
+    /// Keep the run's audit log here (JSON lines).
+    #[arg(long, value_name = "PATH")]
+    pub audit_log: Option<std::path::PathBuf>,
+    /// Print the bubblewrap command line and exit.
+    #[arg(long)]
+    pub print_argv: bool,
+    /// No blocked-destinations summary on exit.
+    #[arg(long)]
+    pub quiet: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 /// `sandgate audit ...`

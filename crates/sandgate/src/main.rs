@@ -29,18 +29,26 @@ fn main() -> ExitCode {
             };
         }
     };
-    init_logging(cli.log_format);
+    // The runner's own proxy should not chatter on the command's terminal.
+    let quiet_by_default = matches!(cli.command, Command::Run(_) | Command::SandboxInit { .. });
+    init_logging(cli.log_format, if quiet_by_default { "warn" } else { "info" });
     match cli.command {
         Command::Proxy(args) => run_proxy(&args),
         Command::CheckConfig { file } => check_config(&file),
         Command::Explain(args) => explain::run(&args),
         Command::Audit(cmd) => audit_cmd::run(cmd),
+        Command::Run(args) => run_sandbox(args),
+        Command::SandboxInit {
+            bridge,
+            listen,
+            command,
+        } => ExitCode::from(sandgate_sandbox::init::run(&bridge, listen, &command).clamp(0, 255) as u8),
     }
 }
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SANDGATE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -48,6 +56,48 @@ fn init_logging(format: LogFormat) {
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// `sandgate run`: exit with the command's status (128+N for a signal).
+fn run_sandbox(args: cli::RunArgs) -> ExitCode {
+    use sandgate_sandbox::run::{RunError, RunOptions};
+    let mut params = std::collections::BTreeMap::new();
+    for p in &args.param {
+        let Some((k, v)) = p.split_once('=') else {
+            eprintln!("sandgate: invalid --param {p:?}: expected NAME=VALUE");
+            return ExitCode::from(EX_USAGE);
+        };
+        params.insert(k.to_owned(), v.to_owned());
+    }
+    let net = match args.net.as_deref().map(sandgate_sandbox::policy::NetMode::parse) {
+        None => None,
+        Some(Ok(m)) => Some(m),
+        Some(Err(e)) => {
+            eprintln!("sandgate: invalid --net: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let opts = RunOptions {
+        policy_path: args.policy,
+        params,
+        net,
+        allow_domains: args.allow_domain,
+        audit_log: args.audit_log,
+        print_argv: args.print_argv,
+        quiet: args.quiet,
+        command: args.command,
+    };
+    match sandgate_sandbox::run::run(opts) {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(RunError::Usage(m)) => {
+            eprintln!("sandgate: {m}");
+            ExitCode::from(EX_USAGE)
+        }
+        Err(RunError::Unavailable(m)) => {
+            eprintln!("sandgate: {m}");
+            ExitCode::from(69)
+        }
     }
 }
 

@@ -1,0 +1,348 @@
+//! `sandgate run` with the real bubblewrap: allowlist mode with curl and Python inside,
+//! none and all modes, environment and filesystem, exit codes and signals, teardown after
+//! `kill -9`, and an ordinary user.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::disallowed_methods,
+    reason = "integration tests: a failed setup step should fail loudly, and tests connect to their own loopback fixtures"
+)]
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use sandgate_testkit::dns::{DnsServer, Zone};
+use sandgate_testkit::origin::Origin;
+
+const BASE: &str = "env:\n  set: { HOME: /tmp, PATH: /usr/bin:/bin, LANG: C.UTF-8 }\nfs:\n  read_paths: [ /usr, /lib, /bin, /etc/ssl, /etc/alternatives ]\n";
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn lib64() -> &'static str {
+    if Path::new("/lib64").exists() {
+        ", /lib64"
+    } else {
+        ""
+    }
+}
+
+fn base() -> String {
+    BASE.replace(", /etc/alternatives", &format!(", /etc/alternatives{}", lib64()))
+}
+
+fn write_policy(dir: &Path, extra: &str) -> std::path::PathBuf {
+    let path = dir.join("policy.yaml");
+    std::fs::write(&path, format!("{}{extra}", base())).unwrap();
+    path
+}
+
+fn run(policy: &Path, extra_args: &[&str], command: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sandgate"))
+        .arg("run")
+        .arg("--policy")
+        .arg(policy)
+        .args(extra_args)
+        .arg("--")
+        .args(command)
+        .env("SECRET_TOKEN", "do-not-leak")
+        .env("PASS_ME", "visible")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn allowlist_mode_curl_and_python_go_through_the_proxy_only() {
+    let rt = runtime();
+    let origin = rt.block_on(Origin::http());
+    let dns = rt.block_on(DnsServer::start(
+        Zone::new()
+            .with("allowed.test", &["127.0.0.1"])
+            .with("denied.test", &["127.0.0.1"]),
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let port = origin.port();
+    let policy = write_policy(
+        dir.path(),
+        &format!(
+            "net:\n  mode: allowlist\n  allow_domains: [ \"allowed.test:{port}\" ]\n  allow_ranges: [ 127.0.0.1/32 ]\n  resolver: {{ servers: [ \"{}\" ] }}\n",
+            dns.addr()
+        ),
+    );
+    let audit = dir.path().join("audit.jsonl");
+    let script = format!(
+        r#"
+set -u
+curl -sS -o /dev/null -w "allowed=%{{http_code}}\n" http://allowed.test:{port}/in-sandbox
+curl -sS -o /dev/null -w "denied=%{{http_code}}\n" http://denied.test:{port}/
+python3 - <<'PY'
+import socket, urllib.request, urllib.error
+r = urllib.request.urlopen("http://allowed.test:{port}/from-python", timeout=10)
+print("python", r.status)
+try:
+    urllib.request.urlopen("http://denied.test:{port}/", timeout=10)
+except urllib.error.HTTPError as e:
+    print("python-denied", e.code)
+try:
+    socket.create_connection(("10.1.2.3", 80), timeout=2)
+    print("raw-connect succeeded")
+except OSError as e:
+    print("raw-connect failed")
+try:
+    socket.getaddrinfo("allowed.test", 80)
+    print("dns worked")
+except OSError:
+    print("no dns")
+PY
+"#
+    );
+    let out = run(
+        &policy,
+        &["--audit-log", audit.to_str().unwrap()],
+        &["sh", "-c", &script],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for want in [
+        "allowed=200",
+        "denied=403",
+        "python 200",
+        "python-denied 403",
+        "raw-connect failed",
+        "no dns",
+    ] {
+        assert!(stdout.contains(want), "missing {want}:\n{stdout}\n{stderr}");
+    }
+    assert!(
+        stderr.contains(&format!("blocked: denied.test:{port} (not allowlisted), 2 times")),
+        "{stderr}"
+    );
+    let events = common::read_audit(&audit);
+    let allowed: Vec<_> = events.iter().filter(|e| e["decision"] == "allow").collect();
+    assert_eq!(allowed.len(), 2, "{events:#?}");
+    assert!(
+        allowed
+            .iter()
+            .all(|e| e["task_id"].as_str().is_some_and(|t| t.starts_with("run-")))
+    );
+}
+
+#[test]
+fn none_and_all_modes() {
+    let rt = runtime();
+    let origin = rt.block_on(Origin::http());
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("http://127.0.0.1:{}/direct", origin.port());
+    let policy = write_policy(dir.path(), "net:\n  mode: none\n");
+    let probe = format!("curl -sS -m 5 -o /dev/null -w '%{{http_code}}' {url} || echo unreachable");
+    let out = run(&policy, &[], &["sh", "-c", &probe]);
+    assert!(text(&out).0.contains("unreachable"), "{:?}", text(&out));
+    // The sandbox's own loopback works in none mode too.
+    let inside = "python3 -m http.server 18080 --bind 127.0.0.1 >/dev/null 2>&1 & for i in 1 2 3 4 5 6 7 8 9 10; do curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:18080/ && break; sleep 0.3; done";
+    let out = run(&policy, &["--net", "loopback"], &["sh", "-c", inside]);
+    assert!(text(&out).0.ends_with("200"), "{:?}", text(&out));
+    let out = run(&policy, &["--net", "all"], &["sh", "-c", &probe]);
+    assert_eq!(text(&out).0, "200", "{:?}", text(&out));
+}
+
+#[test]
+fn environment_and_filesystem_are_explicit() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let ro_dir = dir.path().join("ro");
+    std::fs::create_dir(&ro_dir).unwrap();
+    std::fs::write(ro_dir.join("input"), "data").unwrap();
+    let policy = dir.path().join("policy.yaml");
+    let policy_text = base()
+        .replace(
+            "env:\n  set:",
+            "env:\n  passthrough: [ PASS_ME, SECRET_* ]\n  set:",
+        )
+        .replace("/etc/ssl", &format!("/etc/ssl, \"{}\"", ro_dir.display()))
+        + "  write_paths: [ \"${OUT}\" ]\nnet:\n  mode: none\n";
+    std::fs::write(&policy, policy_text).unwrap();
+    let script = format!(
+        "env | sort; cat {ro}/input; echo; echo new > {ro}/x 2>/dev/null && echo ro-writable || echo ro-refused; \
+         echo out > {out}/result && echo rw-ok; cat /etc/passwd 2>/dev/null || echo no-passwd; ls /root 2>/dev/null || echo no-root",
+        ro = ro_dir.display(),
+        out = out_dir.display()
+    );
+    let out = run(
+        &policy,
+        &["--param", &format!("OUT={}", out_dir.display())],
+        &["sh", "-c", &script],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("PASS_ME=visible") && stdout.contains("HOME=/tmp"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("do-not-leak"),
+        "a secret-looking variable passed by prefix: {stdout}"
+    );
+    assert!(stderr.contains("not passing SECRET_TOKEN"), "{stderr}");
+    assert!(
+        !stdout.contains("CARGO") && !stdout.contains("USER="),
+        "host environment leaked: {stdout}"
+    );
+    for want in ["data", "ro-refused", "rw-ok", "no-passwd", "no-root"] {
+        assert!(stdout.contains(want), "missing {want}: {stdout}");
+    }
+    assert_eq!(std::fs::read_to_string(out_dir.join("result")).unwrap(), "out\n");
+}
+
+#[test]
+fn exit_codes_signals_and_teardown() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(
+        dir.path(),
+        "net:\n  mode: allowlist\n  allow_domains: [ a.example ]\n",
+    );
+    assert_eq!(run(&policy, &[], &["sh", "-c", "exit 7"]).status.code(), Some(7));
+    assert_eq!(
+        run(&policy, &[], &["sh", "-c", "kill -TERM $$"]).status.code(),
+        Some(143)
+    );
+    // SIGTERM to sandgate reaches the command, which exits on its own terms.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sandgate"))
+        .args([
+            "run",
+            "--policy",
+            policy.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "trap 'exit 42' TERM; while :; do sleep 0.1; done",
+        ])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let status = wait_bounded(&mut child);
+    assert_eq!(status.code(), Some(42));
+    // kill -9 of sandgate leaves nothing running.
+    let marker = format!("sleep 3{}", std::process::id() % 1000);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sandgate"))
+        .args([
+            "run",
+            "--policy",
+            policy.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            &format!("{marker}; true"),
+        ])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(running(&marker), "the command should be running");
+    Command::new("kill")
+        .args(["-KILL", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let _ = wait_bounded(&mut child);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while running(&marker) {
+        assert!(Instant::now() < deadline, "{marker} survived kill -9 of sandgate");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn wait_bounded(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "sandgate run did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn running(needle: &str) -> bool {
+    let out = Command::new("pgrep").args(["-f", needle]).output().unwrap();
+    !out.stdout.is_empty()
+}
+
+#[test]
+fn bad_policies_and_missing_paths_fail_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let policy = dir.path().join("p.yaml");
+    std::fs::write(&policy, format!("{}  write_paths: [ /does/not/exist ]\n", base())).unwrap();
+    let out = run(&policy, &[], &["touch", marker.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        text(&out).1.contains("\"/does/not/exist\" does not exist"),
+        "{:?}",
+        text(&out)
+    );
+    assert!(!marker.exists());
+    let out = run(&policy, &["--param", "X"], &["true"]);
+    assert_eq!(out.status.code(), Some(64));
+}
+
+#[test]
+fn an_ordinary_user_runs_a_proxied_sandbox() {
+    use std::os::unix::fs::PermissionsExt;
+    let rt = runtime();
+    let origin = rt.block_on(Origin::http());
+    let dns = rt.block_on(DnsServer::start(Zone::new().with("allowed.test", &["127.0.0.1"])));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.path().join("sandgate");
+    std::fs::copy(env!("CARGO_BIN_EXE_sandgate"), &bin).unwrap();
+    let port = origin.port();
+    let policy = write_policy(
+        dir.path(),
+        &format!(
+            "net:\n  mode: allowlist\n  allow_domains: [ \"allowed.test:{port}\" ]\n  allow_ranges: [ 127.0.0.1/32 ]\n  resolver: {{ servers: [ \"{}\" ] }}\n",
+            dns.addr()
+        ),
+    );
+    std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut cmd = if common::is_root() {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(&bin);
+        c
+    } else {
+        Command::new(&bin)
+    };
+    let out = cmd
+        .args(["run", "--policy", policy.to_str().unwrap(), "--", "sh", "-c"])
+        .arg(format!(
+            "id -u; curl -sS -o /dev/null -w '%{{http_code}}' http://allowed.test:{port}/"
+        ))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.ends_with("200"), "{stdout}\n{stderr}");
+}
