@@ -9,15 +9,17 @@
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
-use sandgate_policy::{Access, Host, HttpTarget, Verdict, parse_http_target};
+use sandgate_policy::{Access, Host, HttpTarget, Target, Verdict, parse_http_target};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
 use crate::audit::EventKind;
+use crate::dial::DialError;
 use crate::framing::{BodyKind, ChunkError, ChunkedScanner};
 use crate::head::{Field, RequestHead, ResponseHead, end_to_end_fields, parse_response_head};
 use crate::respond::{Refusal, UpstreamError};
@@ -116,6 +118,62 @@ pub(crate) async fn audit_allow(
     shared.audit.record(e).await;
 }
 
+/// Vets an allowed destination and dials it: resolves and classifies (a guard refusal is the
+/// request's deny decision), audits the allow decision, connects. Every failure is answered
+/// and audited here. `None`: the client has been answered and the connection should close.
+pub(crate) async fn vet_and_dial(
+    shared: &Shared,
+    client: &mut ClientConn,
+    target: &Target,
+    access: Access,
+    method: &str,
+    request_id: &str,
+    rule: Option<Arc<str>>,
+) -> Option<(TcpStream, SocketAddr)> {
+    let dest = (&target.host, target.port, access);
+    let refuse_dial = |error| Refusal::Dial {
+        target: target.clone(),
+        error,
+    };
+    let vetted = match shared.dialer.vet(target).await {
+        Ok(v) => v,
+        Err(error) => {
+            let guard_denied =
+                error.prohibited_class().is_some() || matches!(error, DialError::SelfConnect(_));
+            if !guard_denied {
+                // Allowed by policy, failed upstream (DNS): an allow followed by a close.
+                audit_allow(shared, request_id, client, method, dest, None, rule).await;
+            }
+            refuse(
+                shared,
+                client,
+                Some(dest),
+                refuse_dial(error),
+                method,
+                Some(request_id.to_owned()),
+            )
+            .await;
+            return None;
+        }
+    };
+    audit_allow(shared, request_id, client, method, dest, vetted.primary(), rule).await;
+    match shared.dialer.connect(&vetted).await {
+        Ok(pair) => Some(pair),
+        Err(error) => {
+            refuse(
+                shared,
+                client,
+                Some(dest),
+                refuse_dial(error),
+                method,
+                Some(request_id.to_owned()),
+            )
+            .await;
+            None
+        }
+    }
+}
+
 /// Handles one absolute-form request. Returns whether the client connection may carry on.
 pub(crate) async fn handle_http(
     shared: &Shared,
@@ -167,76 +225,26 @@ pub(crate) async fn handle_http(
         .is_some_and(|u| u.host == http.target.host && u.port == http.target.port && u.is_alive());
     if !reusable {
         *upstream = None;
-        let vetted = match shared.dialer.vet(&http.target).await {
-            Ok(v) => v,
-            Err(error) => {
-                let denial = error.prohibited_class().is_some()
-                    || matches!(error, crate::dial::DialError::SelfConnect(_));
-                if !denial {
-                    audit_allow(
-                        shared,
-                        &request_id,
-                        client,
-                        &head.method,
-                        dest,
-                        None,
-                        decision.rule_label(),
-                    )
-                    .await;
-                }
-                let refusal = Refusal::Dial {
-                    target: http.target.clone(),
-                    error,
-                };
-                refuse(
-                    shared,
-                    client,
-                    Some(dest),
-                    refusal,
-                    &head.method,
-                    Some(request_id),
-                )
-                .await;
-                return Next::Close;
-            }
-        };
-        audit_allow(
+        let dialled = vet_and_dial(
             shared,
-            &request_id,
             client,
+            &http.target,
+            Access::Http,
             &head.method,
-            dest,
-            vetted.primary(),
+            &request_id,
             decision.rule_label(),
         )
         .await;
-        match shared.dialer.connect(&vetted).await {
-            Ok((stream, addr)) => {
-                *upstream = Some(Upstream {
-                    host: http.target.host.clone(),
-                    port: http.target.port,
-                    addr,
-                    stream,
-                    buf: BytesMut::new(),
-                })
-            }
-            Err(error) => {
-                let refusal = Refusal::Dial {
-                    target: http.target.clone(),
-                    error,
-                };
-                refuse(
-                    shared,
-                    client,
-                    Some(dest),
-                    refusal,
-                    &head.method,
-                    Some(request_id),
-                )
-                .await;
-                return Next::Close;
-            }
-        }
+        let Some((stream, addr)) = dialled else {
+            return Next::Close;
+        };
+        *upstream = Some(Upstream {
+            host: http.target.host.clone(),
+            port: http.target.port,
+            addr,
+            stream,
+            buf: BytesMut::new(),
+        });
     } else {
         let ip = upstream.as_ref().map(|u| u.addr.ip());
         audit_allow(

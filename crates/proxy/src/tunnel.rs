@@ -18,8 +18,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::audit::EventKind;
-use crate::dial::DialError;
-use crate::forward::{audit_allow, refuse};
+use crate::forward::{refuse, vet_and_dial};
 use crate::head::RequestHead;
 use crate::respond::Refusal;
 use crate::server::{ClientConn, Shared, event};
@@ -90,50 +89,16 @@ async fn establish(
         refuse(shared, client, Some(dest), refusal, "CONNECT", Some(request_id)).await;
         return None;
     }
-    let vetted = match shared.dialer.vet(&target).await {
-        Ok(v) => v,
-        Err(error) => {
-            if error.prohibited_class().is_none() && !matches!(error, DialError::SelfConnect(_)) {
-                audit_allow(
-                    shared,
-                    &request_id,
-                    client,
-                    "CONNECT",
-                    dest,
-                    None,
-                    decision.rule_label(),
-                )
-                .await;
-            }
-            let refusal = Refusal::Dial {
-                target: target.clone(),
-                error,
-            };
-            refuse(shared, client, Some(dest), refusal, "CONNECT", Some(request_id)).await;
-            return None;
-        }
-    };
-    audit_allow(
+    let (upstream, addr) = vet_and_dial(
         shared,
-        &request_id,
         client,
+        &target,
+        Access::Connect,
         "CONNECT",
-        dest,
-        vetted.primary(),
+        &request_id,
         decision.rule_label(),
     )
-    .await;
-    let (upstream, addr) = match shared.dialer.connect(&vetted).await {
-        Ok(pair) => pair,
-        Err(error) => {
-            let refusal = Refusal::Dial {
-                target: target.clone(),
-                error,
-            };
-            refuse(shared, client, Some(dest), refusal, "CONNECT", Some(request_id)).await;
-            return None;
-        }
-    };
+    .await?;
     Some((target, upstream, addr))
 }
 

@@ -26,13 +26,7 @@ use sandgate_testkit::echo::EchoServer;
 use sandgate_testkit::origin::Origin;
 use serde_json::Value;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use common::runtime;
 
 /// A tunnel client: CONNECT, send `n` bytes, read them back, close. Returns whether it got
 /// a response (any status line).

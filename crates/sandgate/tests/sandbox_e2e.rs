@@ -22,13 +22,7 @@ use sandgate_testkit::origin::Origin;
 
 const BASE: &str = "env:\n  set: { HOME: /tmp, PATH: /usr/bin:/bin, LANG: C.UTF-8 }\nfs:\n  read_paths: [ /usr, /lib, /bin, /etc/ssl, /etc/alternatives ]\n";
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use common::runtime;
 
 fn lib64() -> &'static str {
     if Path::new("/lib64").exists() {

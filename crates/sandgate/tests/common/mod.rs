@@ -123,6 +123,16 @@ impl Drop for ProxyProcess {
     }
 }
 
+/// A runtime for the fixtures (DNS server, origins), on threads of its own so the test
+/// thread can drive blocking clients.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
 /// True when the tests run as root.
 pub fn is_root() -> bool {
     Command::new("id")
