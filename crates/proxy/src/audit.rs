@@ -118,7 +118,7 @@ impl AuditEvent {
 /// Cloneable handle that queues events.
 #[derive(Debug, Clone)]
 pub struct Audit {
-    tx: mpsc::Sender<AuditEvent>,
+    tx: mpsc::Sender<Box<AuditEvent>>,
     metrics: Arc<Metrics>,
 }
 
@@ -126,7 +126,7 @@ pub struct Audit {
 /// reloader, which must not hold up shutdown).
 #[derive(Debug, Clone)]
 pub struct WeakAudit {
-    tx: mpsc::WeakSender<AuditEvent>,
+    tx: mpsc::WeakSender<Box<AuditEvent>>,
     metrics: Arc<Metrics>,
 }
 
@@ -154,16 +154,21 @@ impl Audit {
 
     /// Queues an event, waiting while the queue is full. Only fails if the writer died,
     /// which it reports itself; the event is then logged as lost.
-    pub async fn record(&self, event: AuditEvent) {
+    /// The event is boxed before the future starts, so a caller's future (a tunnel's, for
+    /// its whole life) holds a pointer rather than the event.
+    pub fn record(&self, event: AuditEvent) -> impl Future<Output = ()> + Send + '_ {
         self.metrics.observe(&event);
-        if self.tx.capacity() == 0 {
-            self.metrics.audit_waits.inc();
+        let event = Box::new(event);
+        async move {
+            if self.tx.capacity() == 0 {
+                self.metrics.audit_waits.inc();
+            }
+            if let Err(e) = self.tx.send(event).await {
+                tracing::error!(request_id = %e.0.request_id, "audit writer gone; event lost");
+            }
+            let depth = self.tx.max_capacity().saturating_sub(self.tx.capacity());
+            self.metrics.audit_queue_depth.set(depth as i64);
         }
-        if let Err(e) = self.tx.send(event).await {
-            tracing::error!(request_id = %e.0.request_id, "audit writer gone; event lost");
-        }
-        let depth = self.tx.max_capacity().saturating_sub(self.tx.capacity());
-        self.metrics.audit_queue_depth.set(depth as i64);
     }
 }
 
@@ -207,7 +212,7 @@ impl AuditWriter {
 }
 
 fn write_loop(
-    rx: mpsc::Receiver<AuditEvent>,
+    rx: mpsc::Receiver<Box<AuditEvent>>,
     sink: Sink,
     metrics: &Metrics,
     window: Option<Duration>,
@@ -268,7 +273,7 @@ fn write_loop(
 }
 
 struct Writer<'a> {
-    rx: mpsc::Receiver<AuditEvent>,
+    rx: mpsc::Receiver<Box<AuditEvent>>,
     sink: Sink,
     metrics: &'a Metrics,
     written: u64,
@@ -277,7 +282,7 @@ struct Writer<'a> {
 }
 
 impl Writer<'_> {
-    fn take(&mut self, event: AuditEvent) -> io::Result<()> {
+    fn take(&mut self, event: Box<AuditEvent>) -> io::Result<()> {
         if let Some(agg) = &mut self.agg {
             if agg.absorb(&event) {
                 return Ok(());

@@ -314,6 +314,34 @@ mod splice {
         Local,
     }
 
+    /// Empty pipes kept per worker thread, so a short tunnel does not pay for pipe2 and
+    /// close on every burst. Bounded: beyond it, pipes are closed.
+    const POOL: usize = 64;
+
+    thread_local! {
+        static PIPES: std::cell::RefCell<Vec<(OwnedFd, OwnedFd)>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    fn take_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+        if let Some(pipe) = PIPES.with(|p| p.borrow_mut().pop()) {
+            return Ok(pipe);
+        }
+        let pipe = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)?;
+        // Best effort: unprivileged users are capped by fs.pipe-max-size.
+        let _ = fcntl(&pipe.1, FcntlArg::F_SETPIPE_SZ(CHUNK as i32));
+        Ok(pipe)
+    }
+
+    /// Returns an empty pipe to this thread's pool (only ever called with nothing in it).
+    fn give_pipe(pipe: (OwnedFd, OwnedFd)) {
+        PIPES.with(|p| {
+            let mut pool = p.borrow_mut();
+            if pool.len() < POOL {
+                pool.push(pipe);
+            }
+        });
+    }
+
     /// One direction of the tunnel.
     #[derive(Debug, Default)]
     struct Direction {
@@ -355,13 +383,7 @@ mod splice {
                 ready!(src.poll_read_ready(cx)).map_err(|e| (Fault::Src, e))?;
                 let pipe_w = match &self.pipe {
                     Some((_, w)) => w,
-                    None => {
-                        let pipe = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)
-                            .map_err(|e| (Fault::Local, io::Error::from(e)))?;
-                        // Best effort: unprivileged users are capped by fs.pipe-max-size.
-                        let _ = fcntl(&pipe.1, FcntlArg::F_SETPIPE_SZ(CHUNK as i32));
-                        &self.pipe.insert(pipe).1
-                    }
+                    None => &self.pipe.insert(take_pipe().map_err(|e| (Fault::Local, e))?).1,
                 };
                 // The pipe is empty here, so EAGAIN means the socket has nothing to read.
                 match src.try_io(Interest::READABLE, || {
@@ -378,9 +400,11 @@ mod splice {
                         *active = true;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        // Drained and the pipe is empty: give its two descriptors back, so an
-                        // idle tunnel holds only its sockets.
-                        self.pipe = None;
+                        // Drained and the pipe is empty: hand it back, so an idle tunnel holds
+                        // only its sockets.
+                        if let Some(pipe) = self.pipe.take() {
+                            give_pipe(pipe);
+                        }
                     }
                     Err(e) => return Poll::Ready(Err((Fault::Src, e))),
                 }
