@@ -24,8 +24,6 @@ pub struct RunFacts {
     pub sandgate_exe: PathBuf,
     /// The host directory holding the bridge socket (proxied modes).
     pub bridge_dir: Option<PathBuf>,
-    /// File descriptor bwrap writes its JSON status to.
-    pub status_fd: Option<i32>,
     /// The command's environment, complete (bwrap starts from an empty one).
     pub env: Vec<(String, String)>,
     pub command: Vec<OsString>,
@@ -84,7 +82,8 @@ pub fn bwrap_argv(policy: &SandboxPolicy, facts: &RunFacts) -> Vec<OsString> {
         bind(&mut argv, "--bind", p);
     }
     let proxied = policy.net.proxied();
-    if proxied {
+    let needs_init = proxied || !policy.loopback_ports.is_empty();
+    if needs_init {
         if let Some(dir) = &facts.bridge_dir {
             argv.push("--bind".into());
             argv.push(dir.into());
@@ -93,14 +92,10 @@ pub fn bwrap_argv(policy: &SandboxPolicy, facts: &RunFacts) -> Vec<OsString> {
         argv.push("--ro-bind".into());
         argv.push(facts.sandgate_exe.clone().into());
         argv.push(INIT_PATH.into());
-        // Our init is PID 1 so signals sent to it from outside reach the command.
+        // Our init waits for the command itself; bwrap need not add an init of its own.
         if policy.unshare_pid {
             push(&mut argv, &["--as-pid-1"]);
         }
-    }
-    if let Some(fd) = facts.status_fd {
-        argv.push("--json-status-fd".into());
-        argv.push(fd.to_string().into());
     }
     push(&mut argv, &["--clearenv"]);
     for (k, v) in &facts.env {
@@ -125,16 +120,28 @@ pub fn bwrap_argv(policy: &SandboxPolicy, facts: &RunFacts) -> Vec<OsString> {
         }
     }
     argv.push("--".into());
-    if proxied {
+    if needs_init {
         argv.push(INIT_PATH.into());
-        push(
-            &mut argv,
-            &["sandbox-init", "--bridge", &format!("{BRIDGE_DIR}/proxy.sock")],
-        );
-        push(
-            &mut argv,
-            &["--listen", &format!("127.0.0.1:{}", policy.proxy_port), "--"],
-        );
+        push(&mut argv, &["sandbox-init"]);
+        if proxied {
+            push(
+                &mut argv,
+                &[
+                    "--forward",
+                    &format!("127.0.0.1:{}={BRIDGE_DIR}/proxy.sock", policy.proxy_port),
+                ],
+            );
+        }
+        for port in &policy.loopback_ports {
+            push(
+                &mut argv,
+                &[
+                    "--forward",
+                    &format!("127.0.0.1:{port}={BRIDGE_DIR}/port-{port}.sock"),
+                ],
+            );
+        }
+        argv.push("--".into());
     }
     argv.extend(facts.command.iter().cloned());
     argv
@@ -153,7 +160,6 @@ mod tests {
         RunFacts {
             sandgate_exe: "/opt/sandgate".into(),
             bridge_dir: Some("/tmp/sg-1".into()),
-            status_fd: None,
             env: vec![("HOME".into(), "/work".into())],
             command: vec!["curl".into(), "https://a.example/".into()],
         }
@@ -183,7 +189,7 @@ mod tests {
         assert!(s.contains("--clearenv --setenv HOME /work --setenv HTTP_PROXY http://127.0.0.1:3128"));
         assert!(s.contains("--setenv NO_PROXY localhost,127.0.0.1,::1"));
         assert!(s.ends_with(
-            "-- /run/sandgate-init sandbox-init --bridge /run/sandgate/proxy.sock --listen 127.0.0.1:3128 -- curl https://a.example/"
+            "-- /run/sandgate-init sandbox-init --forward 127.0.0.1:3128=/run/sandgate/proxy.sock -- curl https://a.example/"
         ));
     }
 
@@ -197,6 +203,19 @@ mod tests {
             &facts(),
         ));
         assert!(!s.contains("--unshare-net") && s.contains("--ro-bind / /"));
+    }
+
+    #[test]
+    fn loopback_ports_are_forwarded_by_the_init() {
+        let s = joined(&bwrap_argv(
+            &policy("net:\n  mode: loopback\n  loopback_ports: [ 5432 ]\n"),
+            &facts(),
+        ));
+        assert!(s.contains("--unshare-net") && !s.contains("HTTP_PROXY"), "{s}");
+        assert!(
+            s.ends_with("sandbox-init --forward 127.0.0.1:5432=/run/sandgate/port-5432.sock -- curl https://a.example/"),
+            "{s}"
+        );
     }
 
     #[test]

@@ -59,6 +59,8 @@ pub struct SandboxPolicy {
     pub private_tmp: bool,
     pub net: NetMode,
     pub allow: Vec<Pattern>,
+    /// Host loopback ports bridged into the sandbox's loopback, same port number.
+    pub loopback_ports: Vec<u16>,
     /// Port the proxy listens on inside the sandbox.
     pub proxy_port: u16,
     pub allow_ranges: Vec<String>,
@@ -250,10 +252,13 @@ pub fn parse(
             );
         }
     }
-    if !raw.net.loopback_ports.is_empty() {
+    if !raw.net.loopback_ports.is_empty() && !matches!(net, NetMode::Loopback | NetMode::Allowlist) {
         return Err(PolicyError(
-            "net.loopback_ports: bridging host loopback ports is not implemented yet".to_owned(),
+            "net.loopback_ports needs net.mode loopback or allowlist".to_owned(),
         ));
+    }
+    if raw.net.loopback_ports.contains(&0) {
+        return Err(PolicyError("net.loopback_ports: port 0".to_owned()));
     }
     let proxy = raw.net.proxy.unwrap_or_default();
     if proxy.upstream.is_some() || net == NetMode::Proxy {
@@ -276,6 +281,11 @@ pub fn parse(
             if addr.port() == 0 { 3128 } else { addr.port() }
         }
     };
+    if net.proxied() && raw.net.loopback_ports.contains(&proxy_port) {
+        return Err(PolicyError(format!(
+            "net.loopback_ports: {proxy_port} is the proxy's port"
+        )));
+    }
     if !net.proxied() && (!allow.is_empty() || !raw.net.allow_ranges.is_empty()) {
         return Err(PolicyError(
             "net.allow_domains/presets/allow_ranges need net.mode allowlist".to_owned(),
@@ -344,6 +354,7 @@ pub fn parse(
         private_tmp,
         net,
         allow,
+        loopback_ports: raw.net.loopback_ports,
         proxy_port,
         allow_ranges: raw.net.allow_ranges,
         resolver_servers: raw.net.resolver.map(|r| r.servers).unwrap_or_default(),
@@ -443,8 +454,8 @@ mod tests {
                 "need net.mode allowlist",
             ),
             (
-                "net:\n  mode: allowlist\n  loopback_ports: [ 5432 ]\n",
-                "not implemented yet",
+                "net:\n  mode: none\n  loopback_ports: [ 5432 ]\n",
+                "needs net.mode loopback or allowlist",
             ),
             (
                 "fs:\n  allow_read_all: true\nnet:\n  mode: allowlist\n",

@@ -135,7 +135,6 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
         let facts = RunFacts {
             sandgate_exe,
             bridge_dir: Some("/tmp/sandgate-bridge.XXXXXX".into()),
-            status_fd: None,
             env,
             command: opts.command,
         };
@@ -238,10 +237,19 @@ async fn supervise(
             let _ = stop_rx.await;
         })));
     }
+    // Explicitly bridged host loopback ports: the init listens on the same port inside.
+    for port in &policy.loopback_ports {
+        let socket = bridge_dir.path().join(format!("port-{port}.sock"));
+        let unix = UnixListener::bind(&socket).map_err(|e| {
+            RunError::Unavailable(format!("cannot create the bridge {}: {e}", socket.display()))
+        })?;
+        tokio::spawn(bridge(unix, SocketAddr::from(([127, 0, 0, 1], *port))));
+    }
     let facts = RunFacts {
         sandgate_exe,
-        bridge_dir: policy.net.proxied().then(|| bridge_dir.path().to_path_buf()),
-        status_fd: None,
+        bridge_dir: (policy.net.proxied() || !policy.loopback_ports.is_empty())
+            .then(|| bridge_dir.path().to_path_buf()),
+
         env,
         command: opts.command.clone(),
     };
@@ -276,7 +284,8 @@ async fn supervise(
     Ok(code)
 }
 
-/// Relays each connection on the bridge socket to the run's proxy on loopback.
+/// Relays each connection on a bridge socket to a host loopback address: the run's proxy,
+/// or a port the policy bridges explicitly.
 async fn bridge(listener: UnixListener, proxy: SocketAddr) {
     loop {
         let Ok((mut unix, _)) = listener.accept().await else {
@@ -285,7 +294,7 @@ async fn bridge(listener: UnixListener, proxy: SocketAddr) {
         tokio::spawn(async move {
             #[expect(
                 clippy::disallowed_methods,
-                reason = "the bridge connects to this run's own proxy on loopback"
+                reason = "the bridge connects to this run's own proxy, or a port the policy bridges, on host loopback"
             )]
             let connected = TcpStream::connect(proxy).await;
             if let Ok(mut tcp) = connected {

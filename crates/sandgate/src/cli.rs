@@ -38,10 +38,9 @@ pub enum Command {
     /// (internal) The first process inside a proxied sandbox.
     #[command(hide = true)]
     SandboxInit {
-        #[arg(long)]
-        bridge: std::path::PathBuf,
-        #[arg(long)]
-        listen: std::net::SocketAddr,
+        /// ADDR=SOCKET: listen on ADDR inside, relay to SOCKET.
+        #[arg(long = "forward", value_name = "ADDR=SOCKET")]
+        forwards: Vec<String>,
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
     },

@@ -38,11 +38,21 @@ fn main() -> ExitCode {
         Command::Explain(args) => explain::run(&args),
         Command::Audit(cmd) => audit_cmd::run(cmd),
         Command::Run(args) => run_sandbox(args),
-        Command::SandboxInit {
-            bridge,
-            listen,
-            command,
-        } => ExitCode::from(sandgate_sandbox::init::run(&bridge, listen, &command).clamp(0, 255) as u8),
+        Command::SandboxInit { forwards, command } => {
+            let parsed: Result<Vec<_>, String> = forwards
+                .iter()
+                .map(|f| sandgate_sandbox::init::parse_forward(f))
+                .collect();
+            match parsed {
+                Ok(forwards) => {
+                    ExitCode::from(sandgate_sandbox::init::run(&forwards, &command).clamp(0, 255) as u8)
+                }
+                Err(e) => {
+                    eprintln!("sandgate: {e}");
+                    ExitCode::from(EX_USAGE)
+                }
+            }
+        }
     }
 }
 

@@ -340,3 +340,71 @@ fn an_ordinary_user_runs_a_proxied_sandbox() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.ends_with("200"), "{stdout}\n{stderr}");
 }
+
+#[test]
+fn loopback_mode_bridges_only_the_listed_host_ports() {
+    let rt = runtime();
+    let bridged = rt.block_on(Origin::http());
+    let other = rt.block_on(Origin::http());
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(
+        dir.path(),
+        &format!(
+            "net:\n  mode: loopback\n  loopback_ports: [ {} ]\n",
+            bridged.port()
+        ),
+    );
+    let script = format!(
+        "curl -sS -m 5 -o /dev/null -w 'bridged=%{{http_code}} ' http://127.0.0.1:{}/; \
+         curl -sS -m 5 -o /dev/null -w 'other=%{{http_code}}' http://127.0.0.1:{}/ 2>/dev/null || echo other=unreachable",
+        bridged.port(),
+        other.port()
+    );
+    let out = run(&policy, &[], &["sh", "-c", &script]);
+    let (stdout, stderr) = text(&out);
+    assert!(
+        stdout.contains("bridged=200") && stdout.contains("other=unreachable"),
+        "{stdout}\n{stderr}"
+    );
+    // The init's readiness check opens one connection through the bridge before the command
+    // starts; the command's request is the second.
+    assert_eq!(bridged.connections(), 2);
+    assert_eq!(other.connections(), 0, "an unlisted host port was reached");
+}
+
+#[test]
+fn host_unix_sockets_are_not_reachable_from_a_restricted_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock_path = dir.path().join("agent.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&sock_path).unwrap();
+    let policy = write_policy(
+        dir.path(),
+        "net:\n  mode: allowlist\n  allow_domains: [ a.example ]\n",
+    );
+    let script = format!(
+        "import socket, os\n\
+         s = socket.socket(socket.AF_UNIX)\n\
+         try:\n    s.connect({:?}); print('connected')\n\
+         except OSError: print('unreachable')\n\
+         print('run-dirs', [p for p in ['/run/user', '/var/run', '/run/dbus', '/var/run/docker.sock'] if os.path.exists(p)])\n",
+        sock_path.to_str().unwrap()
+    );
+    let out = run(&policy, &[], &["python3", "-c", &script]);
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.contains("unreachable"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("run-dirs []"), "{stdout}");
+    // And a policy that would expose them is refused before anything runs.
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        format!("{}  write_paths: [ /run ]\nnet:\n  mode: none\n", base()),
+    )
+    .unwrap();
+    let out = run(&bad, &[], &["true"]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        text(&out).1.contains("may hold host Unix sockets"),
+        "{:?}",
+        text(&out)
+    );
+}
