@@ -6,3 +6,4 @@ pub mod argv;
 pub mod init;
 pub mod policy;
 pub mod run;
+pub mod seatbelt;

@@ -30,6 +30,8 @@ pub struct RunOptions {
     pub allow_domains: Vec<String>,
     pub audit_log: Option<PathBuf>,
     pub print_argv: bool,
+    /// `seatbelt`: print the macOS profile instead of running.
+    pub print_profile: Option<String>,
     pub quiet: bool,
     pub command: Vec<OsString>,
 }
@@ -131,6 +133,28 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
     }
     let sandgate_exe = std::env::current_exe()
         .map_err(|e| RunError::Unavailable(format!("cannot find the sandgate binary: {e}")))?;
+    match opts.print_profile.as_deref() {
+        None => {}
+        Some("seatbelt") => {
+            let profile = crate::seatbelt::render(&policy);
+            let command: Vec<String> = opts
+                .command
+                .iter()
+                .map(|c| c.to_string_lossy().into_owned())
+                .collect();
+            print!("{}", profile.text);
+            println!(
+                ";; run with: {}",
+                crate::seatbelt::command_line(&profile, "PROFILE.sb", &command)
+            );
+            return Ok(0);
+        }
+        Some(other) => {
+            return Err(RunError::Usage(format!(
+                "--print-profile {other:?}: the only kind is seatbelt"
+            )));
+        }
+    }
     if opts.print_argv {
         let facts = RunFacts {
             sandgate_exe,

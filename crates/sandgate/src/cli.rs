@@ -67,6 +67,10 @@ pub struct RunArgs {
     /// Print the bubblewrap command line and exit.
     #[arg(long)]
     pub print_argv: bool,
+    /// Print the policy as a profile for another platform and exit (`seatbelt`: macOS
+    /// sandbox-exec).
+    #[arg(long, value_name = "KIND")]
+    pub print_profile: Option<String>,
     /// No blocked-destinations summary on exit.
     #[arg(long)]
     pub quiet: bool,

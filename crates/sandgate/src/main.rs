@@ -95,6 +95,7 @@ fn run_sandbox(args: cli::RunArgs) -> ExitCode {
         allow_domains: args.allow_domain,
         audit_log: args.audit_log,
         print_argv: args.print_argv,
+        print_profile: args.print_profile,
         quiet: args.quiet,
         command: args.command,
     };

@@ -408,3 +408,30 @@ fn host_unix_sockets_are_not_reachable_from_a_restricted_sandbox() {
         text(&out)
     );
 }
+
+#[test]
+fn print_profile_seatbelt_renders_the_same_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(
+        dir.path(),
+        "net:\n  mode: allowlist\n  allow_domains: [ pypi.org ]\n",
+    );
+    let out = run(
+        &policy,
+        &["--print-profile", "seatbelt"],
+        &["pip", "install", "x"],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.starts_with("(version 1)") && stdout.contains("(deny default)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("(allow network-outbound (remote ip \"localhost:3128\"))"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("-D READ_0=/usr"), "{stdout}");
+    let out = run(&policy, &["--print-profile", "apparmor"], &["true"]);
+    assert_eq!(out.status.code(), Some(64));
+}
