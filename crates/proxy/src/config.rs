@@ -90,6 +90,8 @@ pub struct ProxyConfig {
     pub limits: Limits,
     /// Rotation and fsync of a file audit log.
     pub audit_options: crate::audit::AuditOptions,
+    /// Chain allowed traffic through this HTTP proxy (e.g. a central sandgate).
+    pub upstream_proxy: Option<SocketAddr>,
     /// The admin listener serving `/metrics`, if any.
     pub metrics_listen: Option<SocketAddr>,
 }

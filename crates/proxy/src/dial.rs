@@ -42,6 +42,9 @@ pub struct DialConfig {
     pub dns_timeout: Duration,
     pub connect_timeout: Duration,
     pub guard: AddressGuard,
+    /// Send allowed traffic through this HTTP proxy instead of dialling destinations: no
+    /// local DNS, and the upstream proxy applies its own policy and address guard.
+    pub upstream_proxy: Option<SocketAddr>,
 }
 
 /// Addresses that passed the guard for one target, in the resolver's order.
@@ -75,6 +78,10 @@ pub enum DialError {
     ConnectTimeout,
     #[error("connect failed: {0}")]
     Connect(std::io::Error),
+    #[error("the upstream proxy answered CONNECT with {0}")]
+    UpstreamRefused(u16),
+    #[error("the upstream proxy sent no usable answer to CONNECT")]
+    UpstreamBroken,
 }
 
 /// Resolves, vets and connects. Cheap to share behind an `Arc`.
@@ -85,6 +92,7 @@ pub struct Dialer {
     connect_timeout: Duration,
     own_listeners: Vec<SocketAddr>,
     metrics: Option<Arc<Metrics>>,
+    upstream_proxy: Option<SocketAddr>,
 }
 
 impl Dialer {
@@ -117,6 +125,7 @@ impl Dialer {
             connect_timeout: config.connect_timeout,
             own_listeners,
             metrics: None,
+            upstream_proxy: config.upstream_proxy,
         })
     }
 
@@ -132,6 +141,12 @@ impl Dialer {
 
     /// Resolves `target` (IP literals are not looked up) and vets every address.
     pub async fn vet(&self, target: &Target) -> Result<VettedAddrs, DialError> {
+        if let Some(upstream) = self.upstream_proxy {
+            // The name is never resolved here; the upstream proxy resolves and guards it.
+            return Ok(VettedAddrs {
+                addrs: vec![upstream],
+            });
+        }
         let ips = match &target.host {
             Host::Ip(ip) => vec![*ip],
             Host::Name(name) => self.resolve(name.as_str()).await?,
@@ -145,6 +160,47 @@ impl Dialer {
             return Err(DialError::SelfConnect(own.ip()));
         }
         Ok(VettedAddrs { addrs })
+    }
+
+    /// The upstream proxy, when traffic is chained through one.
+    pub fn upstream_proxy(&self) -> Option<SocketAddr> {
+        self.upstream_proxy
+    }
+
+    /// Asks the upstream proxy for a tunnel to `target` on a fresh connection to it
+    /// (RFC 9110 section 9.3.6). The answer's head is bounded in size and time.
+    pub async fn upstream_tunnel(
+        &self,
+        stream: &mut TcpStream,
+        target: &Target,
+        timeout: Duration,
+    ) -> Result<(), DialError> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .map_err(DialError::Connect)?;
+        let mut head = Vec::with_capacity(256);
+        let mut byte = [0u8; 1];
+        let read_head = async {
+            // Byte at a time: nothing after the head may be consumed, it belongs to the tunnel.
+            while !head.ends_with(b"\r\n\r\n") {
+                if head.len() > 16 * 1024 || stream.read(&mut byte).await.map_err(DialError::Connect)? == 0 {
+                    return Err(DialError::UpstreamBroken);
+                }
+                head.extend_from_slice(&byte);
+            }
+            Ok(())
+        };
+        tokio::time::timeout(timeout, read_head)
+            .await
+            .map_err(|_| DialError::UpstreamBroken)??;
+        match crate::head::parse_response_head(&head, "CONNECT") {
+            Ok(Some((h, _))) if (200..300).contains(&h.status) => Ok(()),
+            Ok(Some((h, _))) => Err(DialError::UpstreamRefused(h.status)),
+            _ => Err(DialError::UpstreamBroken),
+        }
     }
 
     /// Every address `target` resolves to, unvetted (for `explain --resolve`).

@@ -157,7 +157,20 @@ pub(crate) async fn vet_and_dial(
         }
     };
     audit_allow(shared, request_id, client, method, dest, vetted.primary(), rule).await;
-    match shared.dialer.connect(&vetted).await {
+    let connected = match shared.dialer.connect(&vetted).await {
+        Ok((mut stream, addr)) if access == Access::Connect && shared.dialer.upstream_proxy().is_some() => {
+            match shared
+                .dialer
+                .upstream_tunnel(&mut stream, target, shared.limits.response_timeout)
+                .await
+            {
+                Ok(()) => Ok((stream, addr)),
+                Err(e) => Err(e),
+            }
+        }
+        other => other,
+    };
+    match connected {
         Ok(pair) => Some(pair),
         Err(error) => {
             refuse(
@@ -325,7 +338,7 @@ async fn exchange(
     up: &mut Upstream,
 ) -> Exchange {
     let limits = &shared.limits;
-    let out_head = request_head_bytes(head, http);
+    let out_head = request_head_bytes(head, http, shared.dialer.upstream_proxy().is_some());
     if let Err(_e) = up.stream.write_all(&out_head).await {
         return Exchange {
             refusal: Some(Refusal::Upstream {
@@ -589,12 +602,18 @@ fn push_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// The request head sent upstream: origin-form target, Host from the request-target,
+/// The request head sent upstream: origin-form target (absolute-form to an upstream proxy),
+/// Host from the request-target,
 /// end-to-end fields only, and Via.
-fn request_head_bytes(head: &RequestHead, http: &HttpTarget) -> Vec<u8> {
+fn request_head_bytes(head: &RequestHead, http: &HttpTarget, absolute: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(256 + head.fields.len() * 32);
     out.extend_from_slice(head.method.as_bytes());
     out.push(b' ');
+    if absolute {
+        // Chained through an upstream proxy: it needs the absolute form to know the target.
+        out.extend_from_slice(b"http://");
+        out.extend_from_slice(http.authority.as_bytes());
+    }
     out.extend_from_slice(http.origin_form.as_bytes());
     out.extend_from_slice(if head.minor_version == 0 {
         b" HTTP/1.0\r\n"

@@ -176,6 +176,22 @@ impl Refusal {
                         false,
                         format!("connection to {target} timed out"),
                     ),
+                    // Allowed here and refused further up: an allow followed by a close, so each
+                    // request still has exactly one decision event.
+                    D::UpstreamRefused(403) => (
+                        403,
+                        "http_request_denied",
+                        "upstream_failure:upstream_denied".into(),
+                        false,
+                        format!("denied {method} {target}: the upstream proxy refused it"),
+                    ),
+                    D::UpstreamRefused(_) | D::UpstreamBroken => (
+                        502,
+                        "destination_unavailable",
+                        "upstream_failure:upstream_proxy".into(),
+                        false,
+                        format!("the upstream proxy could not reach {target}"),
+                    ),
                     D::Connect(_) => (
                         502,
                         "destination_unavailable",

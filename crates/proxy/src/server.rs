@@ -43,6 +43,8 @@ pub enum StartError {
     Resolver(String),
     #[error("no listen address given")]
     NoListener,
+    #[error("the upstream proxy {0} is this proxy")]
+    UpstreamIsSelf(SocketAddr),
 }
 
 /// State shared by every connection.
@@ -193,7 +195,13 @@ impl Proxy {
             dns_timeout: config.limits.dns_timeout,
             connect_timeout: config.limits.connect_timeout,
             guard: config.guard.clone(),
+            upstream_proxy: config.upstream_proxy,
         };
+        if let Some(up) = config.upstream_proxy {
+            if own.contains(&up) {
+                return Err(StartError::UpstreamIsSelf(up));
+            }
+        }
         let mut dialer = Dialer::new(&dial_config, own).map_err(|e| StartError::Resolver(e.to_string()))?;
         let metrics = Arc::new(Metrics::new());
         dialer.set_metrics(metrics.clone());

@@ -59,6 +59,8 @@ pub struct SandboxPolicy {
     pub private_tmp: bool,
     pub net: NetMode,
     pub allow: Vec<Pattern>,
+    /// `proxy` mode: the HTTP proxy that allowed traffic is chained through.
+    pub upstream_proxy: Option<SocketAddr>,
     /// Host loopback ports bridged into the sandbox's loopback, same port number.
     pub loopback_ports: Vec<u16>,
     /// Port the proxy listens on inside the sandbox.
@@ -261,12 +263,19 @@ pub fn parse(
         return Err(PolicyError("net.loopback_ports: port 0".to_owned()));
     }
     let proxy = raw.net.proxy.unwrap_or_default();
-    if proxy.upstream.is_some() || net == NetMode::Proxy {
-        return Err(PolicyError(
-            "net.mode proxy / net.proxy.upstream: forwarding to an upstream proxy is not implemented yet"
-                .to_owned(),
-        ));
-    }
+    let upstream_proxy = match (net, proxy.upstream.as_deref()) {
+        (NetMode::Proxy, Some(u)) => Some(
+            u.parse::<SocketAddr>()
+                .map_err(|_| PolicyError(format!("net.proxy.upstream: {u:?} is not IP:PORT")))?,
+        ),
+        (NetMode::Proxy, None) => {
+            return Err(PolicyError(
+                "net.mode proxy needs net.proxy.upstream (IP:PORT of an HTTP proxy)".to_owned(),
+            ));
+        }
+        (_, Some(_)) => return Err(PolicyError("net.proxy.upstream needs net.mode proxy".to_owned())),
+        (_, None) => None,
+    };
     let proxy_port = match proxy.listen.as_deref() {
         None => 3128,
         Some(l) => {
@@ -355,6 +364,7 @@ pub fn parse(
         net,
         allow,
         loopback_ports: raw.net.loopback_ports,
+        upstream_proxy,
         proxy_port,
         allow_ranges: raw.net.allow_ranges,
         resolver_servers: raw.net.resolver.map(|r| r.servers).unwrap_or_default(),

@@ -59,9 +59,9 @@ pub fn load_policy(opts: &RunOptions) -> Result<SandboxPolicy, RunError> {
     let mut p = policy::parse(&text, &opts.params, &|path: &Path| path.exists())
         .map_err(|e| RunError::Usage(format!("{}: {e}", opts.policy_path.display())))?;
     if let Some(net) = opts.net {
-        if net == NetMode::Proxy {
+        if net == NetMode::Proxy && p.upstream_proxy.is_none() {
             return Err(RunError::Usage(
-                "--net proxy: forwarding to an upstream proxy is not implemented yet".into(),
+                "--net proxy needs net.proxy.upstream in the policy".into(),
             ));
         }
         p.net = net;
@@ -244,6 +244,7 @@ async fn supervise(
             },
             audit_options: AuditOptions::default(),
             metrics_listen: None,
+            upstream_proxy: policy.upstream_proxy,
         };
         let proxy = Proxy::bind(config)
             .await

@@ -236,6 +236,9 @@ pub struct ProxyArgs {
     /// SECS seconds (denies, failures and reloads stay individual)
     #[arg(long, value_name = "SECS")]
     pub audit_aggregate_window: Option<f64>,
+    /// Chain allowed traffic through this HTTP proxy (e.g. a central sandgate); no local DNS
+    #[arg(long, value_name = "IP:PORT")]
+    pub upstream_proxy: Option<String>,
     /// Serve Prometheus/OpenMetrics text on http://ADDR/metrics (e.g. 127.0.0.1:9090)
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<String>,

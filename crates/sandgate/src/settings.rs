@@ -333,6 +333,13 @@ pub fn proxy_config(args: &ProxyArgs, env: &dyn Env) -> Result<ProxyConfig, Sett
         limits,
         audit_options,
         metrics_listen,
+        upstream_proxy: match &args.upstream_proxy {
+            None => None,
+            Some(v) => Some(
+                v.parse::<SocketAddr>()
+                    .map_err(|_| invalid("--upstream-proxy", v, "expected IP:PORT"))?,
+            ),
+        },
     })
 }
 

@@ -812,3 +812,86 @@ fn idle_tunnels_are_closed_and_the_connection_cap_holds() {
     let close = events_of(&events, "close")[0];
     assert_eq!(close["outcome"], "idle_timeout", "{events:#?}");
 }
+
+#[test]
+fn a_node_local_proxy_chains_through_a_central_one() {
+    let w = World::new();
+    let echo = w.echo();
+    let origin = w.origin();
+    let dns = w.dns(
+        Zone::new()
+            .with("echo.test", &["127.0.0.1"])
+            .with("web.test", &["127.0.0.1"])
+            .with("other.test", &["127.0.0.1"]),
+    );
+    let tunnel = format!("echo.test:{}", echo.addr().port());
+    let web = format!("web.test:{}", origin.port());
+    let other = format!("other.test:{}", echo.addr().port());
+    let central = proxy(&dns, &["--allow", &tunnel, "--allow", &web]);
+    let central_addr = central.addr.to_string();
+    // The node-local proxy has no working DNS at all: names are resolved centrally.
+    let local = ProxyProcess::start(&[
+        "--dns-server",
+        "127.0.0.1:9",
+        "--upstream-proxy",
+        &central_addr,
+        "--allow",
+        &tunnel,
+        "--allow",
+        &web,
+        "--allow",
+        &other,
+    ]);
+    let mut s = TcpStream::connect(local.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(format!("CONNECT {tunnel} HTTP/1.1\r\nHost: {tunnel}\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut head = [0u8; 39];
+    s.read_exact(&mut head).unwrap();
+    assert!(head.starts_with(b"HTTP/1.1 200"));
+    s.write_all(b"through two proxies").unwrap();
+    let mut back = [0u8; 19];
+    s.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"through two proxies");
+    drop(s);
+    let (code, body, err) = curl(&local.url(), &[&format!("http://{web}/chained")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(body.contains("\"path\":\"/chained\""), "{body}");
+    // Allowed locally, refused centrally: 403, recorded as an allow that failed upstream.
+    let reply = raw(
+        local.addr,
+        format!("CONNECT {other} HTTP/1.1\r\nHost: {other}\r\n\r\n").as_bytes(),
+    );
+    assert_eq!(status_of(&reply), 403, "{reply}");
+    assert!(reply.contains("the upstream proxy refused it"), "{reply}");
+    // Refused locally: the central proxy never hears of it.
+    let reply = raw(
+        local.addr,
+        b"CONNECT nope.test:443 HTTP/1.1\r\nHost: nope.test:443\r\n\r\n",
+    );
+    assert_eq!(status_of(&reply), 403);
+    let central_events = central.audit_events(5);
+    assert!(
+        !central_events
+            .iter()
+            .any(|e| e["destination_host"] == "nope.test")
+    );
+    assert_eq!(
+        central_events
+            .iter()
+            .filter(|e| e["event"] == "decision" && e["decision"] == "allow")
+            .count(),
+        2
+    );
+    let local_events = local.audit_events(7);
+    let closes: Vec<&str> = events_of(&local_events, "close")
+        .iter()
+        .map(|e| e["outcome"].as_str().unwrap())
+        .collect();
+    assert!(closes.contains(&"upstream_failure:upstream_denied"), "{closes:?}");
+    assert_eq!(
+        local_events.iter().filter(|e| e["event"] == "decision").count(),
+        4,
+        "{local_events:#?}"
+    );
+}

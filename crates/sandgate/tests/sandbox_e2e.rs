@@ -435,3 +435,47 @@ fn print_profile_seatbelt_renders_the_same_policy() {
     let out = run(&policy, &["--print-profile", "apparmor"], &["true"]);
     assert_eq!(out.status.code(), Some(64));
 }
+
+#[test]
+fn proxy_mode_chains_the_sandbox_through_an_upstream_proxy() {
+    let rt = runtime();
+    let origin = rt.block_on(Origin::http());
+    let dns = rt.block_on(DnsServer::start(Zone::new().with("allowed.test", &["127.0.0.1"])));
+    let port = origin.port();
+    let dns_addr = dns.addr().to_string();
+    let allow = format!("allowed.test:{port}");
+    let central = common::ProxyProcess::start(&[
+        "--dns-server",
+        &dns_addr,
+        "--allow-range",
+        "127.0.0.0/8",
+        "--allow",
+        &allow,
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(
+        dir.path(),
+        &format!(
+            "net:\n  mode: proxy\n  allow_domains: [ \"{allow}\" ]\n  proxy: {{ upstream: \"{}\" }}\n",
+            central.addr
+        ),
+    );
+    let out = run(
+        &policy,
+        &[],
+        &[
+            "sh",
+            "-c",
+            &format!("curl -sS -o /dev/null -w '%{{http_code}}' http://{allow}/via-central"),
+        ],
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(stdout, "200", "{stderr}");
+    let events = central.audit_events(2);
+    assert!(
+        events
+            .iter()
+            .any(|e| e["decision"] == "allow" && e["destination_host"] == "allowed.test"),
+        "{events:#?}"
+    );
+}
