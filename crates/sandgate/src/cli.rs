@@ -22,7 +22,7 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the egress proxy (HTTP forward proxy and CONNECT tunnels, default deny).
-    Proxy(ProxyArgs),
+    Proxy(Box<ProxyArgs>),
     /// Validate a policy file: exit 0, or 64 listing every error as file:line: message.
     CheckConfig {
         /// The policy file.
