@@ -186,13 +186,16 @@ async fn supervise(
     bwrap: PathBuf,
 ) -> Result<i32, RunError> {
     let id = run_id();
+    sweep_stale_state(&std::env::temp_dir());
     // Holds the bridge socket; visible inside the sandbox. The audit log lives elsewhere.
+    // Both names carry our pid so a later run can sweep them if we die without cleaning up.
+    let pid = std::process::id();
     let bridge_dir = tempfile::Builder::new()
-        .prefix("sandgate-bridge-")
+        .prefix(&format!("sandgate-bridge-{pid}-"))
         .tempdir()
         .map_err(|e| RunError::Unavailable(e.to_string()))?;
     let state_dir = tempfile::Builder::new()
-        .prefix("sandgate-run-")
+        .prefix(&format!("sandgate-run-{pid}-"))
         .tempdir()
         .map_err(|e| RunError::Unavailable(e.to_string()))?;
     let audit_path = opts
@@ -307,6 +310,32 @@ async fn supervise(
     drop(bridge_dir);
     drop(state_dir);
     Ok(code)
+}
+
+/// Removes the temporary directories of runs whose sandgate process is gone (killed with
+/// `kill -9`, say, so it could not remove them itself). Only our own directories, only when
+/// the owning pid no longer exists, only ones this user may remove.
+pub fn sweep_stale_state(tmp: &Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name
+            .strip_prefix("sandgate-bridge-")
+            .or_else(|| name.strip_prefix("sandgate-run-"))
+        else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            if std::fs::remove_dir_all(entry.path()).is_ok() {
+                tracing::info!(path = %entry.path().display(), "removed a dead run's state");
+            }
+        }
+    }
 }
 
 /// Relays each connection on a bridge socket to a host loopback address: the run's proxy,

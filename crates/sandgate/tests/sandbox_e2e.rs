@@ -43,7 +43,7 @@ fn write_policy(dir: &Path, extra: &str) -> std::path::PathBuf {
 }
 
 fn run(policy: &Path, extra_args: &[&str], command: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_sandgate"))
+    Command::new(common::sandgate_bin())
         .arg("run")
         .arg("--policy")
         .arg(policy)
@@ -220,7 +220,7 @@ fn exit_codes_signals_and_teardown() {
         Some(143)
     );
     // SIGTERM to sandgate reaches the command, which exits on its own terms.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sandgate"))
+    let mut child = Command::new(common::sandgate_bin())
         .args([
             "run",
             "--policy",
@@ -241,7 +241,7 @@ fn exit_codes_signals_and_teardown() {
     assert_eq!(status.code(), Some(42));
     // kill -9 of sandgate leaves nothing running.
     let marker = format!("sleep 3{}", std::process::id() % 1000);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sandgate"))
+    let mut child = Command::new(common::sandgate_bin())
         .args([
             "run",
             "--policy",
@@ -265,6 +265,23 @@ fn exit_codes_signals_and_teardown() {
         assert!(Instant::now() < deadline, "{marker} survived kill -9 of sandgate");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Its temporary directories could not be removed by the dead process; the next run
+    // sweeps them.
+    let stale = |pid: u32| {
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                let n = e.file_name().to_string_lossy().into_owned();
+                n.starts_with(&format!("sandgate-bridge-{pid}-"))
+                    || n.starts_with(&format!("sandgate-run-{pid}-"))
+            })
+            .count()
+    };
+    let killed = child.id();
+    assert_eq!(stale(killed), 2, "kill -9 leaves the run's two directories");
+    assert_eq!(run(&policy, &[], &["true"]).status.code(), Some(0));
+    assert_eq!(stale(killed), 0, "the next run swept them");
 }
 
 fn wait_bounded(child: &mut std::process::Child) -> std::process::ExitStatus {
@@ -310,7 +327,7 @@ fn an_ordinary_user_runs_a_proxied_sandbox() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let bin = dir.path().join("sandgate");
-    std::fs::copy(env!("CARGO_BIN_EXE_sandgate"), &bin).unwrap();
+    std::fs::copy(common::sandgate_bin(), &bin).unwrap();
     let port = origin.port();
     let policy = write_policy(
         dir.path(),
@@ -478,4 +495,45 @@ fn proxy_mode_chains_the_sandbox_through_an_upstream_proxy() {
             .any(|e| e["decision"] == "allow" && e["destination_host"] == "allowed.test"),
         "{events:#?}"
     );
+}
+
+/// The whole sandbox suite again as `nobody`, when the tests run as root (as in CI). When
+/// they already run unprivileged, the suite itself is that run.
+#[test]
+fn the_sandbox_suite_passes_as_an_ordinary_user() {
+    use std::os::unix::fs::PermissionsExt;
+    if std::env::var_os("SANDGATE_AS_NOBODY").is_some() || !common::is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let tests = dir.path().join("sandbox_e2e");
+    let bin = dir.path().join("sandgate");
+    std::fs::copy(std::env::current_exe().unwrap(), &tests).unwrap();
+    std::fs::copy(common::sandgate_bin(), &bin).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(&tests)
+        .args([
+            "--test-threads=2",
+            "--skip",
+            "the_sandbox_suite_passes_as_an_ordinary_user",
+        ])
+        .env("SANDGATE_TEST_BIN", &bin)
+        .env("SANDGATE_AS_NOBODY", "1")
+        .env("HOME", "/tmp")
+        .env("TMPDIR", "/tmp")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "as nobody:\n{stdout}\n{stderr}");
+    let passed = stdout
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("test result: ok. ")
+                .and_then(|r| r.split(' ').next()?.parse::<usize>().ok())
+        })
+        .unwrap_or(0);
+    assert!(passed >= 10, "as nobody, only {passed} tests ran:\n{stdout}");
 }

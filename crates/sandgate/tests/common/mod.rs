@@ -22,7 +22,7 @@ pub struct ProxyProcess {
 impl ProxyProcess {
     /// Starts the proxy with `args` (plus a listen address and an audit file).
     pub fn start(args: &[&str]) -> ProxyProcess {
-        ProxyProcess::start_with(Command::new(env!("CARGO_BIN_EXE_sandgate")), args)
+        ProxyProcess::start_with(Command::new(sandgate_bin()), args)
     }
 
     /// Starts the proxy as user `nobody` (tests run as root), from a copy of the binary in a
@@ -131,6 +131,12 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .expect("runtime")
+}
+
+/// The sandgate binary under test. `SANDGATE_TEST_BIN` overrides it, for runs of a test
+/// binary copied where an unprivileged user can execute it.
+pub fn sandgate_bin() -> String {
+    std::env::var("SANDGATE_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_sandgate").to_owned())
 }
 
 /// True when the tests run as root.
