@@ -330,10 +330,9 @@ pub fn sweep_stale_state(tmp: &Path) {
         let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
             continue;
         };
-        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-            if std::fs::remove_dir_all(entry.path()).is_ok() {
-                tracing::info!(path = %entry.path().display(), "removed a dead run's state");
-            }
+        let dead = pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists();
+        if dead && std::fs::remove_dir_all(entry.path()).is_ok() {
+            tracing::info!(path = %entry.path().display(), "removed a dead run's state");
         }
     }
 }
