@@ -1,7 +1,9 @@
 //! The proxy's configuration, as a typed value that can only hold valid settings. The CLI
 //! (or a test) builds it; nothing here reads the environment or files.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sandgate_policy::{AddressGuard, Ruleset};
@@ -58,6 +60,42 @@ pub struct Identity {
     pub job: Option<String>,
 }
 
+/// The source addresses allowed to connect to a listener. The sandbox runner registers the
+/// local address of each bridge connection before it connects, so its proxy serves its own
+/// sandbox only: any other local process is closed on at once, before a byte is read.
+#[derive(Debug, Clone, Default)]
+pub struct PeerFilter(Arc<Mutex<HashSet<SocketAddr>>>);
+
+impl PeerFilter {
+    pub fn new() -> PeerFilter {
+        PeerFilter::default()
+    }
+
+    pub fn allow(&self, addr: SocketAddr) {
+        if let Ok(mut set) = self.0.lock() {
+            set.insert(addr);
+        }
+    }
+
+    pub fn forget(&self, addr: SocketAddr) {
+        if let Ok(mut set) = self.0.lock() {
+            set.remove(&addr);
+        }
+    }
+
+    pub fn permits(&self, addr: SocketAddr) -> bool {
+        self.0.lock().is_ok_and(|set| set.contains(&addr))
+    }
+}
+
+impl PartialEq for PeerFilter {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for PeerFilter {}
+
 /// One address to listen on, and the identity of what arrives there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listener {
@@ -66,6 +104,8 @@ pub struct Listener {
     /// Requests must carry task credentials (`Proxy-Authorization: Basic`); the task and
     /// project then come from the credentials.
     pub require_auth: bool,
+    /// When set, only these peers are served (the sandbox runner's bridge).
+    pub peers: Option<PeerFilter>,
 }
 
 impl Listener {
@@ -75,6 +115,7 @@ impl Listener {
             addr,
             identity: Identity::default(),
             require_auth: false,
+            peers: None,
         }
     }
 }

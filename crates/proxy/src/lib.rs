@@ -22,6 +22,6 @@ pub(crate) mod server;
 pub(crate) mod tunnel;
 
 pub use audit::{AuditDestination, AuditEvent, AuditOptions, EventKind};
-pub use config::{Identity, Limits, Listener, ProxyConfig};
+pub use config::{Identity, Limits, Listener, PeerFilter, ProxyConfig};
 pub use dial::Nameservers;
 pub use server::{PolicyHandle, Proxy, StartError};

@@ -164,7 +164,7 @@ impl RequestIds {
 /// A bound, ready-to-run proxy.
 #[derive(Debug)]
 pub struct Proxy {
-    listeners: Vec<(TcpListener, Arc<Identity>, bool)>,
+    listeners: Vec<(TcpListener, ListenerMeta)>,
     shared: Arc<Shared>,
     writer: AuditWriter,
     admin: Option<TcpListener>,
@@ -184,11 +184,18 @@ impl Proxy {
                     addr: spec.addr,
                     source,
                 })?;
-            listeners.push((listener, Arc::new(spec.identity.clone()), spec.require_auth));
+            listeners.push((
+                listener,
+                ListenerMeta {
+                    identity: Arc::new(spec.identity.clone()),
+                    require_auth: spec.require_auth,
+                    peers: spec.peers.clone(),
+                },
+            ));
         }
         let own: Vec<SocketAddr> = listeners
             .iter()
-            .filter_map(|(l, _, _)| l.local_addr().ok())
+            .filter_map(|(l, _)| l.local_addr().ok())
             .collect();
         let dial_config = DialConfig {
             nameservers: config.nameservers.clone(),
@@ -241,7 +248,7 @@ impl Proxy {
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
         self.listeners
             .iter()
-            .filter_map(|(l, _, _)| l.local_addr().ok())
+            .filter_map(|(l, _)| l.local_addr().ok())
             .collect()
     }
 
@@ -271,11 +278,10 @@ impl Proxy {
         let stop_accepting = CancellationToken::new();
         let tracker = TaskTracker::new();
         let permits = Arc::new(Semaphore::new(shared.limits.max_connections));
-        for (listener, identity, require_auth) in listeners {
+        for (listener, meta) in listeners {
             tracker.spawn(accept_loop(
                 listener,
-                identity,
-                require_auth,
+                meta,
                 shared.clone(),
                 permits.clone(),
                 tracker.clone(),
@@ -312,10 +318,17 @@ impl Proxy {
     }
 }
 
-async fn accept_loop(
-    listener: TcpListener,
+/// What a listener knows about the connections it accepts.
+#[derive(Debug)]
+pub(crate) struct ListenerMeta {
     identity: Arc<Identity>,
     require_auth: bool,
+    peers: Option<crate::config::PeerFilter>,
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    meta: ListenerMeta,
     shared: Arc<Shared>,
     permits: Arc<Semaphore>,
     tracker: TaskTracker,
@@ -335,10 +348,16 @@ async fn accept_loop(
         };
         match accepted {
             Ok((stream, peer)) => {
+                if meta.peers.as_ref().is_some_and(|f| !f.permits(peer)) {
+                    // Not this listener's bridge: closed before a byte is read or written.
+                    tracing::warn!(%peer, "connection from an unexpected local peer refused");
+                    continue;
+                }
                 let _ = stream.set_nodelay(true);
                 let shared = shared.clone();
                 let stop = stop.clone();
-                let identity = identity.clone();
+                let identity = meta.identity.clone();
+                let require_auth = meta.require_auth;
                 shared.metrics.connections.inc();
                 shared.metrics.connections_active.inc();
                 tracker.spawn(async move {

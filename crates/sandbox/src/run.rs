@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 
 use sandgate_policy::{AddressGuard, Ruleset};
 use sandgate_proxy::{
-    AuditDestination, AuditOptions, Identity, Limits, Listener, Nameservers, Proxy, ProxyConfig,
+    AuditDestination, AuditOptions, Identity, Limits, Listener, Nameservers, PeerFilter, Proxy, ProxyConfig,
 };
-use tokio::net::{TcpStream, UnixListener};
+use tokio::net::UnixListener;
 
 use crate::argv::{RunFacts, bwrap_argv};
 use crate::policy::{self, NetMode, SandboxPolicy};
@@ -223,6 +223,8 @@ async fn supervise(
                     .map_err(|_| RunError::Usage(format!("net.resolver.servers: {s:?} is not IP:PORT")))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        // Only this run's bridge may talk to its proxy.
+        let peers = PeerFilter::new();
         let config = ProxyConfig {
             listen: vec![Listener {
                 addr: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -232,6 +234,7 @@ async fn supervise(
                     job: None,
                 },
                 require_auth: false,
+                peers: Some(peers.clone()),
             }],
             rules,
             guard: AddressGuard::new(ranges),
@@ -260,7 +263,7 @@ async fn supervise(
         let unix = UnixListener::bind(&socket).map_err(|e| {
             RunError::Unavailable(format!("cannot create the bridge {}: {e}", socket.display()))
         })?;
-        tokio::spawn(bridge(unix, proxy_addr));
+        tokio::spawn(bridge(unix, proxy_addr, Some(peers)));
         proxy_task = Some(tokio::spawn(proxy.run(async move {
             let _ = stop_rx.await;
         })));
@@ -271,7 +274,7 @@ async fn supervise(
         let unix = UnixListener::bind(&socket).map_err(|e| {
             RunError::Unavailable(format!("cannot create the bridge {}: {e}", socket.display()))
         })?;
-        tokio::spawn(bridge(unix, SocketAddr::from(([127, 0, 0, 1], *port))));
+        tokio::spawn(bridge(unix, SocketAddr::from(([127, 0, 0, 1], *port)), None));
     }
     let facts = RunFacts {
         sandgate_exe,
@@ -339,19 +342,29 @@ pub fn sweep_stale_state(tmp: &Path) {
 
 /// Relays each connection on a bridge socket to a host loopback address: the run's proxy,
 /// or a port the policy bridges explicitly.
-async fn bridge(listener: UnixListener, proxy: SocketAddr) {
+async fn bridge(listener: UnixListener, target: SocketAddr, peers: Option<PeerFilter>) {
     loop {
         let Ok((mut unix, _)) = listener.accept().await else {
             continue;
         };
+        let peers = peers.clone();
         tokio::spawn(async move {
-            #[expect(
-                clippy::disallowed_methods,
-                reason = "the bridge connects to this run's own proxy, or a port the policy bridges, on host loopback"
-            )]
-            let connected = TcpStream::connect(proxy).await;
-            if let Ok(mut tcp) = connected {
+            // Bind first, so the proxy knows this source address before the connection arrives.
+            let Ok(socket) = tokio::net::TcpSocket::new_v4() else {
+                return;
+            };
+            if socket.bind(SocketAddr::from(([127, 0, 0, 1], 0))).is_err() {
+                return;
+            }
+            let Ok(local) = socket.local_addr() else { return };
+            if let Some(p) = &peers {
+                p.allow(local);
+            }
+            if let Ok(mut tcp) = socket.connect(target).await {
                 let _ = tokio::io::copy_bidirectional(&mut unix, &mut tcp).await;
+            }
+            if let Some(p) = &peers {
+                p.forget(local);
             }
         });
     }

@@ -209,6 +209,7 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
             addr: l.listen,
             identity,
             require_auth: l.require_auth,
+            peers: None,
         });
     }
     if config.listen.is_empty() {
