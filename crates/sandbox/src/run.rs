@@ -81,7 +81,7 @@ pub fn load_policy(opts: &RunOptions) -> Result<SandboxPolicy, RunError> {
 fn preflight() -> Result<PathBuf, RunError> {
     if !cfg!(target_os = "linux") {
         return Err(RunError::Unavailable(
-            "sandgate run needs Linux and bubblewrap; on macOS use `sandgate run --print-profile seatbelt` (not implemented yet)".into(),
+            "sandgate run needs Linux and bubblewrap; on macOS, `sandgate run --print-profile seatbelt` renders the policy for sandbox-exec".into(),
         ));
     }
     let bwrap = find_in_path("bwrap").ok_or_else(|| {

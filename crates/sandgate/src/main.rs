@@ -2,6 +2,13 @@
 //! and maps failures to exit codes (64 for usage and configuration errors, as sysexits'
 //! EX_USAGE; 1 for failures at run time).
 
+// sandgate builds on Unix-like systems only: the proxy uses splice(2) and Unix signals, the
+// runner uses bubblewrap. Say so plainly rather than fail deep inside a dependency.
+#[cfg(windows)]
+compile_error!(
+    "sandgate supports Linux (macOS: proxy, and Seatbelt profiles via `run --print-profile seatbelt`); Windows is not supported"
+);
+
 mod audit_cmd;
 mod cli;
 mod explain;
