@@ -158,15 +158,13 @@ pub(crate) async fn vet_and_dial(
     };
     audit_allow(shared, request_id, client, method, dest, vetted.primary(), rule).await;
     let connected = match shared.dialer.connect(&vetted).await {
+        // Chained: the connection goes to the upstream proxy, which must open the tunnel.
         Ok((mut stream, addr)) if access == Access::Connect && shared.dialer.upstream_proxy().is_some() => {
-            match shared
+            shared
                 .dialer
                 .upstream_tunnel(&mut stream, target, shared.limits.response_timeout)
                 .await
-            {
-                Ok(()) => Ok((stream, addr)),
-                Err(e) => Err(e),
-            }
+                .map(|()| (stream, addr))
         }
         other => other,
     };
