@@ -24,4 +24,4 @@ pub(crate) mod tunnel;
 pub use audit::{AuditDestination, AuditEvent, AuditOptions, EventKind};
 pub use config::{Identity, Limits, Listener, PeerFilter, ProxyConfig};
 pub use dial::Nameservers;
-pub use server::{PolicyHandle, Proxy, StartError};
+pub use server::{PolicyHandle, Proxy, StartError, unix_now};

@@ -72,7 +72,7 @@ impl Shared {
 }
 
 /// Unix seconds now, for decisions (entries expire at exact seconds).
-pub(crate) fn unix_now() -> i64 {
+pub fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)

@@ -76,9 +76,7 @@ fn explain(args: &ExplainArgs) -> Result<ExitCode, String> {
         exempt.extend(f.allow_ranges.iter().copied());
     }
     let guard = AddressGuard::new(exempt);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
+    let now = sandgate_proxy::unix_now();
     let ctx = Context {
         task: args.task.as_deref(),
         project: args.project.as_deref(),

@@ -174,7 +174,8 @@ fn seconds(flag: &str, value: Option<f64>, default: Duration) -> Result<Duration
 
 /// Builds the proxy configuration: flags and environment, plus the policy file if given.
 pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, SettingsError> {
-    let mut config = proxy_config(args, env)?;
+    let (flag_allow, flag_deny) = flag_patterns(args, env)?;
+    let mut config = proxy_config(args, env, &flag_allow, &flag_deny)?;
     let default_listen = || {
         DEFAULT_LISTEN
             .parse::<SocketAddr>()
@@ -189,13 +190,8 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
     };
     let source = PolicySource {
         path: path.clone(),
-        flag_allow: patterns(
-            "--allow",
-            &args.allow,
-            env,
-            &["SANDGATE_ALLOW", "PROXY_ALLOWLIST"],
-        )?,
-        flag_deny: patterns("--deny", &args.deny, env, &["SANDGATE_DENY"])?,
+        flag_allow,
+        flag_deny,
     };
     let (file, rules) = source.load()?;
     config.rules = rules;
@@ -232,21 +228,28 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
     })
 }
 
+/// The allow and deny patterns from flags, or else from the environment.
+fn flag_patterns(args: &ProxyArgs, env: &dyn Env) -> Result<(Vec<Pattern>, Vec<Pattern>), SettingsError> {
+    Ok((
+        patterns(
+            "--allow",
+            &args.allow,
+            env,
+            &["SANDGATE_ALLOW", "PROXY_ALLOWLIST"],
+        )?,
+        patterns("--deny", &args.deny, env, &["SANDGATE_DENY"])?,
+    ))
+}
+
 /// Builds the proxy configuration from flags and environment alone (no listener when none
 /// is named; [`proxy_setup`] adds the default).
-pub fn proxy_config(args: &ProxyArgs, env: &dyn Env) -> Result<ProxyConfig, SettingsError> {
-    let mut rules = Ruleset::new();
-    for p in patterns(
-        "--allow",
-        &args.allow,
-        env,
-        &["SANDGATE_ALLOW", "PROXY_ALLOWLIST"],
-    )? {
-        rules.allow(p);
-    }
-    for p in patterns("--deny", &args.deny, env, &["SANDGATE_DENY"])? {
-        rules.deny(p);
-    }
+fn proxy_config(
+    args: &ProxyArgs,
+    env: &dyn Env,
+    allow: &[Pattern],
+    deny: &[Pattern],
+) -> Result<ProxyConfig, SettingsError> {
+    let rules = Ruleset::from_parts(allow, deny, None);
     let d = Limits::default();
     let limits = Limits {
         max_head_bytes: match args.max_head_bytes {
