@@ -41,6 +41,9 @@ pub enum AddrClass {
     Discard,
     Nat64LocalUse,
     Deprecated6to4Relay,
+    /// Assigned to one of this host's own interfaces (whatever its range): reaching it
+    /// reaches the host itself, the proxy's own listeners included.
+    HostAddress,
 }
 
 impl AddrClass {
@@ -69,6 +72,7 @@ impl AddrClass {
             AddrClass::Discard => "discard_only",
             AddrClass::Nat64LocalUse => "nat64_local_use",
             AddrClass::Deprecated6to4Relay => "deprecated_6to4_relay",
+            AddrClass::HostAddress => "host_address",
         }
     }
 }
@@ -333,11 +337,45 @@ impl AddressGuard {
     pub fn vet_all(&self, ips: &[IpAddr]) -> Result<(), Prohibited> {
         ips.iter().try_for_each(|ip| self.check(*ip))
     }
+
+    /// Refuses addresses assigned to this host's own interfaces (`host`, read from the
+    /// system by the caller) unless an allow range names them. A public address on the
+    /// host's own NIC passes [`check`](Self::check), yet leads back into the host: to a
+    /// proxy listening on a wildcard address, its admin port, any local service.
+    /// IPv4-mapped IPv6 forms compare as the IPv4 they carry.
+    pub fn vet_not_host(&self, ips: &[IpAddr], host: &[IpAddr]) -> Result<(), Prohibited> {
+        for ip in ips {
+            let canonical = ip.to_canonical();
+            if host.iter().any(|h| h.to_canonical() == canonical) && !self.exempt(*ip) {
+                return Err(Prohibited {
+                    ip: *ip,
+                    class: AddrClass::HostAddress,
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hosts_own_addresses_are_refused_unless_a_range_names_them() {
+        let host: Vec<IpAddr> = vec!["8.8.8.8".parse().unwrap(), "2001:4860::1".parse().unwrap()];
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let guard = AddressGuard::new(vec![]);
+        for refused in ["8.8.8.8", "::ffff:8.8.8.8", "2001:4860::1"] {
+            let err = guard
+                .vet_not_host(&[ip("1.1.1.1"), ip(refused)], &host)
+                .unwrap_err();
+            assert_eq!(err.class, AddrClass::HostAddress, "{refused}");
+        }
+        assert!(guard.vet_not_host(&[ip("8.8.4.4")], &host).is_ok());
+        let exempt = AddressGuard::new(vec!["8.8.8.0/24".parse().unwrap()]);
+        assert!(exempt.vet_not_host(&[ip("8.8.8.8")], &host).is_ok());
+    }
 
     fn c(s: &str) -> AddrClass {
         classify(s.parse().unwrap())

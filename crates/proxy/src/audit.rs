@@ -3,21 +3,28 @@
 //! Events go through a bounded channel to a dedicated writer thread, so disk latency never
 //! stalls a proxy worker; when the writer falls behind, senders wait (back-pressure) rather
 //! than drop an event. The writer serialises, writes, and flushes whenever the queue runs
-//! empty or at most a few milliseconds after an event arrived; on shutdown every queued event is written and flushed before [`AuditWriter::finish`]
-//! returns. Field names follow the seed spec (`docs/audit.md` lists them all).
+//! empty or at most a few milliseconds after an event arrived; on shutdown every queued
+//! event is written and flushed before [`AuditWriter::finish`] returns.
+//!
+//! Fail closed: when a write fails (a full disk, `EMFILE` while rotating), the writer keeps
+//! the unwritten lines ([`crate::audit_sink`]), marks [`AuditHealth`] as failing, and retries
+//! until it can write again. While it fails, the request path refuses new requests with 503
+//! (`Audit::available`), so no traffic passes unrecorded; requests already allowed finish
+//! and their events wait in memory. Field names follow the seed spec (`docs/audit.md`).
 
 use std::borrow::Cow;
-use std::fs::OpenOptions;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sandgate_policy::Verdict;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use crate::audit_sink::Sink;
 use crate::metrics::Metrics;
 
 /// Version of the event schema below; bumped on any incompatible change.
@@ -115,11 +122,49 @@ impl AuditEvent {
     }
 }
 
+/// Whether the audit trail can be written now. The writer sets it; every request reads it
+/// before it is decided, so while the trail is broken no new traffic passes unrecorded.
+#[derive(Debug, Default)]
+pub struct AuditHealth {
+    failing: AtomicBool,
+    cause: Mutex<String>,
+}
+
+impl AuditHealth {
+    /// `Err(cause)` while the writer cannot write (for example `"No space left on device"`).
+    pub fn check(&self) -> Result<(), String> {
+        if !self.failing.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        Err(match self.cause.lock() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        })
+    }
+
+    fn fail(&self, cause: String) {
+        match self.cause.lock() {
+            Ok(mut c) => *c = cause,
+            Err(poisoned) => *poisoned.into_inner() = cause,
+        }
+        self.failing.store(true, Ordering::Release);
+    }
+
+    fn recover(&self) {
+        self.failing.store(false, Ordering::Release);
+    }
+
+    fn is_failing(&self) -> bool {
+        self.failing.load(Ordering::Acquire)
+    }
+}
+
 /// Cloneable handle that queues events.
 #[derive(Debug, Clone)]
 pub struct Audit {
     tx: mpsc::Sender<Box<AuditEvent>>,
     metrics: Arc<Metrics>,
+    health: Arc<AuditHealth>,
 }
 
 /// A handle that does not keep the writer open (for long-lived helpers such as the policy
@@ -128,6 +173,7 @@ pub struct Audit {
 pub struct WeakAudit {
     tx: mpsc::WeakSender<Box<AuditEvent>>,
     metrics: Arc<Metrics>,
+    health: Arc<AuditHealth>,
 }
 
 impl WeakAudit {
@@ -137,6 +183,7 @@ impl WeakAudit {
             Audit {
                 tx,
                 metrics: self.metrics.clone(),
+                health: self.health.clone(),
             }
             .record(event)
             .await;
@@ -149,11 +196,20 @@ impl Audit {
         WeakAudit {
             tx: self.tx.downgrade(),
             metrics: self.metrics.clone(),
+            health: self.health.clone(),
         }
     }
 
-    /// Queues an event, waiting while the queue is full. Only fails if the writer died,
-    /// which it reports itself; the event is then logged as lost.
+    /// `Err(cause)` while the audit trail cannot be written: the caller must not let new
+    /// traffic through.
+    pub fn available(&self) -> Result<(), String> {
+        self.health.check()
+    }
+
+    /// Queues an event, waiting while the queue is full: an event is never dropped. While
+    /// the writer cannot write it holds what it has and stops taking more, so the queue
+    /// fills and senders wait until it recovers. Only fails if the writer is gone, which
+    /// happens only after shutdown; the event is then logged on stderr.
     /// The event is boxed before the future starts, so a caller's future (a tunnel's, for
     /// its whole life) holds a pointer rather than the event.
     pub fn record(&self, event: AuditEvent) -> impl Future<Output = ()> + Send + '_ {
@@ -164,11 +220,35 @@ impl Audit {
                 self.metrics.audit_waits.inc();
             }
             if let Err(e) = self.tx.send(event).await {
-                tracing::error!(request_id = %e.0.request_id, "audit writer gone; event lost");
+                let line = serde_json::to_string(&e.0).unwrap_or_default();
+                tracing::error!(event = %line, "audit writer gone; event written here instead");
             }
-            let depth = self.tx.max_capacity().saturating_sub(self.tx.capacity());
-            self.metrics.audit_queue_depth.set(depth as i64);
+            self.update_depth();
         }
+    }
+
+    /// Queues an event only if there is room now; otherwise logs it on stderr and counts it
+    /// in `sandgate_audit_events_not_queued_total`. For refusals made *because* the trail
+    /// is broken: their client is answered 503 whatever happens to the record, and they must
+    /// never wait behind a queue that cannot drain.
+    pub fn record_now_or_log(&self, event: AuditEvent) {
+        self.metrics.observe(&event);
+        match self.tx.try_send(Box::new(event)) {
+            Ok(()) => self.update_depth(),
+            Err(e) => {
+                let event = match e {
+                    mpsc::error::TrySendError::Full(ev) | mpsc::error::TrySendError::Closed(ev) => ev,
+                };
+                self.metrics.audit_events_not_queued.inc();
+                let line = serde_json::to_string(&event).unwrap_or_default();
+                tracing::warn!(event = %line, "audit queue full while the audit log is failing; event logged here");
+            }
+        }
+    }
+
+    fn update_depth(&self) {
+        let depth = self.tx.max_capacity().saturating_sub(self.tx.capacity());
+        self.metrics.audit_queue_depth.set(depth as i64);
     }
 }
 
@@ -179,25 +259,27 @@ pub struct AuditWriter {
 }
 
 impl AuditWriter {
-    /// Opens the destination (appending to a file) and starts the writer thread.
+    /// Opens the destination (appending to a file) and starts the writer thread. A
+    /// destination that cannot be opened is an error: a proxy with no audit trail serves
+    /// nothing.
     pub fn start(
         dest: &AuditDestination,
         options: &AuditOptions,
         metrics: Arc<Metrics>,
     ) -> io::Result<(Audit, AuditWriter)> {
-        let sink = match dest {
-            AuditDestination::Stdout => Sink::Stdout(BufWriter::with_capacity(64 * 1024, io::stdout())),
-            AuditDestination::File(path) => Sink::File(RotatingFile::open(path.clone(), options.clone())?),
-        };
+        let sink = Sink::open(dest, options)?;
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
         let window = options.aggregate_window;
+        let health = Arc::new(AuditHealth::default());
+        metrics.audit_healthy.set(1);
         let thread = std::thread::Builder::new()
             .name("sandgate-audit".to_owned())
             .spawn({
                 let metrics = metrics.clone();
-                move || write_loop(rx, sink, &metrics, window)
+                let health = health.clone();
+                move || write_loop(rx, sink, &metrics, &health, window)
             })?;
-        Ok((Audit { tx, metrics }, AuditWriter { thread }))
+        Ok((Audit { tx, metrics, health }, AuditWriter { thread }))
     }
 
     /// Waits until every handle is dropped and every queued event is written and flushed.
@@ -211,10 +293,18 @@ impl AuditWriter {
     }
 }
 
+/// First and longest pause between attempts to write again after a failure.
+const RETRY_FIRST: Duration = Duration::from_millis(20);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+/// After shutdown began, how long a failing writer keeps trying before the remaining lines
+/// go to stderr instead.
+const FINAL_RETRY: Duration = Duration::from_secs(5);
+
 fn write_loop(
     rx: mpsc::Receiver<Box<AuditEvent>>,
     sink: Sink,
     metrics: &Metrics,
+    health: &AuditHealth,
     window: Option<Duration>,
 ) -> io::Result<u64> {
     // A small runtime of the writer's own, so it can wait for events with a timeout (to
@@ -226,6 +316,7 @@ fn write_loop(
         rx,
         sink,
         metrics,
+        health,
         written: 0,
         line: Vec::with_capacity(1024),
         agg: window.map(Aggregator::new),
@@ -238,18 +329,18 @@ fn write_loop(
         match next {
             // The window closed with no event: write its aggregates.
             None => {
-                w.close_window()?;
-                w.sink.flush(false)?;
+                w.close_window();
+                w.commit();
             }
             Some(None) => break,
             Some(Some(event)) => {
-                w.take(event)?;
+                w.take(*event);
                 // Coalesce: keep taking events for up to FLUSH_DELAY before one write, so a
                 // busy proxy makes a few hundred write calls a second instead of one per event.
                 let first = Instant::now();
                 loop {
                     while let Ok(event) = w.rx.try_recv() {
-                        w.take(event)?;
+                        w.take(*event);
                     }
                     let waited = first.elapsed();
                     if waited >= FLUSH_DELAY
@@ -261,49 +352,116 @@ fn write_loop(
                     std::thread::sleep(FLUSH_DELAY / 8);
                 }
                 if w.agg.as_ref().is_some_and(|a| a.due_in().is_zero()) {
-                    w.close_window()?;
+                    w.close_window();
                 }
-                w.sink.flush(false)?;
+                w.commit();
             }
         }
     }
-    w.close_window()?;
-    w.sink.flush(true)?;
-    Ok(w.written)
+    w.close_window();
+    w.finish()
 }
 
 struct Writer<'a> {
     rx: mpsc::Receiver<Box<AuditEvent>>,
     sink: Sink,
     metrics: &'a Metrics,
+    health: &'a AuditHealth,
     written: u64,
     line: Vec<u8>,
     agg: Option<Aggregator>,
 }
 
 impl Writer<'_> {
-    fn take(&mut self, event: Box<AuditEvent>) -> io::Result<()> {
-        if let Some(agg) = &mut self.agg {
-            if agg.absorb(&event) {
-                return Ok(());
+    fn take(&mut self, event: AuditEvent) {
+        if let Some(agg) = &mut self.agg
+            && agg.absorb(&event)
+        {
+            return;
+        }
+        self.push(&event);
+    }
+
+    fn push(&mut self, event: &AuditEvent) {
+        match encode(&mut self.line, event, self.metrics) {
+            Ok(line) => {
+                self.sink.push(line);
+                self.written += 1;
+            }
+            // Serialising these plain fields cannot fail; if it ever did, say so loudly.
+            Err(e) => {
+                tracing::error!(request_id = %event.request_id, error = %e, "audit event could not be encoded")
             }
         }
-        self.write(&event)
     }
 
-    fn write(&mut self, event: &AuditEvent) -> io::Result<()> {
-        let line = encode(&mut self.line, event, self.metrics)?;
-        self.sink.write_line(line)?;
-        self.written += 1;
-        Ok(())
-    }
-
-    fn close_window(&mut self) -> io::Result<()> {
-        let Some(agg) = &mut self.agg else { return Ok(()) };
+    fn close_window(&mut self) {
+        let Some(agg) = &mut self.agg else { return };
         for event in agg.drain() {
-            self.write(&event)?;
+            self.push(&event);
         }
-        Ok(())
+    }
+
+    /// Writes what is pending. On failure it marks the trail as failing (new requests are
+    /// then refused) and keeps trying, with growing pauses, until a write succeeds; it takes
+    /// no new events meanwhile, so memory stays bounded and senders wait.
+    fn commit(&mut self) {
+        let mut pause = RETRY_FIRST;
+        loop {
+            match self.sink.flush(false) {
+                Ok(()) => {
+                    if self.health.is_failing() {
+                        self.health.recover();
+                        self.metrics.audit_healthy.set(1);
+                        tracing::warn!("audit log writable again; traffic resumes");
+                    }
+                    return;
+                }
+                Err(e) => {
+                    self.metrics.audit_write_errors.inc();
+                    if !self.health.is_failing() {
+                        tracing::error!(
+                            error = %e,
+                            pending_bytes = self.sink.pending_len(),
+                            "cannot write the audit log; refusing new requests (503) until it can be written"
+                        );
+                        self.health.fail(e.to_string());
+                        self.metrics.audit_healthy.set(0);
+                    }
+                    if self.rx.is_closed() {
+                        // Shutting down: `finish` retries for a bounded time.
+                        return;
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(RETRY_MAX);
+                }
+            }
+        }
+    }
+
+    /// At shutdown: everything still queued is written, trying for a bounded time; what
+    /// cannot be written goes to stderr, so no event is lost without a trace.
+    fn finish(mut self) -> io::Result<u64> {
+        let deadline = Instant::now() + FINAL_RETRY;
+        let mut pause = RETRY_FIRST;
+        loop {
+            match self.sink.flush(true) {
+                Ok(()) => return Ok(self.written),
+                Err(e) if Instant::now() >= deadline => {
+                    let rest = self.sink.take_pending();
+                    tracing::error!(error = %e, bytes = rest.len(), "audit log still unwritable at shutdown; the remaining events follow on stderr");
+                    let mut err = io::stderr().lock();
+                    let _ = err.write_all(&rest);
+                    let _ = err.flush();
+                    return Err(e);
+                }
+                Err(_) => {
+                    self.metrics.audit_write_errors.inc();
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(RETRY_MAX);
+                }
+            }
+        }
     }
 }
 
@@ -424,110 +582,5 @@ impl Default for AuditOptions {
             fsync_interval: Some(Duration::from_secs(1)),
             aggregate_window: None,
         }
-    }
-}
-
-enum Sink {
-    Stdout(BufWriter<io::Stdout>),
-    File(RotatingFile),
-}
-
-impl Sink {
-    fn write_line(&mut self, line: &[u8]) -> io::Result<()> {
-        match self {
-            Sink::Stdout(out) => out.write_all(line),
-            Sink::File(f) => f.write_line(line),
-        }
-    }
-
-    fn flush(&mut self, last: bool) -> io::Result<()> {
-        match self {
-            Sink::Stdout(out) => out.flush(),
-            Sink::File(f) => f.flush(last),
-        }
-    }
-}
-
-/// An append-only file that rotates by size. Rotation happens between whole lines, by one
-/// thread, so no line is lost, split or written twice.
-struct RotatingFile {
-    path: std::path::PathBuf,
-    out: BufWriter<std::fs::File>,
-    size: u64,
-    options: AuditOptions,
-    last_sync: Instant,
-    unsynced: bool,
-}
-
-impl RotatingFile {
-    fn open(path: std::path::PathBuf, options: AuditOptions) -> io::Result<RotatingFile> {
-        let file = OpenOptions::new().create(true).append(true).open(&path)?;
-        let size = file.metadata()?.len();
-        Ok(RotatingFile {
-            path,
-            out: BufWriter::with_capacity(64 * 1024, file),
-            size,
-            options,
-            last_sync: Instant::now(),
-            unsynced: false,
-        })
-    }
-
-    /// `audit.jsonl` with `.N` appended.
-    fn numbered(&self, n: usize) -> std::path::PathBuf {
-        let mut name = self.path.clone().into_os_string();
-        name.push(format!(".{n}"));
-        name.into()
-    }
-
-    fn write_line(&mut self, line: &[u8]) -> io::Result<()> {
-        let len = line.len() as u64;
-        if self
-            .options
-            .max_bytes
-            .is_some_and(|max| self.size > 0 && self.size + len > max)
-        {
-            self.rotate()?;
-        }
-        self.out.write_all(line)?;
-        self.size += len;
-        self.unsynced = true;
-        Ok(())
-    }
-
-    fn rotate(&mut self) -> io::Result<()> {
-        self.out.flush()?;
-        self.out.get_ref().sync_data()?;
-        let keep = self.options.keep;
-        if keep == 0 {
-            std::fs::remove_file(&self.path)?;
-        } else {
-            let _ = std::fs::remove_file(self.numbered(keep));
-            for n in (1..keep).rev() {
-                let from = self.numbered(n);
-                if from.exists() {
-                    std::fs::rename(&from, self.numbered(n + 1))?;
-                }
-            }
-            std::fs::rename(&self.path, self.numbered(1))?;
-        }
-        let file = OpenOptions::new().create(true).append(true).open(&self.path)?;
-        self.out = BufWriter::with_capacity(64 * 1024, file);
-        self.size = 0;
-        Ok(())
-    }
-
-    fn flush(&mut self, last: bool) -> io::Result<()> {
-        self.out.flush()?;
-        let due = self
-            .options
-            .fsync_interval
-            .is_some_and(|every| self.last_sync.elapsed() >= every);
-        if self.unsynced && (last || due) {
-            self.out.get_ref().sync_data()?;
-            self.last_sync = Instant::now();
-            self.unsynced = false;
-        }
-        Ok(())
     }
 }

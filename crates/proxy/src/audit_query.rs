@@ -148,10 +148,10 @@ impl Filter {
         if !self.events.is_empty() && !self.events.iter().any(|k| str_of("event") == Some(k)) {
             return false;
         }
-        if let Some(g) = &self.grep {
-            if !e.to_string().contains(g.as_str()) {
-                return false;
-            }
+        if let Some(g) = &self.grep
+            && !e.to_string().contains(g.as_str())
+        {
+            return false;
         }
         true
     }

@@ -7,12 +7,15 @@
 //! never a search domain: names are queried as fully qualified). Every A and AAAA answer is
 //! classified; one forbidden answer denies the name. Then the connection goes to the vetted
 //! [`SocketAddr`]s and never to the name again, so a DNS answer that changes between check and
-//! use (rebinding) cannot reach an address that was not checked. The proxy's own listening
-//! addresses are refused too, so it cannot be made to loop into itself.
+//! use (rebinding) cannot reach an address that was not checked. Addresses assigned to the
+//! host's own interfaces are refused like loopback (an operator's allow range may name
+//! them), and the proxy's own listening and admin ports on any local address are refused
+//! always, so it cannot be made to loop into itself or launder one listener's identity
+//! through another.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use hickory_resolver::TokioResolver;
 use hickory_resolver::config::{
@@ -84,13 +87,67 @@ pub enum DialError {
     UpstreamBroken,
 }
 
+/// The addresses assigned to this host's interfaces, read from the kernel (getifaddrs) at
+/// most once a second, so an address added while the proxy runs is guarded within a second.
+#[derive(Debug)]
+struct HostAddrs {
+    cached: Mutex<(Option<Instant>, Arc<[IpAddr]>)>,
+}
+
+/// How long a reading of the host's addresses is used.
+const HOST_ADDRS_TTL: Duration = Duration::from_secs(1);
+
+impl HostAddrs {
+    fn new() -> HostAddrs {
+        HostAddrs {
+            cached: Mutex::new((None, Arc::from(Vec::new()))),
+        }
+    }
+
+    fn current(&self) -> Arc<[IpAddr]> {
+        let mut cached = match self.cached.lock() {
+            Ok(c) => c,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if cached.0.is_none_or(|at| at.elapsed() >= HOST_ADDRS_TTL) {
+            *cached = (Some(Instant::now()), Arc::from(read_host_addrs()));
+        }
+        cached.1.clone()
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn read_host_addrs() -> Vec<IpAddr> {
+    match nix::ifaddrs::getifaddrs() {
+        Ok(addrs) => addrs
+            .filter_map(|a| {
+                let addr = a.address?;
+                addr.as_sockaddr_in()
+                    .map(|v4| IpAddr::V4(v4.ip()))
+                    .or_else(|| addr.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+            })
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the host's addresses; only loopback is known local");
+            Vec::new()
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn read_host_addrs() -> Vec<IpAddr> {
+    Vec::new()
+}
+
 /// Resolves, vets and connects. Cheap to share behind an `Arc`.
 #[derive(Debug)]
 pub struct Dialer {
     resolver: TokioResolver,
     guard: AddressGuard,
     connect_timeout: Duration,
+    /// The proxy's listening and admin addresses.
     own_listeners: Vec<SocketAddr>,
+    host_addrs: HostAddrs,
     metrics: Option<Arc<Metrics>>,
     upstream_proxy: Option<SocketAddr>,
 }
@@ -124,6 +181,7 @@ impl Dialer {
             guard: config.guard.clone(),
             connect_timeout: config.connect_timeout,
             own_listeners,
+            host_addrs: HostAddrs::new(),
             metrics: None,
             upstream_proxy: config.upstream_proxy,
         })
@@ -151,14 +209,16 @@ impl Dialer {
             Host::Ip(ip) => vec![*ip],
             Host::Name(name) => self.resolve(name.as_str()).await?,
         };
-        self.guard.vet_all(&ips).map_err(DialError::Prohibited)?;
-        let addrs: Vec<SocketAddr> = ips
-            .into_iter()
-            .map(|ip| SocketAddr::new(ip, target.port))
-            .collect();
-        if let Some(own) = addrs.iter().find(|a| self.is_own_listener(**a)) {
+        let host = self.host_addrs.current();
+        let addrs: Vec<SocketAddr> = ips.iter().map(|ip| SocketAddr::new(*ip, target.port)).collect();
+        // The loop guard first: it holds even where an allow range exempts the address.
+        if let Some(own) = addrs.iter().find(|a| self.is_own_listener(**a, &host)) {
             return Err(DialError::SelfConnect(own.ip()));
         }
+        self.guard.vet_all(&ips).map_err(DialError::Prohibited)?;
+        self.guard
+            .vet_not_host(&ips, &host)
+            .map_err(DialError::Prohibited)?;
         Ok(VettedAddrs { addrs })
     }
 
@@ -231,12 +291,16 @@ impl Dialer {
         Ok(ips)
     }
 
-    fn is_own_listener(&self, addr: SocketAddr) -> bool {
-        self.own_listeners.iter().any(|own| {
-            own.port() == addr.port()
-                && (own.ip() == addr.ip()
-                    || (own.ip().is_unspecified() && (addr.ip().is_loopback() || addr.ip().is_unspecified())))
-        })
+    /// Is `addr` one of the proxy's own ports on an address of this host? Any local address
+    /// counts, whatever the listener is bound to: a wildcard listener answers on all of them,
+    /// and refusing the rest costs nothing legitimate.
+    fn is_own_listener(&self, addr: SocketAddr, host: &[IpAddr]) -> bool {
+        let ip = addr.ip().to_canonical();
+        let local = ip.is_loopback()
+            || ip.is_unspecified()
+            || host.iter().any(|h| h.to_canonical() == ip)
+            || self.own_listeners.iter().any(|own| own.ip().to_canonical() == ip);
+        local && self.own_listeners.iter().any(|own| own.port() == addr.port())
     }
 
     /// Connects to the first vetted address that answers, within the connect timeout.

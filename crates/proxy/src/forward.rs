@@ -93,7 +93,12 @@ pub(crate) async fn refuse(
         e.bytes_sent = Some(0);
         e.bytes_received = Some(0);
     }
-    shared.audit.record(e).await;
+    if matches!(refusal, Refusal::AuditUnavailable(_)) {
+        // Must not wait behind a queue that cannot drain; the client is answered anyway.
+        shared.audit.record_now_or_log(e);
+    } else {
+        shared.audit.record(e).await;
+    }
 }
 
 /// Audits an allow decision.
@@ -409,12 +414,12 @@ async fn exchange(
     let mut out = response_head_bytes(&response, client_closes);
     let mut body = response.body;
     // A small body that already arrived with the head goes out in the same write.
-    if let BodyKind::Length(n) = body {
-        if let Some(whole) = usize::try_from(n).ok().and_then(|n| up.buf.get(..n)) {
-            out.extend_from_slice(whole);
-            up.buf.advance(whole.len());
-            body = BodyKind::Empty;
-        }
+    if let BodyKind::Length(n) = body
+        && let Some(whole) = usize::try_from(n).ok().and_then(|n| up.buf.get(..n))
+    {
+        out.extend_from_slice(whole);
+        up.buf.advance(whole.len());
+        body = BodyKind::Empty;
     }
     if client.stream.write_all(&out).await.is_err() {
         return Exchange::failed(sent, received, "client_failure");

@@ -10,6 +10,7 @@
 pub(crate) mod admin;
 pub mod audit;
 pub mod audit_query;
+pub(crate) mod audit_sink;
 pub mod config;
 pub mod dial;
 pub(crate) mod forward;

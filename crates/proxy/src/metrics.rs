@@ -49,6 +49,10 @@ pub struct Metrics {
     pub audit_waits: Counter,
     pub audit_lag_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub audit_events_written: Counter,
+    pub audit_healthy: Gauge,
+    pub audit_write_errors: Counter,
+    pub audit_events_not_queued: Counter,
+    pub connections_refused: Family<KindLabels, Counter>,
     pub policy_reloads: Family<OutcomeLabels, Counter>,
     pub policy_generation: Gauge,
 }
@@ -76,6 +80,10 @@ impl Metrics {
             audit_waits: Counter::default(),
             audit_lag_seconds: Gauge::default(),
             audit_events_written: Counter::default(),
+            audit_healthy: Gauge::default(),
+            audit_write_errors: Counter::default(),
+            audit_events_not_queued: Counter::default(),
+            connections_refused: Family::default(),
             policy_reloads: Family::default(),
             policy_generation: Gauge::default(),
             registry: Registry::default(),
@@ -135,6 +143,26 @@ impl Metrics {
             "audit_events_written",
             "Audit events written",
             m.audit_events_written.clone(),
+        );
+        registry.register(
+            "audit_healthy",
+            "1 while the audit log can be written; 0 while it cannot (new requests get 503)",
+            m.audit_healthy.clone(),
+        );
+        registry.register(
+            "audit_write_errors",
+            "Failed attempts to write the audit log (each retried)",
+            m.audit_write_errors.clone(),
+        );
+        registry.register(
+            "audit_events_not_queued",
+            "503 refusals made while the audit log failed whose event went to stderr (queue full)",
+            m.audit_events_not_queued.clone(),
+        );
+        registry.register(
+            "connections_refused",
+            "Client connections answered 503 at a connection limit, by limit",
+            m.connections_refused.clone(),
         );
         registry.register(
             "policy_reloads",

@@ -48,6 +48,28 @@ pub enum Refusal {
     Dial { target: Target, error: DialError },
     /// The upstream misbehaved after the connection was made.
     Upstream { target: Target, error: UpstreamError },
+    /// The audit log cannot be written (its cause), so nothing new may pass (fail closed).
+    AuditUnavailable(String),
+    /// A connection limit is full: the listener's, the client address's, or the proxy's.
+    ConnectionLimit(LimitKind),
+}
+
+/// Which connection limit was full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitKind {
+    Proxy,
+    Listener,
+    Client,
+}
+
+impl LimitKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitKind::Proxy => "proxy",
+            LimitKind::Listener => "listener",
+            LimitKind::Client => "client",
+        }
+    }
 }
 
 /// The rendered reply.
@@ -75,6 +97,7 @@ fn status_text(status: u16) -> &'static str {
         408 => "Request Timeout",
         431 => "Request Header Fields Too Large",
         502 => "Bad Gateway",
+        503 => "Service Unavailable",
         504 => "Gateway Timeout",
         _ => "Error",
     }
@@ -200,6 +223,20 @@ impl Refusal {
                         format!("cannot connect to {target}"),
                     ),
                 },
+                Refusal::AuditUnavailable(cause) => (
+                    503,
+                    "proxy_internal_error",
+                    "audit_unavailable".into(),
+                    true,
+                    format!("the audit log cannot be written ({cause}); no request passes unrecorded"),
+                ),
+                Refusal::ConnectionLimit(kind) => (
+                    503,
+                    "connection_limit_reached",
+                    format!("connection_limit:{}", kind.as_str()).into(),
+                    true,
+                    format!("too many connections ({} limit); retry later", kind.as_str()),
+                ),
                 Refusal::Upstream { target, error } => match error {
                     U::Timeout => (
                         504,

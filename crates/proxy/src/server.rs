@@ -193,27 +193,6 @@ impl Proxy {
                 },
             ));
         }
-        let own: Vec<SocketAddr> = listeners
-            .iter()
-            .filter_map(|(l, _)| l.local_addr().ok())
-            .collect();
-        let dial_config = DialConfig {
-            nameservers: config.nameservers.clone(),
-            dns_timeout: config.limits.dns_timeout,
-            connect_timeout: config.limits.connect_timeout,
-            guard: config.guard.clone(),
-            upstream_proxy: config.upstream_proxy,
-        };
-        if let Some(up) = config.upstream_proxy {
-            if own.contains(&up) {
-                return Err(StartError::UpstreamIsSelf(up));
-            }
-        }
-        let mut dialer = Dialer::new(&dial_config, own).map_err(|e| StartError::Resolver(e.to_string()))?;
-        let metrics = Arc::new(Metrics::new());
-        dialer.set_metrics(metrics.clone());
-        let (audit, writer) = AuditWriter::start(&config.audit, &config.audit_options, metrics.clone())
-            .map_err(StartError::Audit)?;
         let admin = match config.metrics_listen {
             Some(addr) => Some(
                 TcpListener::bind(addr)
@@ -222,6 +201,30 @@ impl Proxy {
             ),
             None => None,
         };
+        // Every port of ours, the admin port included: the dialer refuses them all.
+        let own: Vec<SocketAddr> = listeners
+            .iter()
+            .map(|(l, _)| l)
+            .chain(admin.as_ref())
+            .filter_map(|l| l.local_addr().ok())
+            .collect();
+        let dial_config = DialConfig {
+            nameservers: config.nameservers.clone(),
+            dns_timeout: config.limits.dns_timeout,
+            connect_timeout: config.limits.connect_timeout,
+            guard: config.guard.clone(),
+            upstream_proxy: config.upstream_proxy,
+        };
+        if let Some(up) = config.upstream_proxy
+            && own.contains(&up)
+        {
+            return Err(StartError::UpstreamIsSelf(up));
+        }
+        let mut dialer = Dialer::new(&dial_config, own).map_err(|e| StartError::Resolver(e.to_string()))?;
+        let metrics = Arc::new(Metrics::new());
+        dialer.set_metrics(metrics.clone());
+        let (audit, writer) = AuditWriter::start(&config.audit, &config.audit_options, metrics.clone())
+            .map_err(StartError::Audit)?;
         let shared = Arc::new(Shared {
             rules: Arc::new(RwLock::new(Arc::new(config.rules))),
             dialer,
@@ -431,6 +434,19 @@ async fn serve_connection(
                 return None;
             }
         };
+        // Fail closed: while the audit trail cannot be written, nothing new passes.
+        if let Err(cause) = shared.audit.available() {
+            forward::refuse(
+                shared,
+                &mut client,
+                None,
+                Refusal::AuditUnavailable(cause),
+                &head.method,
+                None,
+            )
+            .await;
+            return None;
+        }
         if require_auth {
             match authenticate(shared, &head, &listener_identity) {
                 Ok(identity) => client.identity = identity,

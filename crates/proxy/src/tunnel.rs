@@ -434,15 +434,15 @@ mod splice {
         let mut stop = pin!(hard_stop.cancelled());
         let outcome = std::future::poll_fn(|cx| {
             let mut active = false;
-            if !up.done {
-                if let Poll::Ready(Err((fault, _))) = up.poll(cx, client, upstream, &mut active) {
-                    return Poll::Ready(outcome(fault, true));
-                }
+            if !up.done
+                && let Poll::Ready(Err((fault, _))) = up.poll(cx, client, upstream, &mut active)
+            {
+                return Poll::Ready(outcome(fault, true));
             }
-            if !down.done {
-                if let Poll::Ready(Err((fault, _))) = down.poll(cx, upstream, client, &mut active) {
-                    return Poll::Ready(outcome(fault, false));
-                }
+            if !down.done
+                && let Poll::Ready(Err((fault, _))) = down.poll(cx, upstream, client, &mut active)
+            {
+                return Poll::Ready(outcome(fault, false));
             }
             if up.done && down.done {
                 return Poll::Ready("ok");

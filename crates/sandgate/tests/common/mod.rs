@@ -16,6 +16,8 @@ pub struct ProxyProcess {
     pub child: Child,
     pub addr: SocketAddr,
     pub audit_path: PathBuf,
+    /// Every stderr line so far (the start-up log names each listener).
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
     _dir: tempfile::TempDir,
 }
 
@@ -46,12 +48,23 @@ impl ProxyProcess {
         (ProxyProcess::start_with(cmd, args), bin_dir)
     }
 
-    fn start_with(mut command: Command, args: &[&str]) -> ProxyProcess {
+    /// Starts `command` (which must end by running sandgate) with `proxy`, a listen address,
+    /// an audit file and `args` appended.
+    pub fn start_with(command: Command, args: &[&str]) -> ProxyProcess {
+        ProxyProcess::start_with_audit(command, None, args)
+    }
+
+    /// As [`ProxyProcess::start_with`], writing the audit log at `audit_path` when given.
+    pub fn start_with_audit(
+        mut command: Command,
+        audit_path: Option<PathBuf>,
+        args: &[&str],
+    ) -> ProxyProcess {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().expect("tempdir");
         // World-writable so an unprivileged proxy can write its audit log here.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
-        let audit_path = dir.path().join("audit.jsonl");
+        let audit_path = audit_path.unwrap_or_else(|| dir.path().join("audit.jsonl"));
         let mut child = command
             .arg("proxy")
             .args(["--listen", "127.0.0.1:0", "--audit-log"])
@@ -65,22 +78,64 @@ impl ProxyProcess {
             .expect("spawn sandgate");
         let stderr = child.stderr.take().expect("stderr");
         let mut lines = BufReader::new(stderr).lines();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let addr = loop {
             let line = match lines.next() {
                 Some(Ok(line)) => line,
                 _ => panic!("sandgate exited before listening: {:?}", child.wait()),
             };
+            log.lock().unwrap().push(line.clone());
             if let Some(rest) = line.split("addr=").nth(1) {
                 break rest.split_whitespace().next().unwrap().parse().unwrap();
             }
         };
         // Keep draining stderr so the proxy never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines.by_ref() {});
+        let kept = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.by_ref().map_while(Result::ok) {
+                kept.lock().unwrap().push(line);
+            }
+        });
         ProxyProcess {
             child,
             addr,
             audit_path,
+            log,
             _dir: dir,
+        }
+    }
+
+    /// Waits (up to 5 s) for a stderr line containing `needle` and returns it.
+    pub fn log_line(&self, needle: &str) -> Option<String> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(l) = self.log.lock().unwrap().iter().find(|l| l.contains(needle)) {
+                return Some(l.clone());
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Every address the start-up log says the proxy listens on, the metrics listener's
+    /// included (waits up to 5 s for `n` of them).
+    pub fn listening(&self, n: usize) -> Vec<SocketAddr> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let found: Vec<SocketAddr> = self
+                .log
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.contains("listening"))
+                .filter_map(|l| l.split("addr=").nth(1)?.split_whitespace().next()?.parse().ok())
+                .collect();
+            if found.len() >= n || Instant::now() > deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
