@@ -286,6 +286,27 @@ impl Ruleset {
         self.allow.is_empty()
     }
 
+    /// The deny rule, if any, that names the address `ip` (an IP-literal entry) for a
+    /// connection to `port` in `ctx`. Deny entries that are addresses apply to whatever a
+    /// name resolves to as well, not only to requests that spell the address; an
+    /// IPv4-mapped IPv6 answer counts as the IPv4 it carries.
+    pub fn deny_address(&self, ip: std::net::IpAddr, port: u16, ctx: &Context<'_>) -> Option<Arc<Rule>> {
+        if self.deny.exact.is_empty() {
+            return None;
+        }
+        let target = Target {
+            host: Host::Ip(ip.to_canonical()),
+            port,
+        };
+        self.deny
+            .exact
+            .get(&target.host)
+            .into_iter()
+            .flatten()
+            .find(|r| r.applies(ctx) && r.denies(&target))
+            .cloned()
+    }
+
     /// Decides `target` for `access` in `ctx`. Deny rules are consulted first and always win.
     pub fn decide(&self, target: &Target, access: Access, ctx: &Context<'_>) -> Decision {
         let denied = match self.deny.is_empty() {
@@ -325,6 +346,26 @@ impl Ruleset {
 mod tests {
     use super::*;
     use crate::target::parse_connect_target;
+
+    #[test]
+    fn address_deny_entries_apply_to_resolved_addresses() {
+        let r = rules(&["*"], &["192.0.2.7", "[2001:db8::7]:443", "198.51.100.1"]);
+        let ctx = Context::system(0);
+        let ip = |s: &str| -> std::net::IpAddr { s.parse().unwrap() };
+        assert!(r.deny_address(ip("192.0.2.7"), 443, &ctx).is_some());
+        assert!(r.deny_address(ip("::ffff:192.0.2.7"), 80, &ctx).is_some());
+        assert!(r.deny_address(ip("2001:db8::7"), 443, &ctx).is_some());
+        assert!(
+            r.deny_address(ip("2001:db8::7"), 80, &ctx).is_none(),
+            "that entry names port 443"
+        );
+        assert!(r.deny_address(ip("192.0.2.8"), 443, &ctx).is_none());
+        assert!(
+            rules(&["*"], &["*.example.com"])
+                .deny_address(ip("192.0.2.7"), 443, &ctx)
+                .is_none()
+        );
+    }
 
     fn rules(allow: &[&str], deny: &[&str]) -> Ruleset {
         let mut r = Ruleset::new();

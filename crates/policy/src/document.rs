@@ -573,6 +573,15 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
                 "a listener takes its task from credentials (auth: basic) or from `task`, not both",
             );
         }
+        // A credential's identity comes only from its own record: a listener-wide project
+        // would let a task with none pick a project's scope by choosing the listener.
+        if require_auth && l.value.project.is_some() {
+            c.error(
+                line,
+                "spec.listeners.project",
+                "an auth: basic listener takes the project from each task's credential (spec.auth.tasks[].project), not from the listener",
+            );
+        }
         match l.value.listen.parse::<SocketAddr>() {
             Ok(listen) => listeners.push(ListenerSpec {
                 listen,

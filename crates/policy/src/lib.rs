@@ -23,4 +23,6 @@ pub use document::{
 };
 pub use host::{DomainName, Host, HostError};
 pub use pattern::{HostPattern, Pattern, PatternError};
-pub use target::{Access, HttpTarget, Target, TargetError, parse_connect_target, parse_http_target};
+pub use target::{
+    Access, HttpTarget, Target, TargetError, parse_connect_target, parse_host_field, parse_http_target,
+};

@@ -114,6 +114,15 @@ pub fn parse_connect_target(text: &str) -> Result<Target, TargetError> {
     })
 }
 
+/// Parses a Host field value (RFC 9112 section 3.2, RFC 9110 section 7.2): exactly one
+/// authority, `uri-host [":" port]`, with the host grammar of request-targets. A list, a
+/// userinfo, a path or an empty value is refused.
+pub fn parse_host_field(text: &str) -> Result<(Host, Option<u16>), TargetError> {
+    check_characters(text)?;
+    let (host, port) = split_authority(text)?;
+    Ok((Host::parse(host)?, port.map(parse_port).transpose()?))
+}
+
 /// Parses an absolute-form `http://` request-target.
 pub fn parse_http_target(text: &str) -> Result<HttpTarget, TargetError> {
     check_characters(text)?;
@@ -199,6 +208,37 @@ pub(crate) fn parse_port(text: &str) -> Result<u16, TargetError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_fields_are_one_authority() {
+        for ok in [
+            "a.test",
+            "a.test:8080",
+            "192.0.2.1",
+            "[2001:db8::1]:443",
+            "A.Test.",
+        ] {
+            assert!(parse_host_field(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            " ",
+            "a.test, b.test",
+            "a.test b.test",
+            "user@a.test",
+            "a.test/x",
+            "a.test:",
+            "a.test:99999",
+            "a.test:80:80",
+            "::1",
+            "[::1",
+            "a..test",
+            "127.1",
+            "a.test\t",
+        ] {
+            assert!(parse_host_field(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn connect_targets() {

@@ -101,8 +101,9 @@ struct RotatingFile {
     file: Option<File>,
     /// Bytes in the current file plus the pending bytes bound for it.
     size: u64,
-    /// Offset into `pending` where the next rotation falls (lines before it go to the old file).
-    rotate_at: Option<usize>,
+    /// Offsets into `pending` where rotations fall, in order (the lines before the first go
+    /// to the current file, those between two to one rotated file each).
+    rotate_at: std::collections::VecDeque<usize>,
     options: AuditOptions,
     last_sync: Instant,
     unsynced: bool,
@@ -116,7 +117,7 @@ impl RotatingFile {
             path,
             file: Some(file),
             size,
-            rotate_at: None,
+            rotate_at: std::collections::VecDeque::new(),
             options,
             last_sync: Instant::now(),
             unsynced: false,
@@ -124,15 +125,14 @@ impl RotatingFile {
     }
 
     /// Called before a line of `len` bytes joins `pending` (now `pending_len` long): marks
-    /// a rotation point when the line would take the file past its size limit. One point
-    /// at a time; while a rotation is still owed, the new file may run over by what queues.
+    /// a rotation point when the line would take the file past its size limit.
     fn before_line(&mut self, len: u64, pending_len: usize) {
         let over = self
             .options
             .max_bytes
             .is_some_and(|max| self.size > 0 && self.size + len > max);
-        if over && self.rotate_at.is_none() {
-            self.rotate_at = Some(pending_len);
+        if over {
+            self.rotate_at.push_back(pending_len);
             self.size = 0;
         }
         self.size += len;
@@ -153,17 +153,17 @@ impl RotatingFile {
     }
 
     fn flush(&mut self, pending: &mut Vec<u8>, last: bool) -> io::Result<()> {
-        if let Some(at) = self.rotate_at {
+        while let Some(&at) = self.rotate_at.front() {
             self.reopen()?;
             let Some(file) = self.file.as_mut() else {
                 return Err(not_open());
             };
             let (written, result) = write_prefix(file, pending, at);
-            // What was written left `pending`; the rotation point moves with it.
-            self.rotate_at = Some(at - written);
+            // What was written left `pending`; every rotation point moves with it.
+            self.rotate_at.iter_mut().for_each(|p| *p -= written);
             result?;
             self.rotate()?;
-            self.rotate_at = None;
+            self.rotate_at.pop_front();
         }
         self.reopen()?;
         let Some(file) = self.file.as_mut() else {
@@ -213,4 +213,52 @@ impl RotatingFile {
 
 fn not_open() -> io::Error {
     io::Error::other("audit file not open")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(n: std::ops::Range<usize>) -> Vec<String> {
+        n.map(|i| format!("{{\"n\":{i:04}}}\n")).collect()
+    }
+
+    #[test]
+    fn a_failed_rotation_keeps_every_line_and_resumes_where_it_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let options = AuditOptions {
+            max_bytes: Some(100),
+            keep: 1,
+            fsync_interval: None,
+            aggregate_window: None,
+        };
+        let mut sink = Sink::open(&AuditDestination::File(path.clone()), &options).unwrap();
+        // `audit.jsonl.1` is a non-empty directory, so the rename of a full file fails.
+        let blocker = dir.path().join("audit.jsonl.1");
+        std::fs::create_dir(&blocker).unwrap();
+        std::fs::write(blocker.join("x"), "").unwrap();
+        let all = lines(0..18);
+        for l in &all {
+            sink.push(l.as_bytes());
+        }
+        assert!(sink.flush(false).is_err());
+        assert!(
+            sink.flush(false).is_err(),
+            "still failing, nothing lost or repeated"
+        );
+        assert!(sink.pending_len() > 0);
+        std::fs::remove_dir_all(&blocker).unwrap();
+        sink.flush(true).unwrap();
+        assert_eq!(sink.pending_len(), 0);
+        let rotated = std::fs::read_to_string(&blocker).unwrap();
+        let current = std::fs::read_to_string(&path).unwrap();
+        // Each file holds whole lines, under the limit, and together every line once.
+        assert!(
+            rotated.len() <= 100 && current.len() <= 100,
+            "{rotated:?} {current:?}"
+        );
+        assert_eq!(format!("{rotated}{current}"), all.concat());
+        assert_eq!((rotated.len(), current.len()), (99, 99));
+    }
 }

@@ -29,8 +29,13 @@ pub struct Limits {
     pub body_idle_timeout: Duration,
     /// A tunnel that moves no byte either way this long is closed.
     pub tunnel_idle_timeout: Duration,
-    /// Client connections served at once; more wait in the listen backlog.
+    /// Client connections served at once by the whole proxy; beyond it, 503.
     pub max_connections: usize,
+    /// Connections one listener may hold (`None`: the whole cap with one listener, else an
+    /// equal share but at least a quarter of the cap).
+    pub max_connections_per_listener: Option<usize>,
+    /// Connections one client address may hold (`None`: a quarter of the cap).
+    pub max_connections_per_client: Option<usize>,
     /// After SIGTERM, how long in-flight work may take before it is cut.
     pub shutdown_grace: Duration,
 }
@@ -46,8 +51,26 @@ impl Default for Limits {
             body_idle_timeout: Duration::from_secs(60),
             tunnel_idle_timeout: Duration::from_secs(900),
             max_connections: 16_384,
+            max_connections_per_listener: None,
+            max_connections_per_client: None,
             shutdown_grace: Duration::from_secs(10),
         }
+    }
+}
+
+impl Limits {
+    /// The limit of each of `listeners` listeners.
+    pub fn per_listener(&self, listeners: usize) -> usize {
+        self.max_connections_per_listener.unwrap_or(match listeners {
+            0 | 1 => self.max_connections,
+            n => (self.max_connections / n).max(self.max_connections / 4).max(1),
+        })
+    }
+
+    /// The limit of each client address.
+    pub fn per_client(&self) -> usize {
+        self.max_connections_per_client
+            .unwrap_or((self.max_connections / 4).max(1))
     }
 }
 

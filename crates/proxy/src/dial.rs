@@ -61,6 +61,11 @@ impl VettedAddrs {
     pub fn primary(&self) -> Option<IpAddr> {
         self.addrs.first().map(SocketAddr::ip)
     }
+
+    /// Every vetted address.
+    pub fn ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.addrs.iter().map(SocketAddr::ip)
+    }
 }
 
 /// Why a destination could not be vetted or reached. `Prohibited` is a policy outcome

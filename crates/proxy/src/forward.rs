@@ -81,12 +81,16 @@ pub(crate) async fn refuse(
         e.destination_port = Some(port);
         e.scheme = Some(access.scheme());
     }
-    if let Refusal::Dial {
-        error: crate::dial::DialError::Prohibited(p),
-        ..
-    } = &refusal
-    {
-        e.resolved_ip = Some(p.ip);
+    match &refusal {
+        Refusal::Dial {
+            error: DialError::Prohibited(p),
+            ..
+        } => e.resolved_ip = Some(p.ip),
+        Refusal::AddressDenied { ip, rule, .. } => {
+            e.resolved_ip = Some(*ip);
+            e.rule = Some(rule.clone());
+        }
+        _ => {}
     }
     if !reply.is_denial {
         e.outcome = Some(reply.reason_code);
@@ -161,6 +165,32 @@ pub(crate) async fn vet_and_dial(
             return None;
         }
     };
+    // Deny entries that are addresses apply to what the name resolved to (not when chained:
+    // no name is resolved here then, and the upstream applies its own policy).
+    if shared.dialer.upstream_proxy().is_none() {
+        let rules = shared.rules();
+        let ctx = crate::server::context(&client.identity);
+        let denied = vetted
+            .ips()
+            .find_map(|ip| Some((ip, rules.deny_address(ip, target.port, &ctx)?.label.clone())));
+        if let Some((ip, rule)) = denied {
+            let refusal = Refusal::AddressDenied {
+                target: target.clone(),
+                ip,
+                rule,
+            };
+            refuse(
+                shared,
+                client,
+                Some(dest),
+                refusal,
+                method,
+                Some(request_id.to_owned()),
+            )
+            .await;
+            return None;
+        }
+    }
     audit_allow(shared, request_id, client, method, dest, vetted.primary(), rule).await;
     let connected = match shared.dialer.connect(&vetted).await {
         // Chained: the connection goes to the upstream proxy, which must open the tunnel.
@@ -460,7 +490,7 @@ async fn exchange(
 }
 
 /// Reads the final response head, forwarding any 1xx interim responses to the client as they
-/// come. The response timeout starts once the request body has been sent. Returns the head
+/// come, each rebuilt and filtered as a final response head is. The response timeout starts once the request body has been sent. Returns the head
 /// and the bytes of interim responses forwarded.
 async fn read_response_head<R, W>(
     src: &mut R,
@@ -486,11 +516,11 @@ where
                             "unrequested upgrade",
                         )));
                     }
-                    client
-                        .write_all(buf.get(..len).unwrap_or_default())
-                        .await
-                        .map_err(UpstreamError::Io)?;
-                    interim += len as u64;
+                    // Rebuilt like a final response (CRLF line ends, hop-by-hop fields
+                    // dropped, Via added), never relayed byte for byte (RFC 9110 15.2).
+                    let rebuilt = response_head_bytes(&head, false);
+                    client.write_all(&rebuilt).await.map_err(UpstreamError::Io)?;
+                    interim += rebuilt.len() as u64;
                     buf.advance(len);
                     continue;
                 }

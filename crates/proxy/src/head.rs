@@ -76,6 +76,10 @@ pub enum HeadError {
     BadTransferEncoding,
     #[error("duplicate Host header")]
     DuplicateHost,
+    #[error("Host header is not one valid authority")]
+    BadHost,
+    #[error("HTTP/1.1 request without a Host header")]
+    MissingHost,
     #[error("CONNECT request with a body")]
     ConnectBody,
 }
@@ -91,6 +95,8 @@ impl HeadError {
             | HeadError::BadTransferEncoding
             | HeadError::ConnectBody => "ambiguous_framing",
             HeadError::DuplicateHost => "duplicate_host",
+            HeadError::BadHost => "bad_host_field",
+            HeadError::MissingHost => "missing_host",
         }
     }
 }
@@ -130,8 +136,20 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<(RequestHead, usize)>, He
         return Err(HeadError::Syntax("request line"));
     };
     let fields = collect_fields(req.headers);
-    if fields.iter().filter(|f| f.is("host")).count() > 1 {
-        return Err(HeadError::DuplicateHost);
+    // RFC 9112 section 3.2: 400 for a missing (HTTP/1.1), repeated or invalid Host, before
+    // anything else (any DNS query included) happens.
+    let mut hosts = fields.iter().filter(|f| f.is("host"));
+    match (hosts.next(), hosts.next()) {
+        (Some(_), Some(_)) => return Err(HeadError::DuplicateHost),
+        (Some(host), None) => {
+            let valid = std::str::from_utf8(&host.value)
+                .is_ok_and(|v| sandgate_policy::parse_host_field(v.trim_matches([' ', '\t'])).is_ok());
+            if !valid {
+                return Err(HeadError::BadHost);
+            }
+        }
+        (None, _) if minor_version >= 1 => return Err(HeadError::MissingHost),
+        (None, _) => {}
     }
     let body = request_body(&fields, minor_version)?;
     if method == "CONNECT" && body != BodyKind::Empty {
@@ -361,7 +379,7 @@ mod tests {
             ("Host: a\r\nHost: b\r\n", Err(HeadError::DuplicateHost)),
         ];
         for (fields, want) in cases {
-            let text = format!("POST http://a.test/ HTTP/1.1\r\n{fields}\r\n");
+            let text = format!("POST http://a.test/ HTTP/1.1\r\nHost: a.test\r\n{fields}\r\n");
             let got = req(&text).map(|r| r.unwrap().0.body);
             assert_eq!(&got, want, "{fields:?}");
         }
@@ -395,9 +413,30 @@ mod tests {
     }
 
     #[test]
+    fn host_must_be_one_valid_authority() {
+        for host in [
+            "a.test, b.test",
+            "",
+            "user@a.test",
+            "a.test/x",
+            "evil test",
+            "[::1",
+        ] {
+            let text = format!("GET http://a.test/ HTTP/1.1\r\nHost: {host}\r\n\r\n");
+            assert_eq!(req(&text), Err(HeadError::BadHost), "{host:?}");
+        }
+        assert_eq!(
+            req("GET http://a.test/ HTTP/1.1\r\n\r\n"),
+            Err(HeadError::MissingHost)
+        );
+        assert!(req("GET http://a.test/ HTTP/1.1\r\nHost:  b.test:81 \r\n\r\n").is_ok());
+        assert!(req("GET http://a.test/ HTTP/1.0\r\n\r\n").is_ok());
+    }
+
+    #[test]
     fn connect_with_body_is_refused() {
         assert_eq!(
-            req("CONNECT a.test:443 HTTP/1.1\r\nContent-Length: 3\r\n\r\n"),
+            req("CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\nContent-Length: 3\r\n\r\n"),
             Err(HeadError::ConnectBody)
         );
     }

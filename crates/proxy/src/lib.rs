@@ -8,6 +8,7 @@
 //! every response the proxy writes itself; [`audit`] records every decision and close.
 
 pub(crate) mod admin;
+pub mod admission;
 pub mod audit;
 pub mod audit_query;
 pub(crate) mod audit_sink;

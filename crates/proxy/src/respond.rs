@@ -44,6 +44,12 @@ pub enum Refusal {
     ProxyAuth(sandgate_policy::AuthError),
     /// The policy denied the destination.
     Policy { target: Target, reason: PolicyReason },
+    /// The name resolved to an address that a deny entry names.
+    AddressDenied {
+        target: Target,
+        ip: std::net::IpAddr,
+        rule: std::sync::Arc<str>,
+    },
     /// Vetting or connecting failed (address guard refusals included).
     Dial { target: Target, error: DialError },
     /// The upstream misbehaved after the connection was made.
@@ -152,6 +158,13 @@ impl Refusal {
                     reason.code().into(),
                     true,
                     format!("denied {method} {target}: {}", reason.describe()),
+                ),
+                Refusal::AddressDenied { target, ip, .. } => (
+                    403,
+                    "http_request_denied",
+                    PolicyReason::Denylisted.code().into(),
+                    true,
+                    format!("denied {method} {target}: resolves to {ip}, which a deny rule names"),
                 ),
                 Refusal::Dial { target, error } => match error {
                     D::Prohibited(p) => (

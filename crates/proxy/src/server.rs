@@ -1,7 +1,9 @@
 //! The accept loop, the per-connection request loop, and graceful shutdown.
 //!
-//! Shape after mini-redis: a semaphore caps live connections (accept waits for a permit),
-//! every connection task is tracked, and shutdown is three steps: stop accepting and let idle
+//! Shape after mini-redis, with one change: a connection is admitted against the proxy's,
+//! its listener's and its client address's limits after `accept` ([`crate::admission`]),
+//! and one over a limit is answered 503 at once instead of waiting unanswered in the
+//! backlog. Every connection task is tracked, and shutdown is three steps: stop accepting and let idle
 //! keep-alive connections go; give in-flight requests and tunnels the grace period; then cut
 //! what remains (each cut tunnel still writes its close event). The audit writer is drained
 //! last, so nothing decided is lost.
@@ -14,19 +16,20 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use sandgate_policy::{AddressGuard, Context, Ruleset};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::admission::{Admission, ListenerSlots};
 use crate::audit::{Audit, AuditEvent, AuditWriter, EventKind, WeakAudit};
 use crate::config::{Identity, Limits, ProxyConfig};
 use crate::dial::{DialConfig, Dialer};
 use crate::forward::{self, Upstream};
 use crate::head::{RequestHead, parse_request_head};
-use crate::metrics::{Metrics, OutcomeLabels};
-use crate::respond::Refusal;
+use crate::metrics::{KindLabels, Metrics, OutcomeLabels};
+use crate::respond::{LimitKind, Refusal};
 use crate::tunnel;
 
 /// Why the proxy could not start.
@@ -190,6 +193,8 @@ impl Proxy {
                     identity: Arc::new(spec.identity.clone()),
                     require_auth: spec.require_auth,
                     peers: spec.peers.clone(),
+                    refused_peers: AtomicU64::new(0),
+                    last_peer_warning: std::sync::Mutex::new(None),
                 },
             ));
         }
@@ -280,13 +285,19 @@ impl Proxy {
         } = self;
         let stop_accepting = CancellationToken::new();
         let tracker = TaskTracker::new();
-        let permits = Arc::new(Semaphore::new(shared.limits.max_connections));
+        let admission = Arc::new(Admission::new(&shared.limits));
+        let refusals = Arc::new(Semaphore::new(MAX_REFUSALS_IN_FLIGHT));
+        let count = listeners.len();
         for (listener, meta) in listeners {
             tracker.spawn(accept_loop(
                 listener,
                 meta,
+                Gate {
+                    admission: admission.clone(),
+                    slots: Admission::listener(&shared.limits, count),
+                    refusals: refusals.clone(),
+                },
                 shared.clone(),
-                permits.clone(),
                 tracker.clone(),
                 stop_accepting.clone(),
             ));
@@ -327,68 +338,160 @@ pub(crate) struct ListenerMeta {
     identity: Arc<Identity>,
     require_auth: bool,
     peers: Option<crate::config::PeerFilter>,
+    /// Refused peers since the last warning, and when that was (one warning per interval).
+    refused_peers: AtomicU64,
+    last_peer_warning: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// Connections answered 503 at once (each for at most [`REFUSAL_TIME`]); beyond this many,
+/// further ones are closed without an answer rather than tie up descriptors in a flood.
+const MAX_REFUSALS_IN_FLIGHT: usize = 256;
+/// How long a refused connection may take to receive its 503.
+const REFUSAL_TIME: Duration = Duration::from_secs(1);
+/// At most one "unexpected local peer" warning per interval.
+const PEER_WARNING_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Everything a listener checks before it serves a connection.
+#[derive(Debug)]
+struct Gate {
+    admission: Arc<Admission>,
+    slots: ListenerSlots,
+    refusals: Arc<Semaphore>,
+}
+
+impl ListenerMeta {
+    /// Logs a refused peer, at most once per interval, with the number refused meanwhile.
+    fn warn_refused_peer(&self, peer: SocketAddr) {
+        let refused = self.refused_peers.fetch_add(1, Ordering::Relaxed) + 1;
+        let Ok(mut last) = self.last_peer_warning.lock() else {
+            return;
+        };
+        if last.is_some_and(|at| at.elapsed() < PEER_WARNING_INTERVAL) {
+            return;
+        }
+        *last = Some(std::time::Instant::now());
+        self.refused_peers.store(0, Ordering::Relaxed);
+        tracing::warn!(%peer, refused, "connections from unexpected local peers refused");
+    }
 }
 
 async fn accept_loop(
     listener: TcpListener,
     meta: ListenerMeta,
+    gate: Gate,
     shared: Arc<Shared>,
-    permits: Arc<Semaphore>,
     tracker: TaskTracker,
     stop: CancellationToken,
 ) {
     loop {
-        let permit = tokio::select! {
-            _ = stop.cancelled() => return,
-            permit = permits.clone().acquire_owned() => match permit {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-        };
         let accepted = tokio::select! {
             _ = stop.cancelled() => return,
             accepted = listener.accept() => accepted,
         };
-        match accepted {
-            Ok((stream, peer)) => {
-                if meta.peers.as_ref().is_some_and(|f| !f.permits(peer)) {
-                    // Not this listener's bridge: closed before a byte is read or written.
-                    tracing::warn!(%peer, "connection from an unexpected local peer refused");
-                    continue;
-                }
-                let _ = stream.set_nodelay(true);
-                let shared = shared.clone();
-                let stop = stop.clone();
-                let identity = meta.identity.clone();
-                let require_auth = meta.require_auth;
-                shared.metrics.connections.inc();
-                shared.metrics.connections_active.inc();
-                tracker.spawn(async move {
-                    // The request loop is boxed and gone before a tunnel starts, so a
-                    // long-lived tunnel's task holds only the tunnel's own small state.
-                    let handoff = Box::pin(serve_connection(
-                        stream,
-                        peer,
-                        identity,
-                        require_auth,
-                        &shared,
-                        &stop,
-                    ))
-                    .await;
-                    if let Some((client, head)) = handoff {
-                        tunnel::handle_connect(&shared, client, head).await;
-                    }
-                    shared.metrics.connections_active.dec();
-                    drop(permit);
-                });
-            }
+        let (stream, peer) = match accepted {
+            Ok(pair) => pair,
             Err(e) => {
                 // EMFILE and friends: back off briefly instead of spinning.
                 tracing::warn!(error = %e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if meta.peers.as_ref().is_some_and(|f| !f.permits(peer)) {
+            // Not this listener's bridge: closed before a byte is read or written.
+            meta.warn_refused_peer(peer);
+            continue;
+        }
+        let permit = match gate.admission.admit(&gate.slots, peer.ip()) {
+            Ok(p) => p,
+            Err(kind) => {
+                shared
+                    .metrics
+                    .connections_refused
+                    .get_or_create(&KindLabels {
+                        kind: kind.as_str().into(),
+                    })
+                    .inc();
+                // Answered 503 at once, never left waiting; in a flood beyond the refusal
+                // budget the connection is simply closed.
+                if let Ok(slot) = gate.refusals.clone().try_acquire_owned() {
+                    let shared = shared.clone();
+                    let identity = meta.identity.clone();
+                    tracker.spawn(async move {
+                        refuse_at_limit(&shared, stream, peer, identity, kind).await;
+                        drop(slot);
+                    });
+                }
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        let stop = stop.clone();
+        let identity = meta.identity.clone();
+        let require_auth = meta.require_auth;
+        shared.metrics.connections.inc();
+        shared.metrics.connections_active.inc();
+        tracker.spawn(async move {
+            // The request loop is boxed and gone before a tunnel starts, so a
+            // long-lived tunnel's task holds only the tunnel's own small state.
+            let handoff = Box::pin(serve_connection(
+                stream,
+                peer,
+                identity,
+                require_auth,
+                &shared,
+                &stop,
+            ))
+            .await;
+            if let Some((client, head)) = handoff {
+                tunnel::handle_connect(&shared, client, head).await;
+            }
+            shared.metrics.connections_active.dec();
+            drop(permit);
+        });
+    }
+}
+
+/// Answers a connection over a limit with 503 and records it, then closes it after reading
+/// (and discarding) what the client sent, so the answer is not lost to a reset.
+async fn refuse_at_limit(
+    shared: &Shared,
+    stream: TcpStream,
+    peer: SocketAddr,
+    identity: Arc<Identity>,
+    kind: LimitKind,
+) {
+    let mut client = ClientConn {
+        stream,
+        buf: BytesMut::new(),
+        peer,
+        identity,
+    };
+    let answered = tokio::time::timeout(
+        REFUSAL_TIME,
+        forward::refuse(
+            shared,
+            &mut client,
+            None,
+            Refusal::ConnectionLimit(kind),
+            "-",
+            None,
+        ),
+    );
+    let _ = answered.await;
+    let _ = tokio::time::timeout(REFUSAL_TIME, async {
+        let _ = client.stream.shutdown().await;
+        let mut sink = [0u8; 4096];
+        let mut budget = 64 * 1024usize;
+        while budget > 0 {
+            match client.stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => budget = budget.saturating_sub(n),
             }
         }
-    }
+    })
+    .await;
 }
 
 /// A client connection with its read buffer (bytes received but not yet consumed).
@@ -451,6 +554,8 @@ async fn serve_connection(
             match authenticate(shared, &head, &listener_identity) {
                 Ok(identity) => client.identity = identity,
                 Err(e) => {
+                    // A refused request carries no identity an earlier request proved.
+                    client.identity = listener_identity.clone();
                     forward::refuse(
                         shared,
                         &mut client,
@@ -475,7 +580,8 @@ async fn serve_connection(
     }
 }
 
-/// Checks a request's task credentials; the task (and its project) replace the listener's.
+/// Checks a request's task credentials; the credential's task and project replace the
+/// listener's (empty) identity for this request only.
 fn authenticate(
     shared: &Shared,
     head: &RequestHead,
@@ -488,9 +594,11 @@ fn authenticate(
         .map(|f| f.value.as_slice());
     let rules = shared.rules();
     let cred = rules.credentials().verify(header)?;
+    // The task and project come from the credential record alone (the policy file refuses
+    // a project on an auth listener); the listener adds only its job label.
     Ok(Arc::new(Identity {
         task: Some(cred.task.clone()),
-        project: cred.project.clone().or_else(|| listener.project.clone()),
+        project: cred.project.clone(),
         job: listener.job.clone(),
     }))
 }

@@ -278,6 +278,26 @@ fn proxy_config(
             Some(n) => n,
             None => d.max_connections,
         },
+        max_connections_per_listener: match args.max_connections_per_listener {
+            Some(0) => {
+                return Err(invalid(
+                    "--max-connections-per-listener",
+                    "0",
+                    "expected at least 1",
+                ));
+            }
+            other => other,
+        },
+        max_connections_per_client: match args.max_connections_per_client {
+            Some(0) => {
+                return Err(invalid(
+                    "--max-connections-per-client",
+                    "0",
+                    "expected at least 1",
+                ));
+            }
+            other => other,
+        },
         shutdown_grace: match args.shutdown_grace {
             Some(s) if s >= 0.0 && s.is_finite() && s < 1e9 => Duration::from_secs_f64(s),
             Some(s) => {
@@ -347,9 +367,58 @@ fn proxy_config(
     })
 }
 
+/// Fits the connection cap to the open-file limit `nofile` (two descriptors a connection,
+/// plus a reserve): a default cap shrinks to fit, an explicit one that cannot fit is an
+/// error that says what to raise.
+pub fn fit_to_fd_limit(limits: &mut Limits, explicit: bool, nofile: u64) -> Result<(), SettingsError> {
+    use sandgate_proxy::admission::{FDS_PER_CONNECTION, RESERVED_FDS, connections_for_fd_limit};
+    let fits = connections_for_fd_limit(nofile);
+    if limits.max_connections <= fits {
+        return Ok(());
+    }
+    if explicit || fits == 0 {
+        let n = limits.max_connections;
+        return Err(invalid(
+            "--max-connections",
+            &n.to_string(),
+            format!(
+                "needs {} open files ({FDS_PER_CONNECTION} per connection + {RESERVED_FDS}) but the limit is {nofile}; raise it (ulimit -n, LimitNOFILE=) or lower --max-connections to {fits}",
+                n as u64 * FDS_PER_CONNECTION + RESERVED_FDS
+            ),
+        ));
+    }
+    tracing::info!(
+        max_connections = fits,
+        open_file_limit = nofile,
+        "connection cap lowered to fit the open-file limit"
+    );
+    limits.max_connections = fits;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_connection_cap_fits_the_open_file_limit() {
+        let mut l = Limits::default();
+        fit_to_fd_limit(&mut l, false, 1024).unwrap();
+        assert_eq!(l.max_connections, 384);
+        let mut l = Limits::default();
+        fit_to_fd_limit(&mut l, false, 1 << 20).unwrap();
+        assert_eq!(l.max_connections, 16_384);
+        let mut l = Limits {
+            max_connections: 5000,
+            ..Limits::default()
+        };
+        let err = fit_to_fd_limit(&mut l, true, 1024).unwrap_err().to_string();
+        assert!(
+            err.contains("--max-connections") && err.contains("10256 open files"),
+            "{err}"
+        );
+        assert!(err.contains("lower --max-connections to 384"), "{err}");
+    }
     use clap::Parser;
 
     fn config(argv: &[&str], env: &[(&str, &str)]) -> Result<ProxyConfig, SettingsError> {

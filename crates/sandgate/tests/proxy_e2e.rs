@@ -793,24 +793,28 @@ fn idle_tunnels_are_closed_and_the_connection_cap_holds() {
     first.write_all(connect.as_bytes()).unwrap();
     let mut head = [0u8; 39];
     first.read_exact(&mut head).unwrap();
-    // While the first tunnel holds the only slot, a second connection is not served.
-    let mut second = TcpStream::connect(p.addr).unwrap();
-    second.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-    second.write_all(connect.as_bytes()).unwrap();
-    let mut byte = [0u8; 1];
-    assert!(
-        second.read(&mut byte).is_err(),
-        "second connection served beyond the cap"
-    );
-    // The idle first tunnel is closed after 0.5 s; then the second is served.
+    // While the first tunnel holds the only slot, a second connection is answered 503 at
+    // once (never left waiting unanswered).
+    let second = common::raw(p.addr, connect.as_bytes());
+    assert!(second.starts_with("HTTP/1.1 503"), "{second}");
+    assert!(second.contains("connection_limit_reached"), "{second}");
+    // The idle first tunnel is closed after 0.5 s; then a new connection is served.
     let mut rest = Vec::new();
     first.read_to_end(&mut rest).unwrap();
-    second.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    second.read_exact(&mut head).unwrap();
+    let mut third = TcpStream::connect(p.addr).unwrap();
+    third.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    third.write_all(connect.as_bytes()).unwrap();
+    third.read_exact(&mut head).unwrap();
     assert!(head.starts_with(b"HTTP/1.1 200"));
-    let events = p.audit_events(3);
+    let events = p.audit_events(4);
     let close = events_of(&events, "close")[0];
     assert_eq!(close["outcome"], "idle_timeout", "{events:#?}");
+    assert!(
+        events.iter().any(|e| e["reason_code"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("connection_limit:"))),
+        "{events:#?}"
+    );
 }
 
 #[test]
