@@ -8,7 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use crate::head::parse_request_head;
+use crate::http1::head::parse_request_head;
 use crate::metrics::Metrics;
 
 /// Largest admin request head.

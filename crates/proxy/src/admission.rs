@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::Limits;
-use crate::respond::LimitKind;
+use crate::refusal::LimitKind;
 
 /// Open descriptors kept back for the resolver, the audit log, splice pipes and listeners
 /// when the connection cap is derived from `RLIMIT_NOFILE`.

@@ -24,7 +24,7 @@ use hickory_resolver::config::{
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::net::{DnsError, NetError};
 use hickory_resolver::proto::rr::Name;
-use sandgate_policy::{AddrClass, AddressGuard, Host, Prohibited, Target};
+use sandgate_policy::{Access, AddrClass, AddressGuard, Host, Prohibited, Target};
 use tokio::net::TcpStream;
 
 use crate::metrics::Metrics;
@@ -50,7 +50,8 @@ pub struct DialConfig {
     pub upstream_proxy: Option<SocketAddr>,
 }
 
-/// Addresses that passed the guard for one target, in the resolver's order.
+/// Addresses that passed the guard for one target, in the resolver's order; when chained,
+/// the upstream proxy's address instead (which vets the destination itself).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VettedAddrs {
     addrs: Vec<SocketAddr>,
@@ -227,14 +228,30 @@ impl Dialer {
         Ok(VettedAddrs { addrs })
     }
 
-    /// The upstream proxy, when traffic is chained through one.
-    pub fn upstream_proxy(&self) -> Option<SocketAddr> {
-        self.upstream_proxy
+    /// Whether allowed traffic goes through an upstream proxy instead of to destinations.
+    pub fn is_chained(&self) -> bool {
+        self.upstream_proxy.is_some()
+    }
+
+    /// Connects to a vetted destination, ready for the request's bytes: directly, or, when
+    /// chained, to the upstream proxy, which for a tunnel is first asked to open it.
+    pub async fn open(
+        &self,
+        vetted: &VettedAddrs,
+        target: &Target,
+        access: Access,
+        timeout: Duration,
+    ) -> Result<(TcpStream, SocketAddr), DialError> {
+        let (mut stream, addr) = self.connect(vetted).await?;
+        if self.is_chained() && access == Access::Connect {
+            self.upstream_tunnel(&mut stream, target, timeout).await?;
+        }
+        Ok((stream, addr))
     }
 
     /// Asks the upstream proxy for a tunnel to `target` on a fresh connection to it
     /// (RFC 9110 section 9.3.6). The answer's head is bounded in size and time.
-    pub async fn upstream_tunnel(
+    async fn upstream_tunnel(
         &self,
         stream: &mut TcpStream,
         target: &Target,
@@ -309,7 +326,7 @@ impl Dialer {
     }
 
     /// Connects to the first vetted address that answers, within the connect timeout.
-    pub async fn connect(&self, vetted: &VettedAddrs) -> Result<(TcpStream, SocketAddr), DialError> {
+    async fn connect(&self, vetted: &VettedAddrs) -> Result<(TcpStream, SocketAddr), DialError> {
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
         let mut last = DialError::ConnectTimeout;
         for addr in &vetted.addrs {
@@ -343,5 +360,11 @@ impl DialError {
             DialError::Prohibited(p) => Some(p.class),
             _ => None,
         }
+    }
+
+    /// A refusal by the address guard or the loop guard: the request's deny, not an
+    /// upstream failure.
+    pub fn is_guard_refusal(&self) -> bool {
+        matches!(self, DialError::Prohibited(_) | DialError::SelfConnect(_))
     }
 }

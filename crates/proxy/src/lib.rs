@@ -1,11 +1,13 @@
-//! sandgate's egress proxy: an HTTP/1.1 forward proxy (absolute-form `http://` and CONNECT
-//! tunnels) in front of a default-deny policy and an address guard.
+//! sandgate's egress proxy: front ends that turn a wire format into one typed request, one
+//! egress core that decides, vets, records and dials, and the relays below it.
 //!
-//! Data path, in module order: [`server`] accepts and reads a bounded request head ([`head`],
-//! [`framing`]); the pure policy crate parses the target and decides; [`dial`] resolves,
-//! vets every address and connects to a vetted one (the only module that dials out);
-//! [`tunnel`] relays CONNECT bytes, [`forward`] relays HTTP messages; [`respond`] renders
-//! every response the proxy writes itself; [`audit`] records every decision and close.
+//! Data path, in module order: [`server`] accepts and admits connections ([`admission`]);
+//! the HTTP/1 front end ([`http1`]) reads bounded heads and hands each request to the core
+//! ([`egress`]), which asks the pure policy crate, has [`dial`] resolve, vet and connect (the
+//! only module that dials out), and records decisions and closes in [`audit`]; the front end
+//! then forwards HTTP or answers CONNECT and hands the sockets to [`relay`]. [`refusal`]
+//! classifies every refusal once; each front end renders it. [`rules`] holds the rules in
+//! force and the handle that swaps them; [`reload`] watches the policy file.
 
 pub(crate) mod admin;
 pub mod admission;
@@ -14,16 +16,19 @@ pub mod audit_query;
 pub(crate) mod audit_sink;
 pub mod config;
 pub mod dial;
-pub(crate) mod forward;
-pub mod framing;
-pub mod head;
+pub(crate) mod egress;
+pub mod http1;
 pub mod metrics;
+pub mod refusal;
+pub(crate) mod relay;
 pub mod reload;
-pub mod respond;
+pub mod rules;
 pub(crate) mod server;
-pub(crate) mod tunnel;
 
 pub use audit::{AuditDestination, AuditEvent, AuditOptions, EventKind};
 pub use config::{Identity, Limits, Listener, PeerFilter, ProxyConfig};
 pub use dial::Nameservers;
-pub use server::{PolicyHandle, Proxy, StartError, unix_now};
+pub use egress::unix_now;
+pub use http1::{framing, head};
+pub use rules::PolicyHandle;
+pub use server::{Proxy, StartError};

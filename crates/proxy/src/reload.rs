@@ -16,7 +16,8 @@ use sandgate_policy::{
 };
 use tokio::sync::mpsc;
 
-use crate::server::{PolicyHandle, unix_now};
+use crate::egress::unix_now;
+use crate::rules::PolicyHandle;
 
 /// How often the file's modification time is checked.
 const POLL: Duration = Duration::from_secs(1);

@@ -1,18 +1,19 @@
-//! Every response the proxy writes itself, decided in one place.
+//! Why a request is not served, classified in one place for every front end.
 //!
 //! A [`Refusal`] says what went wrong and whose fault it is (the client's request, the
-//! policy, the address guard, or the upstream); [`Refusal::reply`] is the single exhaustive
-//! `match` that turns it into a status, an RFC 9209 `Proxy-Status` error type, a
-//! `reason_code` for the audit log and a one-line body naming the destination. Bodies stay
-//! short; details go to the audit log under the request id printed in the body.
+//! policy, the address guard, the proxy, or the upstream); [`Refusal::classify`] is the
+//! single exhaustive `match` that turns it into a [`Classified`]: an HTTP status (the
+//! canonical severity every front end maps from), an RFC 9209 `Proxy-Status` error type, a
+//! `reason_code` for the audit log, whether it is a denial, and one line of text naming the
+//! destination. Front ends render it in their own terms (`http1::render` writes HTTP/1
+//! bytes); the egress core records it. Nothing here writes to a socket.
 
 use std::borrow::Cow;
-use std::fmt::Write as _;
 
 use sandgate_policy::{PolicyReason, Target, TargetError};
 
 use crate::dial::DialError;
-use crate::head::HeadError;
+use crate::http1::head::HeadError;
 
 /// Failures talking to the upstream after the connection was made.
 #[derive(Debug, thiserror::Error)]
@@ -78,40 +79,23 @@ impl LimitKind {
     }
 }
 
-/// The rendered reply.
-#[derive(Debug)]
-pub struct Reply {
+/// A refusal as every front end sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Classified {
     pub status: u16,
+    /// RFC 9209 error type for `Proxy-Status`.
+    pub error_type: &'static str,
     pub reason_code: Cow<'static, str>,
     /// Whether the audit records this as a deny (client or policy) rather than an allowed
     /// request that failed upstream.
     pub is_denial: bool,
-    bytes: Vec<u8>,
-}
-
-impl Reply {
-    pub fn bytes(&self) -> &[u8] {
-        &self.bytes
-    }
-}
-
-fn status_text(status: u16) -> &'static str {
-    match status {
-        400 => "Bad Request",
-        403 => "Forbidden",
-        407 => "Proxy Authentication Required",
-        408 => "Request Timeout",
-        431 => "Request Header Fields Too Large",
-        502 => "Bad Gateway",
-        503 => "Service Unavailable",
-        504 => "Gateway Timeout",
-        _ => "Error",
-    }
+    /// One line naming the destination, for the client.
+    pub text: String,
 }
 
 impl Refusal {
-    /// Renders the response. `method` names the request kind in the body ("CONNECT", "GET").
-    pub fn reply(&self, request_id: &str, method: &str) -> Reply {
+    /// Classifies the refusal. `method` names the request kind in the text ("CONNECT", "GET").
+    pub fn classify(&self, method: &str) -> Classified {
         use DialError as D;
         use UpstreamError as U;
         // (status, Proxy-Status error type, reason_code, denial?, body text)
@@ -281,72 +265,12 @@ impl Refusal {
                     ),
                 },
             };
-        let body = format!("sandgate: {text} (request {request_id})\n");
-        let details = sf_string(&text);
-        // RFC 9110 section 11.7.1: a 407 says how to authenticate.
-        let challenge = if status == 407 {
-            "Proxy-Authenticate: Basic realm=\"sandgate\"\r\n"
-        } else {
-            ""
-        };
-        let mut head = String::with_capacity(160 + body.len());
-        let _ = write!(
-            head,
-            "HTTP/1.1 {status} {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n\
-             Proxy-Status: sandgate; error={error_type}; details={details}\r\n{challenge}Connection: close\r\n\r\n{body}",
-            status_text(status),
-            body.len(),
-        );
-        Reply {
+        Classified {
             status,
+            error_type,
             reason_code: code,
             is_denial: denial,
-            bytes: head.into_bytes(),
+            text,
         }
-    }
-}
-
-/// An RFC 8941 sf-string: printable ASCII in quotes, with `"` and `\` escaped.
-fn sf_string(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' | '\\' => {
-                out.push('\\');
-                out.push(c);
-            }
-            ' '..='~' => out.push(c),
-            _ => out.push('?'),
-        }
-    }
-    out.push('"');
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use sandgate_policy::parse_connect_target;
-
-    #[test]
-    fn deny_names_destination_and_sets_proxy_status() {
-        let target = parse_connect_target("evil.test:443").unwrap();
-        let r = Refusal::Policy {
-            target,
-            reason: PolicyReason::NotAllowlisted,
-        }
-        .reply("abc", "CONNECT");
-        let text = String::from_utf8(r.bytes().to_vec()).unwrap();
-        assert!(text.starts_with("HTTP/1.1 403 Forbidden\r\n"));
-        assert!(text.contains("Proxy-Status: sandgate; error=http_request_denied; details=\"denied CONNECT evil.test:443: not in allowlist\"\r\n"));
-        assert!(text.ends_with("sandgate: denied CONNECT evil.test:443: not in allowlist (request abc)\n"));
-        assert!(r.is_denial);
-    }
-
-    #[test]
-    fn sf_string_escapes() {
-        assert_eq!(sf_string(r#"a"b\c"#), r#""a\"b\\c""#);
-        assert_eq!(sf_string("ü"), "\"?\"");
     }
 }

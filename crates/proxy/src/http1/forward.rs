@@ -9,21 +9,18 @@
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
-use sandgate_policy::{Access, Host, HttpTarget, Target, Verdict, parse_http_target};
+use sandgate_policy::{Access, Host, HttpTarget, parse_http_target};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use crate::audit::EventKind;
-use crate::dial::DialError;
-use crate::framing::{BodyKind, ChunkError, ChunkedScanner};
-use crate::head::{Field, RequestHead, ResponseHead, end_to_end_fields, parse_response_head};
-use crate::respond::{Refusal, UpstreamError};
-use crate::server::{ClientConn, Next, Shared, event};
+use super::framing::{BodyKind, ChunkError, ChunkedScanner};
+use super::head::{Field, RequestHead, ResponseHead, end_to_end_fields, parse_response_head};
+use super::{ClientConn, Next};
+use crate::egress::{Egress, End};
+use crate::refusal::{Refusal, UpstreamError};
 
 /// Largest upstream response head accepted.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
@@ -40,6 +37,8 @@ pub(crate) struct Upstream {
     addr: SocketAddr,
     stream: TcpStream,
     buf: BytesMut,
+    /// The connection goes to an upstream proxy: requests go in absolute form.
+    chained: bool,
 }
 
 impl Upstream {
@@ -52,281 +51,82 @@ impl Upstream {
     }
 }
 
-/// Writes a refusal, audits it, and (for allowed-then-failed requests) audits the close.
-pub(crate) async fn refuse(
-    shared: &Shared,
-    client: &mut ClientConn,
-    target: Option<(&Host, u16, Access)>,
-    refusal: Refusal,
-    method: &str,
-    request_id: Option<String>,
-) {
-    let request_id = request_id.unwrap_or_else(|| shared.ids.next());
-    let reply = refusal.reply(&request_id, method);
-    let _ = client.stream.write_all(reply.bytes()).await;
-    let kind = if reply.is_denial {
-        EventKind::Decision
-    } else {
-        EventKind::Close
-    };
-    let mut e = event(kind, &request_id, client.peer, &client.identity);
-    e.decision = reply.is_denial.then_some(Verdict::Deny);
-    e.reason_code = Some(reply.reason_code.clone());
-    e.status = Some(reply.status);
-    if method != "-" {
-        e.method = Some(method.to_owned());
-    }
-    if let Some((host, port, access)) = target {
-        e.destination_host = Some(host.to_string());
-        e.destination_port = Some(port);
-        e.scheme = Some(access.scheme());
-    }
-    match &refusal {
-        Refusal::Dial {
-            error: DialError::Prohibited(p),
-            ..
-        } => e.resolved_ip = Some(p.ip),
-        Refusal::AddressDenied { ip, rule, .. } => {
-            e.resolved_ip = Some(*ip);
-            e.rule = Some(rule.clone());
-        }
-        _ => {}
-    }
-    if !reply.is_denial {
-        e.outcome = Some(reply.reason_code);
-        e.bytes_sent = Some(0);
-        e.bytes_received = Some(0);
-    }
-    if matches!(refusal, Refusal::AuditUnavailable(_)) {
-        // Must not wait behind a queue that cannot drain; the client is answered anyway.
-        shared.audit.record_now_or_log(e);
-    } else {
-        shared.audit.record(e).await;
-    }
-}
-
-/// Audits an allow decision.
-pub(crate) async fn audit_allow(
-    shared: &Shared,
-    request_id: &str,
-    client: &ClientConn,
-    method: &str,
-    target: (&Host, u16, Access),
-    resolved: Option<std::net::IpAddr>,
-    rule: Option<std::sync::Arc<str>>,
-) {
-    let mut e = event(EventKind::Decision, request_id, client.peer, &client.identity);
-    e.decision = Some(Verdict::Allow);
-    e.reason_code = Some(Cow::Borrowed("allowlisted"));
-    e.method = Some(method.to_owned());
-    e.destination_host = Some(target.0.to_string());
-    e.destination_port = Some(target.1);
-    e.scheme = Some(target.2.scheme());
-    e.resolved_ip = resolved;
-    e.rule = rule;
-    shared.audit.record(e).await;
-}
-
-/// Vets an allowed destination and dials it: resolves and classifies (a guard refusal is the
-/// request's deny decision), audits the allow decision, connects. Every failure is answered
-/// and audited here. `None`: the client has been answered and the connection should close.
-pub(crate) async fn vet_and_dial(
-    shared: &Shared,
-    client: &mut ClientConn,
-    target: &Target,
-    access: Access,
-    method: &str,
-    request_id: &str,
-    rule: Option<Arc<str>>,
-) -> Option<(TcpStream, SocketAddr)> {
-    let dest = (&target.host, target.port, access);
-    let refuse_dial = |error| Refusal::Dial {
-        target: target.clone(),
-        error,
-    };
-    let vetted = match shared.dialer.vet(target).await {
-        Ok(v) => v,
-        Err(error) => {
-            let guard_denied =
-                error.prohibited_class().is_some() || matches!(error, DialError::SelfConnect(_));
-            if !guard_denied {
-                // Allowed by policy, failed upstream (DNS): an allow followed by a close.
-                audit_allow(shared, request_id, client, method, dest, None, rule).await;
-            }
-            refuse(
-                shared,
-                client,
-                Some(dest),
-                refuse_dial(error),
-                method,
-                Some(request_id.to_owned()),
-            )
-            .await;
-            return None;
-        }
-    };
-    // Deny entries that are addresses apply to what the name resolved to (not when chained:
-    // no name is resolved here then, and the upstream applies its own policy).
-    if shared.dialer.upstream_proxy().is_none() {
-        let rules = shared.rules();
-        let ctx = crate::server::context(&client.identity);
-        let denied = vetted
-            .ips()
-            .find_map(|ip| Some((ip, rules.deny_address(ip, target.port, &ctx)?.label.clone())));
-        if let Some((ip, rule)) = denied {
-            let refusal = Refusal::AddressDenied {
-                target: target.clone(),
-                ip,
-                rule,
-            };
-            refuse(
-                shared,
-                client,
-                Some(dest),
-                refusal,
-                method,
-                Some(request_id.to_owned()),
-            )
-            .await;
-            return None;
-        }
-    }
-    audit_allow(shared, request_id, client, method, dest, vetted.primary(), rule).await;
-    let connected = match shared.dialer.connect(&vetted).await {
-        // Chained: the connection goes to the upstream proxy, which must open the tunnel.
-        Ok((mut stream, addr)) if access == Access::Connect && shared.dialer.upstream_proxy().is_some() => {
-            shared
-                .dialer
-                .upstream_tunnel(&mut stream, target, shared.limits.response_timeout)
-                .await
-                .map(|()| (stream, addr))
-        }
-        other => other,
-    };
-    match connected {
-        Ok(pair) => Some(pair),
-        Err(error) => {
-            refuse(
-                shared,
-                client,
-                Some(dest),
-                refuse_dial(error),
-                method,
-                Some(request_id.to_owned()),
-            )
-            .await;
-            None
-        }
-    }
-}
-
 /// Handles one absolute-form request. Returns whether the client connection may carry on.
 pub(crate) async fn handle_http(
-    shared: &Shared,
+    egress: &Egress,
     client: &mut ClientConn,
     head: RequestHead,
     upstream: &mut Option<Upstream>,
 ) -> Next {
-    let started = Instant::now();
-    let request_id = shared.ids.next();
-    let http = match parse_http_target(&head.target) {
-        Ok(t) => t,
-        Err(e) => {
-            refuse(
-                shared,
-                client,
-                None,
-                Refusal::Target(e),
-                &head.method,
-                Some(request_id),
-            )
-            .await;
+    let pending = egress.begin(client.peer, client.identity.clone(), Some(&head.method));
+    let decided = match parse_http_target(&head.target) {
+        Err(e) => Err(egress.refuse(pending, None, Refusal::Target(e)).await),
+        Ok(http) => egress
+            .decide(pending, &http.target, Access::Http)
+            .await
+            .map(|d| (d, http)),
+    };
+    let (decided, http) = match decided {
+        Ok(pair) => pair,
+        Err(refused) => {
+            client.reply(&refused).await;
             return Next::Close;
         }
     };
-    let dest = (&http.target.host, http.target.port, Access::Http);
-    let decision = shared.rules().decide(
-        &http.target,
-        Access::Http,
-        &crate::server::context(&client.identity),
-    );
-    if decision.verdict == Verdict::Deny {
-        let refusal = Refusal::Policy {
-            target: http.target.clone(),
-            reason: decision.reason,
-        };
-        refuse(
-            shared,
-            client,
-            Some(dest),
-            refusal,
-            &head.method,
-            Some(request_id),
-        )
-        .await;
-        return Next::Close;
-    }
     let reusable = upstream
         .as_ref()
-        .is_some_and(|u| u.host == http.target.host && u.port == http.target.port && u.is_alive());
-    if !reusable {
-        *upstream = None;
-        let dialled = vet_and_dial(
-            shared,
-            client,
-            &http.target,
-            Access::Http,
-            &head.method,
-            &request_id,
-            decision.rule_label(),
-        )
-        .await;
-        let Some((stream, addr)) = dialled else {
-            return Next::Close;
-        };
-        *upstream = Some(Upstream {
-            host: http.target.host.clone(),
-            port: http.target.port,
-            addr,
-            stream,
-            buf: BytesMut::new(),
-        });
-    } else {
-        let ip = upstream.as_ref().map(|u| u.addr.ip());
-        audit_allow(
-            shared,
-            &request_id,
-            client,
-            &head.method,
-            dest,
-            ip,
-            decision.rule_label(),
-        )
-        .await;
-    }
+        .filter(|u| u.host == http.target.host && u.port == http.target.port && u.is_alive())
+        .map(|u| u.addr);
+    let grant = match reusable {
+        Some(addr) => decided.reuse(egress, addr).await,
+        None => {
+            *upstream = None;
+            match decided.open(egress).await {
+                Ok(opened) => {
+                    *upstream = Some(Upstream {
+                        host: http.target.host.clone(),
+                        port: http.target.port,
+                        addr: opened.addr,
+                        stream: opened.stream,
+                        buf: BytesMut::new(),
+                        chained: opened.chained,
+                    });
+                    opened.grant
+                }
+                Err(refused) => {
+                    client.reply(&refused).await;
+                    return Next::Close;
+                }
+            }
+        }
+    };
     let Some(up) = upstream.as_mut() else {
+        let end = End {
+            sent: 0,
+            received: 0,
+            status: None,
+            outcome: "client_failure".into(),
+        };
+        egress.close(grant, end).await;
         return Next::Close;
     };
-    let outcome = exchange(shared, client, &head, &http, up).await;
-    let mut e = event(EventKind::Close, &request_id, client.peer, &client.identity);
-    e.method = Some(head.method.clone());
-    e.destination_host = Some(http.target.host.to_string());
-    e.destination_port = Some(http.target.port);
-    e.scheme = Some("http");
-    e.resolved_ip = Some(up.addr.ip());
-    e.bytes_sent = Some(outcome.sent);
-    e.bytes_received = Some(outcome.received);
-    e.duration_ms = Some(started.elapsed().as_millis() as u64);
-    e.status = outcome.status;
-    e.outcome = Some(outcome.label.clone());
-    if let Some(refusal) = outcome.refusal {
+    let outcome = exchange(egress, client, &head, &http, up).await;
+    match outcome.refusal {
         // The upstream failed before a response: answer the client ourselves.
-        let reply = refusal.reply(&request_id, &head.method);
-        let _ = client.stream.write_all(reply.bytes()).await;
-        e.status = Some(reply.status);
-        e.outcome = Some(reply.reason_code);
+        Some(refusal) => {
+            let refused = egress.fail(grant, refusal, outcome.sent, outcome.received).await;
+            client.reply(&refused).await;
+        }
+        None => {
+            let end = End {
+                sent: outcome.sent,
+                received: outcome.received,
+                status: outcome.status,
+                outcome: outcome.label.clone(),
+            };
+            egress.close(grant, end).await;
+        }
     }
-    shared.audit.record(e).await;
     if !outcome.upstream_reusable {
         *upstream = None;
     }
@@ -364,14 +164,14 @@ impl Exchange {
 }
 
 async fn exchange(
-    shared: &Shared,
+    egress: &Egress,
     client: &mut ClientConn,
     head: &RequestHead,
     http: &HttpTarget,
     up: &mut Upstream,
 ) -> Exchange {
-    let limits = &shared.limits;
-    let out_head = request_head_bytes(head, http, shared.dialer.upstream_proxy().is_some());
+    let limits = &egress.limits;
+    let out_head = request_head_bytes(head, http, up.chained);
     if let Err(_e) = up.stream.write_all(&out_head).await {
         return Exchange {
             refusal: Some(Refusal::Upstream {
@@ -512,7 +312,7 @@ where
             match parse_response_head(buf, method) {
                 Ok(Some((head, len))) if (100..200).contains(&head.status) => {
                     if head.status == 101 {
-                        return Err(UpstreamError::Malformed(crate::head::HeadError::Syntax(
+                        return Err(UpstreamError::Malformed(super::head::HeadError::Syntax(
                             "unrequested upgrade",
                         )));
                     }
@@ -530,7 +330,7 @@ where
                 }
                 Ok(None) if buf.len() >= MAX_RESPONSE_HEAD => return Err(UpstreamError::HeadTooLarge),
                 Ok(None) => {}
-                Err(crate::head::HeadError::TooManyFields) => return Err(UpstreamError::HeadTooLarge),
+                Err(super::head::HeadError::TooManyFields) => return Err(UpstreamError::HeadTooLarge),
                 Err(e) => return Err(UpstreamError::Malformed(e)),
             }
         }

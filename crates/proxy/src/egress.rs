@@ -1,0 +1,395 @@
+//! The egress core: every front end (HTTP/1 today; SOCKS5 and node streams later) hands it
+//! a typed request and gets back an open upstream connection or a classified refusal. The
+//! core decides (the pure policy), vets (the dialer's resolution and address guard, and
+//! address deny entries), records the decision, and dials; it writes no byte to a client.
+//!
+//! Exactly one decision event per request holds by construction: a request starts as a
+//! [`Pending`] (from [`Egress::begin`]), which only [`Egress::refuse`] (a deny) or
+//! [`Egress::decide`] consumes; an allowed [`Decided`] is consumed by [`Decided::open`] or
+//! [`Decided::reuse`], each of which records the allow (or the deny the guard found). What
+//! they return, a [`Grant`], is consumed by [`Egress::close`] or [`Egress::fail`], which
+//! record the close. None of these types can be cloned, and each is `#[must_use]`.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use sandgate_policy::{Access, Context, Ruleset, Target, Verdict};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::audit::{Audit, AuditEvent, EventKind};
+use crate::config::{Identity, Limits};
+use crate::dial::{DialError, Dialer};
+use crate::metrics::Metrics;
+use crate::refusal::{Classified, Refusal};
+
+/// Unix seconds now, for decisions (entries expire at exact seconds).
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// The decision context for an identity, now.
+pub(crate) fn context(identity: &Identity) -> Context<'_> {
+    Context {
+        task: identity.task.as_deref(),
+        project: identity.project.as_deref(),
+        now: unix_now(),
+    }
+}
+
+/// The shared state of every connection: the rules in force, the dialer, the audit trail.
+#[derive(Debug)]
+pub(crate) struct Egress {
+    /// Swapped whole on reload; a request decides against the set it started with.
+    pub rules: Arc<RwLock<Arc<Ruleset>>>,
+    pub dialer: Dialer,
+    pub audit: Audit,
+    pub limits: Limits,
+    ids: RequestIds,
+    /// Cancelled when in-flight work must end (grace period over).
+    pub hard_stop: CancellationToken,
+    pub metrics: Arc<Metrics>,
+}
+
+/// A request that has not been decided yet.
+#[must_use = "a request must end in exactly one decision event: refuse it or decide it"]
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub id: String,
+    peer: SocketAddr,
+    identity: Arc<Identity>,
+    /// `None` when no request line was read (a malformed head, a connection refused at a limit).
+    method: Option<String>,
+    started: Instant,
+}
+
+/// An allowed request, before the guard has seen its addresses.
+#[must_use = "an allowed request must be opened or reused, which records its decision"]
+#[derive(Debug)]
+pub(crate) struct Decided {
+    pending: Pending,
+    target: Target,
+    access: Access,
+    rule: Option<Arc<str>>,
+}
+
+/// A request whose allow is on record; its close must be recorded too.
+#[must_use = "an allowed request must end in a close event: close or fail it"]
+#[derive(Debug)]
+pub(crate) struct Grant {
+    pub id: String,
+    peer: SocketAddr,
+    identity: Arc<Identity>,
+    method: Option<String>,
+    pub target: Target,
+    access: Access,
+    resolved: Option<IpAddr>,
+    started: Instant,
+}
+
+/// An upstream connection the core opened for a granted request.
+#[derive(Debug)]
+pub(crate) struct Opened {
+    pub stream: TcpStream,
+    pub addr: SocketAddr,
+    /// The connection goes to an upstream proxy (which needs absolute-form HTTP requests).
+    pub chained: bool,
+    pub grant: Grant,
+}
+
+/// A refusal already on record; the front end renders it.
+#[derive(Debug)]
+pub(crate) struct Refused {
+    pub id: String,
+    pub classified: Classified,
+}
+
+/// How an allowed exchange or tunnel ended.
+#[derive(Debug)]
+pub(crate) struct End {
+    pub sent: u64,
+    pub received: u64,
+    pub status: Option<u16>,
+    pub outcome: std::borrow::Cow<'static, str>,
+}
+
+impl Egress {
+    pub fn new(
+        rules: Ruleset,
+        dialer: Dialer,
+        audit: Audit,
+        limits: Limits,
+        metrics: Arc<Metrics>,
+    ) -> Egress {
+        Egress {
+            rules: Arc::new(RwLock::new(Arc::new(rules))),
+            dialer,
+            audit,
+            limits,
+            ids: RequestIds::new(),
+            hard_stop: CancellationToken::new(),
+            metrics,
+        }
+    }
+
+    /// The rules in force now.
+    pub fn rules(&self) -> Arc<Ruleset> {
+        match self.rules.read() {
+            Ok(r) => r.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Starts a request from `peer` on behalf of `identity`.
+    pub fn begin(&self, peer: SocketAddr, identity: Arc<Identity>, method: Option<&str>) -> Pending {
+        Pending {
+            id: self.ids.next(),
+            peer,
+            identity,
+            method: method.map(str::to_owned),
+            started: Instant::now(),
+        }
+    }
+
+    /// Refuses a request before any destination was decided (a bad head, missing
+    /// credentials, a full limit, a broken audit trail) or with a policy deny, and records
+    /// the decision.
+    pub async fn refuse(
+        &self,
+        pending: Pending,
+        dest: Option<(&Target, Access)>,
+        refusal: Refusal,
+    ) -> Refused {
+        let classified = refusal.classify(pending.method.as_deref().unwrap_or("-"));
+        let mut e = pending.event(EventKind::Decision);
+        e.decision = Some(Verdict::Deny);
+        fill_refusal(&mut e, &refusal, &classified, dest);
+        if matches!(refusal, Refusal::AuditUnavailable(_)) {
+            // Must not wait behind a queue that cannot drain; the client is answered anyway.
+            self.audit.record_now_or_log(e);
+        } else {
+            self.audit.record(e).await;
+        }
+        Refused {
+            id: pending.id,
+            classified,
+        }
+    }
+
+    /// Decides `target` for `access` with the rules in force. A deny is recorded here.
+    pub async fn decide(
+        &self,
+        pending: Pending,
+        target: &Target,
+        access: Access,
+    ) -> Result<Decided, Refused> {
+        let decision = self.rules().decide(target, access, &context(&pending.identity));
+        if decision.verdict == Verdict::Deny {
+            let refusal = Refusal::Policy {
+                target: target.clone(),
+                reason: decision.reason,
+            };
+            return Err(self.refuse(pending, Some((target, access)), refusal).await);
+        }
+        Ok(Decided {
+            pending,
+            target: target.clone(),
+            access,
+            rule: decision.rule_label(),
+        })
+    }
+
+    /// Records the close of a granted request.
+    pub async fn close(&self, grant: Grant, end: End) {
+        let mut e = grant.event(EventKind::Close);
+        e.bytes_sent = Some(end.sent);
+        e.bytes_received = Some(end.received);
+        e.status = end.status;
+        e.outcome = Some(end.outcome);
+        self.audit.record(e).await;
+    }
+
+    /// Records a granted request that failed upstream before a response (DNS, connect, a
+    /// broken or missing response head): a close whose outcome is the refusal's reason.
+    pub async fn fail(&self, grant: Grant, refusal: Refusal, sent: u64, received: u64) -> Refused {
+        let classified = refusal.classify(grant.method.as_deref().unwrap_or("-"));
+        let id = grant.id.clone();
+        let end = End {
+            sent,
+            received,
+            status: Some(classified.status),
+            outcome: classified.reason_code.clone(),
+        };
+        self.close(grant, end).await;
+        Refused { id, classified }
+    }
+
+    async fn allow(&self, d: Decided, resolved: Option<IpAddr>) -> Grant {
+        let mut e = d.pending.event(EventKind::Decision);
+        e.decision = Some(Verdict::Allow);
+        e.reason_code = Some("allowlisted".into());
+        set_dest(&mut e, &d.target, d.access);
+        e.resolved_ip = resolved;
+        e.rule = d.rule;
+        self.audit.record(e).await;
+        Grant {
+            id: d.pending.id,
+            peer: d.pending.peer,
+            identity: d.pending.identity,
+            method: d.pending.method,
+            target: d.target,
+            access: d.access,
+            resolved,
+            started: d.pending.started,
+        }
+    }
+}
+
+impl Decided {
+    /// Vets the destination (a guard refusal or an address deny entry is this request's
+    /// deny), records the allow, and connects through the dialer (directly, or through the
+    /// upstream proxy when chained). A failure after the allow is recorded as its close.
+    pub async fn open(self, egress: &Egress) -> Result<Opened, Refused> {
+        let target = self.target.clone();
+        let access = self.access;
+        let vetted = match egress.dialer.vet(&target).await {
+            Ok(v) => v,
+            Err(error) if error.is_guard_refusal() => {
+                let refusal = Refusal::Dial { target, error };
+                return Err(egress
+                    .refuse(self.pending, Some((&self.target, access)), refusal)
+                    .await);
+            }
+            Err(error) => {
+                // Allowed by policy, failed upstream (DNS): an allow followed by a close.
+                let grant = egress.allow(self, None).await;
+                return Err(egress.fail(grant, Refusal::Dial { target, error }, 0, 0).await);
+            }
+        };
+        // Deny entries that are addresses apply to what the name resolved to (not when
+        // chained: no name is resolved here then, and the upstream applies its own policy).
+        if !egress.dialer.is_chained() {
+            let rules = egress.rules();
+            let ctx = context(&self.pending.identity);
+            let denied = vetted
+                .ips()
+                .find_map(|ip| Some((ip, rules.deny_address(ip, target.port, &ctx)?.label.clone())));
+            if let Some((ip, rule)) = denied {
+                let refusal = Refusal::AddressDenied {
+                    target: target.clone(),
+                    ip,
+                    rule,
+                };
+                return Err(egress
+                    .refuse(self.pending, Some((&target, access)), refusal)
+                    .await);
+            }
+        }
+        let mut grant = egress.allow(self, vetted.primary()).await;
+        let timeout = egress.limits.response_timeout;
+        match egress.dialer.open(&vetted, &target, access, timeout).await {
+            Ok((stream, addr)) => {
+                // The close names the address actually connected to.
+                grant.resolved = Some(addr.ip());
+                Ok(Opened {
+                    stream,
+                    addr,
+                    chained: egress.dialer.is_chained(),
+                    grant,
+                })
+            }
+            Err(error) => Err(egress.fail(grant, Refusal::Dial { target, error }, 0, 0).await),
+        }
+    }
+
+    /// Records the allow for a request served on a kept upstream connection to `addr`,
+    /// which was vetted for this same destination.
+    pub async fn reuse(self, egress: &Egress, addr: SocketAddr) -> Grant {
+        egress.allow(self, Some(addr.ip())).await
+    }
+}
+
+impl Pending {
+    fn event(&self, kind: EventKind) -> AuditEvent {
+        let mut e = AuditEvent::new(kind, self.id.clone());
+        e.client_addr = Some(self.peer);
+        e.task_id = self.identity.task.clone();
+        e.project_id = self.identity.project.clone();
+        e.job_id = self.identity.job.clone();
+        e.method = self.method.clone();
+        e
+    }
+}
+
+impl Grant {
+    fn event(&self, kind: EventKind) -> AuditEvent {
+        let mut e = AuditEvent::new(kind, self.id.clone());
+        e.client_addr = Some(self.peer);
+        e.task_id = self.identity.task.clone();
+        e.project_id = self.identity.project.clone();
+        e.job_id = self.identity.job.clone();
+        e.method = self.method.clone();
+        set_dest(&mut e, &self.target, self.access);
+        e.resolved_ip = self.resolved;
+        e.duration_ms = Some(self.started.elapsed().as_millis() as u64);
+        e
+    }
+}
+
+fn set_dest(e: &mut AuditEvent, target: &Target, access: Access) {
+    e.destination_host = Some(target.host.to_string());
+    e.destination_port = Some(target.port);
+    e.scheme = Some(access.scheme());
+}
+
+/// The fields a refusal adds to its decision event.
+fn fill_refusal(e: &mut AuditEvent, refusal: &Refusal, c: &Classified, dest: Option<(&Target, Access)>) {
+    e.reason_code = Some(c.reason_code.clone());
+    e.status = Some(c.status);
+    if let Some((target, access)) = dest {
+        set_dest(e, target, access);
+    }
+    match refusal {
+        Refusal::Dial {
+            error: DialError::Prohibited(p),
+            ..
+        } => e.resolved_ip = Some(p.ip),
+        Refusal::AddressDenied { ip, rule, .. } => {
+            e.resolved_ip = Some(*ip);
+            e.rule = Some(rule.clone());
+        }
+        _ => {}
+    }
+}
+
+/// Request ids: a per-process prefix and a counter, unique within a run and unlikely to
+/// repeat across restarts.
+#[derive(Debug)]
+struct RequestIds {
+    prefix: u32,
+    next: AtomicU64,
+}
+
+impl RequestIds {
+    fn new() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        RequestIds {
+            prefix: nanos ^ std::process::id().rotate_left(16),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    fn next(&self) -> String {
+        format!(
+            "{:08x}{:08x}",
+            self.prefix,
+            self.next.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}

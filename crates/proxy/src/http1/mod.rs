@@ -1,0 +1,205 @@
+//! The HTTP/1.1 front end: one client connection's request loop. It owns the wire format
+//! only: request heads ([`head`], [`framing`]), task credentials in `Proxy-Authorization`,
+//! absolute-form forwarding ([`forward`]), the CONNECT reply ([`connect`]) and the rendering
+//! of refusals ([`render`]). Deciding, vetting, dialling and recording belong to the egress
+//! core ([`crate::egress`]), which this module calls and which never calls back.
+
+pub(crate) mod connect;
+pub(crate) mod forward;
+pub mod framing;
+pub mod head;
+pub(crate) mod render;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Identity, Limits};
+use crate::egress::{Egress, Refused};
+use crate::refusal::Refusal;
+use head::{HeadError, RequestHead, parse_request_head};
+
+/// A client connection with its read buffer (bytes received but not yet consumed).
+#[derive(Debug)]
+pub(crate) struct ClientConn {
+    pub stream: TcpStream,
+    pub buf: BytesMut,
+    pub peer: SocketAddr,
+    pub identity: Arc<Identity>,
+}
+
+impl ClientConn {
+    pub fn new(stream: TcpStream, peer: SocketAddr, identity: Arc<Identity>) -> ClientConn {
+        ClientConn {
+            stream,
+            buf: BytesMut::new(),
+            peer,
+            identity,
+        }
+    }
+
+    /// Writes a recorded refusal as an HTTP/1 response (the connection then closes).
+    pub async fn reply(&mut self, refused: &Refused) {
+        let bytes = render::render(&refused.classified, &refused.id);
+        let _ = self.stream.write_all(&bytes).await;
+    }
+}
+
+/// What to do after one exchange.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Next {
+    KeepAlive,
+    Close,
+}
+
+/// Serves one client connection: requests until it ends, then a CONNECT tunnel if the last
+/// request asked for one.
+pub(crate) async fn serve(egress: &Egress, client: ClientConn, require_auth: bool, stop: &CancellationToken) {
+    // The request loop is boxed and gone before a tunnel starts, so a long-lived tunnel's
+    // task holds only the tunnel's own small state.
+    let handoff = Box::pin(request_loop(egress, client, require_auth, stop)).await;
+    if let Some((client, head)) = handoff {
+        connect::handle_connect(egress, client, head).await;
+    }
+}
+
+/// Answers a connection the proxy will not serve (a full limit) with the refusal and
+/// closes it after reading what the client sent, so the answer is not lost to a reset.
+pub(crate) async fn refuse_connection(egress: &Egress, mut client: ClientConn, refusal: Refusal) {
+    let limit = std::time::Duration::from_secs(1);
+    let pending = egress.begin(client.peer, client.identity.clone(), None);
+    let answered = async {
+        let refused = egress.refuse(pending, None, refusal).await;
+        client.reply(&refused).await;
+    };
+    let _ = tokio::time::timeout(limit, answered).await;
+    let _ = tokio::time::timeout(limit, async {
+        let _ = client.stream.shutdown().await;
+        let mut sink = [0u8; 4096];
+        let mut budget = 64 * 1024usize;
+        while budget > 0 {
+            match client.stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => budget = budget.saturating_sub(n),
+            }
+        }
+    })
+    .await;
+}
+
+/// Serves requests until the connection ends, or returns it with a CONNECT head to become
+/// a tunnel.
+async fn request_loop(
+    egress: &Egress,
+    mut client: ClientConn,
+    require_auth: bool,
+    stop: &CancellationToken,
+) -> Option<(ClientConn, RequestHead)> {
+    let listener_identity = client.identity.clone();
+    let mut upstream: Option<forward::Upstream> = None;
+    loop {
+        let head = match read_request_head(&mut client, &egress.limits, stop).await {
+            Ok(Some(head)) => head,
+            Ok(None) => return None,
+            Err(refusal) => {
+                let pending = egress.begin(client.peer, client.identity.clone(), None);
+                let refused = egress.refuse(pending, None, refusal).await;
+                client.reply(&refused).await;
+                return None;
+            }
+        };
+        // Fail closed: while the audit trail cannot be written, nothing new passes.
+        let refusal = match egress.audit.available() {
+            Err(cause) => Some(Refusal::AuditUnavailable(cause)),
+            Ok(()) if require_auth => match authenticate(egress, &head, &listener_identity) {
+                Ok(identity) => {
+                    client.identity = identity;
+                    None
+                }
+                Err(e) => {
+                    // A refused request carries no identity an earlier request proved.
+                    client.identity = listener_identity.clone();
+                    Some(Refusal::ProxyAuth(e))
+                }
+            },
+            Ok(()) => None,
+        };
+        if let Some(refusal) = refusal {
+            let pending = egress.begin(client.peer, client.identity.clone(), Some(&head.method));
+            let refused = egress.refuse(pending, None, refusal).await;
+            client.reply(&refused).await;
+            return None;
+        }
+        if head.is_connect() {
+            return Some((client, head));
+        }
+        // Boxed: the HTTP exchange state would otherwise enlarge every connection's future,
+        // tunnels included.
+        if Box::pin(forward::handle_http(egress, &mut client, head, &mut upstream)).await == Next::Close {
+            return None;
+        }
+    }
+}
+
+/// Checks a request's task credentials (RFC 7617 Basic in `Proxy-Authorization`); the
+/// credential's task and project replace the listener's (empty) identity for this request.
+/// The policy file refuses a project on an auth listener; the listener adds only its job.
+fn authenticate(
+    egress: &Egress,
+    head: &RequestHead,
+    listener: &Identity,
+) -> Result<Arc<Identity>, sandgate_policy::AuthError> {
+    let header = head
+        .fields
+        .iter()
+        .find(|f| f.is("proxy-authorization"))
+        .map(|f| f.value.as_slice());
+    let rules = egress.rules();
+    let cred = rules.credentials().verify(header)?;
+    Ok(Arc::new(Identity {
+        task: Some(cred.task.clone()),
+        project: cred.project.clone(),
+        job: listener.job.clone(),
+    }))
+}
+
+/// Reads one request head. `Ok(None)`: the connection ended (or idled out, or the proxy is
+/// stopping) between requests, which needs no answer.
+async fn read_request_head(
+    client: &mut ClientConn,
+    limits: &Limits,
+    stop: &CancellationToken,
+) -> Result<Option<RequestHead>, Refusal> {
+    let deadline = tokio::time::Instant::now() + limits.head_timeout;
+    loop {
+        if !client.buf.is_empty() {
+            match parse_request_head(&client.buf) {
+                Ok(Some((head, len))) => {
+                    client.buf.advance(len);
+                    return Ok(Some(head));
+                }
+                Ok(None) if client.buf.len() >= limits.max_head_bytes => return Err(Refusal::HeadTooLarge),
+                Ok(None) => {}
+                Err(HeadError::TooManyFields) => return Err(Refusal::HeadTooLarge),
+                Err(e) => return Err(Refusal::Head(e)),
+            }
+        }
+        let idle = client.buf.is_empty();
+        // Bounded in bytes: never hold more than the head limit plus one read.
+        client.buf.reserve(4096);
+        let read = tokio::select! {
+            _ = stop.cancelled(), if idle => return Ok(None),
+            read = tokio::time::timeout_at(deadline, client.stream.read_buf(&mut client.buf)) => read,
+        };
+        match read {
+            Ok(Ok(0)) | Ok(Err(_)) => return Ok(None),
+            Ok(Ok(_)) => {}
+            Err(_) if idle => return Ok(None),
+            Err(_) => return Err(Refusal::HeadTimeout),
+        }
+    }
+}

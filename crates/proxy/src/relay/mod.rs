@@ -1,0 +1,64 @@
+//! Byte relays for tunnels: both directions at once, a clean EOF passed on as a half-close
+//! while the other direction carries on, an error in either ending the tunnel (and only it),
+//! an idle timer, and the shutdown signal. Nothing here looks at the bytes.
+//!
+//! [`tunnel`] relays two TCP sockets: on Linux with splice(2) (`splice.rs`: payload never
+//! enters user space, and the whole tunnel is one small hand-written future), elsewhere with
+//! the portable copy relay (`copy.rs`). `copy.rs` is compiled everywhere and also relays any
+//! pair of async streams ([`relay_streams`], for TLS and multiplexed streams). Either way an
+//! idle tunnel holds no user-space buffer.
+
+mod copy;
+#[cfg(target_os = "linux")]
+mod splice;
+
+use std::io;
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+#[cfg_attr(
+    not(test),
+    expect(
+        unused_imports,
+        reason = "the relay for the TLS and HTTP/2 transports, which land next"
+    )
+)]
+pub(crate) use copy::relay_streams;
+
+/// Relays `client` and `upstream` until both directions end, one fails, the tunnel idles
+/// out, or `stop` cuts it. Returns bytes client-to-upstream, upstream-to-client, and the
+/// outcome (`ok`, `client_reset`, `upstream_reset`, `idle_timeout`, `shutdown`,
+/// `proxy_out_of_descriptors`).
+pub(crate) async fn tunnel(
+    client: &TcpStream,
+    upstream: &TcpStream,
+    idle: Duration,
+    stop: &CancellationToken,
+) -> (u64, u64, &'static str) {
+    #[cfg(target_os = "linux")]
+    {
+        splice::relay(client, upstream, idle, stop).await
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        copy::copy_relay(client, upstream, idle, stop).await
+    }
+}
+
+/// Writes all of `data` through a shared reference (each relay direction holds one).
+pub(crate) async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        dst.writable().await?;
+        match dst.try_write(data) {
+            Ok(n) => data = data.get(n..).unwrap_or_default(),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
