@@ -19,7 +19,8 @@ use sandgate_policy::{Access, Context, Ruleset, Target, Verdict};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::{Audit, AuditEvent, EventKind};
+use crate::audit::Audit;
+use crate::audit::event::{Close, Decision, Dest, Event, Outcome, Party};
 use crate::config::{Identity, Limits};
 use crate::dial::{DialError, Dialer};
 use crate::metrics::Metrics;
@@ -82,9 +83,7 @@ pub(crate) struct Decided {
 #[derive(Debug)]
 pub(crate) struct Grant {
     pub id: String,
-    peer: SocketAddr,
-    identity: Arc<Identity>,
-    method: Option<String>,
+    party: Party,
     pub target: Target,
     access: Access,
     resolved: Option<IpAddr>,
@@ -114,7 +113,7 @@ pub(crate) struct End {
     pub sent: u64,
     pub received: u64,
     pub status: Option<u16>,
-    pub outcome: std::borrow::Cow<'static, str>,
+    pub outcome: Outcome,
 }
 
 impl Egress {
@@ -165,9 +164,23 @@ impl Egress {
         refusal: Refusal,
     ) -> Refused {
         let classified = refusal.classify(pending.method.as_deref().unwrap_or("-"));
-        let mut e = pending.event(EventKind::Decision);
-        e.decision = Some(Verdict::Deny);
-        fill_refusal(&mut e, &refusal, &classified, dest);
+        let (resolved_ip, rule) = match &refusal {
+            Refusal::Dial {
+                error: DialError::Prohibited(p),
+                ..
+            } => (Some(p.ip), None),
+            Refusal::AddressDenied { ip, rule, .. } => (Some(*ip), Some(rule.clone())),
+            _ => (None, None),
+        };
+        let e = Event::Decision(Decision {
+            dest: dest.map(|(t, a)| dest_of(t, a)),
+            verdict: Verdict::Deny,
+            reason_code: classified.reason_code.clone(),
+            resolved_ip,
+            rule,
+            status: Some(classified.status),
+            party: pending.party(),
+        });
         if matches!(refusal, Refusal::AuditUnavailable(_)) {
             // Must not wait behind a queue that cannot drain; the client is answered anyway.
             self.audit.record_now_or_log(e);
@@ -205,42 +218,50 @@ impl Egress {
 
     /// Records the close of a granted request.
     pub async fn close(&self, grant: Grant, end: End) {
-        let mut e = grant.event(EventKind::Close);
-        e.bytes_sent = Some(end.sent);
-        e.bytes_received = Some(end.received);
-        e.status = end.status;
-        e.outcome = Some(end.outcome);
+        let e = Event::Close(Close {
+            dest: dest_of(&grant.target, grant.access),
+            resolved_ip: grant.resolved,
+            status: end.status,
+            bytes_sent: end.sent,
+            bytes_received: end.received,
+            duration_ms: grant.started.elapsed().as_millis() as u64,
+            outcome: end.outcome,
+            party: grant.party,
+        });
         self.audit.record(e).await;
     }
 
     /// Records a granted request that failed upstream before a response (DNS, connect, a
     /// broken or missing response head): a close whose outcome is the refusal's reason.
     pub async fn fail(&self, grant: Grant, refusal: Refusal, sent: u64, received: u64) -> Refused {
-        let classified = refusal.classify(grant.method.as_deref().unwrap_or("-"));
+        let classified = refusal.classify(grant.party.method.as_deref().unwrap_or("-"));
         let id = grant.id.clone();
         let end = End {
             sent,
             received,
             status: Some(classified.status),
-            outcome: classified.reason_code.clone(),
+            // Only upstream failures reach here; anything else is recorded as the client's.
+            outcome: classified.outcome.unwrap_or(Outcome::ClientFailure),
         };
         self.close(grant, end).await;
         Refused { id, classified }
     }
 
     async fn allow(&self, d: Decided, resolved: Option<IpAddr>) -> Grant {
-        let mut e = d.pending.event(EventKind::Decision);
-        e.decision = Some(Verdict::Allow);
-        e.reason_code = Some("allowlisted".into());
-        set_dest(&mut e, &d.target, d.access);
-        e.resolved_ip = resolved;
-        e.rule = d.rule;
+        let party = d.pending.party();
+        let e = Event::Decision(Decision {
+            party: party.clone(),
+            dest: Some(dest_of(&d.target, d.access)),
+            verdict: Verdict::Allow,
+            reason_code: "allowlisted".into(),
+            resolved_ip: resolved,
+            rule: d.rule,
+            status: None,
+        });
         self.audit.record(e).await;
         Grant {
             id: d.pending.id,
-            peer: d.pending.peer,
-            identity: d.pending.identity,
-            method: d.pending.method,
+            party,
             target: d.target,
             access: d.access,
             resolved,
@@ -314,55 +335,23 @@ impl Decided {
 }
 
 impl Pending {
-    fn event(&self, kind: EventKind) -> AuditEvent {
-        let mut e = AuditEvent::new(kind, self.id.clone());
-        e.client_addr = Some(self.peer);
-        e.task_id = self.identity.task.clone();
-        e.project_id = self.identity.project.clone();
-        e.job_id = self.identity.job.clone();
-        e.method = self.method.clone();
-        e
-    }
-}
-
-impl Grant {
-    fn event(&self, kind: EventKind) -> AuditEvent {
-        let mut e = AuditEvent::new(kind, self.id.clone());
-        e.client_addr = Some(self.peer);
-        e.task_id = self.identity.task.clone();
-        e.project_id = self.identity.project.clone();
-        e.job_id = self.identity.job.clone();
-        e.method = self.method.clone();
-        set_dest(&mut e, &self.target, self.access);
-        e.resolved_ip = self.resolved;
-        e.duration_ms = Some(self.started.elapsed().as_millis() as u64);
-        e
-    }
-}
-
-fn set_dest(e: &mut AuditEvent, target: &Target, access: Access) {
-    e.destination_host = Some(target.host.to_string());
-    e.destination_port = Some(target.port);
-    e.scheme = Some(access.scheme());
-}
-
-/// The fields a refusal adds to its decision event.
-fn fill_refusal(e: &mut AuditEvent, refusal: &Refusal, c: &Classified, dest: Option<(&Target, Access)>) {
-    e.reason_code = Some(c.reason_code.clone());
-    e.status = Some(c.status);
-    if let Some((target, access)) = dest {
-        set_dest(e, target, access);
-    }
-    match refusal {
-        Refusal::Dial {
-            error: DialError::Prohibited(p),
-            ..
-        } => e.resolved_ip = Some(p.ip),
-        Refusal::AddressDenied { ip, rule, .. } => {
-            e.resolved_ip = Some(*ip);
-            e.rule = Some(rule.clone());
+    fn party(&self) -> Party {
+        Party {
+            request_id: self.id.clone(),
+            client_addr: self.peer,
+            task_id: self.identity.task.clone(),
+            project_id: self.identity.project.clone(),
+            job_id: self.identity.job.clone(),
+            method: self.method.clone(),
         }
-        _ => {}
+    }
+}
+
+fn dest_of(target: &Target, access: Access) -> Dest {
+    Dest {
+        scheme: access.scheme(),
+        host: target.host.to_string(),
+        port: target.port,
     }
 }
 

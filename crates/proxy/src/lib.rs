@@ -12,8 +12,6 @@
 pub(crate) mod admin;
 pub mod admission;
 pub mod audit;
-pub mod audit_query;
-pub(crate) mod audit_sink;
 pub mod config;
 pub mod dial;
 pub(crate) mod egress;
@@ -25,7 +23,8 @@ pub mod reload;
 pub mod rules;
 pub(crate) mod server;
 
-pub use audit::{AuditDestination, AuditEvent, AuditOptions, EventKind};
+pub use audit::query as audit_query;
+pub use audit::{AuditDestination, AuditOptions, Event, EventKind, Outcome};
 pub use config::{Identity, Limits, Listener, PeerFilter, ProxyConfig};
 pub use dial::Nameservers;
 pub use egress::unix_now;

@@ -1,8 +1,8 @@
 //! Prometheus metrics (prometheus-client), served in OpenMetrics text by [`crate::admin`].
 //!
-//! Decisions, bytes and upstream errors are counted from the audit events themselves
-//! ([`Metrics::observe`]), so the metrics and the audit log can never disagree about what
-//! happened. Latencies are observed where they are measured (the dialer), connection counts
+//! Decisions, bytes and upstream errors are counted from the typed audit events themselves
+//! ([`Metrics::observe`], which knows the event types but not the writer), so the metrics
+//! and the audit log can never disagree about what happened. Latencies are observed where they are measured (the dialer), connection counts
 //! in the accept loop, audit queue depth and lag by the audit path, reloads by the policy
 //! handle.
 
@@ -15,7 +15,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::audit::{AuditEvent, EventKind};
+use crate::audit::event::{Event, Outcome};
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
@@ -179,37 +179,32 @@ impl Metrics {
     }
 
     /// Counts what an audit event records.
-    pub fn observe(&self, e: &AuditEvent) {
-        match e.event {
-            EventKind::Decision => {
-                let decision = match e.decision {
-                    Some(sandgate_policy::Verdict::Allow) => "allow",
-                    _ => "deny",
+    pub fn observe(&self, e: &Event) {
+        match e {
+            Event::Decision(d) => {
+                let decision = match d.verdict {
+                    sandgate_policy::Verdict::Allow => "allow",
+                    sandgate_policy::Verdict::Deny => "deny",
                 };
-                let reason = e.reason_code.clone().unwrap_or(Cow::Borrowed("none"));
                 self.decisions
                     .get_or_create(&DecisionLabels {
                         decision: decision.into(),
-                        reason,
+                        reason: d.reason_code.clone(),
                     })
                     .inc();
             }
-            EventKind::Close => {
-                self.bytes_sent.inc_by(e.bytes_sent.unwrap_or(0));
-                self.bytes_received.inc_by(e.bytes_received.unwrap_or(0));
-                if let Some(kind) = e
-                    .outcome
-                    .as_deref()
-                    .and_then(|o| o.strip_prefix("upstream_failure:"))
-                {
+            Event::Close(c) => {
+                self.bytes_sent.inc_by(c.bytes_sent);
+                self.bytes_received.inc_by(c.bytes_received);
+                if let Outcome::Upstream(failure) = c.outcome {
                     self.upstream_errors
                         .get_or_create(&KindLabels {
-                            kind: Cow::Owned(kind.to_owned()),
+                            kind: failure.kind().into(),
                         })
                         .inc();
                 }
             }
-            EventKind::PolicyReload | EventKind::Aggregate => {}
+            Event::PolicyReload(_) | Event::Aggregate(_) => {}
         }
     }
 

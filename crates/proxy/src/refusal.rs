@@ -12,6 +12,7 @@ use std::borrow::Cow;
 
 use sandgate_policy::{PolicyReason, Target, TargetError};
 
+use crate::audit::event::{Outcome, UpstreamFailure};
 use crate::dial::DialError;
 use crate::http1::head::HeadError;
 
@@ -79,6 +80,12 @@ impl LimitKind {
     }
 }
 
+/// A deny's reason code, or what failed upstream of an allowed request.
+enum Code {
+    Reason(Cow<'static, str>),
+    Failed(UpstreamFailure),
+}
+
 /// A refusal as every front end sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Classified {
@@ -89,6 +96,8 @@ pub struct Classified {
     /// Whether the audit records this as a deny (client or policy) rather than an allowed
     /// request that failed upstream.
     pub is_denial: bool,
+    /// For an allowed request that failed upstream: the close event's outcome.
+    pub outcome: Option<Outcome>,
     /// One line naming the destination, for the client.
     pub text: String,
 }
@@ -98,178 +107,164 @@ impl Refusal {
     pub fn classify(&self, method: &str) -> Classified {
         use DialError as D;
         use UpstreamError as U;
-        // (status, Proxy-Status error type, reason_code, denial?, body text)
-        let (status, error_type, code, denial, text): (u16, &str, Cow<'static, str>, bool, String) =
-            match self {
-                Refusal::Head(e) => (
-                    400,
-                    "http_request_error",
-                    e.code().into(),
-                    true,
-                    format!("bad request: {e}"),
+        use UpstreamFailure as F;
+        // (status, Proxy-Status error type, the reason (a deny) or the failure, body text)
+        let (status, error_type, code, text): (u16, &str, Code, String) = match self {
+            Refusal::Head(e) => (
+                400,
+                "http_request_error",
+                Code::Reason(e.code().into()),
+                format!("bad request: {e}"),
+            ),
+            Refusal::HeadTooLarge => (
+                431,
+                "http_request_error",
+                Code::Reason("head_too_large".into()),
+                "request head too large".into(),
+            ),
+            Refusal::HeadTimeout => (
+                408,
+                "http_request_error",
+                Code::Reason("head_timeout".into()),
+                "request head timed out".into(),
+            ),
+            Refusal::ProxyAuth(e) => (
+                407,
+                "http_request_denied",
+                Code::Reason(e.code().into()),
+                format!("proxy authentication required: {e}"),
+            ),
+            Refusal::Target(e) => (
+                400,
+                "http_request_error",
+                Code::Reason(e.code().into()),
+                format!("bad request: {e}"),
+            ),
+            Refusal::Policy { target, reason } => (
+                403,
+                "http_request_denied",
+                Code::Reason(reason.code().into()),
+                format!("denied {method} {target}: {}", reason.describe()),
+            ),
+            Refusal::AddressDenied { target, ip, .. } => (
+                403,
+                "http_request_denied",
+                Code::Reason(PolicyReason::Denylisted.code().into()),
+                format!("denied {method} {target}: resolves to {ip}, which a deny rule names"),
+            ),
+            Refusal::Dial { target, error } => match error {
+                D::Prohibited(p) => (
+                    403,
+                    "destination_ip_prohibited",
+                    Code::Reason("destination_ip_prohibited".into()),
+                    format!(
+                        "denied {method} {target}: resolves to a {} address",
+                        p.class.as_str()
+                    ),
                 ),
-                Refusal::HeadTooLarge => (
-                    431,
-                    "http_request_error",
-                    "head_too_large".into(),
-                    true,
-                    "request head too large".into(),
+                D::SelfConnect(_) => (
+                    403,
+                    "destination_ip_prohibited",
+                    Code::Reason("proxy_loop".into()),
+                    format!("denied {method} {target}: that is this proxy"),
                 ),
-                Refusal::HeadTimeout => (
-                    408,
-                    "http_request_error",
-                    "head_timeout".into(),
-                    true,
-                    "request head timed out".into(),
+                D::Dns(_) => (
+                    502,
+                    "dns_error",
+                    Code::Failed(F::Dns),
+                    format!("cannot resolve {target}"),
                 ),
-                Refusal::ProxyAuth(e) => (
-                    407,
-                    "http_request_denied",
-                    e.code().into(),
-                    true,
-                    format!("proxy authentication required: {e}"),
+                D::DnsTimeout => (
+                    504,
+                    "dns_timeout",
+                    Code::Failed(F::DnsTimeout),
+                    format!("DNS timeout for {target}"),
                 ),
-                Refusal::Target(e) => (
-                    400,
-                    "http_request_error",
-                    e.code().into(),
-                    true,
-                    format!("bad request: {e}"),
+                D::Refused => (
+                    502,
+                    "connection_refused",
+                    Code::Failed(F::ConnectionRefused),
+                    format!("connection to {target} refused"),
                 ),
-                Refusal::Policy { target, reason } => (
+                D::ConnectTimeout => (
+                    504,
+                    "connection_timeout",
+                    Code::Failed(F::ConnectionTimeout),
+                    format!("connection to {target} timed out"),
+                ),
+                // Allowed here and refused further up: an allow followed by a close, so each
+                // request still has exactly one decision event.
+                D::UpstreamRefused(403) => (
                     403,
                     "http_request_denied",
-                    reason.code().into(),
-                    true,
-                    format!("denied {method} {target}: {}", reason.describe()),
+                    Code::Failed(F::UpstreamDenied),
+                    format!("denied {method} {target}: the upstream proxy refused it"),
                 ),
-                Refusal::AddressDenied { target, ip, .. } => (
-                    403,
-                    "http_request_denied",
-                    PolicyReason::Denylisted.code().into(),
-                    true,
-                    format!("denied {method} {target}: resolves to {ip}, which a deny rule names"),
+                D::UpstreamRefused(_) | D::UpstreamBroken => (
+                    502,
+                    "destination_unavailable",
+                    Code::Failed(F::UpstreamProxy),
+                    format!("the upstream proxy could not reach {target}"),
                 ),
-                Refusal::Dial { target, error } => match error {
-                    D::Prohibited(p) => (
-                        403,
-                        "destination_ip_prohibited",
-                        "destination_ip_prohibited".into(),
-                        true,
-                        format!(
-                            "denied {method} {target}: resolves to a {} address",
-                            p.class.as_str()
-                        ),
-                    ),
-                    D::SelfConnect(_) => (
-                        403,
-                        "destination_ip_prohibited",
-                        "proxy_loop".into(),
-                        true,
-                        format!("denied {method} {target}: that is this proxy"),
-                    ),
-                    D::Dns(_) => (
-                        502,
-                        "dns_error",
-                        "upstream_failure:dns".into(),
-                        false,
-                        format!("cannot resolve {target}"),
-                    ),
-                    D::DnsTimeout => (
-                        504,
-                        "dns_timeout",
-                        "upstream_failure:dns_timeout".into(),
-                        false,
-                        format!("DNS timeout for {target}"),
-                    ),
-                    D::Refused => (
-                        502,
-                        "connection_refused",
-                        "upstream_failure:connection_refused".into(),
-                        false,
-                        format!("connection to {target} refused"),
-                    ),
-                    D::ConnectTimeout => (
-                        504,
-                        "connection_timeout",
-                        "upstream_failure:connection_timeout".into(),
-                        false,
-                        format!("connection to {target} timed out"),
-                    ),
-                    // Allowed here and refused further up: an allow followed by a close, so each
-                    // request still has exactly one decision event.
-                    D::UpstreamRefused(403) => (
-                        403,
-                        "http_request_denied",
-                        "upstream_failure:upstream_denied".into(),
-                        false,
-                        format!("denied {method} {target}: the upstream proxy refused it"),
-                    ),
-                    D::UpstreamRefused(_) | D::UpstreamBroken => (
-                        502,
-                        "destination_unavailable",
-                        "upstream_failure:upstream_proxy".into(),
-                        false,
-                        format!("the upstream proxy could not reach {target}"),
-                    ),
-                    D::Connect(_) => (
-                        502,
-                        "destination_unavailable",
-                        "upstream_failure:connect".into(),
-                        false,
-                        format!("cannot connect to {target}"),
-                    ),
-                },
-                Refusal::AuditUnavailable(cause) => (
-                    503,
-                    "proxy_internal_error",
-                    "audit_unavailable".into(),
-                    true,
-                    format!("the audit log cannot be written ({cause}); no request passes unrecorded"),
+                D::Connect(_) => (
+                    502,
+                    "destination_unavailable",
+                    Code::Failed(F::Connect),
+                    format!("cannot connect to {target}"),
                 ),
-                Refusal::ConnectionLimit(kind) => (
-                    503,
-                    "connection_limit_reached",
-                    format!("connection_limit:{}", kind.as_str()).into(),
-                    true,
-                    format!("too many connections ({} limit); retry later", kind.as_str()),
+            },
+            Refusal::AuditUnavailable(cause) => (
+                503,
+                "proxy_internal_error",
+                Code::Reason("audit_unavailable".into()),
+                format!("the audit log cannot be written ({cause}); no request passes unrecorded"),
+            ),
+            Refusal::ConnectionLimit(kind) => (
+                503,
+                "connection_limit_reached",
+                Code::Reason(format!("connection_limit:{}", kind.as_str()).into()),
+                format!("too many connections ({} limit); retry later", kind.as_str()),
+            ),
+            Refusal::Upstream { target, error } => match error {
+                U::Timeout => (
+                    504,
+                    "connection_read_timeout",
+                    Code::Failed(F::ResponseTimeout),
+                    format!("{target} did not respond in time"),
                 ),
-                Refusal::Upstream { target, error } => match error {
-                    U::Timeout => (
-                        504,
-                        "connection_read_timeout",
-                        "upstream_failure:response_timeout".into(),
-                        false,
-                        format!("{target} did not respond in time"),
-                    ),
-                    U::Closed | U::Io(_) => (
-                        502,
-                        "connection_terminated",
-                        "upstream_failure:closed".into(),
-                        false,
-                        format!("{target} closed the connection"),
-                    ),
-                    U::Malformed(_) => (
-                        502,
-                        "http_protocol_error",
-                        "upstream_failure:malformed_response".into(),
-                        false,
-                        format!("{target} sent a malformed response"),
-                    ),
-                    U::HeadTooLarge => (
-                        502,
-                        "http_response_header_section_size",
-                        "upstream_failure:response_head_too_large".into(),
-                        false,
-                        format!("{target} sent a response head too large"),
-                    ),
-                },
-            };
+                U::Closed | U::Io(_) => (
+                    502,
+                    "connection_terminated",
+                    Code::Failed(F::Closed),
+                    format!("{target} closed the connection"),
+                ),
+                U::Malformed(_) => (
+                    502,
+                    "http_protocol_error",
+                    Code::Failed(F::MalformedResponse),
+                    format!("{target} sent a malformed response"),
+                ),
+                U::HeadTooLarge => (
+                    502,
+                    "http_response_header_section_size",
+                    Code::Failed(F::ResponseHeadTooLarge),
+                    format!("{target} sent a response head too large"),
+                ),
+            },
+        };
+        let (reason_code, outcome) = match code {
+            Code::Reason(r) => (r, None),
+            Code::Failed(f) => (
+                Cow::Borrowed(Outcome::Upstream(f).as_str()),
+                Some(Outcome::Upstream(f)),
+            ),
+        };
         Classified {
             status,
             error_type,
-            reason_code: code,
-            is_denial: denial,
+            reason_code,
+            is_denial: outcome.is_none(),
+            outcome,
             text,
         }
     }

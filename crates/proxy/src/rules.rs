@@ -7,7 +7,8 @@ use std::sync::{Arc, RwLock};
 
 use sandgate_policy::Ruleset;
 
-use crate::audit::{AuditEvent, EventKind, WeakAudit};
+use crate::audit::WeakAudit;
+use crate::audit::event::{Event, Reload};
 use crate::metrics::{Metrics, OutcomeLabels};
 
 /// Replaces the policy of a running proxy. Holds no strong reference to the audit writer, so
@@ -45,13 +46,11 @@ impl PolicyHandle {
         if applied {
             self.metrics.policy_generation.set(generation as i64);
         }
-        let mut e = AuditEvent::new(EventKind::PolicyReload, format!("reload-{generation}"));
-        e.outcome = Some(if applied {
-            "applied".into()
-        } else {
-            "rejected".into()
+        let e = Event::PolicyReload(Reload {
+            generation,
+            applied,
+            detail,
         });
-        e.detail = Some(detail);
         self.audit.record(e).await;
     }
 }

@@ -8,6 +8,7 @@ use tokio::io::AsyncWriteExt;
 
 use super::ClientConn;
 use super::head::RequestHead;
+use crate::audit::event::{Outcome, UpstreamFailure};
 use crate::egress::{Egress, End, Opened};
 use crate::refusal::Refusal;
 use crate::relay;
@@ -48,22 +49,22 @@ async fn open(egress: &Egress, client: &mut ClientConn, raw_target: &str) -> Opt
 /// Answers 200, forwards bytes the client sent early, then relays until both sides are done.
 async fn tunnel(egress: &Egress, client: ClientConn, upstream: tokio::net::TcpStream) -> End {
     let ClientConn { mut stream, buf, .. } = client;
-    let end = |sent, received, outcome: &'static str| End {
+    let end = |sent, received, outcome: Outcome| End {
         sent,
         received,
         status: Some(200),
-        outcome: outcome.into(),
+        outcome,
     };
     if stream
         .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
         .await
         .is_err()
     {
-        return end(0, 0, "client_failure");
+        return end(0, 0, Outcome::ClientFailure);
     }
     let early = buf.len() as u64;
     if early > 0 && relay::write_all(&upstream, &buf).await.is_err() {
-        return end(0, 0, "upstream_failure:closed");
+        return end(0, 0, Outcome::Upstream(UpstreamFailure::Closed));
     }
     drop(buf);
     let (sent, received, outcome) = relay::tunnel(

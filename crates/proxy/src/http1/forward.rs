@@ -7,7 +7,6 @@
 //! destination; the Host header sent upstream is rewritten from it. Bodies are relayed
 //! verbatim (chunk framing included); hop-by-hop fields are dropped both ways.
 
-use std::borrow::Cow;
 use std::net::SocketAddr;
 
 use bytes::{Buf, BytesMut};
@@ -19,6 +18,7 @@ use tokio::sync::Notify;
 use super::framing::{BodyKind, ChunkError, ChunkedScanner};
 use super::head::{Field, RequestHead, ResponseHead, end_to_end_fields, parse_response_head};
 use super::{ClientConn, Next};
+use crate::audit::event::{Outcome, UpstreamFailure as F};
 use crate::egress::{Egress, End};
 use crate::refusal::{Refusal, UpstreamError};
 
@@ -105,7 +105,7 @@ pub(crate) async fn handle_http(
             sent: 0,
             received: 0,
             status: None,
-            outcome: "client_failure".into(),
+            outcome: Outcome::ClientFailure,
         };
         egress.close(grant, end).await;
         return Next::Close;
@@ -122,7 +122,7 @@ pub(crate) async fn handle_http(
                 sent: outcome.sent,
                 received: outcome.received,
                 status: outcome.status,
-                outcome: outcome.label.clone(),
+                outcome: outcome.label,
             };
             egress.close(grant, end).await;
         }
@@ -143,19 +143,19 @@ struct Exchange {
     sent: u64,
     received: u64,
     status: Option<u16>,
-    label: Cow<'static, str>,
+    label: Outcome,
     refusal: Option<Refusal>,
     client_reusable: bool,
     upstream_reusable: bool,
 }
 
 impl Exchange {
-    fn failed(sent: u64, received: u64, label: &'static str) -> Exchange {
+    fn failed(sent: u64, received: u64, label: Outcome) -> Exchange {
         Exchange {
             sent,
             received,
             status: None,
-            label: Cow::Borrowed(label),
+            label,
             refusal: None,
             client_reusable: false,
             upstream_reusable: false,
@@ -178,7 +178,7 @@ async fn exchange(
                 target: http.target.clone(),
                 error: UpstreamError::Closed,
             }),
-            ..Exchange::failed(0, 0, "upstream_failure:closed")
+            ..Exchange::failed(0, 0, Outcome::Upstream(F::Closed))
         };
     }
     let mut sent = out_head.len() as u64;
@@ -219,7 +219,7 @@ async fn exchange(
     match &body_result {
         Ok(n) => sent += n,
         Err(RelayError::Source(_) | RelayError::Truncated | RelayError::Framing(_)) => {
-            return Exchange::failed(sent, received, "client_failure");
+            return Exchange::failed(sent, received, Outcome::ClientFailure);
         }
         Err(RelayError::Dest(_) | RelayError::Idle) => {}
     }
@@ -227,8 +227,8 @@ async fn exchange(
         Ok((response, _)) => response,
         Err(error) => {
             let label = match error {
-                UpstreamError::Timeout => "upstream_failure:response_timeout",
-                _ => "upstream_failure:closed",
+                UpstreamError::Timeout => Outcome::Upstream(F::ResponseTimeout),
+                _ => Outcome::Upstream(F::Closed),
             };
             return Exchange {
                 refusal: Some(Refusal::Upstream {
@@ -252,7 +252,7 @@ async fn exchange(
         body = BodyKind::Empty;
     }
     if client.stream.write_all(&out).await.is_err() {
-        return Exchange::failed(sent, received, "client_failure");
+        return Exchange::failed(sent, received, Outcome::ClientFailure);
     }
     received += out.len() as u64;
     let relayed = relay_body(
@@ -269,7 +269,7 @@ async fn exchange(
             sent,
             received: received + n,
             status,
-            label: Cow::Borrowed("ok"),
+            label: Outcome::Ok,
             refusal: None,
             client_reusable: !client_closes,
             upstream_reusable: !response.close && request_complete,
@@ -277,9 +277,9 @@ async fn exchange(
         Err(e) => {
             tracing::debug!(error = %e, "response body relay stopped");
             let label = match e {
-                RelayError::Dest(_) => "client_failure",
-                RelayError::Idle => "upstream_failure:idle_timeout",
-                _ => "upstream_failure:response_body",
+                RelayError::Dest(_) => Outcome::ClientFailure,
+                RelayError::Idle => Outcome::Upstream(F::IdleTimeout),
+                _ => Outcome::Upstream(F::ResponseBody),
             };
             Exchange {
                 status,

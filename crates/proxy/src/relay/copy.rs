@@ -12,6 +12,8 @@ use tokio::net::TcpStream;
 
 use super::write_all;
 
+use crate::audit::event::Outcome;
+
 /// Read size while a tunnel moves data.
 const TUNNEL_CHUNK: usize = 64 * 1024;
 
@@ -29,7 +31,7 @@ pub(super) async fn copy_relay(
     upstream: &TcpStream,
     idle: Duration,
     hard_stop: &tokio_util::sync::CancellationToken,
-) -> (u64, u64, &'static str) {
+) -> (u64, u64, Outcome) {
     let sent = AtomicU64::new(0);
     let received = AtomicU64::new(0);
     let last_activity = AtomicU64::new(0);
@@ -48,14 +50,14 @@ pub(super) async fn copy_relay(
             },
         )
     };
-    let outcome: &'static str = tokio::select! {
+    let outcome: Outcome = tokio::select! {
         r = both => match r {
-            Ok(_) => "ok",
-            Err(Side::Client) => "client_reset",
-            Err(Side::Upstream) => "upstream_reset",
+            Ok(_) => Outcome::Ok,
+            Err(Side::Client) => Outcome::ClientReset,
+            Err(Side::Upstream) => Outcome::UpstreamReset,
         },
-        _ = idle_watch(&last_activity, epoch, idle) => "idle_timeout",
-        _ = hard_stop.cancelled() => "shutdown",
+        _ = idle_watch(&last_activity, epoch, idle) => Outcome::IdleTimeout,
+        _ = hard_stop.cancelled() => Outcome::Shutdown,
     };
     (
         sent.load(Ordering::Relaxed),
@@ -152,7 +154,7 @@ pub(crate) async fn relay_streams<A, B>(
     b: B,
     idle: Duration,
     stop: &tokio_util::sync::CancellationToken,
-) -> (u64, u64, &'static str)
+) -> (u64, u64, Outcome)
 where
     A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -183,14 +185,14 @@ where
             ),
         )
     };
-    let outcome: &'static str = tokio::select! {
+    let outcome: Outcome = tokio::select! {
         r = both => match r {
-            Ok(_) => "ok",
-            Err(Side::Client) => "client_reset",
-            Err(Side::Upstream) => "upstream_reset",
+            Ok(_) => Outcome::Ok,
+            Err(Side::Client) => Outcome::ClientReset,
+            Err(Side::Upstream) => Outcome::UpstreamReset,
         },
-        _ = idle_watch(&last_activity, epoch, idle) => "idle_timeout",
-        _ = stop.cancelled() => "shutdown",
+        _ = idle_watch(&last_activity, epoch, idle) => Outcome::IdleTimeout,
+        _ = stop.cancelled() => Outcome::Shutdown,
     };
     (
         sent.load(Ordering::Relaxed),

@@ -18,6 +18,8 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::audit::event::Outcome;
+
 #[cfg_attr(
     not(test),
     expect(
@@ -36,7 +38,7 @@ pub(crate) async fn tunnel(
     upstream: &TcpStream,
     idle: Duration,
     stop: &CancellationToken,
-) -> (u64, u64, &'static str) {
+) -> (u64, u64, Outcome) {
     #[cfg(target_os = "linux")]
     {
         splice::relay(client, upstream, idle, stop).await

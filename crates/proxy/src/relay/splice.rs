@@ -18,6 +18,8 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::audit::event::Outcome;
+
 /// Pipe capacity asked for, and bytes asked of one splice call. Larger than the 64 KiB
 /// default so a busy tunnel wakes the proxy less often; pages are only held while bytes
 /// sit in the pipe, which is empty between bursts.
@@ -134,11 +136,11 @@ impl Direction {
     }
 }
 
-fn outcome(fault: Fault, src_is_client: bool) -> &'static str {
+fn outcome(fault: Fault, src_is_client: bool) -> Outcome {
     match (fault, src_is_client) {
-        (Fault::Src, true) | (Fault::Dst, false) => "client_reset",
-        (Fault::Src, false) | (Fault::Dst, true) => "upstream_reset",
-        (Fault::Local, _) => "proxy_out_of_descriptors",
+        (Fault::Src, true) | (Fault::Dst, false) => Outcome::ClientReset,
+        (Fault::Src, false) | (Fault::Dst, true) => Outcome::UpstreamReset,
+        (Fault::Local, _) => Outcome::OutOfDescriptors,
     }
 }
 
@@ -149,7 +151,7 @@ pub(super) async fn relay(
     upstream: &TcpStream,
     idle: Duration,
     hard_stop: &CancellationToken,
-) -> (u64, u64, &'static str) {
+) -> (u64, u64, Outcome) {
     let mut up = Direction::default();
     let mut down = Direction::default();
     let mut timer = pin!(tokio::time::sleep(idle));
@@ -167,16 +169,16 @@ pub(super) async fn relay(
             return Poll::Ready(outcome(fault, false));
         }
         if up.done && down.done {
-            return Poll::Ready("ok");
+            return Poll::Ready(Outcome::Ok);
         }
         if stop.as_mut().poll(cx).is_ready() {
-            return Poll::Ready("shutdown");
+            return Poll::Ready(Outcome::Shutdown);
         }
         if active {
             timer.as_mut().reset(tokio::time::Instant::now() + idle);
         }
         match timer.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready("idle_timeout"),
+            Poll::Ready(()) => Poll::Ready(Outcome::IdleTimeout),
             Poll::Pending => Poll::Pending,
         }
     })

@@ -23,7 +23,7 @@ async fn pair() -> (TcpStream, TcpStream) {
 async fn scenario<F, Fut>(relay: F)
 where
     F: FnOnce(TcpStream, TcpStream) -> Fut,
-    Fut: std::future::Future<Output = (u64, u64, &'static str)> + Send + 'static,
+    Fut: std::future::Future<Output = (u64, u64, super::Outcome)> + Send + 'static,
 {
     let (mut client, client_near) = pair().await;
     let (mut origin, origin_near) = pair().await;
@@ -42,7 +42,7 @@ where
     client.read_to_end(&mut rest).await.unwrap();
     assert_eq!(rest, b"world!");
     let (sent, received, outcome) = task.await.unwrap();
-    assert_eq!((sent, received, outcome), (5, 6, "ok"));
+    assert_eq!((sent, received, outcome), (5, 6, super::Outcome::Ok));
 }
 
 #[tokio::test]
@@ -73,7 +73,7 @@ async fn a_tunnel_that_moves_nothing_is_closed_at_the_idle_timeout() {
         &CancellationToken::new(),
     )
     .await;
-    assert_eq!(outcome, "idle_timeout");
+    assert_eq!(outcome, super::Outcome::IdleTimeout);
     assert!(started.elapsed() >= Duration::from_millis(150));
 }
 
@@ -94,12 +94,12 @@ async fn any_streams_relay_with_idle_and_shutdown() {
     client.read_exact(&mut back).await.unwrap();
     assert_eq!(&back, b"pong!");
     stop.cancel();
-    assert_eq!(relay.await.unwrap(), (4, 5, "shutdown"));
+    assert_eq!(relay.await.unwrap(), (4, 5, super::Outcome::Shutdown));
 
     let (_client, client_near) = tokio::io::duplex(64);
     let (_origin, origin_near) = tokio::io::duplex(64);
     let never = CancellationToken::new();
     let idle = super::relay_streams(client_near, origin_near, Duration::from_secs(900), &never);
     // Paused time: the 900 s idle timeout passes at once, with no real waiting.
-    assert_eq!(idle.await, (0, 0, "idle_timeout"));
+    assert_eq!(idle.await, (0, 0, super::Outcome::IdleTimeout));
 }

@@ -1,0 +1,196 @@
+//! The audit trail: one JSON object per line for every decision and every close.
+//!
+//! Events go through a bounded channel to a dedicated writer thread, so disk latency never
+//! stalls a proxy worker; when the writer falls behind, senders wait (back-pressure) rather
+//! than drop an event. The writer serialises, writes, and flushes whenever the queue runs
+//! empty or at most a few milliseconds after an event arrived; on shutdown every queued
+//! event is written and flushed before [`AuditWriter::finish`] returns.
+//!
+//! Fail closed: when a write fails (a full disk, `EMFILE` while rotating), the writer keeps
+//! the unwritten lines ([`crate::audit_sink`]), marks [`AuditHealth`] as failing, and retries
+//! until it can write again. While it fails, the request path refuses new requests with 503
+//! (`Audit::available`), so no traffic passes unrecorded; requests already allowed finish
+//! and their events wait in memory. Field names follow the seed spec (`docs/audit.md`).
+//!
+//! Modules: [`event`] (the typed events and the one line they are written as), `writer`
+//! (the thread, its retries and fail-closed health), `aggregate` (folding allowed traffic per
+//! window), `sink` (the file or stdout behind a lossless buffer, with rotation) and
+//! [`query`] (reading the files back for `sandgate audit`).
+
+mod aggregate;
+pub mod event;
+pub mod query;
+mod sink;
+mod writer;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::metrics::Metrics;
+pub use event::{Event, EventKind, Line, Outcome, SCHEMA_VERSION, Stamped, UpstreamFailure};
+pub use writer::AuditWriter;
+
+/// Where audit lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuditDestination {
+    Stdout,
+    File(PathBuf),
+}
+
+/// Whether the audit trail can be written now. The writer sets it; every request reads it
+/// before it is decided, so while the trail is broken no new traffic passes unrecorded.
+#[derive(Debug, Default)]
+pub struct AuditHealth {
+    failing: AtomicBool,
+    cause: Mutex<String>,
+}
+
+impl AuditHealth {
+    /// `Err(cause)` while the writer cannot write (for example `"No space left on device"`).
+    pub fn check(&self) -> Result<(), String> {
+        if !self.failing.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        Err(match self.cause.lock() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        })
+    }
+
+    fn fail(&self, cause: String) {
+        match self.cause.lock() {
+            Ok(mut c) => *c = cause,
+            Err(poisoned) => *poisoned.into_inner() = cause,
+        }
+        self.failing.store(true, Ordering::Release);
+    }
+
+    fn recover(&self) {
+        self.failing.store(false, Ordering::Release);
+    }
+
+    fn is_failing(&self) -> bool {
+        self.failing.load(Ordering::Acquire)
+    }
+}
+
+/// Cloneable handle that queues events.
+#[derive(Debug, Clone)]
+pub struct Audit {
+    tx: mpsc::Sender<Box<Stamped>>,
+    metrics: Arc<Metrics>,
+    health: Arc<AuditHealth>,
+}
+
+/// A handle that does not keep the writer open (for long-lived helpers such as the policy
+/// reloader, which must not hold up shutdown).
+#[derive(Debug, Clone)]
+pub struct WeakAudit {
+    tx: mpsc::WeakSender<Box<Stamped>>,
+    metrics: Arc<Metrics>,
+    health: Arc<AuditHealth>,
+}
+
+impl WeakAudit {
+    /// Queues an event if the proxy is still running.
+    pub async fn record(&self, event: Event) {
+        if let Some(tx) = self.tx.upgrade() {
+            Audit {
+                tx,
+                metrics: self.metrics.clone(),
+                health: self.health.clone(),
+            }
+            .record(event)
+            .await;
+        }
+    }
+}
+
+impl Audit {
+    pub fn downgrade(&self) -> WeakAudit {
+        WeakAudit {
+            tx: self.tx.downgrade(),
+            metrics: self.metrics.clone(),
+            health: self.health.clone(),
+        }
+    }
+
+    /// `Err(cause)` while the audit trail cannot be written: the caller must not let new
+    /// traffic through.
+    pub fn available(&self) -> Result<(), String> {
+        self.health.check()
+    }
+
+    /// Queues an event, waiting while the queue is full: an event is never dropped. While
+    /// the writer cannot write it holds what it has and stops taking more, so the queue
+    /// fills and senders wait until it recovers. Only fails if the writer is gone, which
+    /// happens only after shutdown; the event is then logged on stderr.
+    /// The event is boxed before the future starts, so a caller's future (a tunnel's, for
+    /// its whole life) holds a pointer rather than the event.
+    pub fn record(&self, event: Event) -> impl Future<Output = ()> + Send + '_ {
+        self.metrics.observe(&event);
+        let event = Box::new(event.stamp());
+        async move {
+            if self.tx.capacity() == 0 {
+                self.metrics.audit_waits.inc();
+            }
+            if let Err(e) = self.tx.send(event).await {
+                let line = serde_json::to_string(&Line::of(&e.0)).unwrap_or_default();
+                tracing::error!(event = %line, "audit writer gone; event written here instead");
+            }
+            self.update_depth();
+        }
+    }
+
+    /// Queues an event only if there is room now; otherwise logs it on stderr and counts it
+    /// in `sandgate_audit_events_not_queued_total`. For refusals made *because* the trail
+    /// is broken: their client is answered 503 whatever happens to the record, and they must
+    /// never wait behind a queue that cannot drain.
+    pub fn record_now_or_log(&self, event: Event) {
+        self.metrics.observe(&event);
+        match self.tx.try_send(Box::new(event.stamp())) {
+            Ok(()) => self.update_depth(),
+            Err(e) => {
+                let event = match e {
+                    mpsc::error::TrySendError::Full(ev) | mpsc::error::TrySendError::Closed(ev) => ev,
+                };
+                self.metrics.audit_events_not_queued.inc();
+                let line = serde_json::to_string(&Line::of(&event)).unwrap_or_default();
+                tracing::warn!(event = %line, "audit queue full while the audit log is failing; event logged here");
+            }
+        }
+    }
+
+    fn update_depth(&self) {
+        let depth = self.tx.max_capacity().saturating_sub(self.tx.capacity());
+        self.metrics.audit_queue_depth.set(depth as i64);
+    }
+}
+
+/// Rotation and durability settings for a file audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditOptions {
+    /// Rotate before a line would take the file past this size.
+    pub max_bytes: Option<u64>,
+    /// Rotated files kept (`audit.jsonl.1` is the newest); older ones are deleted.
+    pub keep: usize,
+    /// fsync at most this often while events flow (`None`: only at shutdown).
+    pub fsync_interval: Option<Duration>,
+    /// Fold allowed traffic into one `aggregate` event per destination per window.
+    pub aggregate_window: Option<Duration>,
+}
+
+impl Default for AuditOptions {
+    fn default() -> Self {
+        AuditOptions {
+            max_bytes: None,
+            keep: 5,
+            fsync_interval: Some(Duration::from_secs(1)),
+            aggregate_window: None,
+        }
+    }
+}

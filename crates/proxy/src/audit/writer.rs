@@ -1,0 +1,246 @@
+//! The writer thread: takes events from the queue, encodes them as lines, coalesces writes,
+//! and fails closed. When a write fails it marks [`AuditHealth`] as failing (the request path
+//! then refuses new requests), keeps every unwritten line, takes no new events (so memory
+//! stays bounded and senders wait), and retries with growing pauses until a write succeeds.
+
+use std::io::{self, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::aggregate::Aggregator;
+use super::event::{Line, Stamped};
+use super::sink::Sink;
+use super::{Audit, AuditDestination, AuditHealth, AuditOptions};
+use crate::metrics::Metrics;
+
+/// Events queued before senders wait.
+const QUEUE_DEPTH: usize = 8192;
+/// Longest an event waits in the writer before it is handed to the OS.
+const FLUSH_DELAY: Duration = Duration::from_millis(4);
+
+/// The writer thread; [`finish`](AuditWriter::finish) waits for it to drain.
+#[derive(Debug)]
+pub struct AuditWriter {
+    thread: std::thread::JoinHandle<io::Result<u64>>,
+}
+
+impl AuditWriter {
+    /// Opens the destination (appending to a file) and starts the writer thread. A
+    /// destination that cannot be opened is an error: a proxy with no audit trail serves
+    /// nothing.
+    pub fn start(
+        dest: &AuditDestination,
+        options: &AuditOptions,
+        metrics: Arc<Metrics>,
+    ) -> io::Result<(Audit, AuditWriter)> {
+        let sink = Sink::open(dest, options)?;
+        let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
+        let window = options.aggregate_window;
+        let health = Arc::new(AuditHealth::default());
+        metrics.audit_healthy.set(1);
+        let thread = std::thread::Builder::new()
+            .name("sandgate-audit".to_owned())
+            .spawn({
+                let metrics = metrics.clone();
+                let health = health.clone();
+                move || write_loop(rx, sink, &metrics, &health, window)
+            })?;
+        Ok((Audit { tx, metrics, health }, AuditWriter { thread }))
+    }
+
+    /// Waits until every handle is dropped and every queued event is written and flushed.
+    /// Returns the number of events written.
+    pub async fn finish(self) -> io::Result<u64> {
+        let joined = tokio::task::spawn_blocking(move || self.thread.join()).await;
+        match joined {
+            Ok(Ok(result)) => result,
+            _ => Err(io::Error::other("audit writer thread panicked")),
+        }
+    }
+}
+
+/// First and longest pause between attempts to write again after a failure.
+const RETRY_FIRST: Duration = Duration::from_millis(20);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+/// After shutdown began, how long a failing writer keeps trying before the remaining lines
+/// go to stderr instead.
+const FINAL_RETRY: Duration = Duration::from_secs(5);
+
+fn write_loop(
+    rx: mpsc::Receiver<Box<Stamped>>,
+    sink: Sink,
+    metrics: &Metrics,
+    health: &AuditHealth,
+    window: Option<Duration>,
+) -> io::Result<u64> {
+    // A small runtime of the writer's own, so it can wait for events with a timeout (to
+    // close aggregation windows while the proxy is idle).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?;
+    let mut w = Writer {
+        rx,
+        sink,
+        metrics,
+        health,
+        written: 0,
+        line: Vec::with_capacity(1024),
+        agg: window.map(Aggregator::new),
+    };
+    loop {
+        let next = match w.agg.as_ref().map(Aggregator::due_in) {
+            Some(wait) => rt.block_on(async { tokio::time::timeout(wait, w.rx.recv()).await.ok() }),
+            None => Some(w.rx.blocking_recv()),
+        };
+        match next {
+            // The window closed with no event: write its aggregates.
+            None => {
+                w.close_window();
+                w.commit();
+            }
+            Some(None) => break,
+            Some(Some(event)) => {
+                w.take(*event);
+                // Coalesce: keep taking events for up to FLUSH_DELAY before one write, so a
+                // busy proxy makes a few hundred write calls a second instead of one per event.
+                let first = Instant::now();
+                loop {
+                    while let Ok(event) = w.rx.try_recv() {
+                        w.take(*event);
+                    }
+                    let waited = first.elapsed();
+                    if waited >= FLUSH_DELAY
+                        || w.rx.is_closed()
+                        || w.rx.is_empty() && waited >= FLUSH_DELAY / 4
+                    {
+                        break;
+                    }
+                    std::thread::sleep(FLUSH_DELAY / 8);
+                }
+                if w.agg.as_ref().is_some_and(|a| a.due_in().is_zero()) {
+                    w.close_window();
+                }
+                w.commit();
+            }
+        }
+    }
+    w.close_window();
+    w.finish()
+}
+
+struct Writer<'a> {
+    rx: mpsc::Receiver<Box<Stamped>>,
+    sink: Sink,
+    metrics: &'a Metrics,
+    health: &'a AuditHealth,
+    written: u64,
+    line: Vec<u8>,
+    agg: Option<Aggregator>,
+}
+
+impl Writer<'_> {
+    fn take(&mut self, event: Stamped) {
+        if let Some(agg) = &mut self.agg
+            && agg.absorb(&event.event)
+        {
+            return;
+        }
+        self.push(&event);
+    }
+
+    fn push(&mut self, event: &Stamped) {
+        match encode(&mut self.line, event, self.metrics) {
+            Ok(line) => {
+                self.sink.push(line);
+                self.written += 1;
+            }
+            // Serialising these plain fields cannot fail; if it ever did, say so loudly.
+            Err(e) => {
+                tracing::error!(request_id = %event.event.request_id(), error = %e, "audit event could not be encoded")
+            }
+        }
+    }
+
+    fn close_window(&mut self) {
+        let Some(agg) = &mut self.agg else { return };
+        for event in agg.drain() {
+            self.push(&event.stamp());
+        }
+    }
+
+    /// Writes what is pending. On failure it marks the trail as failing (new requests are
+    /// then refused) and keeps trying, with growing pauses, until a write succeeds; it takes
+    /// no new events meanwhile, so memory stays bounded and senders wait.
+    fn commit(&mut self) {
+        let mut pause = RETRY_FIRST;
+        loop {
+            match self.sink.flush(false) {
+                Ok(()) => {
+                    if self.health.is_failing() {
+                        self.health.recover();
+                        self.metrics.audit_healthy.set(1);
+                        tracing::warn!("audit log writable again; traffic resumes");
+                    }
+                    return;
+                }
+                Err(e) => {
+                    self.metrics.audit_write_errors.inc();
+                    if !self.health.is_failing() {
+                        tracing::error!(
+                            error = %e,
+                            pending_bytes = self.sink.pending_len(),
+                            "cannot write the audit log; refusing new requests (503) until it can be written"
+                        );
+                        self.health.fail(e.to_string());
+                        self.metrics.audit_healthy.set(0);
+                    }
+                    if self.rx.is_closed() {
+                        // Shutting down: `finish` retries for a bounded time.
+                        return;
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(RETRY_MAX);
+                }
+            }
+        }
+    }
+
+    /// At shutdown: everything still queued is written, trying for a bounded time; what
+    /// cannot be written goes to stderr, so no event is lost without a trace.
+    fn finish(mut self) -> io::Result<u64> {
+        let deadline = Instant::now() + FINAL_RETRY;
+        let mut pause = RETRY_FIRST;
+        loop {
+            match self.sink.flush(true) {
+                Ok(()) => return Ok(self.written),
+                Err(e) if Instant::now() >= deadline => {
+                    let rest = self.sink.take_pending();
+                    tracing::error!(error = %e, bytes = rest.len(), "audit log still unwritable at shutdown; the remaining events follow on stderr");
+                    let mut err = io::stderr().lock();
+                    let _ = err.write_all(&rest);
+                    let _ = err.flush();
+                    return Err(e);
+                }
+                Err(_) => {
+                    self.metrics.audit_write_errors.inc();
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(RETRY_MAX);
+                }
+            }
+        }
+    }
+}
+
+/// Serialises one event as a JSON line into `line` (reused between events).
+fn encode<'a>(line: &'a mut Vec<u8>, event: &Stamped, metrics: &Metrics) -> io::Result<&'a [u8]> {
+    line.clear();
+    serde_json::to_writer(&mut *line, &Line::of(event))?;
+    line.push(b'\n');
+    metrics.audit_events_written.inc();
+    metrics
+        .audit_lag_seconds
+        .set(event.made_at.elapsed().as_secs_f64());
+    Ok(line)
+}
