@@ -4,6 +4,7 @@
 //! of refusals ([`render`]). Deciding, vetting, dialling and recording belong to the egress
 //! core ([`crate::egress`]), which this module calls and which never calls back.
 
+mod auth;
 pub(crate) mod connect;
 pub(crate) mod forward;
 pub mod framing;
@@ -158,8 +159,9 @@ fn authenticate(
         .iter()
         .find(|f| f.is("proxy-authorization"))
         .map(|f| f.value.as_slice());
+    let (task, secret) = auth::basic_login(header)?;
     let rules = egress.rules();
-    let cred = rules.credentials().verify(header)?;
+    let cred = rules.credentials().verify_login(&task, &secret)?;
     Ok(Arc::new(Identity {
         task: Some(cred.task.clone()),
         project: cred.project.clone(),
