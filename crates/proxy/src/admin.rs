@@ -1,66 +1,72 @@
-//! The opt-in admin listener (`--metrics-listen`): `GET /metrics` answers the OpenMetrics
-//! text exposition; anything else is 404. Heads are read with the proxy's own bounded parser.
+//! The opt-in admin listener (`--metrics-listen`): an axum router, served with graceful
+//! shutdown inside the proxy's task tracker, so its connections end with the proxy's. Today
+//! it answers `GET /metrics` with the OpenMetrics text exposition and 404 elsewhere; the
+//! control plane's API (exceptions, approvals) mounts here.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::http1::head::parse_request_head;
 use crate::metrics::Metrics;
 
-/// Largest admin request head.
-const MAX_HEAD: usize = 8 * 1024;
+/// The admin routes.
+pub(crate) fn router(metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_text))
+        .fallback(|| async { StatusCode::NOT_FOUND })
+        .with_state(metrics)
+}
 
-/// Serves until `stop` is cancelled.
+async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        metrics.encode(),
+    )
+}
+
+/// Serves until `stop` is cancelled, then lets open requests finish.
 pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Metrics>, stop: CancellationToken) {
-    loop {
-        let accepted = tokio::select! {
-            _ = stop.cancelled() => return,
-            accepted = listener.accept() => accepted,
-        };
-        let Ok((stream, _)) = accepted else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(5), answer(stream, &metrics)).await;
-        });
+    let served = axum::serve(listener, router(metrics))
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await;
+    if let Err(e) = served {
+        tracing::warn!(error = %e, "the admin listener stopped");
     }
 }
 
-async fn answer(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(1024);
-    let head = loop {
-        let mut chunk = [0u8; 1024];
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
-        match parse_request_head(&buf) {
-            Ok(Some((head, _))) => break head,
-            Ok(None) if buf.len() < MAX_HEAD => {}
-            _ => {
-                return stream
-                    .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-                    .await;
-            }
-        }
-    };
-    let path = head.target.split('?').next().unwrap_or("");
-    let response = if head.method == "GET" && path == "/metrics" {
-        let body = metrics.encode();
-        format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-    } else {
-        "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_owned()
-    };
-    stream.write_all(response.as_bytes()).await
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::ServiceExt as _;
+
+    #[tokio::test]
+    async fn metrics_and_404() {
+        let app = router(Arc::new(Metrics::new()));
+        let get = |path: &str| {
+            axum::http::Request::builder()
+                .uri(path)
+                .body(axum::body::Body::empty())
+                .unwrap()
+        };
+        let ok = app.clone().oneshot(get("/metrics")).await.unwrap();
+        assert_eq!(ok.status(), StatusCode::OK);
+        assert!(
+            ok.headers()[header::CONTENT_TYPE]
+                .to_str()
+                .unwrap()
+                .starts_with("application/openmetrics-text")
+        );
+        let body = axum::body::to_bytes(ok.into_body(), 1 << 20).await.unwrap();
+        assert!(String::from_utf8_lossy(&body).contains("sandgate_policy_generation 1"));
+        assert_eq!(app.oneshot(get("/nope")).await.unwrap().status(), StatusCode::NOT_FOUND);
+    }
 }
