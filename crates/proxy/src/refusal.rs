@@ -16,9 +16,9 @@ use crate::audit::event::{Outcome, UpstreamFailure};
 use crate::dial::DialError;
 use crate::http1::head::HeadError;
 
-/// Failures talking to the upstream after the connection was made.
+/// Failures reading the response on an outbound connection.
 #[derive(Debug, thiserror::Error)]
-pub enum UpstreamError {
+pub enum ResponseError {
     #[error("no response before the timeout")]
     Timeout,
     #[error("upstream closed the connection before responding")]
@@ -54,8 +54,9 @@ pub enum Refusal {
     },
     /// Vetting or connecting failed (address guard refusals included).
     Dial { target: Target, error: DialError },
-    /// The upstream misbehaved after the connection was made.
-    Upstream { target: Target, error: UpstreamError },
+    /// The response (from the origin, or the upstream proxy when chained) failed after the
+    /// outbound connection was made.
+    Response { target: Target, error: ResponseError },
     /// The audit log cannot be written (its cause), so nothing new may pass (fail closed).
     AuditUnavailable(String),
     /// A connection limit is full: the listener's, the client address's, or the proxy's.
@@ -106,7 +107,7 @@ impl Refusal {
     /// Classifies the refusal. `method` names the request kind in the text ("CONNECT", "GET").
     pub fn classify(&self, method: &str) -> Classified {
         use DialError as D;
-        use UpstreamError as U;
+        use ResponseError as U;
         use UpstreamFailure as F;
         // (status, Proxy-Status error type, the reason (a deny) or the failure, body text)
         let (status, error_type, code, text): (u16, &str, Code, String) = match self {
@@ -225,7 +226,7 @@ impl Refusal {
                 Code::Reason(format!("connection_limit:{}", kind.as_str()).into()),
                 format!("too many connections ({} limit); retry later", kind.as_str()),
             ),
-            Refusal::Upstream { target, error } => match error {
+            Refusal::Response { target, error } => match error {
                 U::Timeout => (
                     504,
                     "connection_read_timeout",

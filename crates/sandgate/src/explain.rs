@@ -1,5 +1,8 @@
 //! `sandgate explain`: how the policy would decide one destination, by which rule (file and
-//! line, scope, expiry), and what the address guard will still check. No network access.
+//! line, scope, expiry), and what the address guard will still check. No network access,
+//! except with `--resolve`: then the name is resolved through the proxy's own dialer (the
+//! same nameservers and parsing as `sandgate proxy`) and every answer is classified, and
+//! checked against address deny entries, as the proxy would.
 
 use std::process::ExitCode;
 
@@ -93,7 +96,7 @@ fn explain(args: &ExplainArgs) -> Result<ExitCode, String> {
         }
     };
     let resolved = if args.resolve {
-        Some(resolve(args, file.as_ref(), &guard, &target)?)
+        Some(resolve(args, file.as_ref(), (&guard, &rules, &ctx), &target)?)
     } else {
         None
     };
@@ -137,7 +140,7 @@ fn explain(args: &ExplainArgs) -> Result<ExitCode, String> {
                 if *ok {
                     "may be dialled"
                 } else {
-                    "refused by the address guard"
+                    "refused by the address guard or a deny entry"
                 }
             );
         }
@@ -149,30 +152,15 @@ fn explain(args: &ExplainArgs) -> Result<ExitCode, String> {
 fn resolve(
     args: &ExplainArgs,
     file: Option<&sandgate_policy::PolicyFile>,
-    guard: &AddressGuard,
+    (guard, rules, ctx): (&AddressGuard, &Ruleset, &Context<'_>),
     target: &Target,
 ) -> Result<Vec<(std::net::IpAddr, &'static str, bool)>, String> {
-    let mut servers = Vec::new();
-    for s in &args.dns_server {
-        let addr = s
-            .parse::<std::net::SocketAddr>()
-            .or_else(|_| {
-                s.parse::<std::net::IpAddr>()
-                    .map(|ip| std::net::SocketAddr::new(ip, 53))
-            })
-            .map_err(|_| format!("invalid --dns-server value {s:?}: expected IP or IP:PORT"))?;
-        servers.push(addr);
-    }
-    if servers.is_empty() {
-        servers = file
-            .and_then(|f| f.resolver.as_ref())
-            .map(|r| r.servers.clone())
-            .unwrap_or_default();
-    }
-    let nameservers = if servers.is_empty() {
-        Nameservers::System
-    } else {
-        Nameservers::Explicit(servers)
+    let nameservers = match crate::settings::nameservers(&args.dns_server).map_err(|e| e.to_string())? {
+        Nameservers::System => match file.and_then(|f| f.resolver.as_ref()) {
+            Some(r) if !r.servers.is_empty() => Nameservers::Explicit(r.servers.clone()),
+            _ => Nameservers::System,
+        },
+        explicit => explicit,
     };
     let config = DialConfig {
         nameservers,
@@ -193,7 +181,10 @@ fn resolve(
             .map_err(|e| format!("cannot resolve {target}: {e}"))?;
         Ok(ips
             .into_iter()
-            .map(|ip| (ip, classify(ip).as_str(), guard.check(ip).is_ok()))
+            .map(|ip| {
+                let dialable = guard.check(ip).is_ok() && rules.deny_address(ip, target.port, ctx).is_none();
+                (ip, classify(ip).as_str(), dialable)
+            })
             .collect())
     })
 }

@@ -135,7 +135,7 @@ fn listen_addrs(args: &ProxyArgs, env: &dyn Env) -> Result<Vec<SocketAddr>, Sett
     Ok(Vec::new())
 }
 
-fn nameservers(values: &[String]) -> Result<Nameservers, SettingsError> {
+pub fn nameservers(values: &[String]) -> Result<Nameservers, SettingsError> {
     if values.is_empty() {
         return Ok(Nameservers::System);
     }

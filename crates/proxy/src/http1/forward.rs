@@ -1,7 +1,7 @@
 //! Plain-HTTP forwarding: one absolute-form request in, one origin-form request out, the
 //! response relayed back (RFC 9110 section 7.6, RFC 9112).
 //!
-//! Each request on a client connection is decided on its own. An upstream connection is
+//! Each request on a client connection is decided on its own. An outbound connection is
 //! kept for the next request only when that request names the same host and port, which
 //! was already vetted, so reuse never skips the guard. The request-target decides the
 //! destination; the Host header sent upstream is rewritten from it. Bodies are relayed
@@ -20,7 +20,7 @@ use super::head::{Field, RequestHead, ResponseHead, end_to_end_fields, parse_res
 use super::{ClientConn, Next};
 use crate::audit::event::{Outcome, UpstreamFailure as F};
 use crate::egress::{Egress, End};
-use crate::refusal::{Refusal, UpstreamError};
+use crate::refusal::{Refusal, ResponseError};
 
 /// Largest upstream response head accepted.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
@@ -29,9 +29,10 @@ const RELAY_CHUNK: usize = 64 * 1024;
 /// Added to every forwarded message (RFC 9110 section 7.6.3).
 const VIA: &str = "1.1 sandgate";
 
-/// A kept-alive upstream connection and the destination it was vetted for.
+/// A kept-alive outbound connection (to the origin, or to the upstream proxy when chained)
+/// and the destination it was vetted for.
 #[derive(Debug)]
-pub(crate) struct Upstream {
+pub(crate) struct Outbound {
     host: Host,
     port: u16,
     addr: SocketAddr,
@@ -41,7 +42,7 @@ pub(crate) struct Upstream {
     chained: bool,
 }
 
-impl Upstream {
+impl Outbound {
     /// A kept connection is reusable only if the origin has not closed it and has sent
     /// nothing unasked (a non-blocking read that would block means both).
     fn is_alive(&self) -> bool {
@@ -56,7 +57,7 @@ pub(crate) async fn handle_http(
     egress: &Egress,
     client: &mut ClientConn,
     head: RequestHead,
-    upstream: &mut Option<Upstream>,
+    outbound: &mut Option<Outbound>,
 ) -> Next {
     let pending = egress.begin(client.peer, client.identity.clone(), Some(&head.method));
     let decided = match parse_http_target(&head.target) {
@@ -73,17 +74,17 @@ pub(crate) async fn handle_http(
             return Next::Close;
         }
     };
-    let reusable = upstream
+    let reusable = outbound
         .as_ref()
         .filter(|u| u.host == http.target.host && u.port == http.target.port && u.is_alive())
         .map(|u| u.addr);
     let grant = match reusable {
         Some(addr) => decided.reuse(egress, addr).await,
         None => {
-            *upstream = None;
+            *outbound = None;
             match decided.open(egress).await {
                 Ok(opened) => {
-                    *upstream = Some(Upstream {
+                    *outbound = Some(Outbound {
                         host: http.target.host.clone(),
                         port: http.target.port,
                         addr: opened.addr,
@@ -100,7 +101,7 @@ pub(crate) async fn handle_http(
             }
         }
     };
-    let Some(up) = upstream.as_mut() else {
+    let Some(up) = outbound.as_mut() else {
         let end = End {
             sent: 0,
             received: 0,
@@ -127,8 +128,8 @@ pub(crate) async fn handle_http(
             egress.close(grant, end).await;
         }
     }
-    if !outcome.upstream_reusable {
-        *upstream = None;
+    if !outcome.outbound_reusable {
+        *outbound = None;
     }
     if outcome.client_reusable && !head.close {
         Next::KeepAlive
@@ -146,7 +147,7 @@ struct Exchange {
     label: Outcome,
     refusal: Option<Refusal>,
     client_reusable: bool,
-    upstream_reusable: bool,
+    outbound_reusable: bool,
 }
 
 impl Exchange {
@@ -158,7 +159,7 @@ impl Exchange {
             label,
             refusal: None,
             client_reusable: false,
-            upstream_reusable: false,
+            outbound_reusable: false,
         }
     }
 }
@@ -168,15 +169,15 @@ async fn exchange(
     client: &mut ClientConn,
     head: &RequestHead,
     http: &HttpTarget,
-    up: &mut Upstream,
+    up: &mut Outbound,
 ) -> Exchange {
     let limits = &egress.limits;
     let out_head = request_head_bytes(head, http, up.chained);
     if let Err(_e) = up.stream.write_all(&out_head).await {
         return Exchange {
-            refusal: Some(Refusal::Upstream {
+            refusal: Some(Refusal::Response {
                 target: http.target.clone(),
-                error: UpstreamError::Closed,
+                error: ResponseError::Closed,
             }),
             ..Exchange::failed(0, 0, Outcome::Upstream(F::Closed))
         };
@@ -227,11 +228,11 @@ async fn exchange(
         Ok((response, _)) => response,
         Err(error) => {
             let label = match error {
-                UpstreamError::Timeout => Outcome::Upstream(F::ResponseTimeout),
+                ResponseError::Timeout => Outcome::Upstream(F::ResponseTimeout),
                 _ => Outcome::Upstream(F::Closed),
             };
             return Exchange {
-                refusal: Some(Refusal::Upstream {
+                refusal: Some(Refusal::Response {
                     target: http.target.clone(),
                     error,
                 }),
@@ -272,7 +273,7 @@ async fn exchange(
             label: Outcome::Ok,
             refusal: None,
             client_reusable: !client_closes,
-            upstream_reusable: !response.close && request_complete,
+            outbound_reusable: !response.close && request_complete,
         },
         Err(e) => {
             tracing::debug!(error = %e, "response body relay stopped");
@@ -299,7 +300,7 @@ async fn read_response_head<R, W>(
     method: &str,
     body_done: &Notify,
     timeout: std::time::Duration,
-) -> Result<(ResponseHead, u64), UpstreamError>
+) -> Result<(ResponseHead, u64), ResponseError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -312,14 +313,14 @@ where
             match parse_response_head(buf, method) {
                 Ok(Some((head, len))) if (100..200).contains(&head.status) => {
                     if head.status == 101 {
-                        return Err(UpstreamError::Malformed(super::head::HeadError::Syntax(
+                        return Err(ResponseError::Malformed(super::head::HeadError::Syntax(
                             "unrequested upgrade",
                         )));
                     }
                     // Rebuilt like a final response (CRLF line ends, hop-by-hop fields
                     // dropped, Via added), never relayed byte for byte (RFC 9110 15.2).
                     let rebuilt = response_head_bytes(&head, false);
-                    client.write_all(&rebuilt).await.map_err(UpstreamError::Io)?;
+                    client.write_all(&rebuilt).await.map_err(ResponseError::Io)?;
                     interim += rebuilt.len() as u64;
                     buf.advance(len);
                     continue;
@@ -328,10 +329,10 @@ where
                     buf.advance(len);
                     return Ok((head, interim));
                 }
-                Ok(None) if buf.len() >= MAX_RESPONSE_HEAD => return Err(UpstreamError::HeadTooLarge),
+                Ok(None) if buf.len() >= MAX_RESPONSE_HEAD => return Err(ResponseError::HeadTooLarge),
                 Ok(None) => {}
-                Err(super::head::HeadError::TooManyFields) => return Err(UpstreamError::HeadTooLarge),
-                Err(e) => return Err(UpstreamError::Malformed(e)),
+                Err(super::head::HeadError::TooManyFields) => return Err(ResponseError::HeadTooLarge),
+                Err(e) => return Err(ResponseError::Malformed(e)),
             }
         }
         buf.reserve(8192);
@@ -342,12 +343,12 @@ where
                 deadline = tokio::time::Instant::now() + timeout;
                 continue;
             }
-            _ = tokio::time::sleep_until(deadline), if timer_armed => return Err(UpstreamError::Timeout),
+            _ = tokio::time::sleep_until(deadline), if timer_armed => return Err(ResponseError::Timeout),
         };
         match read {
-            Ok(0) => return Err(UpstreamError::Closed),
+            Ok(0) => return Err(ResponseError::Closed),
             Ok(_) => {}
-            Err(e) => return Err(UpstreamError::Io(e)),
+            Err(e) => return Err(ResponseError::Io(e)),
         }
     }
 }
