@@ -67,6 +67,9 @@ mod tests {
         );
         let body = axum::body::to_bytes(ok.into_body(), 1 << 20).await.unwrap();
         assert!(String::from_utf8_lossy(&body).contains("sandgate_policy_generation 1"));
-        assert_eq!(app.oneshot(get("/nope")).await.unwrap().status(), StatusCode::NOT_FOUND);
+        assert_eq!(
+            app.oneshot(get("/nope")).await.unwrap().status(),
+            StatusCode::NOT_FOUND
+        );
     }
 }

@@ -47,7 +47,13 @@ mod tests {
             Ok(("t-1".to_owned(), "s3:cret".to_owned()))
         );
         assert_eq!(basic_login(None), Err(AuthError::Missing));
-        for bad in [&b"Bearer abc"[..], b"Basic !!!", b"Basic", &basic("no-colon"), &[0xff, 0xfe]] {
+        for bad in [
+            &b"Bearer abc"[..],
+            b"Basic !!!",
+            b"Basic",
+            &basic("no-colon"),
+            &[0xff, 0xfe],
+        ] {
             assert_eq!(
                 basic_login(Some(bad)),
                 Err(AuthError::Malformed),

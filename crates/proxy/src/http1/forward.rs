@@ -15,7 +15,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use super::framing::{BodyKind, ChunkError, ChunkedScanner};
+use super::body::{RelayError, relay_body};
+use super::framing::BodyKind;
 use super::head::{Field, RequestHead, ResponseHead, end_to_end_fields, parse_response_head};
 use super::{ClientConn, Next};
 use crate::audit::event::{Outcome, UpstreamFailure as F};
@@ -24,8 +25,6 @@ use crate::refusal::{Refusal, ResponseError};
 
 /// Largest upstream response head accepted.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
-/// Read size while relaying bodies.
-const RELAY_CHUNK: usize = 64 * 1024;
 /// Added to every forwarded message (RFC 9110 section 7.6.3).
 const VIA: &str = "1.1 sandgate";
 
@@ -74,31 +73,11 @@ pub(crate) async fn handle_http(
             return Next::Close;
         }
     };
-    let reusable = outbound
-        .as_ref()
-        .filter(|u| u.host == http.target.host && u.port == http.target.port && u.is_alive())
-        .map(|u| u.addr);
-    let grant = match reusable {
-        Some(addr) => decided.reuse(egress, addr).await,
-        None => {
-            *outbound = None;
-            match decided.open(egress).await {
-                Ok(opened) => {
-                    *outbound = Some(Outbound {
-                        host: http.target.host.clone(),
-                        port: http.target.port,
-                        addr: opened.addr,
-                        stream: opened.stream,
-                        buf: BytesMut::new(),
-                        chained: opened.chained,
-                    });
-                    opened.grant
-                }
-                Err(refused) => {
-                    client.reply(&refused).await;
-                    return Next::Close;
-                }
-            }
+    let grant = match connect(egress, decided, &http, outbound).await {
+        Ok(grant) => grant,
+        Err(refused) => {
+            client.reply(&refused).await;
+            return Next::Close;
         }
     };
     let Some(up) = outbound.as_mut() else {
@@ -136,6 +115,34 @@ pub(crate) async fn handle_http(
     } else {
         Next::Close
     }
+}
+
+/// Reuses the kept outbound connection when it serves this same destination (the allow is
+/// recorded with its address), or has the core open a new one.
+async fn connect(
+    egress: &Egress,
+    decided: crate::egress::Decided,
+    http: &HttpTarget,
+    outbound: &mut Option<Outbound>,
+) -> Result<crate::egress::Grant, crate::egress::Refused> {
+    let reusable = outbound
+        .as_ref()
+        .filter(|u| u.host == http.target.host && u.port == http.target.port && u.is_alive())
+        .map(|u| u.addr);
+    if let Some(addr) = reusable {
+        return Ok(decided.reuse(egress, addr).await);
+    }
+    *outbound = None;
+    let opened = decided.open(egress).await?;
+    *outbound = Some(Outbound {
+        host: http.target.host.clone(),
+        port: http.target.port,
+        addr: opened.addr,
+        stream: opened.stream,
+        buf: BytesMut::new(),
+        chained: opened.chained,
+    });
+    Ok(opened.grant)
 }
 
 /// The result of relaying one request and its response.
@@ -240,7 +247,28 @@ async fn exchange(
             };
         }
     };
-    let request_complete = body_result.is_ok();
+    relay_response(
+        egress,
+        client,
+        head,
+        up,
+        response,
+        (sent, received),
+        body_result.is_ok(),
+    )
+    .await
+}
+
+/// Sends the response head (with a small body that came along) and relays the body.
+async fn relay_response(
+    egress: &Egress,
+    client: &mut ClientConn,
+    head: &RequestHead,
+    up: &mut Outbound,
+    response: ResponseHead,
+    (sent, mut received): (u64, u64),
+    request_complete: bool,
+) -> Exchange {
     let client_closes = head.close || response.close || !request_complete;
     let mut out = response_head_bytes(&response, client_closes);
     let mut body = response.body;
@@ -261,7 +289,7 @@ async fn exchange(
         &mut up.buf,
         &mut client.stream,
         body,
-        limits.body_idle_timeout,
+        egress.limits.body_idle_timeout,
     )
     .await;
     let status = Some(response.status);
@@ -291,8 +319,9 @@ async fn exchange(
 }
 
 /// Reads the final response head, forwarding any 1xx interim responses to the client as they
-/// come, each rebuilt and filtered as a final response head is. The response timeout starts once the request body has been sent. Returns the head
-/// and the bytes of interim responses forwarded.
+/// come, each rebuilt and filtered as a final response head is. The response timeout starts
+/// once the request body has been sent. Returns the head and the bytes of interim responses
+/// forwarded.
 async fn read_response_head<R, W>(
     src: &mut R,
     buf: &mut BytesMut,
@@ -349,82 +378,6 @@ where
             Ok(0) => return Err(ResponseError::Closed),
             Ok(_) => {}
             Err(e) => return Err(ResponseError::Io(e)),
-        }
-    }
-}
-
-/// Why a body relay stopped early.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum RelayError {
-    #[error("reading the body failed: {0}")]
-    Source(std::io::Error),
-    #[error("writing the body failed: {0}")]
-    Dest(std::io::Error),
-    #[error("the body ended early")]
-    Truncated,
-    #[error("bad chunked framing: {0}")]
-    Framing(ChunkError),
-    #[error("the body stalled")]
-    Idle,
-}
-
-/// Copies one message body from `src` (starting with what is already in `buf`) to `dst`,
-/// unchanged, and stops exactly at its end. Returns the bytes copied.
-pub(crate) async fn relay_body<R, W>(
-    src: &mut R,
-    buf: &mut BytesMut,
-    dst: &mut W,
-    kind: BodyKind,
-    idle: std::time::Duration,
-) -> Result<u64, RelayError>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut copied = 0u64;
-    let mut remaining = match kind {
-        BodyKind::Empty => return Ok(0),
-        BodyKind::Length(n) => n,
-        BodyKind::Chunked | BodyKind::UntilClose => u64::MAX,
-    };
-    let mut scanner = ChunkedScanner::new();
-    loop {
-        if buf.is_empty() {
-            buf.reserve(RELAY_CHUNK);
-            let n = match tokio::time::timeout(idle, src.read_buf(buf)).await {
-                Err(_) => return Err(RelayError::Idle),
-                Ok(Err(e)) => return Err(RelayError::Source(e)),
-                Ok(Ok(n)) => n,
-            };
-            if n == 0 {
-                return match kind {
-                    BodyKind::UntilClose => {
-                        dst.flush().await.map_err(RelayError::Dest)?;
-                        Ok(copied)
-                    }
-                    _ => Err(RelayError::Truncated),
-                };
-            }
-        }
-        let take = match kind {
-            BodyKind::Chunked => scanner.feed(buf).map_err(RelayError::Framing)?,
-            _ => usize::try_from(remaining).unwrap_or(usize::MAX).min(buf.len()),
-        };
-        dst.write_all(buf.get(..take).unwrap_or_default())
-            .await
-            .map_err(RelayError::Dest)?;
-        buf.advance(take);
-        copied += take as u64;
-        if matches!(kind, BodyKind::Length(_)) {
-            remaining -= take as u64;
-        }
-        let done = match kind {
-            BodyKind::Chunked => scanner.is_done(),
-            BodyKind::Length(_) => remaining == 0,
-            _ => false,
-        };
-        if done {
-            return Ok(copied);
         }
     }
 }

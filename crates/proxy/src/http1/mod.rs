@@ -5,6 +5,7 @@
 //! core ([`crate::egress`]), which this module calls and which never calls back.
 
 mod auth;
+mod body;
 pub(crate) mod connect;
 pub(crate) mod forward;
 pub mod framing;
