@@ -1,11 +1,19 @@
 //! The bubblewrap command line, built by a pure function from the policy and the facts of
-//! one run (where the sandgate binary and the bridge socket are). Unit-tested without bwrap;
-//! `sandgate run --print-argv` prints it.
+//! one run (where the sandgate binary and the bridge sockets are). Unit-tested without
+//! bwrap; `sandgate run --print-argv` prints it.
 //!
-//! Layout inside the sandbox: nothing of the host but the listed paths; a fresh /proc, a
-//! minimal /dev, a private /tmp; in the proxied modes the bridge directory at
-//! [`BRIDGE_DIR`] and the sandgate binary at [`INIT_PATH`], which runs first as the
-//! sandbox's init, listens on the proxy port and starts the command.
+//! Layout inside the sandbox: nothing of the host but the listed paths (bound at their
+//! canonical place, with a symlink where the policy spelled them differently); a fresh
+//! /proc, a minimal /dev, a private /tmp; the root itself read-only; the sandgate binary at
+//! [`INIT_PATH`]; in the proxied modes the bridge directory, read-only, at [`BRIDGE_DIR`].
+//!
+//! The command always starts through `INIT_PATH sandbox-exec`, which loads the seccomp
+//! filter and then executes it; in the proxied modes (and with `net.loopback_ports`) the
+//! init, which needs its Unix-socket bridge and so runs unfiltered, starts that step.
+//!
+//! The environment is not on this command line: bwrap is spawned with exactly the command's
+//! environment (see [`crate::env`]), because `/proc/PID/cmdline` is readable by every local
+//! user and `--setenv NAME VALUE` would publish every value.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -17,15 +25,25 @@ pub const BRIDGE_DIR: &str = "/run/sandgate";
 /// Where the sandgate binary appears inside the sandbox.
 pub const INIT_PATH: &str = "/run/sandgate-init";
 
+/// Files name resolution needs, bound read-only in `net.mode: all` when the host has them
+/// (the other modes have no DNS inside; the proxy resolves).
+pub const DNS_FILES: [&str; 5] = [
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/host.conf",
+    "/etc/gai.conf",
+];
+
 /// The facts of one run that the policy does not hold.
 #[derive(Debug, Clone)]
 pub struct RunFacts {
-    /// The sandgate binary, bound read-only into proxied sandboxes.
+    /// The sandgate binary, bound read-only at [`INIT_PATH`].
     pub sandgate_exe: PathBuf,
-    /// The host directory holding the bridge socket (proxied modes).
+    /// The host directory holding the bridge sockets (proxied modes, loopback ports).
     pub bridge_dir: Option<PathBuf>,
-    /// The command's environment, complete (bwrap starts from an empty one).
-    pub env: Vec<(String, String)>,
+    /// `net.mode: all`: the host's DNS files that exist, as (canonical source, place inside).
+    pub dns_files: Vec<(PathBuf, PathBuf)>,
     pub command: Vec<OsString>,
 }
 
@@ -33,15 +51,22 @@ fn push(argv: &mut Vec<OsString>, items: &[&str]) {
     argv.extend(items.iter().map(OsString::from));
 }
 
-fn bind(argv: &mut Vec<OsString>, flag: &str, path: &Path) {
+fn bind(argv: &mut Vec<OsString>, flag: &str, source: &Path, dest: &Path) {
     argv.push(flag.into());
-    argv.push(path.into());
-    argv.push(path.into());
+    argv.push(source.into());
+    argv.push(dest.into());
+}
+
+/// Does the command start behind the in-sandbox init (which holds the bridge sockets)?
+pub fn needs_init(policy: &SandboxPolicy) -> bool {
+    policy.net.proxied() || !policy.loopback_ports.is_empty()
 }
 
 /// The complete argv, starting with `bwrap`.
 pub fn bwrap_argv(policy: &SandboxPolicy, facts: &RunFacts) -> Vec<OsString> {
     let mut argv: Vec<OsString> = vec!["bwrap".into()];
+    // No capabilities inside, even when sandgate runs as root: the sandbox is the same for
+    // root and for an ordinary user.
     push(
         &mut argv,
         &[
@@ -49,6 +74,8 @@ pub fn bwrap_argv(policy: &SandboxPolicy, facts: &RunFacts) -> Vec<OsString> {
             "--unshare-user",
             "--unshare-uts",
             "--unshare-cgroup-try",
+            "--cap-drop",
+            "ALL",
         ],
     );
     if policy.unshare_pid {
@@ -61,169 +88,119 @@ pub fn bwrap_argv(policy: &SandboxPolicy, facts: &RunFacts) -> Vec<OsString> {
         // A private network namespace: bwrap brings its loopback up, nothing else exists.
         push(&mut argv, &["--unshare-net"]);
     }
-    // Mount points first, then binds: a bind under /tmp must not be hidden by the tmpfs.
-    if policy.allow_write_all {
-        bind(&mut argv, "--bind", Path::new("/"));
-    } else if policy.allow_read_all {
-        bind(&mut argv, "--ro-bind", Path::new("/"));
+    mounts(&mut argv, policy, facts);
+    let init = needs_init(policy);
+    if init && policy.unshare_pid {
+        // Our init waits for the command itself; bwrap need not add an init of its own.
+        push(&mut argv, &["--as-pid-1"]);
     }
-    push(&mut argv, &["--proc", "/proc", "--dev", "/dev"]);
+    argv.push("--".into());
+    if init {
+        push(&mut argv, &[INIT_PATH, "sandbox-init"]);
+        if policy.net.proxied() {
+            let forward = format!("127.0.0.1:{}={BRIDGE_DIR}/proxy.sock", policy.proxy_port);
+            push(&mut argv, &["--forward", &forward]);
+        }
+        for port in &policy.loopback_ports {
+            let forward = format!("127.0.0.1:{port}={BRIDGE_DIR}/port-{port}.sock");
+            push(&mut argv, &["--forward", &forward]);
+        }
+        argv.push("--".into());
+    }
+    push(&mut argv, &[INIT_PATH, "sandbox-exec"]);
+    if policy.allow_unix_sockets {
+        push(&mut argv, &["--allow-unix-sockets"]);
+    }
+    argv.push("--".into());
+    argv.extend(facts.command.iter().cloned());
+    argv
+}
+
+/// The mount operations, in bwrap's order: mount points first, then binds (a bind under
+/// /tmp must not be hidden by the tmpfs), then symlinks, then the root made read-only.
+fn mounts(argv: &mut Vec<OsString>, policy: &SandboxPolicy, facts: &RunFacts) {
+    let root = Path::new("/");
+    if policy.allow_write_all {
+        bind(argv, "--bind", root, root);
+    } else if policy.allow_read_all {
+        bind(argv, "--ro-bind", root, root);
+    }
+    push(argv, &["--proc", "/proc", "--dev", "/dev"]);
     if policy.private_tmp {
-        push(&mut argv, &["--tmpfs", "/tmp"]);
+        push(argv, &["--tmpfs", "/tmp"]);
     }
     for t in &policy.extra_tmpfs {
         argv.push("--tmpfs".into());
         argv.push(t.into());
     }
-    for p in policy.read_paths.iter().chain(&policy.extra_ro_binds) {
-        bind(&mut argv, "--ro-bind", p);
+    let read: Vec<&PathBuf> = policy.read_paths.iter().chain(&policy.extra_ro_binds).collect();
+    for p in distinct(&read) {
+        bind(argv, "--ro-bind", p, p);
     }
-    for p in policy.write_paths.iter().chain(&policy.extra_rw_binds) {
-        bind(&mut argv, "--bind", p);
+    let write: Vec<&PathBuf> = policy.write_paths.iter().chain(&policy.extra_rw_binds).collect();
+    for p in distinct(&write) {
+        bind(argv, "--bind", p, p);
     }
-    let proxied = policy.net.proxied();
-    let needs_init = proxied || !policy.loopback_ports.is_empty();
-    if needs_init {
-        if let Some(dir) = &facts.bridge_dir {
-            argv.push("--bind".into());
-            argv.push(dir.into());
-            argv.push(BRIDGE_DIR.into());
-        }
-        argv.push("--ro-bind".into());
-        argv.push(facts.sandgate_exe.clone().into());
-        argv.push(INIT_PATH.into());
-        // Our init waits for the command itself; bwrap need not add an init of its own.
-        if policy.unshare_pid {
-            push(&mut argv, &["--as-pid-1"]);
+    if policy.net == NetMode::All && !policy.allow_read_all && !policy.allow_write_all {
+        for (source, dest) in &facts.dns_files {
+            bind(argv, "--ro-bind", source, dest);
         }
     }
-    push(&mut argv, &["--clearenv"]);
-    for (k, v) in &facts.env {
-        argv.push("--setenv".into());
-        argv.push(k.into());
-        argv.push(v.into());
+    // Read-only, so the sandbox can create nothing in the host directory behind it; a
+    // socket accepts connect() on a read-only mount (it needs write permission on the
+    // socket inode, not a writable file system).
+    if let (true, Some(dir)) = (needs_init(policy), &facts.bridge_dir) {
+        bind(argv, "--ro-bind", dir, Path::new(BRIDGE_DIR));
     }
-    if proxied {
-        let proxy = format!("http://127.0.0.1:{}", policy.proxy_port);
-        for k in [
-            "HTTP_PROXY",
-            "HTTPS_PROXY",
-            "http_proxy",
-            "https_proxy",
-            "ALL_PROXY",
-            "all_proxy",
-        ] {
-            push(&mut argv, &["--setenv", k, &proxy]);
-        }
-        for k in ["NO_PROXY", "no_proxy"] {
-            push(&mut argv, &["--setenv", k, "localhost,127.0.0.1,::1"]);
+    bind(argv, "--ro-bind", &facts.sandgate_exe, Path::new(INIT_PATH));
+    // An alias is needed only where the host's own symlink is not already visible through a
+    // bind (under `/`, or under another bound path).
+    let bound: Vec<&Path> = policy
+        .read_paths
+        .iter()
+        .chain(&policy.write_paths)
+        .chain(&policy.extra_ro_binds)
+        .chain(&policy.extra_rw_binds)
+        .map(PathBuf::as_path)
+        .chain((policy.allow_read_all || policy.allow_write_all).then_some(root))
+        .collect();
+    for alias in &policy.aliases {
+        let covered = bound.iter().any(|b| alias.at.starts_with(b))
+            || policy
+                .aliases
+                .iter()
+                .any(|other| other.at != alias.at && alias.at.starts_with(&other.at));
+        if !covered {
+            argv.push("--symlink".into());
+            argv.push(alias.target.clone().into());
+            argv.push(alias.at.clone().into());
         }
     }
-    argv.push("--".into());
-    if needs_init {
-        argv.push(INIT_PATH.into());
-        push(&mut argv, &["sandbox-init"]);
-        if proxied {
-            push(
-                &mut argv,
-                &[
-                    "--forward",
-                    &format!("127.0.0.1:{}={BRIDGE_DIR}/proxy.sock", policy.proxy_port),
-                ],
-            );
-        }
-        for port in &policy.loopback_ports {
-            push(
-                &mut argv,
-                &[
-                    "--forward",
-                    &format!("127.0.0.1:{port}={BRIDGE_DIR}/port-{port}.sock"),
-                ],
-            );
-        }
-        argv.push("--".into());
+    if !policy.allow_write_all {
+        // bwrap's root is a tmpfs; read-only, the command cannot fill memory through it or
+        // plant files beside the binds. /tmp and the binds are mounts of their own.
+        push(argv, &["--remount-ro", "/"]);
     }
-    argv.extend(facts.command.iter().cloned());
-    argv
+}
+
+/// The paths of one kind of bind that another of the same kind does not already cover
+/// (bwrap binds recursively; `/lib` resolved to `/usr/lib` under a bound `/usr` is one bind,
+/// not two). All read-only binds precede all read-write ones, so dropping a covered path of
+/// the same kind changes nothing inside.
+fn distinct<'a>(paths: &[&'a PathBuf]) -> Vec<&'a PathBuf> {
+    paths
+        .iter()
+        .enumerate()
+        .filter(|&(i, p)| {
+            !paths
+                .iter()
+                .enumerate()
+                .any(|(j, q)| (p.starts_with(q) && p != q) || (p == q && j < i))
+        })
+        .map(|(_, p)| *p)
+        .collect()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::BTreeMap;
-
-    fn policy(text: &str) -> SandboxPolicy {
-        crate::policy::parse(text, &BTreeMap::new(), &|_| true).unwrap()
-    }
-
-    fn facts() -> RunFacts {
-        RunFacts {
-            sandgate_exe: "/opt/sandgate".into(),
-            bridge_dir: Some("/tmp/sg-1".into()),
-            env: vec![("HOME".into(), "/work".into())],
-            command: vec!["curl".into(), "https://a.example/".into()],
-        }
-    }
-
-    fn joined(v: &[OsString]) -> String {
-        v.iter()
-            .map(|s| s.to_string_lossy().into_owned())
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
-
-    #[test]
-    fn allowlist_mode_routes_through_the_init_and_the_bridge() {
-        let p = policy(
-            "fs:\n  read_paths: [ /usr ]\n  write_paths: [ /srv/out ]\nnet:\n  mode: allowlist\n  allow_domains: [ a.example ]\n",
-        );
-        let s = joined(&bwrap_argv(&p, &facts()));
-        assert!(s.starts_with("bwrap --die-with-parent --unshare-user"), "{s}");
-        assert!(s.contains("--unshare-net"));
-        assert!(
-            s.contains("--proc /proc --dev /dev --tmpfs /tmp --ro-bind /usr /usr --bind /srv/out /srv/out")
-        );
-        assert!(s.contains(
-            "--bind /tmp/sg-1 /run/sandgate --ro-bind /opt/sandgate /run/sandgate-init --as-pid-1"
-        ));
-        assert!(s.contains("--clearenv --setenv HOME /work --setenv HTTP_PROXY http://127.0.0.1:3128"));
-        assert!(s.contains("--setenv NO_PROXY localhost,127.0.0.1,::1"));
-        assert!(s.ends_with(
-            "-- /run/sandgate-init sandbox-init --forward 127.0.0.1:3128=/run/sandgate/proxy.sock -- curl https://a.example/"
-        ));
-    }
-
-    #[test]
-    fn none_and_all_modes() {
-        let s = joined(&bwrap_argv(&policy("net:\n  mode: none\n"), &facts()));
-        assert!(s.contains("--unshare-net") && !s.contains("sandbox-init") && !s.contains("HTTP_PROXY"));
-        assert!(s.ends_with("-- curl https://a.example/"));
-        let s = joined(&bwrap_argv(
-            &policy("net:\n  mode: all\nfs:\n  allow_read_all: true\n"),
-            &facts(),
-        ));
-        assert!(!s.contains("--unshare-net") && s.contains("--ro-bind / /"));
-    }
-
-    #[test]
-    fn loopback_ports_are_forwarded_by_the_init() {
-        let s = joined(&bwrap_argv(
-            &policy("net:\n  mode: loopback\n  loopback_ports: [ 5432 ]\n"),
-            &facts(),
-        ));
-        assert!(s.contains("--unshare-net") && !s.contains("HTTP_PROXY"), "{s}");
-        assert!(
-            s.ends_with("sandbox-init --forward 127.0.0.1:5432=/run/sandgate/port-5432.sock -- curl https://a.example/"),
-            "{s}"
-        );
-    }
-
-    #[test]
-    fn nothing_of_the_host_unless_listed() {
-        let s = joined(&bwrap_argv(
-            &policy("net:\n  mode: none\nfs:\n  tmp: none\n"),
-            &facts(),
-        ));
-        assert!(!s.contains("--bind") && !s.contains("--tmpfs"), "{s}");
-    }
-}
+#[path = "argv_tests.rs"]
+mod tests;

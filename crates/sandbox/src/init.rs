@@ -1,27 +1,42 @@
-//! `sandgate sandbox-init`: the first process inside a proxied sandbox.
+//! `sandgate sandbox-init`: the first process inside a proxied sandbox (or one with
+//! `net.loopback_ports`).
 //!
 //! For each forward (`--forward 127.0.0.1:3128=/run/sandgate/proxy.sock`) it listens on the
 //! sandbox's own loopback and relays every connection to the bridge socket, behind which the
-//! run's proxy (or a bridged host loopback port) waits. It refuses to start the command if
-//! any end is not ready (fail closed): the command never runs with a broken or missing way
-//! out. Then it starts the command, waits for it and exits with its status. It ignores
+//! run's proxy (or a bridged host loopback port) waits ([`crate::bridge`]). It refuses to
+//! start the command if any end is not ready (fail closed): the command never runs with a
+//! broken or missing way out, and the message names what is missing. Then it starts the
+//! command (through `sandbox-exec`, which loads the seccomp filter the init itself must do
+//! without: it needs Unix sockets), waits for it and exits with its status. It ignores
 //! SIGINT/SIGTERM/SIGHUP itself: the runner signals the command directly, and the init stays
 //! until the command is gone.
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use tokio::net::{TcpListener, UnixStream};
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream, UnixStream};
+
+use crate::bridge::{READY, UNREACHABLE};
 
 /// Exit status when the bridge is not ready (EX_SOFTWARE).
 pub const EXIT_BRIDGE: i32 = 70;
 /// Exit status when the command cannot be started (as a shell does).
 pub const EXIT_NO_COMMAND: i32 = 127;
+/// How long a bridge connection may take to report the host end.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Runs the init; returns the process exit status.
 pub fn run(forwards: &[(SocketAddr, PathBuf)], command: &[OsString]) -> i32 {
+    // Not dumpable: the command runs as the same user, and must not read or write this
+    // unfiltered process's memory through /proc/1/mem or process_vm_writev.
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!("sandgate: sandbox init: cannot protect itself ({e}); the command was not run");
+        return EXIT_BRIDGE;
+    }
     let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
         eprintln!("sandgate: sandbox init: cannot start its runtime");
         return EXIT_BRIDGE;
@@ -40,6 +55,28 @@ pub fn parse_forward(text: &str) -> Result<(SocketAddr, PathBuf), String> {
     Ok((addr, PathBuf::from(socket)))
 }
 
+/// Connects to a bridge socket and reads its status byte: the stream, ready to relay, or
+/// the host side's reason why nothing is behind it.
+async fn open_bridge(bridge: &Path) -> Result<UnixStream, String> {
+    let mut unix = UnixStream::connect(bridge)
+        .await
+        .map_err(|e| format!("{}: {e}", bridge.display()))?;
+    let mut status = [0u8; 1];
+    let read = tokio::time::timeout(STATUS_TIMEOUT, unix.read_exact(&mut status)).await;
+    let [status] = status;
+    match read {
+        Ok(Ok(_)) if status == READY => Ok(unix),
+        Ok(Ok(_)) if status == UNREACHABLE => {
+            let mut reason = Vec::new();
+            let _ = tokio::time::timeout(STATUS_TIMEOUT, (&mut unix).take(512).read_to_end(&mut reason)).await;
+            Err(String::from_utf8_lossy(&reason).into_owned())
+        }
+        Ok(Ok(_)) => Err(format!("{}: unexpected status", bridge.display())),
+        Ok(Err(e)) => Err(format!("{}: {e}", bridge.display())),
+        Err(_) => Err(format!("{}: no answer", bridge.display())),
+    }
+}
+
 async fn serve(forwards: &[(SocketAddr, PathBuf)], command: &[OsString]) -> i32 {
     let mut ready = Vec::with_capacity(forwards.len());
     for (listen, bridge) in forwards {
@@ -50,8 +87,8 @@ async fn serve(forwards: &[(SocketAddr, PathBuf)], command: &[OsString]) -> i32 
                 return EXIT_BRIDGE;
             }
         };
-        if let Err(e) = UnixStream::connect(bridge).await {
-            eprintln!("sandgate: bridge not ready: {}: {e}", bridge.display());
+        if let Err(reason) = open_bridge(bridge).await {
+            eprintln!("sandgate: bridge not ready: {reason}; the command was not run");
             return EXIT_BRIDGE;
         }
         ready.push((listener, bridge.clone()));
@@ -69,15 +106,10 @@ async fn serve(forwards: &[(SocketAddr, PathBuf)], command: &[OsString]) -> i32 
     for (listener, bridge) in ready {
         tokio::spawn(async move {
             loop {
-                let Ok((mut tcp, _)) = listener.accept().await else {
+                let Ok((tcp, _)) = listener.accept().await else {
                     continue;
                 };
-                let bridge = bridge.clone();
-                tokio::spawn(async move {
-                    if let Ok(mut unix) = UnixStream::connect(&bridge).await {
-                        let _ = tokio::io::copy_bidirectional(&mut tcp, &mut unix).await;
-                    }
-                });
+                tokio::spawn(relay(tcp, bridge.clone()));
             }
         });
     }
@@ -89,7 +121,7 @@ async fn serve(forwards: &[(SocketAddr, PathBuf)], command: &[OsString]) -> i32 
         Ok(c) => c,
         Err(e) => {
             eprintln!("sandgate: cannot run {}: {e}", program.to_string_lossy());
-            return EXIT_NO_COMMAND;
+            return crate::exec::exit_status_for(&e);
         }
     };
     match child.wait().await {
@@ -99,6 +131,20 @@ async fn serve(forwards: &[(SocketAddr, PathBuf)], command: &[OsString]) -> i32 
         Err(e) => {
             eprintln!("sandgate: waiting for the command failed: {e}");
             EXIT_BRIDGE
+        }
+    }
+}
+
+/// Relays one connection of the command; when nothing is behind the bridge, resets it so
+/// the client sees a refused connection rather than an empty reply.
+async fn relay(mut tcp: TcpStream, bridge: PathBuf) {
+    match open_bridge(&bridge).await {
+        Ok(mut unix) => {
+            let _ = tokio::io::copy_bidirectional(&mut tcp, &mut unix).await;
+        }
+        Err(_) => {
+            // SO_LINGER 0: close() sends RST instead of FIN.
+            let _ = tcp.set_zero_linger();
         }
     }
 }

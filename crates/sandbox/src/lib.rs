@@ -1,9 +1,20 @@
-//! sandgate's sandbox runner on bubblewrap: the policy ([`policy`]), the bwrap command line
-//! as a pure function of it ([`argv`]), the init that runs first inside proxied sandboxes
-//! ([`init`]), and the supervisor that starts the proxy, the bridge and bwrap ([`run`]).
+//! sandgate's sandbox runner on bubblewrap: the policy ([`policy`], with host paths resolved
+//! in [`paths`] and the environment built in [`env`]), the bwrap command line as a pure
+//! function of it ([`argv`]), the seccomp filter ([`seccomp`]) and the step that loads it
+//! before the command ([`exec`]), the init that runs first inside proxied sandboxes
+//! ([`init`]) and the bridges it talks to ([`bridge`]), and the supervisor that starts the
+//! proxy, the bridges and bwrap ([`run`], with [`state`], [`processes`] and [`summary`]).
 
 pub mod argv;
+pub mod bridge;
+pub mod env;
+pub mod exec;
 pub mod init;
+pub mod paths;
 pub mod policy;
+pub mod processes;
 pub mod run;
 pub mod seatbelt;
+pub mod seccomp;
+pub mod state;
+pub mod summary;

@@ -1,15 +1,19 @@
 //! The sandbox policy (YAML, see docs/sandbox.md): parsed with `${NAME}` parameters filled
 //! in, then validated into a [`SandboxPolicy`] that cannot hold an invalid value.
 //!
-//! Pure apart from one injected question, "does this path exist?", so tests need no files.
-//! Everything the platform cannot enforce is an error, never silently ignored.
+//! Pure apart from one injected question, "what is this host path's canonical form?"
+//! ([`crate::paths::Resolve`]), so tests need no files. Every check sees the final network
+//! mode (the command line's `--net` included) and canonical paths. Everything the platform
+//! cannot enforce is an error, never silently ignored.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use sandgate_policy::{Pattern, preset};
 use serde::Deserialize;
+
+use crate::paths::{self, Alias, Resolve};
 
 /// How the sandbox reaches the network.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -41,6 +45,17 @@ impl NetMode {
         }
     }
 
+    /// The mode as the policy spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            NetMode::None => "none",
+            NetMode::Loopback => "loopback",
+            NetMode::All => "all",
+            NetMode::Allowlist => "allowlist",
+            NetMode::Proxy => "proxy",
+        }
+    }
+
     /// Modes whose only way out is the proxy.
     pub fn proxied(self) -> bool {
         matches!(self, NetMode::Allowlist | NetMode::Proxy)
@@ -54,8 +69,11 @@ pub struct SandboxPolicy {
     pub env_passthrough: Vec<String>,
     pub allow_read_all: bool,
     pub allow_write_all: bool,
+    /// Canonical host paths (symlinks resolved), bound at the same place.
     pub read_paths: Vec<PathBuf>,
     pub write_paths: Vec<PathBuf>,
+    /// Symlinks inside the sandbox from paths as the policy wrote them to their targets.
+    pub aliases: Vec<Alias>,
     pub private_tmp: bool,
     pub net: NetMode,
     pub allow: Vec<Pattern>,
@@ -69,6 +87,8 @@ pub struct SandboxPolicy {
     pub resolver_servers: Vec<String>,
     pub unshare_pid: bool,
     pub unshare_ipc: bool,
+    /// `platform.seccomp.allow_unix_sockets`: the command may create `AF_UNIX` sockets.
+    pub allow_unix_sockets: bool,
     pub extra_ro_binds: Vec<PathBuf>,
     pub extra_rw_binds: Vec<PathBuf>,
     pub extra_tmpfs: Vec<PathBuf>,
@@ -158,6 +178,15 @@ struct RawPlatform {
     bwrap: RawBwrap,
     #[serde(default)]
     seatbelt: Option<serde_json::Value>,
+    #[serde(default)]
+    seccomp: RawSeccomp,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSeccomp {
+    #[serde(default)]
+    allow_unix_sockets: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -207,22 +236,33 @@ pub fn substitute(text: &str, params: &BTreeMap<String, String>) -> Result<Strin
     Ok(out)
 }
 
-fn absolute(field: &str, value: &str, exists: &dyn Fn(&Path) -> bool) -> Result<PathBuf, PolicyError> {
-    let path = PathBuf::from(value);
-    if !path.is_absolute() {
-        return Err(PolicyError(format!("{field}: {value:?} is not an absolute path")));
-    }
-    if !exists(&path) {
-        return Err(PolicyError(format!("{field}: {value:?} does not exist")));
-    }
-    Ok(path)
+
+/// The host paths of one field, canonical, with their aliases.
+struct Bound {
+    canonical: Vec<PathBuf>,
+    aliases: Vec<Alias>,
 }
 
-/// Parses and validates a policy. `exists` answers whether a host path exists.
+fn bind_list(field: &str, list: &[String], resolve: Resolve<'_>) -> Result<Bound, PolicyError> {
+    let mut bound = Bound {
+        canonical: Vec::new(),
+        aliases: Vec::new(),
+    };
+    for value in list {
+        let (canonical, alias) = paths::resolve(field, value, resolve)?;
+        bound.canonical.push(canonical);
+        bound.aliases.extend(alias);
+    }
+    Ok(bound)
+}
+
+/// Parses and validates a policy. `resolve` answers what a host path's canonical form is;
+/// `net_override` is the command line's `--net`, applied before any check.
 pub fn parse(
     text: &str,
     params: &BTreeMap<String, String>,
-    exists: &dyn Fn(&Path) -> bool,
+    resolve: Resolve<'_>,
+    net_override: Option<NetMode>,
 ) -> Result<SandboxPolicy, PolicyError> {
     let text = substitute(text, params)?;
     let raw: Raw = serde_saphyr::from_str(&text).map_err(|e| {
@@ -232,15 +272,98 @@ pub fn parse(
             e.to_string().lines().next().unwrap_or("invalid YAML")
         ))
     })?;
-    let paths = |field: &str, list: &[String]| -> Result<Vec<PathBuf>, PolicyError> {
-        list.iter().map(|p| absolute(field, p, exists)).collect()
+    let net = match net_override {
+        Some(mode) => mode,
+        None => NetMode::parse(raw.net.mode.as_deref().unwrap_or("none"))?,
     };
-    let net = NetMode::parse(raw.net.mode.as_deref().unwrap_or("none"))?;
+    let network = network(&raw.net, net)?;
+    check_env(&raw.env)?;
+    check_platform(&raw.platform, net)?;
+    let fields = [
+        ("fs.read_paths", &raw.fs.read_paths),
+        ("fs.write_paths", &raw.fs.write_paths),
+        ("platform.bwrap.ro_bind", &raw.platform.bwrap.ro_bind),
+        ("platform.bwrap.rw_bind", &raw.platform.bwrap.rw_bind),
+    ];
+    let mut bound = Vec::with_capacity(fields.len());
+    for (field, list) in fields {
+        let b = bind_list(field, list, resolve)?;
+        if net != NetMode::All {
+            refuse_socket_dirs(field, list, &b.canonical)?;
+        }
+        bound.push(b);
+    }
+    // Host Unix sockets (docker.sock, an SSH agent, D-Bus) would be a way out of any
+    // restricted network mode. The seccomp filter denies AF_UNIX sockets; refusing the paths
+    // that hold them is the first layer, and stays even when a policy allows Unix sockets.
+    if net != NetMode::All && (raw.fs.allow_read_all || raw.fs.allow_write_all) {
+        return Err(PolicyError(format!(
+            "fs.allow_read_all/allow_write_all with net.mode {} would expose host Unix sockets (docker.sock, ssh-agent, D-Bus); list read_paths instead",
+            net.name()
+        )));
+    }
+    let private_tmp = match raw.fs.tmp.as_deref() {
+        None | Some("private") => true,
+        Some("none") => false,
+        Some(other) => return Err(PolicyError(format!("fs.tmp: {other:?}: use private or none"))),
+    };
+    let unshare = raw.platform.bwrap.unshare.unwrap_or_default();
+    let [read, write, ro, rw] = <[Bound; 4]>::try_from(bound)
+        .map_err(|_| PolicyError("internal: path fields".to_owned()))?;
+    let aliases = [&read, &write, &ro, &rw]
+        .iter()
+        .flat_map(|b| b.aliases.iter().cloned())
+        .collect();
+    Ok(SandboxPolicy {
+        env_set: raw.env.set,
+        env_passthrough: raw.env.passthrough,
+        allow_read_all: raw.fs.allow_read_all,
+        allow_write_all: raw.fs.allow_write_all,
+        read_paths: read.canonical,
+        write_paths: write.canonical,
+        aliases,
+        private_tmp,
+        net,
+        allow: network.allow,
+        loopback_ports: raw.net.loopback_ports,
+        upstream_proxy: network.upstream_proxy,
+        proxy_port: network.proxy_port,
+        allow_ranges: raw.net.allow_ranges,
+        resolver_servers: raw.net.resolver.map(|r| r.servers).unwrap_or_default(),
+        unshare_pid: unshare.pid.unwrap_or(true),
+        unshare_ipc: unshare.ipc.unwrap_or(true),
+        allow_unix_sockets: raw.platform.seccomp.allow_unix_sockets,
+        extra_ro_binds: ro.canonical,
+        extra_rw_binds: rw.canonical,
+        extra_tmpfs: raw.platform.bwrap.tmpfs.iter().map(PathBuf::from).collect(),
+    })
+}
+
+fn refuse_socket_dirs(field: &str, written: &[String], canonical: &[PathBuf]) -> Result<(), PolicyError> {
+    for (value, path) in written.iter().zip(canonical) {
+        if paths::may_hold_host_sockets(path) {
+            return Err(PolicyError(format!(
+                "{field}: {value:?} ({}) may hold host Unix sockets (a way around a restricted network); bind something narrower",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The validated `net` section.
+struct Network {
+    allow: Vec<Pattern>,
+    upstream_proxy: Option<SocketAddr>,
+    proxy_port: u16,
+}
+
+fn network(raw: &RawNet, net: NetMode) -> Result<Network, PolicyError> {
     let mut allow = Vec::new();
-    for d in &raw.net.allow_domains {
+    for d in &raw.allow_domains {
         allow.push(Pattern::parse(d).map_err(|e| PolicyError(format!("net.allow_domains: {d:?}: {e}")))?);
     }
-    for name in &raw.net.presets {
+    for name in &raw.presets {
         let hosts = preset::hosts(name).ok_or_else(|| {
             PolicyError(format!(
                 "net.presets: unknown preset {name:?} (known: {})",
@@ -254,16 +377,16 @@ pub fn parse(
             );
         }
     }
-    if !raw.net.loopback_ports.is_empty() && !matches!(net, NetMode::Loopback | NetMode::Allowlist) {
+    if !raw.loopback_ports.is_empty() && !matches!(net, NetMode::Loopback | NetMode::Allowlist) {
         return Err(PolicyError(
             "net.loopback_ports needs net.mode loopback or allowlist".to_owned(),
         ));
     }
-    if raw.net.loopback_ports.contains(&0) {
+    if raw.loopback_ports.contains(&0) {
         return Err(PolicyError("net.loopback_ports: port 0".to_owned()));
     }
-    let proxy = raw.net.proxy.unwrap_or_default();
-    let upstream_proxy = match (net, proxy.upstream.as_deref()) {
+    let proxy = raw.proxy.as_ref();
+    let upstream_proxy = match (net, proxy.and_then(|p| p.upstream.as_deref())) {
         (NetMode::Proxy, Some(u)) => Some(
             u.parse::<SocketAddr>()
                 .map_err(|_| PolicyError(format!("net.proxy.upstream: {u:?} is not IP:PORT")))?,
@@ -276,7 +399,7 @@ pub fn parse(
         (_, Some(_)) => return Err(PolicyError("net.proxy.upstream needs net.mode proxy".to_owned())),
         (_, None) => None,
     };
-    let proxy_port = match proxy.listen.as_deref() {
+    let proxy_port = match proxy.and_then(|p| p.listen.as_deref()) {
         None => 3128,
         Some(l) => {
             let addr: SocketAddr = l
@@ -290,55 +413,43 @@ pub fn parse(
             if addr.port() == 0 { 3128 } else { addr.port() }
         }
     };
-    if net.proxied() && raw.net.loopback_ports.contains(&proxy_port) {
+    if net.proxied() && raw.loopback_ports.contains(&proxy_port) {
         return Err(PolicyError(format!(
             "net.loopback_ports: {proxy_port} is the proxy's port"
         )));
     }
-    if !net.proxied() && (!allow.is_empty() || !raw.net.allow_ranges.is_empty()) {
+    if !net.proxied() && (!allow.is_empty() || !raw.allow_ranges.is_empty()) {
         return Err(PolicyError(
             "net.allow_domains/presets/allow_ranges need net.mode allowlist".to_owned(),
         ));
     }
-    // Host Unix sockets (docker.sock, an SSH agent, D-Bus) would be a way out of any
-    // restricted network mode, and sandgate installs no seccomp filter against AF_UNIX yet,
-    // so paths that hold them are refused unless the network is unrestricted anyway.
-    if net != NetMode::All {
-        if raw.fs.allow_read_all || raw.fs.allow_write_all {
+    Ok(Network {
+        allow,
+        upstream_proxy,
+        proxy_port,
+    })
+}
+
+fn check_env(raw: &RawEnv) -> Result<(), PolicyError> {
+    for p in &raw.passthrough {
+        if p.trim_end_matches('*').is_empty() {
             return Err(PolicyError(format!(
-                "fs.allow_read_all/allow_write_all with net.mode {:?} would expose host Unix sockets (docker.sock, ssh-agent, D-Bus); list read_paths instead",
-                raw.net.mode.as_deref().unwrap_or("none")
+                "env.passthrough: {p:?} would pass the whole host environment; list names, or prefixes such as LC_*"
             )));
         }
-        let socket_dirs = ["/", "/run", "/var", "/var/run", "/tmp", "/tmp/.X11-unix"];
-        for p in raw
-            .fs
-            .read_paths
-            .iter()
-            .chain(&raw.fs.write_paths)
-            .chain(&raw.platform.bwrap.ro_bind)
-            .chain(&raw.platform.bwrap.rw_bind)
-        {
-            let trimmed = p.trim_end_matches('/');
-            let trimmed = if trimmed.is_empty() { "/" } else { trimmed };
-            if socket_dirs.contains(&trimmed)
-                || trimmed.starts_with("/run/")
-                || trimmed.starts_with("/var/run/")
-            {
-                return Err(PolicyError(format!(
-                    "{p:?} may hold host Unix sockets (a way around a restricted network); bind something narrower"
-                )));
-            }
-        }
     }
-    if raw.platform.seatbelt.is_some_and(|v| {
-        !v.is_null() && v != serde_json::json!({}) && v != serde_json::json!({"extra_allow": {}})
+    Ok(())
+}
+
+fn check_platform(raw: &RawPlatform, net: NetMode) -> Result<(), PolicyError> {
+    if raw.seatbelt.as_ref().is_some_and(|v| {
+        !v.is_null() && *v != serde_json::json!({}) && *v != serde_json::json!({"extra_allow": {}})
     }) {
         return Err(PolicyError(
             "platform.seatbelt: seatbelt settings cannot be enforced on Linux".to_owned(),
         ));
     }
-    if let Some(devices) = &raw.platform.bwrap.devices {
+    if let Some(devices) = &raw.bwrap.devices {
         for d in devices.iter().flatten() {
             if !["null", "zero", "full", "random", "urandom", "tty"].contains(&d.as_str()) {
                 return Err(PolicyError(format!(
@@ -347,174 +458,19 @@ pub fn parse(
             }
         }
     }
-    let private_tmp = match raw.fs.tmp.as_deref() {
-        None | Some("private") => true,
-        Some("none") => false,
-        Some(other) => return Err(PolicyError(format!("fs.tmp: {other:?}: use private or none"))),
-    };
-    let unshare = raw.platform.bwrap.unshare.unwrap_or_default();
-    Ok(SandboxPolicy {
-        env_set: raw.env.set,
-        env_passthrough: raw.env.passthrough,
-        allow_read_all: raw.fs.allow_read_all,
-        allow_write_all: raw.fs.allow_write_all,
-        read_paths: paths("fs.read_paths", &raw.fs.read_paths)?,
-        write_paths: paths("fs.write_paths", &raw.fs.write_paths)?,
-        private_tmp,
-        net,
-        allow,
-        loopback_ports: raw.net.loopback_ports,
-        upstream_proxy,
-        proxy_port,
-        allow_ranges: raw.net.allow_ranges,
-        resolver_servers: raw.net.resolver.map(|r| r.servers).unwrap_or_default(),
-        unshare_pid: unshare.pid.unwrap_or(true),
-        unshare_ipc: unshare.ipc.unwrap_or(true),
-        extra_ro_binds: paths("platform.bwrap.ro_bind", &raw.platform.bwrap.ro_bind)?,
-        extra_rw_binds: paths("platform.bwrap.rw_bind", &raw.platform.bwrap.rw_bind)?,
-        extra_tmpfs: raw.platform.bwrap.tmpfs.iter().map(PathBuf::from).collect(),
-    })
-}
-
-/// Does an environment variable name look like it holds a secret?
-pub fn looks_secret(name: &str) -> bool {
-    let upper = name.to_ascii_uppercase();
-    ["TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL"]
-        .iter()
-        .any(|w| upper.contains(w))
-}
-
-/// The environment the command gets: `set`, then `passthrough` from `host`. Entries ending in
-/// `*` are prefixes; a secret-looking name passes only when listed exactly.
-pub fn environment(
-    policy: &SandboxPolicy,
-    host: &[(String, String)],
-) -> (Vec<(String, String)>, Vec<String>) {
-    let mut out: BTreeMap<String, String> = BTreeMap::new();
-    let mut withheld = Vec::new();
-    for (name, value) in host {
-        let exact = policy.env_passthrough.iter().any(|p| p == name);
-        let by_prefix = policy
-            .env_passthrough
-            .iter()
-            .any(|p| p.strip_suffix('*').is_some_and(|prefix| name.starts_with(prefix)));
-        if exact || (by_prefix && !looks_secret(name)) {
-            out.insert(name.clone(), value.clone());
-        } else if by_prefix {
-            withheld.push(name.clone());
-        }
+    // Without a PID namespace the command sees every host process, may signal the caller's,
+    // and its double-forked children would outlive the run: only where nothing is
+    // restricted anyway.
+    let pid = raw.bwrap.unshare.as_ref().and_then(|u| u.pid);
+    if pid == Some(false) && net != NetMode::All {
+        return Err(PolicyError(format!(
+            "platform.bwrap.unshare.pid: false needs net.mode all (here {}): without a PID namespace the command sees and can signal every process of this user",
+            net.name()
+        )));
     }
-    for (k, v) in &policy.env_set {
-        out.insert(k.clone(), v.clone());
-    }
-    (out.into_iter().collect(), withheld)
+    Ok(())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn params(list: &[(&str, &str)]) -> BTreeMap<String, String> {
-        list.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
-    }
-
-    const ALL_EXIST: &dyn Fn(&Path) -> bool = &|_| true;
-
-    #[test]
-    fn parameters_fill_and_unknown_ones_fail() {
-        assert_eq!(substitute("a ${X} b", &params(&[("X", "1")])).unwrap(), "a 1 b");
-        assert!(
-            substitute("${Y}", &params(&[]))
-                .unwrap_err()
-                .0
-                .contains("--param Y=VALUE")
-        );
-        assert!(substitute("${Y", &params(&[])).is_err());
-    }
-
-    #[test]
-    fn a_full_policy_parses() {
-        let text = "env:\n  set: { HOME: /work }\n  passthrough: [ LANG, OPENAI_API_KEY, LC_* ]\n\
-                    fs:\n  read_paths: [ /usr, \"${PROJECT}\" ]\n  write_paths: [ \"${PROJECT}/out\" ]\n  tmp: private\n\
-                    net:\n  mode: allowlist\n  allow_domains: [ api.openai.com, \"*.pythonhosted.org\" ]\n  presets: [ python-packages ]\n\
-                    platform:\n  bwrap: { unshare: { pid: true, ipc: false }, devices: [ null, urandom ] }\n  seatbelt: { extra_allow: {} }\n";
-        let p = parse(text, &params(&[("PROJECT", "/srv/p")]), ALL_EXIST).unwrap();
-        assert_eq!(p.net, NetMode::Allowlist);
-        assert_eq!(p.allow.len(), 4);
-        assert_eq!(p.read_paths, [PathBuf::from("/usr"), PathBuf::from("/srv/p")]);
-        assert_eq!(p.write_paths, [PathBuf::from("/srv/p/out")]);
-        assert!(p.unshare_pid && !p.unshare_ipc);
-        assert_eq!(p.proxy_port, 3128);
-    }
-
-    #[test]
-    fn errors_name_the_field() {
-        let cases = [
-            (
-                "fs:\n  read_paths: [ usr ]\n",
-                "fs.read_paths: \"usr\" is not an absolute path",
-            ),
-            ("net:\n  mode: sideways\n", "net mode \"sideways\""),
-            (
-                "net:\n  mode: allowlist\n  allow_domains: [ \"*.com\" ]\n",
-                "net.allow_domains: \"*.com\"",
-            ),
-            (
-                "net:\n  mode: none\n  allow_domains: [ a.example ]\n",
-                "need net.mode allowlist",
-            ),
-            (
-                "net:\n  mode: none\n  loopback_ports: [ 5432 ]\n",
-                "needs net.mode loopback or allowlist",
-            ),
-            (
-                "fs:\n  allow_read_all: true\nnet:\n  mode: allowlist\n",
-                "Unix sockets",
-            ),
-            (
-                "fs:\n  allow_read_all: true\nnet:\n  mode: none\n",
-                "Unix sockets",
-            ),
-            ("fs:\n  read_paths: [ /run/user ]\n", "Unix sockets"),
-            ("fs:\n  bogus: 1\n", "bogus"),
-            (
-                "platform:\n  seatbelt: { extra_allow: { network: true } }\n",
-                "seatbelt",
-            ),
-        ];
-        for (text, want) in cases {
-            let err = parse(text, &params(&[]), ALL_EXIST).unwrap_err().0;
-            assert!(err.contains(want), "{text:?}: {err}");
-        }
-        let missing = parse("fs:\n  read_paths: [ /nope ]\n", &params(&[]), &|p| {
-            p != Path::new("/nope")
-        });
-        assert!(missing.unwrap_err().0.contains("\"/nope\" does not exist"));
-    }
-
-    #[test]
-    fn environment_is_explicit_and_guards_secrets() {
-        let p = parse(
-            "env:\n  set: { HOME: /work }\n  passthrough: [ LANG, OPENAI_API_KEY, APP_* ]\n",
-            &params(&[]),
-            ALL_EXIST,
-        )
-        .unwrap();
-        let host: Vec<(String, String)> = [
-            ("LANG", "C"),
-            ("OPENAI_API_KEY", "k"),
-            ("APP_MODE", "x"),
-            ("APP_TOKEN", "t"),
-            ("PATH", "/bin"),
-            ("HOME", "/root"),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let (env, withheld) = environment(&p, &host);
-        let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(names, ["APP_MODE", "HOME", "LANG", "OPENAI_API_KEY"]);
-        assert!(env.contains(&("HOME".to_owned(), "/work".to_owned())));
-        assert_eq!(withheld, ["APP_TOKEN"]);
-    }
-}
+#[path = "policy_tests.rs"]
+mod tests;

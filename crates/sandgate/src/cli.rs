@@ -44,6 +44,15 @@ pub enum Command {
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
     },
+    /// (internal) Loads the sandbox's seccomp filter, then executes the command.
+    #[command(hide = true)]
+    SandboxExec {
+        /// Let the command create AF_UNIX sockets (platform.seccomp.allow_unix_sockets).
+        #[arg(long)]
+        allow_unix_sockets: bool,
+        #[arg(last = true, required = true)]
+        command: Vec<std::ffi::OsString>,
+    },
 }
 
 /// `sandgate run` flags.
@@ -242,9 +251,17 @@ pub struct ProxyArgs {
     /// Serve Prometheus/OpenMetrics text on http://ADDR/metrics (e.g. 127.0.0.1:9090)
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<String>,
-    /// Most concurrent client connections [default: 16384]
+    /// Most concurrent client connections; beyond it, 503 [default: 16384, or what the
+    /// open-file limit allows at two descriptors each]
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
+    /// Most connections one listener may hold [default: the cap with one listener, else an
+    /// equal share but at least a quarter of it]
+    #[arg(long, value_name = "N")]
+    pub max_connections_per_listener: Option<usize>,
+    /// Most connections one client address may hold [default: a quarter of the cap]
+    #[arg(long, value_name = "N")]
+    pub max_connections_per_client: Option<usize>,
     /// Largest request head in bytes [default: 16384]
     #[arg(long, value_name = "BYTES")]
     pub max_head_bytes: Option<usize>,

@@ -37,7 +37,10 @@ fn main() -> ExitCode {
         }
     };
     // The runner's own proxy should not chatter on the command's terminal.
-    let quiet_by_default = matches!(cli.command, Command::Run(_) | Command::SandboxInit { .. });
+    let quiet_by_default = matches!(
+        cli.command,
+        Command::Run(_) | Command::SandboxInit { .. } | Command::SandboxExec { .. }
+    );
     init_logging(cli.log_format, if quiet_by_default { "warn" } else { "info" });
     match cli.command {
         Command::Proxy(args) => run_proxy(&args),
@@ -59,6 +62,13 @@ fn main() -> ExitCode {
                     ExitCode::from(EX_USAGE)
                 }
             }
+        }
+        Command::SandboxExec {
+            allow_unix_sockets,
+            command,
+        } => {
+            let options = sandgate_sandbox::seccomp::FilterOptions { allow_unix_sockets };
+            ExitCode::from(sandgate_sandbox::exec::run(options, &command).clamp(0, 255) as u8)
         }
     }
 }
@@ -151,6 +161,14 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
     // Each tunnel holds two descriptors; the default soft limit (often 1024) is too low.
     if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
         tracing::warn!(error = %e, "cannot raise the open-file limit");
+    }
+    let mut setup = setup;
+    if let Ok((nofile, _)) = rlimit::getrlimit(rlimit::Resource::NOFILE) {
+        let explicit = args.max_connections.is_some();
+        if let Err(e) = settings::fit_to_fd_limit(&mut setup.config.limits, explicit, nofile) {
+            eprintln!("sandgate: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,

@@ -12,57 +12,16 @@
 )]
 
 mod common;
+mod sandbox_support;
 
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::origin::Origin;
 
-const BASE: &str = "env:\n  set: { HOME: /tmp, PATH: /usr/bin:/bin, LANG: C.UTF-8 }\nfs:\n  read_paths: [ /usr, /lib, /bin, /etc/ssl, /etc/alternatives ]\n";
-
 use common::runtime;
-
-fn lib64() -> &'static str {
-    if Path::new("/lib64").exists() {
-        ", /lib64"
-    } else {
-        ""
-    }
-}
-
-fn base() -> String {
-    BASE.replace(", /etc/alternatives", &format!(", /etc/alternatives{}", lib64()))
-}
-
-fn write_policy(dir: &Path, extra: &str) -> std::path::PathBuf {
-    let path = dir.join("policy.yaml");
-    std::fs::write(&path, format!("{}{extra}", base())).unwrap();
-    path
-}
-
-fn run(policy: &Path, extra_args: &[&str], command: &[&str]) -> Output {
-    Command::new(common::sandgate_bin())
-        .arg("run")
-        .arg("--policy")
-        .arg(policy)
-        .args(extra_args)
-        .arg("--")
-        .args(command)
-        .env("SECRET_TOKEN", "do-not-leak")
-        .env("PASS_ME", "visible")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
+use sandbox_support::{base, run, running, text, wait_bounded, write_policy};
 
 #[test]
 fn allowlist_mode_curl_and_python_go_through_the_proxy_only() {
@@ -255,6 +214,7 @@ fn exit_codes_signals_and_teardown() {
         .unwrap();
     std::thread::sleep(Duration::from_millis(800));
     assert!(running(&marker), "the command should be running");
+    let state = sandbox_support::state_dir_of(child.id()).expect("the run holds its state directory open");
     Command::new("kill")
         .args(["-KILL", &child.id().to_string()])
         .status()
@@ -265,39 +225,11 @@ fn exit_codes_signals_and_teardown() {
         assert!(Instant::now() < deadline, "{marker} survived kill -9 of sandgate");
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Its temporary directories could not be removed by the dead process; the next run
-    // sweeps them.
-    let stale = |pid: u32| {
-        std::fs::read_dir(std::env::temp_dir())
-            .unwrap()
-            .flatten()
-            .filter(|e| {
-                let n = e.file_name().to_string_lossy().into_owned();
-                n.starts_with(&format!("sandgate-bridge-{pid}-"))
-                    || n.starts_with(&format!("sandgate-run-{pid}-"))
-            })
-            .count()
-    };
-    let killed = child.id();
-    assert_eq!(stale(killed), 2, "kill -9 leaves the run's two directories");
+    // The dead process could not remove its state directory; its lock died with it, and the
+    // next run sweeps it.
+    assert!(state.is_dir(), "kill -9 leaves the run's state directory");
     assert_eq!(run(&policy, &[], &["true"]).status.code(), Some(0));
-    assert_eq!(stale(killed), 0, "the next run swept them");
-}
-
-fn wait_bounded(child: &mut std::process::Child) -> std::process::ExitStatus {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "sandgate run did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn running(needle: &str) -> bool {
-    let out = Command::new("pgrep").args(["-f", needle]).output().unwrap();
-    !out.stdout.is_empty()
+    assert!(!state.exists(), "the next run swept {}", state.display());
 }
 
 #[test]
@@ -399,17 +331,28 @@ fn host_unix_sockets_are_not_reachable_from_a_restricted_sandbox() {
         "net:\n  mode: allowlist\n  allow_domains: [ a.example ]\n",
     );
     let script = format!(
-        "import socket, os\n\
-         s = socket.socket(socket.AF_UNIX)\n\
-         try:\n    s.connect({:?}); print('connected')\n\
-         except OSError: print('unreachable')\n\
+        "import socket, os, errno\n\
+         try:\n    s = socket.socket(socket.AF_UNIX)\n\
+         except OSError as e:\n    print('no-unix-socket', errno.errorcode[e.errno])\n\
+         else:\n    try:\n        s.connect({:?}); print('connected')\n    except OSError: print('unreachable')\n\
          print('run-dirs', [p for p in ['/run/user', '/var/run', '/run/dbus', '/var/run/docker.sock'] if os.path.exists(p)])\n",
         sock_path.to_str().unwrap()
     );
+    // The seccomp filter refuses the socket itself; with the opt-in, the path is still not
+    // in the sandbox.
     let out = run(&policy, &[], &["python3", "-c", &script]);
     let (stdout, stderr) = text(&out);
-    assert!(stdout.contains("unreachable"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("no-unix-socket EAFNOSUPPORT"), "{stdout}\n{stderr}");
     assert!(stdout.contains("run-dirs []"), "{stdout}");
+    let opted_in = dir.path().join("unix.yaml");
+    std::fs::write(
+        &opted_in,
+        format!("{}net:\n  mode: allowlist\n  allow_domains: [ a.example ]\nplatform:\n  seccomp: {{ allow_unix_sockets: true }}\n", base()),
+    )
+    .unwrap();
+    let out = run(&opted_in, &[], &["python3", "-c", &script]);
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.contains("unreachable"), "{stdout}\n{stderr}");
     // And a policy that would expose them is refused before anything runs.
     let bad = dir.path().join("bad.yaml");
     std::fs::write(
@@ -501,39 +444,5 @@ fn proxy_mode_chains_the_sandbox_through_an_upstream_proxy() {
 /// they already run unprivileged, the suite itself is that run.
 #[test]
 fn the_sandbox_suite_passes_as_an_ordinary_user() {
-    use std::os::unix::fs::PermissionsExt;
-    if std::env::var_os("SANDGATE_AS_NOBODY").is_some() || !common::is_root() {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let tests = dir.path().join("sandbox_e2e");
-    let bin = dir.path().join("sandgate");
-    std::fs::copy(std::env::current_exe().unwrap(), &tests).unwrap();
-    std::fs::copy(common::sandgate_bin(), &bin).unwrap();
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(&tests)
-        .args([
-            "--test-threads=2",
-            "--skip",
-            "the_sandbox_suite_passes_as_an_ordinary_user",
-        ])
-        .env("SANDGATE_TEST_BIN", &bin)
-        .env("SANDGATE_AS_NOBODY", "1")
-        .env("HOME", "/tmp")
-        .env("TMPDIR", "/tmp")
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "as nobody:\n{stdout}\n{stderr}");
-    let passed = stdout
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("test result: ok. ")
-                .and_then(|r| r.split(' ').next()?.parse::<usize>().ok())
-        })
-        .unwrap_or(0);
-    assert!(passed >= 10, "as nobody, only {passed} tests ran:\n{stdout}");
+    sandbox_support::rerun_as_nobody("the_sandbox_suite_passes_as_an_ordinary_user", 10);
 }

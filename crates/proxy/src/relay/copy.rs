@@ -50,20 +50,29 @@ pub(super) async fn copy_relay(
             },
         )
     };
-    let outcome: Outcome = tokio::select! {
-        r = both => match r {
-            Ok(_) => Outcome::Ok,
-            Err(Side::Client) => Outcome::ClientReset,
-            Err(Side::Upstream) => Outcome::UpstreamReset,
-        },
-        _ = idle_watch(&last_activity, epoch, idle) => Outcome::IdleTimeout,
-        _ = hard_stop.cancelled() => Outcome::Shutdown,
-    };
+    let outcome = settle(both, (&last_activity, epoch, idle), hard_stop).await;
     (
         sent.load(Ordering::Relaxed),
         received.load(Ordering::Relaxed),
         outcome,
     )
+}
+
+/// Runs both directions until they end, the tunnel idles out or `stop` cuts it.
+async fn settle<T>(
+    both: impl Future<Output = Result<T, Side>>,
+    (last_activity, epoch, idle): (&AtomicU64, Instant, Duration),
+    stop: &tokio_util::sync::CancellationToken,
+) -> Outcome {
+    tokio::select! {
+        r = both => match r {
+            Ok(_) => Outcome::Ok,
+            Err(Side::Client) => Outcome::ClientReset,
+            Err(Side::Upstream) => Outcome::UpstreamReset,
+        },
+        _ = idle_watch(last_activity, epoch, idle) => Outcome::IdleTimeout,
+        _ = stop.cancelled() => Outcome::Shutdown,
+    }
 }
 
 /// Which side of a tunnel failed.
@@ -185,15 +194,7 @@ where
             ),
         )
     };
-    let outcome: Outcome = tokio::select! {
-        r = both => match r {
-            Ok(_) => Outcome::Ok,
-            Err(Side::Client) => Outcome::ClientReset,
-            Err(Side::Upstream) => Outcome::UpstreamReset,
-        },
-        _ = idle_watch(&last_activity, epoch, idle) => Outcome::IdleTimeout,
-        _ = stop.cancelled() => Outcome::Shutdown,
-    };
+    let outcome = settle(both, (&last_activity, epoch, idle), stop).await;
     (
         sent.load(Ordering::Relaxed),
         received.load(Ordering::Relaxed),
