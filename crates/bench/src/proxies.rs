@@ -83,7 +83,9 @@ pub fn sandgate(binary: &Path, s: &Servers, core: Option<usize>) -> Result<Runni
         "127.0.0.1/32",
     ]);
     cmd.args(["--audit-log"]).arg(dir.path().join("audit.jsonl"));
-    cmd.args(["--dns-server", "127.0.0.1:9", "--max-connections", "20000"]);
+    // 5,000 idle tunnels come from one client address: that share must hold them all.
+    cmd.args(["--dns-server", "127.0.0.1:9", "--max-connections", "8000"]);
+    cmd.args(["--max-connections-per-client", "8000"]);
     for a in allowed(s) {
         cmd.args(["--allow", &a.to_string()]);
     }
