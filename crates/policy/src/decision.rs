@@ -85,6 +85,15 @@ impl Rule {
     }
 }
 
+/// Who traffic belongs to: the task, project and job it is attributed to (from the listener
+/// it arrived on, or from a credential).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Identity {
+    pub task: Option<String>,
+    pub project: Option<String>,
+    pub job: Option<String>,
+}
+
 /// Who is asking, and when: the inputs of a decision besides the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Context<'a> {

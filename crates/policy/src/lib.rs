@@ -17,7 +17,7 @@ pub mod target;
 
 pub use addr::{AddrClass, AddressGuard, Prohibited, classify};
 pub use auth::{AuthError, Credentials, TaskCredential};
-pub use decision::{Context, Decision, PolicyReason, Rule, Ruleset, Verdict};
+pub use decision::{Context, Decision, Identity, PolicyReason, Rule, Ruleset, Verdict};
 pub use document::{
     DocError, DocErrors, Entry, ListenerSpec, PolicyFile, Scope, SecretSource, TaskSecretSpec, parse_policy,
 };

@@ -76,12 +76,7 @@ impl Limits {
 
 /// Who the traffic arriving on a listener belongs to. A sandbox gets its own listener and so
 /// its own identity without holding any secret.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Identity {
-    pub task: Option<String>,
-    pub project: Option<String>,
-    pub job: Option<String>,
-}
+pub use sandgate_policy::Identity;
 
 /// The source addresses allowed to connect to a listener. The sandbox runner registers the
 /// local address of each bridge connection before it connects, so its proxy serves its own

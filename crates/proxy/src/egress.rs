@@ -10,6 +10,7 @@
 //! they return, a [`Grant`], is consumed by [`Egress::close`] or [`Egress::fail`], which
 //! record the close. None of these types can be cloned, and each is `#[must_use]`.
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -60,11 +61,7 @@ pub(crate) struct Egress {
 #[must_use = "a request must end in exactly one decision event: refuse it or decide it"]
 #[derive(Debug)]
 pub(crate) struct Pending {
-    pub id: String,
-    peer: SocketAddr,
-    identity: Arc<Identity>,
-    /// `None` when no request line was read (a malformed head, a connection refused at a limit).
-    method: Option<String>,
+    party: Party,
     started: Instant,
 }
 
@@ -82,7 +79,6 @@ pub(crate) struct Decided {
 #[must_use = "an allowed request must end in a close event: close or fail it"]
 #[derive(Debug)]
 pub(crate) struct Grant {
-    pub id: String,
     party: Party,
     pub target: Target,
     access: Access,
@@ -144,12 +140,21 @@ impl Egress {
     }
 
     /// Starts a request from `peer` on behalf of `identity`.
-    pub fn begin(&self, peer: SocketAddr, identity: Arc<Identity>, method: Option<&str>) -> Pending {
+    /// `method` is `None` when no request line was read (a malformed head, a connection
+    /// refused at a limit).
+    pub fn begin(
+        &self,
+        peer: SocketAddr,
+        identity: Arc<Identity>,
+        method: Option<Cow<'static, str>>,
+    ) -> Pending {
         Pending {
-            id: self.ids.next(),
-            peer,
-            identity,
-            method: method.map(str::to_owned),
+            party: Party {
+                request_id: self.ids.next(),
+                client_addr: peer,
+                identity,
+                method,
+            },
             started: Instant::now(),
         }
     }
@@ -163,7 +168,7 @@ impl Egress {
         dest: Option<(&Target, Access)>,
         refusal: Refusal,
     ) -> Refused {
-        let classified = refusal.classify(pending.method.as_deref().unwrap_or("-"));
+        let classified = refusal.classify(pending.party.method.as_deref().unwrap_or("-"));
         let (resolved_ip, rule) = match &refusal {
             Refusal::Dial {
                 error: DialError::Prohibited(p),
@@ -179,7 +184,7 @@ impl Egress {
             resolved_ip,
             rule,
             status: Some(classified.status),
-            party: pending.party(),
+            party: pending.party.clone(),
         });
         if matches!(refusal, Refusal::AuditUnavailable(_)) {
             // Must not wait behind a queue that cannot drain; the client is answered anyway.
@@ -188,7 +193,7 @@ impl Egress {
             self.audit.record(e).await;
         }
         Refused {
-            id: pending.id,
+            id: pending.party.request_id,
             classified,
         }
     }
@@ -200,7 +205,9 @@ impl Egress {
         target: &Target,
         access: Access,
     ) -> Result<Decided, Refused> {
-        let decision = self.rules().decide(target, access, &context(&pending.identity));
+        let decision = self
+            .rules()
+            .decide(target, access, &context(&pending.party.identity));
         if decision.verdict == Verdict::Deny {
             let refusal = Refusal::Policy {
                 target: target.clone(),
@@ -235,7 +242,7 @@ impl Egress {
     /// broken or missing response head): a close whose outcome is the refusal's reason.
     pub async fn fail(&self, grant: Grant, refusal: Refusal, sent: u64, received: u64) -> Refused {
         let classified = refusal.classify(grant.party.method.as_deref().unwrap_or("-"));
-        let id = grant.id.clone();
+        let id = grant.party.request_id.clone();
         let end = End {
             sent,
             received,
@@ -248,9 +255,8 @@ impl Egress {
     }
 
     async fn allow(&self, d: Decided, resolved: Option<IpAddr>) -> Grant {
-        let party = d.pending.party();
         let e = Event::Decision(Decision {
-            party: party.clone(),
+            party: d.pending.party.clone(),
             dest: Some(dest_of(&d.target, d.access)),
             verdict: Verdict::Allow,
             reason_code: "allowlisted".into(),
@@ -260,8 +266,7 @@ impl Egress {
         });
         self.audit.record(e).await;
         Grant {
-            id: d.pending.id,
-            party,
+            party: d.pending.party,
             target: d.target,
             access: d.access,
             resolved,
@@ -295,7 +300,7 @@ impl Decided {
         // chained: no name is resolved here then, and the upstream applies its own policy).
         if !egress.dialer.is_chained() {
             let rules = egress.rules();
-            let ctx = context(&self.pending.identity);
+            let ctx = context(&self.pending.party.identity);
             let denied = vetted
                 .ips()
                 .find_map(|ip| Some((ip, rules.deny_address(ip, target.port, &ctx)?.label.clone())));
@@ -331,19 +336,6 @@ impl Decided {
     /// which was vetted for this same destination.
     pub async fn reuse(self, egress: &Egress, addr: SocketAddr) -> Grant {
         egress.allow(self, Some(addr.ip())).await
-    }
-}
-
-impl Pending {
-    fn party(&self) -> Party {
-        Party {
-            request_id: self.id.clone(),
-            client_addr: self.peer,
-            task_id: self.identity.task.clone(),
-            project_id: self.identity.project.clone(),
-            job_id: self.identity.job.clone(),
-            method: self.method.clone(),
-        }
     }
 }
 

@@ -44,7 +44,7 @@ impl Aggregator {
             Event::Close(c) if c.outcome == Outcome::Ok => (&c.party, Some(c.dest.clone())),
             _ => return false,
         };
-        let key = (dest, party.task_id.clone(), party.project_id.clone());
+        let key = (dest, party.identity.task.clone(), party.identity.project.clone());
         let agg = self
             .by_key
             .entry(key)
@@ -93,9 +93,11 @@ mod tests {
         Party {
             request_id: "r".into(),
             client_addr: ([127, 0, 0, 1], 9).into(),
-            task_id: Some(task.into()),
-            project_id: None,
-            job_id: None,
+            identity: std::sync::Arc::new(sandgate_policy::Identity {
+                task: Some(task.into()),
+                project: None,
+                job: None,
+            }),
             method: Some("GET".into()),
         }
     }

@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
-use sandgate_policy::Verdict;
+use sandgate_policy::{Identity, Verdict};
 use serde::{Serialize, Serializer};
 
 /// Version of the line schema; bumped on any incompatible change.
@@ -21,11 +21,10 @@ pub const SCHEMA_VERSION: u32 = 1;
 pub struct Party {
     pub request_id: String,
     pub client_addr: SocketAddr,
-    pub task_id: Option<String>,
-    pub project_id: Option<String>,
-    pub job_id: Option<String>,
+    /// Shared with the connection: cloning a party copies no string.
+    pub identity: Arc<Identity>,
     /// `None` when no request line was read.
-    pub method: Option<String>,
+    pub method: Option<Cow<'static, str>>,
 }
 
 /// Where a request asked to go.
@@ -336,9 +335,9 @@ impl<'a> Line<'a> {
 
     fn party(&mut self, p: &'a Party) {
         self.client_addr = Some(p.client_addr);
-        self.task_id = p.task_id.as_deref();
-        self.project_id = p.project_id.as_deref();
-        self.job_id = p.job_id.as_deref();
+        self.task_id = p.identity.task.as_deref();
+        self.project_id = p.identity.project.as_deref();
+        self.job_id = p.identity.job.as_deref();
         self.method = p.method.as_deref();
     }
 

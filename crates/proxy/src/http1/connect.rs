@@ -29,7 +29,7 @@ pub(crate) async fn handle_connect(egress: &Egress, mut client: ClientConn, head
 
 /// Parses and opens the target; answers and records every refusal. `None`: refused.
 async fn open(egress: &Egress, client: &mut ClientConn, raw_target: &str) -> Option<Opened> {
-    let pending = egress.begin(client.peer, client.identity.clone(), Some("CONNECT"));
+    let pending = egress.begin(client.peer, client.identity.clone(), Some("CONNECT".into()));
     let result = match parse_connect_target(raw_target) {
         Err(e) => Err(egress.refuse(pending, None, Refusal::Target(e)).await),
         Ok(target) => match egress.decide(pending, &target, Access::Connect).await {

@@ -58,7 +58,11 @@ pub(crate) async fn handle_http(
     head: RequestHead,
     outbound: &mut Option<Outbound>,
 ) -> Next {
-    let pending = egress.begin(client.peer, client.identity.clone(), Some(&head.method));
+    let pending = egress.begin(
+        client.peer,
+        client.identity.clone(),
+        Some(head.method.clone().into()),
+    );
     let decided = match parse_http_target(&head.target) {
         Err(e) => Err(egress.refuse(pending, None, Refusal::Target(e)).await),
         Ok(http) => egress

@@ -131,7 +131,11 @@ async fn request_loop(
             Ok(()) => None,
         };
         if let Some(refusal) = refusal {
-            let pending = egress.begin(client.peer, client.identity.clone(), Some(&head.method));
+            let pending = egress.begin(
+                client.peer,
+                client.identity.clone(),
+                Some(head.method.clone().into()),
+            );
             let refused = egress.refuse(pending, None, refusal).await;
             client.reply(&refused).await;
             return None;
