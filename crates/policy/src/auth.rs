@@ -99,6 +99,86 @@ fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// What an admin API token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Files exception requests for the tasks its token names, and reads their state.
+    Requester,
+    /// Approves, denies and revokes; reads everything.
+    Approver,
+    /// Reads everything.
+    Viewer,
+}
+
+impl Role {
+    pub fn parse(text: &str) -> Option<Role> {
+        match text {
+            "requester" => Some(Role::Requester),
+            "approver" => Some(Role::Approver),
+            "viewer" => Some(Role::Viewer),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Requester => "requester",
+            Role::Approver => "approver",
+            Role::Viewer => "viewer",
+        }
+    }
+}
+
+/// A verified admin API caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub name: String,
+    pub role: Role,
+    /// For requesters: the tasks they may ask for.
+    pub tasks: Vec<String>,
+    sha256: [u8; 32],
+}
+
+/// The admin API's bearer tokens (SHA-256 only, compared in constant time).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Principals {
+    list: Vec<Principal>,
+}
+
+impl Principals {
+    /// From `(name, role, hex SHA-256, tasks)`.
+    pub fn new(tokens: Vec<(String, Role, String, Vec<String>)>) -> Result<Principals, AuthError> {
+        let mut list = Vec::with_capacity(tokens.len());
+        for (name, role, hex, tasks) in tokens {
+            let sha256 = TaskCredential::from_hex(String::new(), None, &hex)?.sha256;
+            list.push(Principal {
+                name,
+                role,
+                tasks,
+                sha256,
+            });
+        }
+        Ok(Principals { list })
+    }
+
+    /// The principal a bearer token belongs to. Every token is compared, so timing does not
+    /// tell how many there are or which one matched.
+    pub fn verify_bearer(&self, token: &str) -> Option<&Principal> {
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let mut found = None;
+        for p in &self.list {
+            if constant_time_eq(&digest, &p.sha256) && found.is_none() {
+                found = Some(p);
+            }
+        }
+        found
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+}
+
 /// Hex SHA-256 of a secret, for writing policy files (`sandgate` prints it on request).
 pub fn secret_hash(secret: &str) -> String {
     Sha256::digest(secret.as_bytes())

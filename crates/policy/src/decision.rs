@@ -49,7 +49,12 @@ impl Rule {
         } else {
             format!(" ({})", entry.origin)
         };
-        let label = Arc::from(format!("{kind}:{}{ports}{scope}{origin}", entry.pattern));
+        // An exception's entries are labelled by the exception (`exception:ID`).
+        let label = if entry.origin.starts_with("exception:") {
+            entry.origin.clone()
+        } else {
+            Arc::from(format!("{kind}:{}{ports}{scope}{origin}", entry.pattern))
+        };
         Rule {
             pattern: entry.pattern,
             ports: entry.ports,

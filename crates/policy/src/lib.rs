@@ -10,16 +10,21 @@ pub mod addr;
 pub mod auth;
 pub mod decision;
 pub mod document;
+pub mod exception;
 pub mod host;
 pub mod pattern;
 pub mod preset;
 pub mod target;
 
 pub use addr::{AddrClass, AddressGuard, Prohibited, classify};
-pub use auth::{AuthError, Credentials, TaskCredential};
+pub use auth::{AuthError, Credentials, Principal, Principals, Role, TaskCredential};
 pub use decision::{Context, Decision, Identity, PolicyReason, Rule, Ruleset, Verdict};
 pub use document::{
-    DocError, DocErrors, Entry, ListenerSpec, PolicyFile, Scope, SecretSource, TaskSecretSpec, parse_policy,
+    AdminSpec, DocError, DocErrors, Entry, ListenerSpec, PolicyFile, Scope, SecretSource, TaskSecretSpec,
+    TokenSpec, parse_policy,
+};
+pub use exception::{
+    Exception, ExceptionPolicy, NewRequest, RequestError, State as ExceptionState, TransitionError,
 };
 pub use host::{DomainName, Host, HostError};
 pub use pattern::{HostPattern, Pattern, PatternError};

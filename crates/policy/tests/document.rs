@@ -167,3 +167,54 @@ spec:
     .to_string();
     assert!(err.contains("v.yaml:1: apiVersion"), "{err}");
 }
+
+fn doc(spec: &str) -> String {
+    format!("apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: t }}\nspec:\n{spec}")
+}
+
+#[test]
+fn exceptions_and_admin_tokens_parse_and_refuse_what_they_must() {
+    let hash = sandgate_policy::auth::secret_hash("tok");
+    let text = doc(&format!(
+        "  exceptions:\n    - scope: {{ project: p-1 }}\n    - scope: {{ task: t-9 }}\n      ports: [ 443, 8443 ]\n      max_ttl_seconds: 3600\n\
+         \x20 admin:\n    listen: 127.0.0.1:9099\n    tokens:\n      - {{ name: agent, role: requester, secret_sha256: {hash}, tasks: [ t-1 ] }}\n\
+         \x20     - {{ name: alice, role: approver, secret_sha256: {hash} }}\n"
+    ));
+    let file = parse_policy(&text, "p.yaml", NOW).unwrap();
+    assert_eq!(file.exceptions.enabled.len(), 2);
+    assert_eq!(file.exceptions.enabled[1].ports, [443, 8443]);
+    let bounds = file.exceptions.bounds_for("t-1", Some("p-1")).unwrap();
+    assert_eq!(
+        (bounds.max_ttl_seconds, bounds.ports.clone()),
+        (900, vec![80, 443])
+    );
+    assert!(file.exceptions.bounds_for("t-1", None).is_none(), "default deny");
+    assert_eq!(file.admin.listen, Some("127.0.0.1:9099".parse().unwrap()));
+    assert_eq!(file.admin.tokens.len(), 2);
+    for (spec, want) in [
+        (
+            "  exceptions:\n    - scope: system\n",
+            "never enabled for everyone",
+        ),
+        (
+            "  exceptions:\n    - { scope: { task: t }, max_ttl_seconds: 0 }\n",
+            "max_ttl_seconds",
+        ),
+        (
+            "  exceptions:\n    - { scope: { task: t }, ports: [ 70000 ] }\n",
+            "not a port",
+        ),
+        (
+            "  admin:\n    tokens:\n      - { name: x, role: root, secret_sha256_file: f }\n",
+            "use requester, approver or viewer",
+        ),
+        (
+            "  admin:\n    tokens:\n      - { name: x, role: requester, secret_sha256_file: f }\n",
+            "names the tasks",
+        ),
+        ("  admin:\n    listen: nowhere\n", "spec.admin.listen"),
+    ] {
+        let err = parse_policy(&doc(spec), "p.yaml", NOW).unwrap_err().to_string();
+        assert!(err.contains(want), "{spec:?}: {err}");
+    }
+}

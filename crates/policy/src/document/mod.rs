@@ -11,9 +11,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use serde::Deserialize;
-use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde_saphyr::Spanned;
+
+mod control;
+mod raw;
+
+use raw::*;
 
 use crate::pattern::Pattern;
 use crate::preset;
@@ -122,6 +125,26 @@ pub struct PolicyFile {
     pub resolver: Option<ResolverSpec>,
     pub listeners: Vec<ListenerSpec>,
     pub task_secrets: Vec<TaskSecretSpec>,
+    /// Who may request exceptions, within which bounds (default: nobody).
+    pub exceptions: crate::exception::ExceptionPolicy,
+    pub admin: AdminSpec,
+}
+
+/// `spec.admin`: where the admin API listens and who may use it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AdminSpec {
+    pub listen: Option<SocketAddr>,
+    pub tokens: Vec<TokenSpec>,
+}
+
+/// One admin API bearer token (only its SHA-256 is kept).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenSpec {
+    pub name: String,
+    pub role: crate::auth::Role,
+    pub secret: SecretSource,
+    pub tasks: Vec<String>,
+    pub origin: String,
 }
 
 /// One problem found in a file.
@@ -151,183 +174,6 @@ impl fmt::Display for DocErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let lines: Vec<String> = self.0.iter().map(ToString::to_string).collect();
         f.write_str(&lines.join("\n"))
-    }
-}
-
-// ---- the raw, serde-facing shape -------------------------------------------------------
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawDoc {
-    #[serde(rename = "apiVersion")]
-    api_version: Spanned<String>,
-    kind: Spanned<String>,
-    metadata: RawMeta,
-    #[serde(default)]
-    spec: RawSpec,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawMeta {
-    name: String,
-    #[serde(default)]
-    version: Option<String>,
-    #[serde(default)]
-    labels: Option<std::collections::BTreeMap<String, String>>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawSpec {
-    #[serde(default)]
-    network: RawNetwork,
-    #[serde(default)]
-    resolver: Option<Spanned<RawResolver>>,
-    #[serde(default)]
-    listeners: Vec<Spanned<RawListener>>,
-    #[serde(default)]
-    auth: Option<RawAuth>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawAuth {
-    #[serde(default)]
-    tasks: Vec<Spanned<RawTaskSecret>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTaskSecret {
-    task: String,
-    #[serde(default)]
-    project: Option<String>,
-    #[serde(default)]
-    secret_sha256: Option<String>,
-    #[serde(default)]
-    secret_sha256_file: Option<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawNetwork {
-    #[serde(default)]
-    allowlist: Vec<Spanned<RawEntry>>,
-    #[serde(default)]
-    denylist: Vec<Spanned<RawEntry>>,
-    #[serde(default)]
-    presets: Vec<Spanned<String>>,
-    #[serde(default)]
-    allow_ranges: Vec<Spanned<String>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawResolver {
-    #[serde(default)]
-    servers: Vec<String>,
-    #[serde(default)]
-    timeout_ms: Option<i64>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawListener {
-    listen: String,
-    #[serde(default)]
-    task: Option<String>,
-    #[serde(default)]
-    project: Option<String>,
-    #[serde(default)]
-    job: Option<String>,
-    #[serde(default)]
-    auth: Option<String>,
-}
-
-/// An entry: a bare pattern string, or a map with `host` and the optional fields.
-#[derive(Debug)]
-struct RawEntry(RawEntryFull);
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawEntryFull {
-    host: String,
-    #[serde(default)]
-    ports: Option<Vec<i64>>,
-    #[serde(default)]
-    scope: Option<RawScope>,
-    #[serde(default)]
-    ttl_seconds: Option<i64>,
-    #[serde(default)]
-    expires_at: Option<String>,
-    #[serde(default)]
-    created_by: Option<String>,
-    #[serde(default)]
-    reason: Option<String>,
-}
-
-impl<'de> Deserialize<'de> for RawEntry {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct EntryVisitor;
-        impl<'de> Visitor<'de> for EntryVisitor {
-            type Value = RawEntry;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a pattern string or a map with `host`")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawEntry, E> {
-                Ok(RawEntry(RawEntryFull {
-                    host: v.to_owned(),
-                    ..RawEntryFull::default()
-                }))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawEntry, A::Error> {
-                RawEntryFull::deserialize(de::value::MapAccessDeserializer::new(map)).map(RawEntry)
-            }
-        }
-        d.deserialize_any(EntryVisitor)
-    }
-}
-
-/// `system`, or a map with exactly one of `project` / `task`.
-#[derive(Debug)]
-struct RawScope(Result<Scope, String>);
-
-impl<'de> Deserialize<'de> for RawScope {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Map {
-            #[serde(default)]
-            project: Option<String>,
-            #[serde(default)]
-            task: Option<String>,
-        }
-        struct ScopeVisitor;
-        impl<'de> Visitor<'de> for ScopeVisitor {
-            type Value = RawScope;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("`system`, `{ project: ID }` or `{ task: ID }`")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawScope, E> {
-                match v {
-                    "system" => Ok(RawScope(Ok(Scope::System))),
-                    other => Ok(RawScope(Err(format!(
-                        "unknown scope {other:?} (use system, project or task)"
-                    )))),
-                }
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawScope, A::Error> {
-                let m = Map::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok(RawScope(match (m.project, m.task) {
-                    (Some(p), None) if !p.is_empty() => Ok(Scope::Project(p)),
-                    (None, Some(t)) if !t.is_empty() => Ok(Scope::Task(t)),
-                    (None, None) => Ok(Scope::System),
-                    _ => Err("give exactly one non-empty `project` or `task`".to_owned()),
-                }))
-            }
-        }
-        d.deserialize_any(ScopeVisitor)
     }
 }
 
@@ -638,6 +484,8 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
             "a listener requires credentials but no task has any",
         );
     }
+    let exceptions = control::exception_policy(&mut c, &raw.spec.exceptions);
+    let admin = control::admin_spec(&mut c, raw.spec.admin.as_ref(), file);
     if !c.errors.is_empty() {
         return Err(DocErrors(c.errors));
     }
@@ -650,5 +498,7 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
         resolver,
         listeners,
         task_secrets,
+        exceptions,
+        admin,
     })
 }

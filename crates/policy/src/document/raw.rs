@@ -1,0 +1,226 @@
+//! The raw, serde-facing shape of an `EgressPolicy` document: `deny_unknown_fields`
+//! everywhere, `Spanned` where an error must name a line, and visitors for the short forms
+//! (an entry as a bare string, a scope as `system`). `mod.rs` converts it into a
+//! [`super::PolicyFile`] that cannot hold an invalid value.
+
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde_saphyr::Spanned;
+
+use super::Scope;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDoc {
+    #[serde(rename = "apiVersion")]
+    pub(super) api_version: Spanned<String>,
+    pub(super) kind: Spanned<String>,
+    pub(super) metadata: RawMeta,
+    #[serde(default)]
+    pub(super) spec: RawSpec,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMeta {
+    pub(super) name: String,
+    #[serde(default)]
+    pub(super) version: Option<String>,
+    #[serde(default)]
+    pub(super) labels: Option<std::collections::BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSpec {
+    #[serde(default)]
+    pub(super) network: RawNetwork,
+    #[serde(default)]
+    pub(super) resolver: Option<Spanned<RawResolver>>,
+    #[serde(default)]
+    pub(super) listeners: Vec<Spanned<RawListener>>,
+    #[serde(default)]
+    pub(super) auth: Option<RawAuth>,
+    #[serde(default)]
+    pub(super) exceptions: Vec<Spanned<RawExceptions>>,
+    #[serde(default)]
+    pub(super) admin: Option<Spanned<RawAdmin>>,
+}
+
+/// `spec.exceptions[]`: a scope for which tasks may request exceptions, with its bounds.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawExceptions {
+    pub(super) scope: RawScope,
+    #[serde(default)]
+    pub(super) ports: Option<Vec<i64>>,
+    #[serde(default)]
+    pub(super) max_ttl_seconds: Option<i64>,
+}
+
+/// `spec.admin`: the admin listener and its bearer tokens.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAdmin {
+    #[serde(default)]
+    pub(super) listen: Option<String>,
+    #[serde(default)]
+    pub(super) tokens: Vec<Spanned<RawToken>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawToken {
+    pub(super) name: String,
+    pub(super) role: String,
+    #[serde(default)]
+    pub(super) secret_sha256: Option<String>,
+    #[serde(default)]
+    pub(super) secret_sha256_file: Option<String>,
+    /// For `requester` tokens: the tasks it may ask for.
+    #[serde(default)]
+    pub(super) tasks: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAuth {
+    #[serde(default)]
+    pub(super) tasks: Vec<Spanned<RawTaskSecret>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTaskSecret {
+    pub(super) task: String,
+    #[serde(default)]
+    pub(super) project: Option<String>,
+    #[serde(default)]
+    pub(super) secret_sha256: Option<String>,
+    #[serde(default)]
+    pub(super) secret_sha256_file: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawNetwork {
+    #[serde(default)]
+    pub(super) allowlist: Vec<Spanned<RawEntry>>,
+    #[serde(default)]
+    pub(super) denylist: Vec<Spanned<RawEntry>>,
+    #[serde(default)]
+    pub(super) presets: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub(super) allow_ranges: Vec<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawResolver {
+    #[serde(default)]
+    pub(super) servers: Vec<String>,
+    #[serde(default)]
+    pub(super) timeout_ms: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawListener {
+    pub(super) listen: String,
+    #[serde(default)]
+    pub(super) task: Option<String>,
+    #[serde(default)]
+    pub(super) project: Option<String>,
+    #[serde(default)]
+    pub(super) job: Option<String>,
+    #[serde(default)]
+    pub(super) auth: Option<String>,
+}
+
+/// An entry: a bare pattern string, or a map with `host` and the optional fields.
+#[derive(Debug)]
+pub(super) struct RawEntry(pub(super) RawEntryFull);
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawEntryFull {
+    pub(super) host: String,
+    #[serde(default)]
+    pub(super) ports: Option<Vec<i64>>,
+    #[serde(default)]
+    pub(super) scope: Option<RawScope>,
+    #[serde(default)]
+    pub(super) ttl_seconds: Option<i64>,
+    #[serde(default)]
+    pub(super) expires_at: Option<String>,
+    #[serde(default)]
+    pub(super) created_by: Option<String>,
+    #[serde(default)]
+    pub(super) reason: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for RawEntry {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct EntryVisitor;
+        impl<'de> Visitor<'de> for EntryVisitor {
+            type Value = RawEntry;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a pattern string or a map with `host`")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawEntry, E> {
+                Ok(RawEntry(RawEntryFull {
+                    host: v.to_owned(),
+                    ..RawEntryFull::default()
+                }))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawEntry, A::Error> {
+                RawEntryFull::deserialize(de::value::MapAccessDeserializer::new(map)).map(RawEntry)
+            }
+        }
+        d.deserialize_any(EntryVisitor)
+    }
+}
+
+/// `system`, or a map with exactly one of `project` / `task`.
+#[derive(Debug)]
+pub(super) struct RawScope(pub(super) Result<Scope, String>);
+
+impl<'de> Deserialize<'de> for RawScope {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Map {
+            #[serde(default)]
+            project: Option<String>,
+            #[serde(default)]
+            task: Option<String>,
+        }
+        struct ScopeVisitor;
+        impl<'de> Visitor<'de> for ScopeVisitor {
+            type Value = RawScope;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("`system`, `{ project: ID }` or `{ task: ID }`")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawScope, E> {
+                match v {
+                    "system" => Ok(RawScope(Ok(Scope::System))),
+                    other => Ok(RawScope(Err(format!(
+                        "unknown scope {other:?} (use system, project or task)"
+                    )))),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawScope, A::Error> {
+                let m = Map::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(RawScope(match (m.project, m.task) {
+                    (Some(p), None) if !p.is_empty() => Ok(Scope::Project(p)),
+                    (None, Some(t)) if !t.is_empty() => Ok(Scope::Task(t)),
+                    (None, None) => Ok(Scope::System),
+                    _ => Err("give exactly one non-empty `project` or `task`".to_owned()),
+                }))
+            }
+        }
+        d.deserialize_any(ScopeVisitor)
+    }
+}

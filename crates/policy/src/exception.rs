@@ -1,0 +1,407 @@
+//! Temporary egress exceptions: a task asks for exact hosts for a bounded time, a person
+//! approves (or narrows, or denies), and while approved the exception is one more task-scoped
+//! allow entry in the ordinary decision path (`rule: exception:ID`), address guard included.
+//!
+//! Pure: the bounds, the state machine and the entries an exception contributes, with time
+//! as an argument (expiry is exact to the second). Storage, the API and the audit trail are
+//! the control plane's; nothing here does I/O.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::document::{Entry, Scope};
+use crate::host::{DomainName, Host};
+use crate::pattern::{HostPattern, Pattern};
+
+/// Where an exception stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    Pending,
+    Approved,
+    Denied,
+    Expired,
+    Revoked,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::Approved => "approved",
+            State::Denied => "denied",
+            State::Expired => "expired",
+            State::Revoked => "revoked",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<State> {
+        match text {
+            "pending" => Some(State::Pending),
+            "approved" => Some(State::Approved),
+            "denied" => Some(State::Denied),
+            "expired" => Some(State::Expired),
+            "revoked" => Some(State::Revoked),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An exception and its whole history so far.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exception {
+    pub id: String,
+    pub task_id: String,
+    pub project_id: Option<String>,
+    /// Exact host names, lower case, no trailing dot.
+    pub hosts: Vec<String>,
+    pub ports: Vec<u16>,
+    /// Asked for; an approval may shorten it.
+    pub ttl_seconds: u32,
+    pub reason: String,
+    /// The subject that asked (an agent, a service, a user).
+    pub requested_by: String,
+    pub requested_at: i64,
+    pub state: State,
+    pub decided_by: Option<String>,
+    pub decided_at: Option<i64>,
+    /// Why it was denied or revoked, when the decider said.
+    pub note: Option<String>,
+    /// Set on approval: the exception is absent from this second on.
+    pub expires_at: Option<i64>,
+}
+
+/// A request as it arrives (from the API, the CLI, or `sandgate run --ask`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewRequest {
+    pub task_id: String,
+    #[serde(default)]
+    pub project_id: Option<String>,
+    pub requested_hosts: Vec<String>,
+    #[serde(default)]
+    pub requested_ports: Option<Vec<u16>>,
+    pub ttl_seconds: u32,
+    pub reason: String,
+}
+
+/// The default bounds: ports 80 and 443, at most 15 minutes.
+pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
+pub const DEFAULT_MAX_TTL: u32 = 15 * 60;
+/// Hosts in one request, and characters in a reason.
+const MAX_HOSTS: usize = 16;
+const MAX_REASON: usize = 1000;
+
+/// Who may ask, and within which bounds: a scope (a project or a task) with its bounds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Enablement {
+    pub scope: Scope,
+    pub ports: Vec<u16>,
+    pub max_ttl_seconds: u32,
+}
+
+/// The exceptions part of a policy: default deny, enabled per project or task.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExceptionPolicy {
+    pub enabled: Vec<Enablement>,
+}
+
+/// Why a request is refused when it is made; each names the rule (a 4xx for the API).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("exceptions are not enabled for task {task:?}{}", project.as_ref().map(|p| format!(" or project {p:?}")).unwrap_or_default())]
+    NotEnabled { task: String, project: Option<String> },
+    #[error("requested_hosts is empty")]
+    NoHosts,
+    #[error("at most {MAX_HOSTS} hosts per request")]
+    TooManyHosts,
+    #[error("{0:?}: exact host names only, no wildcard")]
+    Wildcard(String),
+    #[error("{0:?}: host names only, no IP literal")]
+    IpLiteral(String),
+    #[error("{0:?}: a host name, not a URL (no scheme, port or path)")]
+    NotAHostName(String),
+    #[error("{host:?}: {message}")]
+    BadHost { host: String, message: String },
+    #[error("port {port} is not allowed for exceptions here (allowed: {allowed:?})")]
+    Port { port: u16, allowed: Vec<u16> },
+    #[error("ttl_seconds {ttl} is over the limit of {max} seconds")]
+    TtlTooLong { ttl: u32, max: u32 },
+    #[error("ttl_seconds must be at least 1")]
+    TtlZero,
+    #[error("a reason is required (at most {MAX_REASON} characters)")]
+    Reason,
+    #[error("task_id is empty")]
+    NoTask,
+}
+
+/// Why a state change is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransitionError {
+    #[error("exception {id} is {state}, not pending")]
+    NotPending { id: String, state: State },
+    #[error("exception {id} is {state}, not approved")]
+    NotApproved { id: String, state: State },
+    #[error("{who:?} asked for exception {id} and may not approve it")]
+    SelfApproval { id: String, who: String },
+    #[error("an approval may only narrow a request: {0}")]
+    Widens(String),
+}
+
+impl ExceptionPolicy {
+    /// The bounds for a task of a project: a task entry wins over its project's.
+    pub fn bounds_for(&self, task: &str, project: Option<&str>) -> Option<&Enablement> {
+        let by_task = self
+            .enabled
+            .iter()
+            .find(|e| matches!(&e.scope, Scope::Task(t) if t == task));
+        by_task.or_else(|| {
+            self.enabled
+                .iter()
+                .find(|e| matches!((&e.scope, project), (Scope::Project(p), Some(q)) if p == q))
+        })
+    }
+
+    /// Checks a request against the bounds and makes it a pending exception.
+    pub fn admit(
+        &self,
+        req: NewRequest,
+        id: String,
+        requested_by: &str,
+        now: i64,
+    ) -> Result<Exception, RequestError> {
+        if req.task_id.is_empty() {
+            return Err(RequestError::NoTask);
+        }
+        let bounds = self
+            .bounds_for(&req.task_id, req.project_id.as_deref())
+            .ok_or_else(|| RequestError::NotEnabled {
+                task: req.task_id.clone(),
+                project: req.project_id.clone(),
+            })?;
+        if req.requested_hosts.is_empty() {
+            return Err(RequestError::NoHosts);
+        }
+        if req.requested_hosts.len() > MAX_HOSTS {
+            return Err(RequestError::TooManyHosts);
+        }
+        let hosts = req
+            .requested_hosts
+            .iter()
+            .map(|h| exact_host(h))
+            .collect::<Result<BTreeSet<String>, _>>()?;
+        let ports = req.requested_ports.unwrap_or_else(|| DEFAULT_PORTS.to_vec());
+        if let Some(&port) = ports.iter().find(|p| !bounds.ports.contains(p)) {
+            return Err(RequestError::Port {
+                port,
+                allowed: bounds.ports.clone(),
+            });
+        }
+        if req.ttl_seconds == 0 {
+            return Err(RequestError::TtlZero);
+        }
+        if req.ttl_seconds > bounds.max_ttl_seconds {
+            return Err(RequestError::TtlTooLong {
+                ttl: req.ttl_seconds,
+                max: bounds.max_ttl_seconds,
+            });
+        }
+        let reason = req.reason.trim();
+        if reason.is_empty() || reason.chars().count() > MAX_REASON {
+            return Err(RequestError::Reason);
+        }
+        let ports: BTreeSet<u16> = ports.into_iter().collect();
+        Ok(Exception {
+            id,
+            task_id: req.task_id,
+            project_id: req.project_id,
+            hosts: hosts.into_iter().collect(),
+            ports: ports.into_iter().collect(),
+            ttl_seconds: req.ttl_seconds,
+            reason: reason.to_owned(),
+            requested_by: requested_by.to_owned(),
+            requested_at: now,
+            state: State::Pending,
+            decided_by: None,
+            decided_at: None,
+            note: None,
+            expires_at: None,
+        })
+    }
+}
+
+/// An exact host name: no wildcard, no IP literal, no scheme, port or path; lower case.
+fn exact_host(text: &str) -> Result<String, RequestError> {
+    if text.contains('*') {
+        return Err(RequestError::Wildcard(text.to_owned()));
+    }
+    if text.contains(['/', ':', '?', '#', '@']) {
+        return Err(RequestError::NotAHostName(text.to_owned()));
+    }
+    match Host::parse(text) {
+        Ok(Host::Ip(_)) | Err(crate::host::HostError::NonCanonicalIpv4) => {
+            Err(RequestError::IpLiteral(text.to_owned()))
+        }
+        Ok(Host::Name(name)) => Ok(name.as_str().to_owned()),
+        Err(e) => Err(RequestError::BadHost {
+            host: text.to_owned(),
+            message: e.to_string(),
+        }),
+    }
+}
+
+/// What an approver may change: fewer hosts, a shorter TTL.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Narrowing {
+    #[serde(default)]
+    pub hosts: Option<Vec<String>>,
+    #[serde(default)]
+    pub ttl_seconds: Option<u32>,
+}
+
+impl Exception {
+    /// Approves a pending exception, from `now` for its (possibly shortened) TTL. The
+    /// requester may not approve their own request.
+    pub fn approve(&mut self, by: &str, now: i64, narrow: &Narrowing) -> Result<(), TransitionError> {
+        self.expect_pending()?;
+        if by == self.requested_by {
+            return Err(TransitionError::SelfApproval {
+                id: self.id.clone(),
+                who: by.to_owned(),
+            });
+        }
+        if let Some(hosts) = &narrow.hosts {
+            let mut kept = BTreeSet::new();
+            for h in hosts {
+                let h = exact_host(h).map_err(|e| TransitionError::Widens(e.to_string()))?;
+                if !self.hosts.contains(&h) {
+                    return Err(TransitionError::Widens(format!("{h:?} was not requested")));
+                }
+                kept.insert(h);
+            }
+            if kept.is_empty() {
+                return Err(TransitionError::Widens("no hosts left; deny instead".to_owned()));
+            }
+            self.hosts = kept.into_iter().collect();
+        }
+        if let Some(ttl) = narrow.ttl_seconds {
+            if ttl == 0 || ttl > self.ttl_seconds {
+                return Err(TransitionError::Widens(format!(
+                    "ttl_seconds {ttl} is not within 1..={}",
+                    self.ttl_seconds
+                )));
+            }
+            self.ttl_seconds = ttl;
+        }
+        self.state = State::Approved;
+        self.decided_by = Some(by.to_owned());
+        self.decided_at = Some(now);
+        self.expires_at = Some(now + i64::from(self.ttl_seconds));
+        Ok(())
+    }
+
+    /// Denies a pending exception.
+    pub fn deny(&mut self, by: &str, now: i64, note: Option<String>) -> Result<(), TransitionError> {
+        self.expect_pending()?;
+        self.finish(State::Denied, by, now, note);
+        Ok(())
+    }
+
+    /// Revokes an approved exception (a pending one is denied instead).
+    pub fn revoke(&mut self, by: &str, now: i64, note: Option<String>) -> Result<(), TransitionError> {
+        if self.state != State::Approved || !self.is_active(now) {
+            return Err(TransitionError::NotApproved {
+                id: self.id.clone(),
+                state: self.state_at(now),
+            });
+        }
+        self.finish(State::Revoked, by, now, note);
+        self.expires_at = Some(now);
+        Ok(())
+    }
+
+    /// Marks an approved exception expired once its time is up; true when it changed.
+    pub fn expire_if_due(&mut self, now: i64) -> bool {
+        if self.state == State::Approved && self.expires_at.is_some_and(|at| now >= at) {
+            self.state = State::Expired;
+            return true;
+        }
+        false
+    }
+
+    /// Approved and not yet expired at `now`.
+    pub fn is_active(&self, now: i64) -> bool {
+        self.state == State::Approved && self.expires_at.is_some_and(|at| now < at)
+    }
+
+    /// The state as of `now` (an approved exception past its expiry reads as expired).
+    pub fn state_at(&self, now: i64) -> State {
+        if self.state == State::Approved && !self.is_active(now) {
+            State::Expired
+        } else {
+            self.state
+        }
+    }
+
+    /// The `rule` label of the entries this exception contributes.
+    pub fn rule_label(&self) -> String {
+        format!("exception:{}", self.id)
+    }
+
+    /// The task-scoped allow entries of an approved exception (none otherwise): one per
+    /// host, on exactly the approved ports, absent from `expires_at` on.
+    pub fn entries(&self) -> Vec<Entry> {
+        if self.state != State::Approved {
+            return Vec::new();
+        }
+        let origin: Arc<str> = Arc::from(self.rule_label());
+        self.hosts
+            .iter()
+            .filter_map(|h| DomainName::parse(h).ok())
+            .map(|name| Entry {
+                pattern: Pattern {
+                    host: HostPattern::Exact(Host::Name(name)),
+                    port: None,
+                },
+                ports: Some(self.ports.clone()),
+                scope: Scope::Task(self.task_id.clone()),
+                expires_at: self.expires_at,
+                created_by: self.decided_by.clone(),
+                reason: Some(self.reason.clone()),
+                origin: origin.clone(),
+            })
+            .collect()
+    }
+
+    fn expect_pending(&self) -> Result<(), TransitionError> {
+        if self.state == State::Pending {
+            Ok(())
+        } else {
+            Err(TransitionError::NotPending {
+                id: self.id.clone(),
+                state: self.state,
+            })
+        }
+    }
+
+    fn finish(&mut self, state: State, by: &str, now: i64, note: Option<String>) {
+        self.state = state;
+        self.decided_by = Some(by.to_owned());
+        self.decided_at = Some(now);
+        self.note = note;
+    }
+}
+
+#[cfg(test)]
+#[path = "exception_tests.rs"]
+mod tests;

@@ -1,0 +1,193 @@
+//! The bounds, the state machine and the entries of exceptions, with time injected.
+
+use super::*;
+use crate::decision::{Context, Ruleset, Verdict};
+use crate::target::{Access, parse_connect_target};
+
+fn policy() -> ExceptionPolicy {
+    ExceptionPolicy {
+        enabled: vec![
+            Enablement {
+                scope: Scope::Project("p-1".into()),
+                ports: DEFAULT_PORTS.to_vec(),
+                max_ttl_seconds: DEFAULT_MAX_TTL,
+            },
+            Enablement {
+                scope: Scope::Task("t-wide".into()),
+                ports: vec![443, 8443],
+                max_ttl_seconds: 3600,
+            },
+        ],
+    }
+}
+
+fn request(task: &str, hosts: &[&str], ports: Option<Vec<u16>>, ttl: u32) -> NewRequest {
+    NewRequest {
+        task_id: task.into(),
+        project_id: Some("p-1".into()),
+        requested_hosts: hosts.iter().map(|h| h.to_string()).collect(),
+        requested_ports: ports,
+        ttl_seconds: ttl,
+        reason: "the build needs it".into(),
+    }
+}
+
+fn admit(req: NewRequest) -> Result<Exception, RequestError> {
+    policy().admit(req, "ex-1".into(), "agent-7", 1000)
+}
+
+#[test]
+fn every_bound_is_refused_with_its_reason() {
+    let cases: Vec<(NewRequest, &str)> = vec![
+        (request("t-1", &["*.pypi.org"], None, 60), "no wildcard"),
+        (request("t-1", &["10.0.0.1"], None, 60), "no IP literal"),
+        (request("t-1", &["127.1"], None, 60), "no IP literal"),
+        (request("t-1", &["https://pypi.org"], None, 60), "not a URL"),
+        (request("t-1", &["pypi.org/simple"], None, 60), "not a URL"),
+        (request("t-1", &["pypi.org:443"], None, 60), "not a URL"),
+        (request("t-1", &["bad_host!"], None, 60), "bad_host!"),
+        (request("t-1", &[], None, 60), "empty"),
+        (request("t-1", &["pypi.org"], Some(vec![22]), 60), "port 22"),
+        (request("t-1", &["pypi.org"], None, 901), "over the limit of 900"),
+        (request("t-1", &["pypi.org"], None, 0), "at least 1"),
+        (
+            NewRequest {
+                reason: "  ".into(),
+                ..request("t-1", &["pypi.org"], None, 60)
+            },
+            "reason",
+        ),
+        (
+            NewRequest {
+                project_id: Some("p-other".into()),
+                ..request("t-1", &["pypi.org"], None, 60)
+            },
+            "not enabled",
+        ),
+        (
+            NewRequest {
+                project_id: None,
+                ..request("t-1", &["pypi.org"], None, 60)
+            },
+            "not enabled",
+        ),
+    ];
+    for (req, want) in cases {
+        let err = admit(req.clone()).unwrap_err().to_string();
+        assert!(err.contains(want), "{req:?}: {err}");
+    }
+}
+
+#[test]
+fn a_task_entry_widens_the_bounds_for_that_task_only() {
+    let wide = admit(request("t-wide", &["Files.Example.COM."], Some(vec![8443]), 3600)).unwrap();
+    assert_eq!(wide.hosts, ["files.example.com"]);
+    assert_eq!((wide.ports.clone(), wide.ttl_seconds), (vec![8443], 3600));
+    assert!(admit(request("t-1", &["files.example.com"], Some(vec![8443]), 60)).is_err());
+    let ok = admit(request("t-1", &["pypi.org", "pypi.org"], None, 60)).unwrap();
+    assert_eq!(
+        (ok.hosts.len(), ok.ports.clone(), ok.state),
+        (1, vec![80, 443], State::Pending)
+    );
+}
+
+#[test]
+fn approval_is_never_by_the_requester_and_only_narrows() {
+    let mut ex = admit(request("t-1", &["a.example", "b.example"], None, 600)).unwrap();
+    assert!(matches!(
+        ex.clone().approve("agent-7", 1001, &Narrowing::default()),
+        Err(TransitionError::SelfApproval { .. })
+    ));
+    let wider = Narrowing {
+        hosts: Some(vec!["c.example".into()]),
+        ttl_seconds: None,
+    };
+    assert!(matches!(
+        ex.clone().approve("alice", 1001, &wider),
+        Err(TransitionError::Widens(_))
+    ));
+    let longer = Narrowing {
+        hosts: None,
+        ttl_seconds: Some(601),
+    };
+    assert!(matches!(
+        ex.clone().approve("alice", 1001, &longer),
+        Err(TransitionError::Widens(_))
+    ));
+    let narrow = Narrowing {
+        hosts: Some(vec!["b.example".into()]),
+        ttl_seconds: Some(120),
+    };
+    ex.approve("alice", 1001, &narrow).unwrap();
+    assert_eq!(
+        (ex.hosts.clone(), ex.expires_at),
+        (vec!["b.example".to_owned()], Some(1121))
+    );
+    assert!(matches!(
+        ex.clone().approve("bob", 1002, &Narrowing::default()),
+        Err(TransitionError::NotPending { .. })
+    ));
+    assert!(matches!(
+        ex.clone().deny("bob", 1002, None),
+        Err(TransitionError::NotPending { .. })
+    ));
+}
+
+#[test]
+fn an_approved_exception_allows_exactly_its_task_hosts_and_ports_until_the_second_it_expires() {
+    let mut ex = admit(request("t-1", &["pypi.org"], None, 60)).unwrap();
+    assert!(ex.entries().is_empty(), "pending allows nothing");
+    ex.approve("alice", 2000, &Narrowing::default()).unwrap();
+    let mut rules = Ruleset::new();
+    for e in ex.entries() {
+        rules.allow_entry(e);
+    }
+    let t1 = |now| Context {
+        task: Some("t-1"),
+        project: Some("p-1"),
+        now,
+    };
+    let decide = |target: &str, ctx: Context<'_>| {
+        rules.decide(&parse_connect_target(target).unwrap(), Access::Connect, &ctx)
+    };
+    let d = decide("pypi.org:443", t1(2059));
+    assert_eq!(d.verdict, Verdict::Allow);
+    assert_eq!(d.rule_label().as_deref(), Some("exception:ex-1"));
+    assert_eq!(
+        decide("pypi.org:443", t1(2060)).verdict,
+        Verdict::Deny,
+        "expired at 2060 exactly"
+    );
+    assert_eq!(decide("pypi.org:8443", t1(2000)).verdict, Verdict::Deny);
+    assert_eq!(decide("files.pypi.org:443", t1(2000)).verdict, Verdict::Deny);
+    let other = Context {
+        task: Some("t-2"),
+        project: Some("p-1"),
+        now: 2000,
+    };
+    assert_eq!(
+        decide("pypi.org:443", other).verdict,
+        Verdict::Deny,
+        "another task of the project"
+    );
+    assert!(ex.is_active(2059) && !ex.is_active(2060));
+    assert_eq!(ex.state_at(2060), State::Expired);
+    assert!(!ex.expire_if_due(2059) && ex.expire_if_due(2060));
+    assert!(ex.entries().is_empty());
+}
+
+#[test]
+fn revoke_ends_an_active_exception_now() {
+    let mut ex = admit(request("t-1", &["pypi.org"], None, 60)).unwrap();
+    assert!(matches!(
+        ex.clone().revoke("alice", 1001, None),
+        Err(TransitionError::NotApproved { .. })
+    ));
+    ex.approve("alice", 1001, &Narrowing::default()).unwrap();
+    ex.revoke("bob", 1010, Some("done".into())).unwrap();
+    assert_eq!(
+        (ex.state, ex.expires_at, ex.decided_by.as_deref()),
+        (State::Revoked, Some(1010), Some("bob"))
+    );
+    assert!(ex.entries().is_empty());
+}
