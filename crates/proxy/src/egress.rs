@@ -13,7 +13,7 @@
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use sandgate_policy::{Access, Context, Ruleset, Target, Verdict};
@@ -26,6 +26,7 @@ use crate::config::{Identity, Limits};
 use crate::dial::{DialError, Dialer};
 use crate::metrics::Metrics;
 use crate::refusal::{Classified, Refusal};
+use crate::rules::{CutGuard, Cuts, Layers};
 
 /// Unix seconds now, for decisions (entries expire at exact seconds).
 pub fn unix_now() -> i64 {
@@ -46,8 +47,12 @@ pub(crate) fn context(identity: &Identity) -> Context<'_> {
 /// The shared state of every connection: the rules in force, the dialer, the audit trail.
 #[derive(Debug)]
 pub(crate) struct Egress {
-    /// Swapped whole on reload; a request decides against the set it started with.
+    /// Swapped whole on every change; a request decides against the set it started with.
     pub rules: Arc<RwLock<Arc<Ruleset>>>,
+    /// What `rules` is built from (file and flags; approved exceptions).
+    pub layers: Arc<Mutex<Layers>>,
+    /// Connections granted under revocable rules (exceptions), by rule label.
+    pub cuts: Arc<Cuts>,
     pub dialer: Dialer,
     pub audit: Audit,
     pub limits: Limits,
@@ -80,6 +85,10 @@ pub(crate) struct Decided {
 #[derive(Debug)]
 pub(crate) struct Grant {
     party: Party,
+    /// Cancelled at the end of the shutdown grace, or when the granting rule is revoked.
+    stop: CancellationToken,
+    /// Registered under a revocable rule; removed when the grant ends.
+    _cut: Option<CutGuard>,
     pub target: Target,
     access: Access,
     resolved: Option<IpAddr>,
@@ -121,6 +130,8 @@ impl Egress {
         metrics: Arc<Metrics>,
     ) -> Egress {
         Egress {
+            layers: Arc::new(Mutex::new(Layers::new(rules.clone()))),
+            cuts: Arc::new(Cuts::default()),
             rules: Arc::new(RwLock::new(Arc::new(rules))),
             dialer,
             audit,
@@ -261,12 +272,23 @@ impl Egress {
             verdict: Verdict::Allow,
             reason_code: "allowlisted".into(),
             resolved_ip: resolved,
-            rule: d.rule,
+            rule: d.rule.clone(),
             status: None,
         });
         self.audit.record(e).await;
+        // Only exceptions can be revoked; everything else shares the shutdown token.
+        let (stop, cut) = match &d.rule {
+            Some(label) if label.starts_with("exception:") => {
+                let token = self.hard_stop.child_token();
+                let guard = Cuts::register(&self.cuts, label.clone(), token.clone());
+                (token, Some(guard))
+            }
+            _ => (self.hard_stop.clone(), None),
+        };
         Grant {
             party: d.pending.party,
+            stop,
+            _cut: cut,
             target: d.target,
             access: d.access,
             resolved,
@@ -336,6 +358,18 @@ impl Decided {
     /// which was vetted for this same destination.
     pub async fn reuse(self, egress: &Egress, addr: SocketAddr) -> Grant {
         egress.allow(self, Some(addr.ip())).await
+    }
+}
+
+impl Grant {
+    /// Cancelled when in-flight work under this grant must end (shutdown, or revocation).
+    pub fn stop(&self) -> &CancellationToken {
+        &self.stop
+    }
+
+    /// Whether a revocation can end this grant early.
+    pub fn revocable(&self) -> bool {
+        self._cut.is_some()
     }
 }
 

@@ -1,38 +1,152 @@
-//! The rules in force and the handle that replaces them while the proxy runs. The file
-//! watcher (`reload.rs`) builds a new rule set from the policy file and the command line's
-//! patterns and hands it here; so will the exceptions of the control plane. A request
-//! decides against the set it started with.
+//! The rules in force, built from layers, and the handle that changes them while the proxy
+//! runs. The base layer is the policy file with the command line's patterns (the file
+//! watcher, `reload.rs`, replaces it); the exceptions layer holds the task-scoped entries of
+//! approved exceptions (the control plane replaces it). Every change publishes one new rule
+//! set atomically; a request decides against the set it started with.
+//!
+//! Revocation must also end what an exception already let through: connections granted by an
+//! exception's rule register a cancellation token under its label ([`Cuts`]), and
+//! [`PolicyHandle::cut`] cancels them all.
 
-use std::sync::{Arc, RwLock};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
-use sandgate_policy::Ruleset;
+use sandgate_policy::{Entry, Ruleset};
+use tokio_util::sync::CancellationToken;
 
 use crate::audit::WeakAudit;
 use crate::audit::event::{Event, Reload};
 use crate::metrics::{Metrics, OutcomeLabels};
 
-/// Replaces the policy of a running proxy. Holds no strong reference to the audit writer, so
+/// The layers the published rule set is built from.
+#[derive(Debug, Default)]
+pub(crate) struct Layers {
+    base: Ruleset,
+    exceptions: Vec<Entry>,
+}
+
+impl Layers {
+    pub fn new(base: Ruleset) -> Layers {
+        Layers {
+            base,
+            exceptions: Vec::new(),
+        }
+    }
+
+    fn combined(&self) -> Ruleset {
+        let mut rules = self.base.clone();
+        for e in &self.exceptions {
+            rules.allow_entry(e.clone());
+        }
+        rules
+    }
+}
+
+/// Connections open under a rule that may be revoked, by rule label.
+#[derive(Debug, Default)]
+pub(crate) struct Cuts {
+    by_label: Mutex<HashMap<Arc<str>, Vec<(u64, CancellationToken)>>>,
+    next: AtomicU64,
+}
+
+/// Removes its registration when the connection ends.
+#[derive(Debug)]
+pub(crate) struct CutGuard {
+    cuts: Arc<Cuts>,
+    label: Arc<str>,
+    id: u64,
+}
+
+impl Cuts {
+    /// Registers `token` to be cancelled when `label` is cut.
+    pub fn register(cuts: &Arc<Cuts>, label: Arc<str>, token: CancellationToken) -> CutGuard {
+        let id = cuts.next.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut map) = cuts.by_label.lock() {
+            map.entry(label.clone()).or_default().push((id, token));
+        }
+        CutGuard {
+            cuts: cuts.clone(),
+            label,
+            id,
+        }
+    }
+
+    fn cut(&self, label: &str) -> usize {
+        let tokens = self
+            .by_label
+            .lock()
+            .ok()
+            .and_then(|mut map| map.remove(label))
+            .unwrap_or_default();
+        tokens.iter().for_each(|(_, t)| t.cancel());
+        tokens.len()
+    }
+}
+
+impl Drop for CutGuard {
+    fn drop(&mut self) {
+        if let Ok(mut map) = self.cuts.by_label.lock() {
+            if let Some(list) = map.get_mut(&self.label) {
+                list.retain(|(id, _)| *id != self.id);
+                if list.is_empty() {
+                    map.remove(&self.label);
+                }
+            }
+        }
+    }
+}
+
+/// Changes the policy of a running proxy. Holds no strong reference to the audit writer, so
 /// it never delays shutdown.
 #[derive(Debug, Clone)]
 pub struct PolicyHandle {
     pub(crate) rules: Arc<RwLock<Arc<Ruleset>>>,
+    pub(crate) layers: Arc<Mutex<Layers>>,
+    pub(crate) cuts: Arc<Cuts>,
     pub(crate) audit: WeakAudit,
     pub(crate) metrics: Arc<Metrics>,
 }
 
 impl PolicyHandle {
-    /// Swaps in a new rule set atomically and records the reload.
+    /// Replaces the base layer (file and flags) atomically and records the reload.
     pub async fn replace(&self, rules: Ruleset, generation: u64, detail: String) {
-        match self.rules.write() {
-            Ok(mut r) => *r = Arc::new(rules),
-            Err(poisoned) => *poisoned.into_inner() = Arc::new(rules),
-        }
+        self.change(|layers| layers.base = rules);
         self.record(true, generation, detail).await;
+    }
+
+    /// Replaces the exceptions layer: the entries of every approved, unexpired exception.
+    pub fn set_exceptions(&self, entries: Vec<Entry>) {
+        self.change(|layers| layers.exceptions = entries);
+    }
+
+    /// Ends every open connection granted under `rule_label` (a revoked exception's);
+    /// returns how many were cut.
+    pub fn cut(&self, rule_label: &str) -> usize {
+        self.cuts.cut(rule_label)
     }
 
     /// Records a rejected reload (the old rules stay in force).
     pub async fn rejected(&self, generation: u64, detail: String) {
         self.record(false, generation, detail).await;
+    }
+
+    /// Records a control-plane event (an exception's change) in the audit trail.
+    pub async fn record_event(&self, event: Event) {
+        self.audit.record(event).await;
+    }
+
+    fn change(&self, f: impl FnOnce(&mut Layers)) {
+        let mut layers = match self.layers.lock() {
+            Ok(l) => l,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        f(&mut layers);
+        let combined = Arc::new(layers.combined());
+        match self.rules.write() {
+            Ok(mut r) => *r = combined,
+            Err(poisoned) => *poisoned.into_inner() = combined,
+        }
     }
 
     async fn record(&self, applied: bool, generation: u64, detail: String) {

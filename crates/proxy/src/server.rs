@@ -140,6 +140,8 @@ impl Proxy {
     pub fn policy_handle(&self) -> PolicyHandle {
         PolicyHandle {
             rules: self.egress.rules.clone(),
+            layers: self.egress.layers.clone(),
+            cuts: self.egress.cuts.clone(),
             audit: self.egress.audit.downgrade(),
             metrics: self.egress.metrics.clone(),
         }

@@ -94,7 +94,9 @@ async fn exchange(proxy: SocketAddr, request: &str) -> String {
 fn by_request(events: &[Value]) -> HashMap<String, Vec<&Value>> {
     let mut map: HashMap<String, Vec<&Value>> = HashMap::new();
     for e in events {
-        map.entry(e["request_id"].as_str().unwrap().to_owned()).or_default().push(e);
+        map.entry(e["request_id"].as_str().unwrap().to_owned())
+            .or_default()
+            .push(e);
     }
     map
 }
@@ -111,7 +113,11 @@ async fn every_request_has_exactly_one_decision_and_allowed_ones_one_close() {
             .with("refused.test", &["127.0.0.1"]),
     )
     .await;
-    let closed_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let port = origin.port();
     let ok = format!("ok.test:{port}");
     let refused = format!("refused.test:{closed_port}");
@@ -122,17 +128,35 @@ async fn every_request_has_exactly_one_decision_and_allowed_ones_one_close() {
     ))
     .await;
     let cases = [
-        (format!("GET http://{ok}/ HTTP/1.1\r\nHost: {ok}\r\nConnection: close\r\n\r\n"), "200"),
-        ("GET http://denied.test/ HTTP/1.1\r\nHost: denied.test\r\n\r\n".to_owned(), "403"),
-        ("GET http://private.test/ HTTP/1.1\r\nHost: private.test\r\n\r\n".to_owned(), "403"),
-        ("GET http://nxdomain.test/ HTTP/1.1\r\nHost: nxdomain.test\r\n\r\n".to_owned(), "502"),
-        (format!("CONNECT {refused} HTTP/1.1\r\nHost: {refused}\r\n\r\n"), "502"),
+        (
+            format!("GET http://{ok}/ HTTP/1.1\r\nHost: {ok}\r\nConnection: close\r\n\r\n"),
+            "200",
+        ),
+        (
+            "GET http://denied.test/ HTTP/1.1\r\nHost: denied.test\r\n\r\n".to_owned(),
+            "403",
+        ),
+        (
+            "GET http://private.test/ HTTP/1.1\r\nHost: private.test\r\n\r\n".to_owned(),
+            "403",
+        ),
+        (
+            "GET http://nxdomain.test/ HTTP/1.1\r\nHost: nxdomain.test\r\n\r\n".to_owned(),
+            "502",
+        ),
+        (
+            format!("CONNECT {refused} HTTP/1.1\r\nHost: {refused}\r\n\r\n"),
+            "502",
+        ),
         ("GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_owned(), "400"),
         ("BREW coffee\r\n\r\n".to_owned(), "400"),
     ];
     for (request, status) in &cases {
         let reply = exchange(p.addr, request).await;
-        assert!(reply.starts_with(&format!("HTTP/1.1 {status}")), "{request:?}: {reply}");
+        assert!(
+            reply.starts_with(&format!("HTTP/1.1 {status}")),
+            "{request:?}: {reply}"
+        );
     }
     let events = p.stop().await;
     let requests = by_request(&events);
@@ -145,7 +169,7 @@ async fn every_request_has_exactly_one_decision_and_allowed_ones_one_close() {
         assert_eq!(closes.len(), usize::from(allowed), "{id}: {evs:#?}");
     }
     for e in &events {
-        assert_eq!(e.as_object().unwrap().len(), 24, "every field on every line: {e}");
+        assert_eq!(e.as_object().unwrap().len(), 33, "every field on every line: {e}");
     }
     let failures: Vec<&str> = events
         .iter()
@@ -153,7 +177,10 @@ async fn every_request_has_exactly_one_decision_and_allowed_ones_one_close() {
         .filter_map(|e| e["outcome"].as_str())
         .collect();
     assert!(failures.contains(&"upstream_failure:dns"), "{failures:?}");
-    assert!(failures.contains(&"upstream_failure:connection_refused"), "{failures:?}");
+    assert!(
+        failures.contains(&"upstream_failure:connection_refused"),
+        "{failures:?}"
+    );
 }
 
 /// The chained connector: a node-local proxy asks a central one for the tunnel and never
@@ -174,19 +201,32 @@ async fn the_chained_connector_asks_the_upstream_proxy_and_resolves_nothing() {
         .unwrap();
     let mut head = [0u8; 39];
     s.read_exact(&mut head).await.unwrap();
-    assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
     s.write_all(b"through two proxies").await.unwrap();
     let mut back = [0u8; 19];
     s.read_exact(&mut back).await.unwrap();
     assert_eq!(&back, b"through two proxies");
     drop(s);
-    assert_eq!(node_dns.questions(), Vec::<String>::new(), "the node resolved a name");
-    assert!(central_dns.questions_about("echo.test") > 0, "the central proxy resolves");
+    assert_eq!(
+        node_dns.questions(),
+        Vec::<String>::new(),
+        "the node resolved a name"
+    );
+    assert!(
+        central_dns.questions_about("echo.test") > 0,
+        "the central proxy resolves"
+    );
     let node_events = node.stop().await;
     let central_events = central.stop().await;
     for events in [&node_events, &central_events] {
         assert!(
-            events.iter().any(|e| e["event"] == "close" && e["bytes_sent"] == 19 && e["bytes_received"] == 19),
+            events
+                .iter()
+                .any(|e| e["event"] == "close" && e["bytes_sent"] == 19 && e["bytes_received"] == 19),
             "{events:#?}"
         );
     }

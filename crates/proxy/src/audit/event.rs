@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
-use sandgate_policy::{Identity, Verdict};
+use sandgate_policy::{Exception, Identity, Verdict};
 use serde::{Serialize, Serializer};
 
 /// Version of the line schema; bumped on any incompatible change.
@@ -84,6 +84,25 @@ pub struct Aggregate {
     pub window_start: String,
 }
 
+/// A step in a temporary exception's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    Requested,
+    Approved,
+    Denied,
+    Revoked,
+    Expired,
+}
+
+/// An exception changed state; `exception` is how it stands after the change, `by` who
+/// made the change (the requester, the decider; `None` for expiry).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExceptionChange {
+    pub change: Change,
+    pub exception: Exception,
+    pub by: Option<String>,
+}
+
 /// Any audit event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
@@ -91,6 +110,7 @@ pub enum Event {
     Close(Close),
     PolicyReload(Reload),
     Aggregate(Aggregate),
+    Exception(Box<ExceptionChange>),
 }
 
 /// An event with the time it was made.
@@ -118,6 +138,7 @@ impl Event {
             Event::Close(c) => Cow::Borrowed(&c.party.request_id),
             Event::PolicyReload(r) => Cow::Owned(format!("reload-{}", r.generation)),
             Event::Aggregate(a) => Cow::Owned(format!("aggregate-{}", a.id)),
+            Event::Exception(x) => Cow::Borrowed(&x.exception.id),
         }
     }
 }
@@ -136,6 +157,8 @@ pub enum Outcome {
     IdleTimeout,
     /// Cut at the end of the shutdown grace period.
     Shutdown,
+    /// Cut because the exception that allowed it was revoked.
+    Revoked,
     /// No pipe could be made for the tunnel.
     OutOfDescriptors,
     /// The upstream side failed (DNS, connect, response).
@@ -193,6 +216,7 @@ impl Outcome {
             Outcome::ClientFailure => "client_failure",
             Outcome::IdleTimeout => "idle_timeout",
             Outcome::Shutdown => "shutdown",
+            Outcome::Revoked => "revoked",
             Outcome::OutOfDescriptors => "proxy_out_of_descriptors",
             Outcome::Upstream(f) => match f {
                 UpstreamFailure::Dns => "upstream_failure:dns",
@@ -227,6 +251,11 @@ pub enum EventKind {
     Close,
     PolicyReload,
     Aggregate,
+    ExceptionRequested,
+    ExceptionApproved,
+    ExceptionDenied,
+    ExceptionRevoked,
+    ExceptionExpired,
 }
 
 /// One written line: every field of every kind, absent ones `null` (the schema readers and
@@ -257,6 +286,17 @@ pub struct Line<'a> {
     pub detail: Option<&'a str>,
     pub count: Option<u64>,
     pub window_start: Option<&'a str>,
+    /// Exception events: the exception and its terms.
+    pub exception_id: Option<&'a str>,
+    pub hosts: Option<&'a [String]>,
+    pub ports: Option<&'a [u16]>,
+    pub ttl_seconds: Option<u32>,
+    pub reason: Option<&'a str>,
+    pub requested_by: Option<&'a str>,
+    pub decided_by: Option<&'a str>,
+    pub expires_at: Option<String>,
+    /// Who acted: the requester or decider of an exception change.
+    pub subject: Option<&'a str>,
 }
 
 impl<'a> Line<'a> {
@@ -287,6 +327,15 @@ impl<'a> Line<'a> {
             detail: None,
             count: None,
             window_start: None,
+            exception_id: None,
+            hosts: None,
+            ports: None,
+            ttl_seconds: None,
+            reason: None,
+            requested_by: None,
+            decided_by: None,
+            expires_at: None,
+            subject: None,
         };
         match &s.event {
             Event::Decision(d) => {
@@ -329,8 +378,35 @@ impl<'a> Line<'a> {
                 line.bytes_received = Some(a.bytes_received);
                 line.window_start = Some(&a.window_start);
             }
+            Event::Exception(x) => line.exception(x),
         }
         line
+    }
+
+    fn exception(&mut self, x: &'a ExceptionChange) {
+        let e = &x.exception;
+        self.event = match x.change {
+            Change::Requested => EventKind::ExceptionRequested,
+            Change::Approved => EventKind::ExceptionApproved,
+            Change::Denied => EventKind::ExceptionDenied,
+            Change::Revoked => EventKind::ExceptionRevoked,
+            Change::Expired => EventKind::ExceptionExpired,
+        };
+        self.task_id = Some(&e.task_id);
+        self.project_id = e.project_id.as_deref();
+        self.exception_id = Some(&e.id);
+        self.hosts = Some(&e.hosts);
+        self.ports = Some(&e.ports);
+        self.ttl_seconds = Some(e.ttl_seconds);
+        self.reason = Some(&e.reason);
+        self.requested_by = Some(&e.requested_by);
+        self.decided_by = e.decided_by.as_deref();
+        self.expires_at = e
+            .expires_at
+            .and_then(|at| jiff::Timestamp::from_second(at).ok())
+            .map(|t| t.to_string());
+        self.detail = e.note.as_deref();
+        self.subject = x.by.as_deref();
     }
 
     fn party(&mut self, p: &'a Party) {

@@ -255,6 +255,17 @@ pub const CSV_COLUMNS: &[&str] = &[
     "duration_ms",
     "outcome",
     "detail",
+    "count",
+    "window_start",
+    "exception_id",
+    "hosts",
+    "ports",
+    "ttl_seconds",
+    "reason",
+    "requested_by",
+    "decided_by",
+    "expires_at",
+    "subject",
 ];
 
 /// One CSV record (RFC 4180 quoting).

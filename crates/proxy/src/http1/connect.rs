@@ -23,7 +23,7 @@ pub(crate) async fn handle_connect(egress: &Egress, mut client: ClientConn, head
         return;
     };
     let Opened { stream, grant, .. } = opened;
-    let end = tunnel(egress, client, stream).await;
+    let end = tunnel(egress, client, stream, grant.stop()).await;
     egress.close(grant, end).await;
 }
 
@@ -47,7 +47,12 @@ async fn open(egress: &Egress, client: &mut ClientConn, raw_target: &str) -> Opt
 }
 
 /// Answers 200, forwards bytes the client sent early, then relays until both sides are done.
-async fn tunnel(egress: &Egress, client: ClientConn, upstream: tokio::net::TcpStream) -> End {
+async fn tunnel(
+    egress: &Egress,
+    client: ClientConn,
+    upstream: tokio::net::TcpStream,
+    stop: &tokio_util::sync::CancellationToken,
+) -> End {
     let ClientConn { mut stream, buf, .. } = client;
     let end = |sent, received, outcome: Outcome| End {
         sent,
@@ -67,12 +72,12 @@ async fn tunnel(egress: &Egress, client: ClientConn, upstream: tokio::net::TcpSt
         return end(0, 0, Outcome::Upstream(UpstreamFailure::Closed));
     }
     drop(buf);
-    let (sent, received, outcome) = relay::tunnel(
-        &stream,
-        &upstream,
-        egress.limits.tunnel_idle_timeout,
-        &egress.hard_stop,
-    )
-    .await;
+    let (sent, received, outcome) =
+        relay::tunnel(&stream, &upstream, egress.limits.tunnel_idle_timeout, stop).await;
+    // Cut by its own token while the proxy runs on: the exception was revoked.
+    let outcome = match outcome {
+        Outcome::Shutdown if !egress.hard_stop.is_cancelled() => Outcome::Revoked,
+        other => other,
+    };
     end(early + sent, received, outcome)
 }

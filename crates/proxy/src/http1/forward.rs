@@ -84,6 +84,9 @@ pub(crate) async fn handle_http(
             return Next::Close;
         }
     };
+    if grant.revocable() {
+        client.cut = Some(grant.stop().clone());
+    }
     let Some(up) = outbound.as_mut() else {
         let end = End {
             sent: 0,

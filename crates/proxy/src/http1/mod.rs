@@ -32,6 +32,9 @@ pub(crate) struct ClientConn {
     pub buf: BytesMut,
     pub peer: SocketAddr,
     pub identity: Arc<Identity>,
+    /// Set once a request on this connection was allowed by a revocable rule (an
+    /// exception): its revocation closes the kept-alive connection too.
+    pub cut: Option<CancellationToken>,
 }
 
 impl ClientConn {
@@ -41,6 +44,7 @@ impl ClientConn {
             buf: BytesMut::new(),
             peer,
             identity,
+            cut: None,
         }
     }
 
@@ -198,8 +202,11 @@ async fn read_request_head(
         let idle = client.buf.is_empty();
         // Bounded in bytes: never hold more than the head limit plus one read.
         client.buf.reserve(4096);
+        let cut = client.cut.clone().unwrap_or_default();
         let read = tokio::select! {
             _ = stop.cancelled(), if idle => return Ok(None),
+            // The exception that allowed an earlier request here was revoked.
+            _ = cut.cancelled(), if client.cut.is_some() => return Ok(None),
             read = tokio::time::timeout_at(deadline, client.stream.read_buf(&mut client.buf)) => read,
         };
         match read {
