@@ -43,10 +43,13 @@ impl Layers {
     }
 }
 
+/// The open connections under one rule: registration id and cancellation token.
+type Open = Vec<(u64, CancellationToken)>;
+
 /// Connections open under a rule that may be revoked, by rule label.
 #[derive(Debug, Default)]
 pub(crate) struct Cuts {
-    by_label: Mutex<HashMap<Arc<str>, Vec<(u64, CancellationToken)>>>,
+    by_label: Mutex<HashMap<Arc<str>, Open>>,
     next: AtomicU64,
 }
 
@@ -86,12 +89,12 @@ impl Cuts {
 
 impl Drop for CutGuard {
     fn drop(&mut self) {
-        if let Ok(mut map) = self.cuts.by_label.lock() {
-            if let Some(list) = map.get_mut(&self.label) {
-                list.retain(|(id, _)| *id != self.id);
-                if list.is_empty() {
-                    map.remove(&self.label);
-                }
+        if let Ok(mut map) = self.cuts.by_label.lock()
+            && let Some(list) = map.get_mut(&self.label)
+        {
+            list.retain(|(id, _)| *id != self.id);
+            if list.is_empty() {
+                map.remove(&self.label);
             }
         }
     }
