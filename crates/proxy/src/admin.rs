@@ -33,11 +33,24 @@ async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse 
     )
 }
 
-/// Serves until `stop` is cancelled, then lets open requests finish.
-pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Metrics>, stop: CancellationToken) {
-    let served = axum::serve(listener, router(metrics))
-        .with_graceful_shutdown(stop.cancelled_owned())
-        .await;
+/// Serves the metrics and `extra` (the control plane's API) until `stop` is cancelled, then
+/// lets open requests finish.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    extra: Option<Router>,
+    stop: CancellationToken,
+) {
+    let app = match extra {
+        Some(extra) => router(metrics).merge(extra),
+        None => router(metrics),
+    };
+    let served = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(stop.cancelled_owned())
+    .await;
     if let Err(e) = served {
         tracing::warn!(error = %e, "the admin listener stopped");
     }

@@ -204,7 +204,7 @@ impl Metrics {
                         .inc();
                 }
             }
-            Event::PolicyReload(_) | Event::Aggregate(_) | Event::Exception(_) => {}
+            Event::PolicyReload(_) | Event::Aggregate(_) | Event::Exception(_) | Event::AdminRefused(_) => {}
         }
     }
 

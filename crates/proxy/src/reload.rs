@@ -89,6 +89,49 @@ fn credentials(file: &PolicyFile, policy_path: &Path) -> Result<Credentials, Loa
     }
 }
 
+/// The admin API's bearer tokens of a loaded policy file, reading `secret_sha256_file`s
+/// relative to the policy file.
+pub fn admin_principals(
+    file: &PolicyFile,
+    policy_path: &Path,
+) -> Result<sandgate_policy::Principals, LoadError> {
+    let mut tokens = Vec::new();
+    let mut errors = Vec::new();
+    for t in &file.admin.tokens {
+        let (file_name, line) = t.origin.rsplit_once(':').unwrap_or((&t.origin, "0"));
+        let hex = match &t.secret {
+            SecretSource::Inline(hex) => hex.clone(),
+            SecretSource::File(name) => {
+                let full = policy_path.parent().unwrap_or(Path::new(".")).join(name);
+                match std::fs::read_to_string(&full) {
+                    Ok(text) => text.trim().to_owned(),
+                    Err(e) => {
+                        errors.push(DocError {
+                            file: file_name.to_owned(),
+                            line: line.parse().unwrap_or(0),
+                            field: "spec.admin.tokens".to_owned(),
+                            message: format!("cannot read {}: {e}", full.display()),
+                        });
+                        continue;
+                    }
+                }
+            }
+        };
+        tokens.push((t.name.clone(), t.role, hex, t.tasks.clone()));
+    }
+    if !errors.is_empty() {
+        return Err(LoadError::Invalid(DocErrors(errors)));
+    }
+    sandgate_policy::Principals::new(tokens).map_err(|e| {
+        LoadError::Invalid(DocErrors(vec![DocError {
+            file: policy_path.display().to_string(),
+            line: 0,
+            field: "spec.admin.tokens".to_owned(),
+            message: e.to_string(),
+        }]))
+    })
+}
+
 impl PolicySource {
     /// Loads the file and builds the rules (file entries plus command-line patterns).
     pub fn load(&self) -> Result<(PolicyFile, Ruleset), LoadError> {

@@ -55,6 +55,7 @@ pub struct Proxy {
     egress: Arc<Egress>,
     writer: AuditWriter,
     admin: Option<TcpListener>,
+    admin_routes: Option<axum::Router>,
 }
 
 impl Proxy {
@@ -120,7 +121,17 @@ impl Proxy {
             egress,
             writer,
             admin,
+            admin_routes: None,
         })
+    }
+
+    /// Adds routes (the control plane's API) to the admin listener. Without an admin
+    /// listener they are not served.
+    pub fn mount_admin(&mut self, routes: axum::Router) {
+        self.admin_routes = Some(match self.admin_routes.take() {
+            Some(r) => r.merge(routes),
+            None => routes,
+        });
     }
 
     /// The admin (metrics) listener's address, when one is configured.
@@ -160,6 +171,7 @@ impl Proxy {
             egress,
             writer,
             admin,
+            admin_routes,
         } = self;
         let stop_accepting = CancellationToken::new();
         let tracker = TaskTracker::new();
@@ -184,6 +196,7 @@ impl Proxy {
             tracker.spawn(crate::admin::serve(
                 admin,
                 egress.metrics.clone(),
+                admin_routes,
                 stop_accepting.clone(),
             ));
         }

@@ -249,8 +249,15 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "IP:PORT")]
     pub upstream_proxy: Option<String>,
     /// Serve Prometheus/OpenMetrics text on http://ADDR/metrics (e.g. 127.0.0.1:9090)
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", conflicts_with = "admin_listen")]
     pub metrics_listen: Option<String>,
+    /// The admin listener: /metrics and, with admin tokens in the policy, the exceptions API
+    /// (/v1) [default: spec.admin.listen]
+    #[arg(long, value_name = "ADDR")]
+    pub admin_listen: Option<String>,
+    /// Where the exceptions database lives [default: $STATE_DIRECTORY]
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<std::path::PathBuf>,
     /// Most concurrent client connections; beyond it, 503 [default: 16384, or what the
     /// open-file limit allows at two descriptors each]
     #[arg(long, value_name = "N")]

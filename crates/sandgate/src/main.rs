@@ -11,6 +11,7 @@ compile_error!(
 
 mod audit_cmd;
 mod cli;
+mod control;
 mod explain;
 mod settings;
 
@@ -183,13 +184,24 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
         if allow == 0 {
             tracing::warn!("the allowlist is empty: every request will be denied");
         }
-        let proxy = match Proxy::bind(config).await {
+        let mut proxy = match Proxy::bind(config).await {
             Ok(p) => p,
             Err(e) => {
                 eprintln!("sandgate: {e}");
                 return ExitCode::FAILURE;
             }
         };
+        match control::mount(&mut proxy, args, policy.as_ref()).await {
+            Ok(_) => {}
+            Err(e @ control::ControlSetupError::Usage(_)) => {
+                eprintln!("sandgate: {e}");
+                return ExitCode::from(EX_USAGE);
+            }
+            Err(e) => {
+                eprintln!("sandgate: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
         for addr in proxy.local_addrs() {
             tracing::info!(%addr, allow_rules = allow, deny_rules = deny, "listening");
         }

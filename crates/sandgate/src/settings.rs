@@ -214,6 +214,9 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
     let mut ranges = config.guard.allow_ranges().to_vec();
     ranges.extend(file.allow_ranges.iter().copied());
     config.guard = AddressGuard::new(ranges);
+    if config.metrics_listen.is_none() {
+        config.metrics_listen = file.admin.listen;
+    }
     if let Some(resolver) = &file.resolver {
         if args.dns_server.is_empty() && !resolver.servers.is_empty() {
             config.nameservers = Nameservers::Explicit(resolver.servers.clone());
@@ -338,11 +341,15 @@ fn proxy_config(
             Some(w) => Some(seconds("--audit-aggregate-window", Some(w), Duration::ZERO)?),
         },
     };
-    let metrics_listen = match &args.metrics_listen {
+    let (admin_flag, admin_value) = match (&args.admin_listen, &args.metrics_listen) {
+        (Some(v), _) => ("--admin-listen", Some(v)),
+        (None, v) => ("--metrics-listen", v.as_ref()),
+    };
+    let metrics_listen = match admin_value {
         None => None,
         Some(v) => Some(
             v.parse::<SocketAddr>()
-                .map_err(|_| invalid("--metrics-listen", v, "expected IP:PORT, e.g. 127.0.0.1:9090"))?,
+                .map_err(|_| invalid(admin_flag, v, "expected IP:PORT, e.g. 127.0.0.1:9090"))?,
         ),
     };
     Ok(ProxyConfig {

@@ -103,6 +103,18 @@ pub struct ExceptionChange {
     pub by: Option<String>,
 }
 
+/// A call to the admin API that was refused (no token, a wrong token, the wrong role).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminRefusal {
+    /// The token's name, when the token was valid.
+    pub who: Option<String>,
+    /// `METHOD /path`.
+    pub action: String,
+    pub status: u16,
+    pub reason: String,
+    pub client_addr: Option<SocketAddr>,
+}
+
 /// Any audit event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
@@ -111,6 +123,7 @@ pub enum Event {
     PolicyReload(Reload),
     Aggregate(Aggregate),
     Exception(Box<ExceptionChange>),
+    AdminRefused(AdminRefusal),
 }
 
 /// An event with the time it was made.
@@ -139,6 +152,7 @@ impl Event {
             Event::PolicyReload(r) => Cow::Owned(format!("reload-{}", r.generation)),
             Event::Aggregate(a) => Cow::Owned(format!("aggregate-{}", a.id)),
             Event::Exception(x) => Cow::Borrowed(&x.exception.id),
+            Event::AdminRefused(_) => Cow::Borrowed("-"),
         }
     }
 }
@@ -256,6 +270,7 @@ pub enum EventKind {
     ExceptionDenied,
     ExceptionRevoked,
     ExceptionExpired,
+    AdminRefused,
 }
 
 /// One written line: every field of every kind, absent ones `null` (the schema readers and
@@ -379,6 +394,14 @@ impl<'a> Line<'a> {
                 line.window_start = Some(&a.window_start);
             }
             Event::Exception(x) => line.exception(x),
+            Event::AdminRefused(r) => {
+                line.event = EventKind::AdminRefused;
+                line.client_addr = r.client_addr;
+                line.subject = r.who.as_deref();
+                line.method = Some(&r.action);
+                line.status = Some(r.status);
+                line.detail = Some(&r.reason);
+            }
         }
         line
     }

@@ -1,0 +1,270 @@
+//! The admin API (`/v1`), JSON over HTTP on the admin listener, beside `/metrics`.
+//!
+//! | method and path | role | |
+//! |---|---|---|
+//! | `POST /v1/exceptions` | requester (its tasks), approver | file a request |
+//! | `GET /v1/exceptions`, `GET /v1/exceptions/{id}` | any (a requester sees its tasks') | read |
+//! | `POST /v1/exceptions/{id}/approve` | approver, not the requester | body: optional `hosts`, `ttl_seconds` (narrowing) |
+//! | `POST /v1/exceptions/{id}/deny`, `/revoke` | approver | body: optional `note` |
+//! | `GET /healthz`, `GET /readyz` | none | liveness; readiness (the store answers) |
+//!
+//! Callers authenticate with `Authorization: Bearer TOKEN` (tokens from `spec.admin.tokens`,
+//! kept as SHA-256). No or a wrong token is 401, the wrong role 403; each refusal is
+//! recorded in the audit trail. Errors are `{"error": "..."}` naming the rule.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{ConnectInfo, Path, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use sandgate_policy::exception::Narrowing;
+use sandgate_policy::{Exception, NewRequest, Principal, Principals, RequestError};
+use sandgate_proxy::PolicyHandle;
+use sandgate_proxy::audit::event::{AdminRefusal, Event};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::service::{Control, ControlError};
+
+/// What the handlers share.
+#[derive(Debug)]
+pub struct ApiState {
+    pub control: Control,
+    pub principals: Principals,
+    pub proxy: PolicyHandle,
+}
+
+/// The `/v1` routes and the health checks.
+pub fn router(state: Arc<ApiState>) -> Router {
+    Router::new()
+        .route("/v1/exceptions", post(create).get(list))
+        .route("/v1/exceptions/{id}", get(show))
+        .route("/v1/exceptions/{id}/approve", post(approve))
+        .route("/v1/exceptions/{id}/deny", post(deny))
+        .route("/v1/exceptions/{id}/revoke", post(revoke))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .with_state(state)
+}
+
+/// A refusal or failure, as JSON with its status.
+#[derive(Debug)]
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.0, Json(json!({ "error": self.1 }))).into_response();
+        if self.0 == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer realm=\"sandgate\""),
+            );
+        }
+        resp
+    }
+}
+
+impl From<ControlError> for ApiError {
+    fn from(e: ControlError) -> ApiError {
+        let status = match &e {
+            ControlError::Request(RequestError::NotEnabled { .. }) => StatusCode::FORBIDDEN,
+            ControlError::Request(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ControlError::Transition(sandgate_policy::TransitionError::SelfApproval { .. }) => {
+                StatusCode::FORBIDDEN
+            }
+            ControlError::Transition(_) => StatusCode::CONFLICT,
+            ControlError::NotFound(_) => StatusCode::NOT_FOUND,
+            ControlError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ControlError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!(error = %e, "admin API failed");
+        }
+        ApiError(status, e.to_string())
+    }
+}
+
+/// The caller, from its bearer token; a refusal is recorded before it is answered.
+async fn caller(
+    state: &ApiState,
+    headers: &HeaderMap,
+    call: (&Method, &Uri, Option<SocketAddr>),
+) -> Result<Principal, ApiError> {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let found = token.and_then(|t| state.principals.verify_bearer(t)).cloned();
+    match found {
+        Some(p) => Ok(p),
+        None => {
+            let reason = if token.is_none() {
+                "no bearer token"
+            } else {
+                "unknown bearer token"
+            };
+            refuse(state, None, call, StatusCode::UNAUTHORIZED, reason).await
+        }
+    }
+}
+
+async fn refuse<T>(
+    state: &ApiState,
+    who: Option<&Principal>,
+    (method, uri, client_addr): (&Method, &Uri, Option<SocketAddr>),
+    status: StatusCode,
+    reason: &str,
+) -> Result<T, ApiError> {
+    state
+        .proxy
+        .record_event(Event::AdminRefused(AdminRefusal {
+            who: who.map(|p| p.name.clone()),
+            action: format!("{method} {}", uri.path()),
+            status: status.as_u16(),
+            reason: reason.to_owned(),
+            client_addr,
+        }))
+        .await;
+    Err(ApiError(status, reason.to_owned()))
+}
+
+/// Records a refused call by a known caller (the wrong role, another task) and passes the
+/// result on.
+async fn checked<T>(
+    state: &ApiState,
+    who: &Principal,
+    call: (&Method, &Uri, Option<SocketAddr>),
+    result: Result<T, ControlError>,
+) -> Result<T, ApiError> {
+    match result {
+        Err(e @ ControlError::Forbidden(_)) => {
+            refuse(state, Some(who), call, StatusCode::FORBIDDEN, &e.to_string()).await
+        }
+        other => other.map_err(ApiError::from),
+    }
+}
+
+type Peer = ConnectInfo<SocketAddr>;
+
+async fn create(
+    State(state): State<Arc<ApiState>>,
+    peer: Peer,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Result<Json<NewRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<(StatusCode, Json<Exception>), ApiError> {
+    let call = (&method, &uri, Some(peer.0));
+    let who = caller(&state, &headers, call).await?;
+    let Json(req) = body.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let ex = checked(&state, &who, call, state.control.request(&who, req).await).await?;
+    Ok((StatusCode::CREATED, Json(ex)))
+}
+
+async fn list(
+    State(state): State<Arc<ApiState>>,
+    peer: Peer,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Json<Vec<Exception>>, ApiError> {
+    let call = (&method, &uri, Some(peer.0));
+    let who = caller(&state, &headers, call).await?;
+    Ok(Json(checked(&state, &who, call, state.control.list(&who)).await?))
+}
+
+async fn show(
+    State(state): State<Arc<ApiState>>,
+    Path(id): Path<String>,
+    peer: Peer,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Json<Exception>, ApiError> {
+    let call = (&method, &uri, Some(peer.0));
+    let who = caller(&state, &headers, call).await?;
+    Ok(Json(
+        checked(&state, &who, call, state.control.show(&who, &id)).await?,
+    ))
+}
+
+/// The body of deny and revoke.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Note {
+    #[serde(default)]
+    note: Option<String>,
+}
+
+async fn approve(
+    State(state): State<Arc<ApiState>>,
+    Path(id): Path<String>,
+    peer: Peer,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Json<Exception>, ApiError> {
+    let call = (&method, &uri, Some(peer.0));
+    let who = caller(&state, &headers, call).await?;
+    let narrow: Narrowing = optional_json(&body)?;
+    let result = state.control.approve(&who, &id, &narrow).await;
+    Ok(Json(checked(&state, &who, call, result).await?))
+}
+
+async fn deny(
+    State(state): State<Arc<ApiState>>,
+    Path(id): Path<String>,
+    peer: Peer,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Json<Exception>, ApiError> {
+    let call = (&method, &uri, Some(peer.0));
+    let who = caller(&state, &headers, call).await?;
+    let note: Note = optional_json(&body)?;
+    let result = state.control.deny(&who, &id, note.note).await;
+    Ok(Json(checked(&state, &who, call, result).await?))
+}
+
+async fn revoke(
+    State(state): State<Arc<ApiState>>,
+    Path(id): Path<String>,
+    peer: Peer,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Json<Exception>, ApiError> {
+    let call = (&method, &uri, Some(peer.0));
+    let who = caller(&state, &headers, call).await?;
+    let note: Note = optional_json(&body)?;
+    let result = state.control.revoke(&who, &id, note.note).await;
+    Ok(Json(checked(&state, &who, call, result).await?))
+}
+
+/// An empty body is the default; anything else must be the JSON shape, bounded in size.
+fn optional_json<T: Default + serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    if body.len() > 64 * 1024 {
+        return Err(ApiError(StatusCode::PAYLOAD_TOO_LARGE, "body over 64 KiB".into()));
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
+}
+
+async fn ready(State(state): State<Arc<ApiState>>) -> Result<&'static str, ApiError> {
+    state
+        .control
+        .ready()
+        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    Ok("ready\n")
+}
