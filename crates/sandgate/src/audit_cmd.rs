@@ -15,11 +15,10 @@ fn filter(args: &AuditFilterArgs, events: Vec<String>) -> Result<Filter, String>
         Some(s) => Some(q::parse_since(s, jiff::Timestamp::now())?),
         None => None,
     };
-    if let Some(d) = &args.decision {
-        if d != "allow" && d != "deny" {
+    if let Some(d) = &args.decision
+        && d != "allow" && d != "deny" {
             return Err(format!("invalid --decision {d:?}: use allow or deny"));
         }
-    }
     Ok(Filter {
         since,
         decision: args.decision.clone(),

@@ -35,6 +35,8 @@ pub enum Command {
     Audit(AuditCommand),
     /// Run a command in a bubblewrap sandbox whose only way out is the policy.
     Run(RunArgs),
+    /// Request, list and decide temporary egress exceptions through the admin API.
+    Exceptions(ExceptionsArgs),
     /// (internal) The first process inside a proxied sandbox.
     #[command(hide = true)]
     SandboxInit {
@@ -52,6 +54,71 @@ pub enum Command {
         allow_unix_sockets: bool,
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
+    },
+}
+
+/// `sandgate exceptions` flags.
+#[derive(Debug, Args)]
+pub struct ExceptionsArgs {
+    /// The admin API's base URL [env: SANDGATE_ADMIN; default: http://127.0.0.1:9090]
+    #[arg(long, value_name = "URL")]
+    pub admin: Option<String>,
+    /// A file holding the bearer token [default: the SANDGATE_TOKEN environment variable]
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
+    /// Print the API's JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: ExceptionsCommand,
+}
+
+/// `sandgate exceptions` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ExceptionsCommand {
+    /// Ask for exact hosts for a task, for a bounded time.
+    Request {
+        #[arg(long)]
+        task: String,
+        #[arg(long)]
+        project: Option<String>,
+        /// An exact host name (repeatable).
+        #[arg(long = "host", required = true)]
+        hosts: Vec<String>,
+        /// A port (repeatable) [default: 443 and 80]
+        #[arg(long = "port")]
+        ports: Vec<u16>,
+        /// Seconds the exception lasts once approved.
+        #[arg(long, value_name = "SECS")]
+        ttl: u32,
+        #[arg(long)]
+        reason: String,
+    },
+    /// List exceptions (a requester sees its tasks').
+    List,
+    /// Show one exception.
+    Show { id: String },
+    /// Approve a pending request, optionally narrowed.
+    Approve {
+        id: String,
+        /// Approve only these of the requested hosts (repeatable).
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+        /// A shorter lifetime than requested.
+        #[arg(long, value_name = "SECS")]
+        ttl: Option<u32>,
+    },
+    /// Deny a pending request.
+    Deny {
+        id: String,
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Revoke an active exception: its connections are cut.
+    Revoke {
+        id: String,
+        #[arg(long)]
+        note: Option<String>,
     },
 }
 

@@ -12,6 +12,7 @@ compile_error!(
 mod audit_cmd;
 mod cli;
 mod control;
+mod exceptions_cmd;
 mod explain;
 mod settings;
 
@@ -49,6 +50,7 @@ fn main() -> ExitCode {
         Command::Explain(args) => explain::run(&args),
         Command::Audit(cmd) => audit_cmd::run(cmd),
         Command::Run(args) => run_sandbox(args),
+        Command::Exceptions(args) => exceptions_cmd::run(&args),
         Command::SandboxInit { forwards, command } => {
             let parsed: Result<Vec<_>, String> = forwards
                 .iter()

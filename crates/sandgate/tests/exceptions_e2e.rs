@@ -86,6 +86,22 @@ fn api(admin: SocketAddr, method: &str, path: &str, token: Option<&str>, body: O
     )
 }
 
+/// Runs `sandgate exceptions ARGS` against `admin` with `token` in the environment.
+fn cli(admin: SocketAddr, token: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(common::sandgate_bin())
+        .arg("exceptions")
+        .args(args)
+        .env("SANDGATE_ADMIN", format!("http://{admin}"))
+        .env("SANDGATE_TOKEN", token)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 fn get_status(proxy: SocketAddr, url: &str) -> String {
     common::curl(
         &format!("http://{proxy}"),
@@ -137,6 +153,16 @@ fn request_approve_revoke_with_a_live_tunnel_and_every_event_on_record() {
     let p = start(&dns, &policy, &state);
     let url = format!("http://web.test:{}/", origin.port());
     assert_eq!(get_status(listener, &url), "403", "denied before any exception");
+    // The admin API is never reachable through the proxy, even for an allowed name.
+    let sneak = common::raw(
+        listener,
+        format!(
+            "GET http://127.0.0.1:{}/v1/exceptions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+            admin.port()
+        )
+        .as_bytes(),
+    );
+    assert!(sneak.starts_with("HTTP/1.1 403"), "{sneak}");
 
     let ask = format!(
         r#"{{"task_id":"t-1","requested_hosts":["web.test","echo.test"],"requested_ports":[{},{}],"ttl_seconds":300,"reason":"the build needs it"}}"#,
@@ -203,14 +229,14 @@ fn request_approve_revoke_with_a_live_tunnel_and_every_event_on_record() {
     let mut pong = [0u8; 4];
     tunnel.read_exact(&mut pong).unwrap();
     let revoked_at = Instant::now();
-    let (status, ex) = api(
-        admin,
-        "POST",
-        &format!("/v1/exceptions/{id}/revoke"),
-        Some("tok-alice"),
-        Some(r#"{"note":"done"}"#),
-    );
-    assert_eq!((status, ex["state"].as_str()), (200, Some("revoked")), "{ex}");
+    let (code, out, err) = cli(admin, "tok-alice", &["--json", "revoke", &id, "--note", "done"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let ex: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(ex["state"], "revoked", "{ex}");
+    // The CLI says why when the API refuses: revoking twice.
+    let (code, _, err) = cli(admin, "tok-alice", &["revoke", &id]);
+    assert_eq!(code, 1);
+    assert!(err.contains("409") && err.contains("not approved"), "{err}");
     let mut rest = Vec::new();
     let _ = tunnel.read_to_end(&mut rest);
     assert!(
