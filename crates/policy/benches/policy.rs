@@ -46,6 +46,58 @@ fn decisions(c: &mut Criterion) {
     group.finish();
 }
 
+/// The same decisions with 0 and with 10,000 active exceptions (each a task-scoped entry for
+/// a task of its own, as the control plane publishes them): they must cost the same.
+fn exceptions(c: &mut Criterion) {
+    use sandgate_policy::exception::{Enablement, ExceptionPolicy, Narrowing, NewRequest};
+    let policy = ExceptionPolicy {
+        enabled: (0..10_000)
+            .map(|i| Enablement {
+                scope: sandgate_policy::Scope::Task(format!("t-{i}")),
+                ports: vec![443],
+                max_ttl_seconds: 900,
+            })
+            .collect(),
+    };
+    let mut with = ruleset(10_000);
+    for i in 0..10_000 {
+        let req = NewRequest {
+            task_id: format!("t-{i}"),
+            project_id: None,
+            requested_hosts: vec![format!("extra{i}.example.io")],
+            requested_ports: Some(vec![443]),
+            ttl_seconds: 900,
+            reason: "bench".into(),
+        };
+        let mut ex = policy
+            .admit(req, format!("ex-{i}"), "agent", 0)
+            .unwrap_or_else(|e| panic!("{e}"));
+        ex.approve("alice", 0, &Narrowing::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        ex.entries().into_iter().for_each(|e| with.allow_entry(e));
+    }
+    let without = ruleset(10_000);
+    let ctx = Context {
+        task: Some("t-5000"),
+        project: None,
+        now: 1,
+    };
+    let cases = [
+        ("exact_hit", target("host5000.example53.com:443")),
+        ("miss", target("nothing.here.example.com:443")),
+        ("exception_hit", target("extra5000.example.io:443")),
+    ];
+    let mut group = c.benchmark_group("decide_with_exceptions");
+    for (label, rules) in [("0", &without), ("10k", &with)] {
+        for (name, t) in &cases {
+            group.bench_function(format!("{label}/{name}"), |b| {
+                b.iter(|| rules.decide(black_box(t), Access::Connect, &ctx))
+            });
+        }
+    }
+    group.finish();
+}
+
 fn parsing(c: &mut Criterion) {
     c.bench_function("parse_connect_target", |b| {
         b.iter(|| parse_connect_target(black_box("api.example.com:443")))
@@ -71,5 +123,5 @@ fn classifier(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decisions, parsing, classifier);
+criterion_group!(benches, decisions, exceptions, parsing, classifier);
 criterion_main!(benches);

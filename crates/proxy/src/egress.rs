@@ -179,7 +179,10 @@ impl Egress {
         dest: Option<(&Target, Access)>,
         refusal: Refusal,
     ) -> Refused {
-        let classified = refusal.classify(pending.party.method.as_deref().unwrap_or("-"));
+        let mut classified = refusal.classify(pending.party.method.as_deref().unwrap_or("-"));
+        if let Some(hint) = self.how_to_ask(&pending, &refusal) {
+            classified.text.push_str(&hint);
+        }
         let (resolved_ip, rule) = match &refusal {
             Refusal::Dial {
                 error: DialError::Prohibited(p),
@@ -232,6 +235,27 @@ impl Egress {
             access,
             rule: decision.rule_label(),
         })
+    }
+
+    /// For a task's request that only the allowlist refused (never the deny list or the
+    /// guard), while the control plane takes requests: how to ask for an exception.
+    fn how_to_ask(&self, pending: &Pending, refusal: &Refusal) -> Option<String> {
+        let Refusal::Policy {
+            target,
+            reason: sandgate_policy::PolicyReason::NotAllowlisted,
+        } = refusal
+        else {
+            return None;
+        };
+        let task = pending.party.identity.task.as_deref()?;
+        let name = target.host.name()?;
+        if !self.layers.lock().is_ok_and(|l| l.exceptions_enabled()) {
+            return None;
+        }
+        Some(format!(
+            "; to ask for an exception: sandgate exceptions request --task {task} --host {name} --port {} --ttl SECONDS --reason TEXT",
+            target.port
+        ))
     }
 
     /// Records the close of a granted request.

@@ -24,6 +24,8 @@ use crate::metrics::{Metrics, OutcomeLabels};
 pub(crate) struct Layers {
     base: Ruleset,
     exceptions: Vec<Entry>,
+    /// The control plane publishes exceptions (so a refusal may say how to ask).
+    enabled: bool,
 }
 
 impl Layers {
@@ -31,7 +33,12 @@ impl Layers {
         Layers {
             base,
             exceptions: Vec::new(),
+            enabled: false,
         }
+    }
+
+    pub fn exceptions_enabled(&self) -> bool {
+        self.enabled
     }
 
     fn combined(&self) -> Ruleset {
@@ -120,7 +127,10 @@ impl PolicyHandle {
 
     /// Replaces the exceptions layer: the entries of every approved, unexpired exception.
     pub fn set_exceptions(&self, entries: Vec<Entry>) {
-        self.change(|layers| layers.exceptions = entries);
+        self.change(|layers| {
+            layers.exceptions = entries;
+            layers.enabled = true;
+        });
     }
 
     /// Ends every open connection granted under `rule_label` (a revoked exception's);

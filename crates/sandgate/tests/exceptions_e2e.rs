@@ -153,6 +153,15 @@ fn request_approve_revoke_with_a_live_tunnel_and_every_event_on_record() {
     let p = start(&dns, &policy, &state);
     let url = format!("http://web.test:{}/", origin.port());
     assert_eq!(get_status(listener, &url), "403", "denied before any exception");
+    // The 403 says how to ask, in the reason clients print and in the body.
+    let (_, denied, _) = common::curl(&format!("http://{listener}"), &["-s", &url]);
+    assert!(
+        denied.contains(&format!(
+            "sandgate exceptions request --task t-1 --host web.test --port {}",
+            origin.port()
+        )),
+        "{denied}"
+    );
     // The admin API is never reachable through the proxy, even for an allowed name.
     let sneak = common::raw(
         listener,
