@@ -1,0 +1,96 @@
+//! docs/openapi.json and the router agree: every documented operation is routed (it
+//! answers something other than 404/405 without a token), and paths that are not documented
+//! are not routed. `/metrics` belongs to the proxy's admin router and is checked there.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    clippy::panic,
+    reason = "tests"
+)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::connect_info::MockConnectInfo;
+use axum::http::{Request, StatusCode};
+use sandgate_control::{ApiState, Control, SqliteStore};
+use sandgate_policy::{AddressGuard, ExceptionPolicy, Principals, Ruleset};
+use sandgate_proxy::{AuditDestination, AuditOptions, Limits, Listener, Nameservers, Proxy, ProxyConfig};
+use tower::ServiceExt as _;
+
+async fn state(dir: &std::path::Path) -> Arc<ApiState> {
+    let proxy = Proxy::bind(ProxyConfig {
+        listen: vec![Listener::system("127.0.0.1:0".parse().unwrap())],
+        rules: Ruleset::new(),
+        guard: AddressGuard::default(),
+        nameservers: Nameservers::Explicit(vec!["127.0.0.1:9".parse().unwrap()]),
+        audit: AuditDestination::File(dir.join("audit.jsonl")),
+        limits: Limits::default(),
+        audit_options: AuditOptions::default(),
+        metrics_listen: None,
+        upstream_proxy: None,
+    })
+    .await
+    .unwrap();
+    let store = SqliteStore::open(&dir.join("x.sqlite3")).unwrap();
+    let handle = proxy.policy_handle();
+    let control = Control::start(
+        Arc::new(store),
+        ExceptionPolicy::default(),
+        handle.clone(),
+        Arc::new(|| 0),
+    )
+    .await
+    .unwrap();
+    Arc::new(ApiState {
+        control,
+        principals: Principals::default(),
+        proxy: handle,
+    })
+}
+
+#[tokio::test]
+async fn every_documented_operation_is_routed_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = sandgate_control::router(state(dir.path()).await)
+        .layer(MockConnectInfo(SocketAddr::from(([127, 0, 0, 1], 1))));
+    let doc: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json")).unwrap(),
+    )
+    .unwrap();
+    let mut checked = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        if path == "/metrics" {
+            continue;
+        }
+        for method in ["get", "post", "put", "delete", "patch"] {
+            let concrete = path.replace("{id}", "ex-0000000000000001");
+            let request = Request::builder()
+                .method(method.to_uppercase().as_str())
+                .uri(&concrete)
+                .body(Body::empty())
+                .unwrap();
+            let status = app.clone().oneshot(request).await.unwrap().status();
+            let documented = item.get(method).is_some();
+            let routed = status != StatusCode::NOT_FOUND && status != StatusCode::METHOD_NOT_ALLOWED;
+            assert_eq!(documented, routed, "{method} {path}: {status}");
+            checked += usize::from(documented);
+        }
+    }
+    assert_eq!(checked, 8, "every operation but /metrics");
+    for stray in [
+        "/v1/exception",
+        "/v1/exceptions/x/approve/now",
+        "/v2/exceptions",
+        "/ui",
+    ] {
+        let request = Request::builder().uri(stray).body(Body::empty()).unwrap();
+        assert_eq!(
+            app.clone().oneshot(request).await.unwrap().status(),
+            StatusCode::NOT_FOUND,
+            "{stray}"
+        );
+    }
+}
