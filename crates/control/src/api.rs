@@ -36,6 +36,8 @@ pub struct ApiState {
     pub control: Control,
     pub principals: Principals,
     pub proxy: PolicyHandle,
+    /// Logged-in people on the approvals page.
+    pub sessions: crate::ui::Sessions,
 }
 
 /// The `/v1` routes and the health checks.
@@ -48,7 +50,8 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/exceptions/{id}/revoke", post(revoke))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
-        .with_state(state)
+        .with_state(state.clone())
+        .merge(crate::ui::router(state))
 }
 
 /// A refusal or failure, as JSON with its status.

@@ -7,6 +7,7 @@
 pub mod api;
 pub mod service;
 pub mod store;
+pub mod ui;
 
 pub use api::{ApiState, router};
 pub use service::{Clock, Control, ControlError};

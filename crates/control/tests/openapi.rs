@@ -48,6 +48,7 @@ async fn state(dir: &std::path::Path) -> Arc<ApiState> {
         control,
         principals: Principals::default(),
         proxy: handle,
+        sessions: Default::default(),
     })
 }
 

@@ -77,6 +77,7 @@ pub async fn mount(
         control,
         principals,
         proxy: handle,
+        sessions: Default::default(),
     });
     proxy.mount_admin(sandgate_control::router(state.clone()));
     tokio::spawn(sandgate_control::expire_loop(state.clone()));

@@ -397,3 +397,118 @@ fn a_restart_keeps_pending_and_active_exceptions_and_not_expired_ones() {
         "the active exception came back"
     );
 }
+
+/// The approvals page in headless Chromium (Selenium): log in, see a pending request appear
+/// without reloading, approve it with a TTL choice, watch the countdown, revoke.
+#[test]
+fn the_approvals_page_in_a_real_browser() {
+    let python = std::env::var("SANDGATE_TEST_PYTHON")
+        .expect("run ./scripts/test: it installs selenium into target/venv");
+    let rt = runtime();
+    let origin = rt.block_on(Origin::http());
+    let dns = rt.block_on(DnsServer::start(Zone::new().with("web.test", &["127.0.0.1"])));
+    let dir = tempfile::tempdir().unwrap();
+    let (listener, admin) = (free_addr(), free_addr());
+    let policy = write_policy(dir.path(), listener, admin, &[origin.port()]);
+    let p = start(&dns, &policy, &dir.path().join("state"));
+    let shot = dir.path().join("approvals.png");
+    let out = Command::new(python)
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/ui/approvals.py"))
+        .arg(format!("http://{admin}"))
+        .args(["tok-alice", "tok-agent"])
+        .arg(&shot)
+        .arg(origin.port().to_string())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success() && stdout.starts_with("OK"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(std::fs::metadata(&shot).unwrap().len() > 1000, "no screenshot");
+    if let Ok(keep) = std::env::var("SANDGATE_KEEP_SCREENSHOT") {
+        std::fs::copy(&shot, keep).unwrap();
+    }
+    let events = p.audit_events(3);
+    let changes: Vec<&str> = events
+        .iter()
+        .filter(|e| e["exception_id"].is_string())
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        changes,
+        ["exception_requested", "exception_approved", "exception_revoked"],
+        "{events:#?}"
+    );
+}
+
+/// The approvals page's forms refuse a forged or stale CSRF token, and a requester token
+/// cannot log in.
+#[test]
+fn the_approvals_page_refuses_forged_forms_and_requesters() {
+    let rt = runtime();
+    let dns = rt.block_on(DnsServer::start(Zone::new()));
+    let dir = tempfile::tempdir().unwrap();
+    let (listener, admin) = (free_addr(), free_addr());
+    let policy = write_policy(dir.path(), listener, admin, &[443]);
+    let _p = start(&dns, &policy, &dir.path().join("state"));
+    let ask = r#"{"task_id":"t-1","requested_hosts":["pypi.org"],"requested_ports":[443],"ttl_seconds":60,"reason":"r"}"#;
+    let (_, ex) = api(admin, "POST", "/v1/exceptions", Some("tok-agent"), Some(ask));
+    let id = ex["id"].as_str().unwrap();
+    let jar = dir.path().join("cookies");
+    let curl = |args: &[&str]| {
+        let out = Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "10",
+                "--noproxy",
+                "*",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ])
+            .arg("-b")
+            .arg(&jar)
+            .arg("-c")
+            .arg(&jar)
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let base = format!("http://{admin}");
+    assert_eq!(
+        curl(&["--data", "token=tok-agent", &format!("{base}/ui/login")]),
+        "401"
+    );
+    assert_eq!(
+        curl(&["--data", "token=tok-alice", &format!("{base}/ui/login")]),
+        "303"
+    );
+    let cookie = std::fs::read_to_string(&jar).unwrap();
+    assert!(
+        cookie.contains("#HttpOnly_") && cookie.contains("sandgate_session"),
+        "{cookie}"
+    );
+    assert_eq!(
+        curl(&["--data", "csrf=forged", &format!("{base}/ui/approve/{id}")]),
+        "403"
+    );
+    assert_eq!(curl(&[&format!("{base}/ui/state")]), "200");
+    assert_eq!(
+        api(
+            admin,
+            "GET",
+            &format!("/v1/exceptions/{id}"),
+            Some("tok-viewer"),
+            None
+        )
+        .1["state"],
+        "pending"
+    );
+}

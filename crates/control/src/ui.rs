@@ -1,0 +1,315 @@
+//! The approvals page at `/ui` on the admin listener: pending requests with approve (a TTL
+//! choice) and deny, active exceptions with a countdown and revoke, recently decided ones.
+//!
+//! Server-rendered HTML and a little plain JavaScript that refreshes the lists from
+//! `/ui/state` every second: no build step, no CDN, works offline. A person logs in with an
+//! approver or viewer token; the page keeps only a random session id in an `HttpOnly`,
+//! `SameSite=Strict` cookie scoped to `/ui` (the token is never in a URL or the page). Every
+//! form carries the session's CSRF token, checked on each POST. Sessions live in memory for
+//! eight hours and end with the process.
+
+use std::collections::HashMap;
+use std::io::Read as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Form, Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use sandgate_policy::exception::Narrowing;
+use sandgate_policy::{Exception, ExceptionState, Principal, Role};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::api::ApiState;
+
+const COOKIE: &str = "sandgate_session";
+const SESSION_LIFE: Duration = Duration::from_secs(8 * 3600);
+
+/// Logged-in people, by session id.
+#[derive(Debug, Default)]
+pub struct Sessions(Mutex<HashMap<String, Session>>);
+
+#[derive(Debug, Clone)]
+struct Session {
+    who: Principal,
+    csrf: String,
+    until: Instant,
+}
+
+/// 128 random bits, hex, from the kernel.
+fn random_id() -> Option<String> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .ok()?
+        .read_exact(&mut bytes)
+        .ok()?;
+    Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+impl Sessions {
+    fn start(&self, who: Principal) -> Option<String> {
+        let id = random_id()?;
+        let csrf = random_id()?;
+        let mut map = self.0.lock().ok()?;
+        map.retain(|_, s| s.until > Instant::now());
+        map.insert(
+            id.clone(),
+            Session {
+                who,
+                csrf,
+                until: Instant::now() + SESSION_LIFE,
+            },
+        );
+        Some(id)
+    }
+
+    fn get(&self, headers: &HeaderMap) -> Option<Session> {
+        let cookies = headers.get(header::COOKIE)?.to_str().ok()?;
+        let id = cookies
+            .split(';')
+            .filter_map(|c| c.trim().split_once('='))
+            .find(|(k, _)| *k == COOKIE)?
+            .1;
+        let map = self.0.lock().ok()?;
+        map.get(id).filter(|s| s.until > Instant::now()).cloned()
+    }
+
+    fn end(&self, headers: &HeaderMap) {
+        if let Some(cookies) = headers.get(header::COOKIE).and_then(|v| v.to_str().ok()) {
+            for (k, v) in cookies.split(';').filter_map(|c| c.trim().split_once('=')) {
+                if k == COOKIE
+                    && let Ok(mut map) = self.0.lock()
+                {
+                    map.remove(v);
+                }
+            }
+        }
+    }
+}
+
+/// The page's routes.
+pub fn router(state: Arc<ApiState>) -> Router {
+    Router::new()
+        .route("/ui", get(page))
+        .route("/ui/login", post(login))
+        .route("/ui/logout", post(logout))
+        .route("/ui/state", get(state_json))
+        .route("/ui/{action}/{id}", post(act))
+        .with_state(state)
+}
+
+#[derive(Debug, Deserialize)]
+struct LoginForm {
+    token: String,
+}
+
+async fn login(State(state): State<Arc<ApiState>>, Form(form): Form<LoginForm>) -> Response {
+    let who = state.principals.verify_bearer(form.token.trim()).cloned();
+    match who {
+        Some(who) if who.role != Role::Requester => match state.sessions.start(who) {
+            Some(id) => (
+                [(
+                    header::SET_COOKIE,
+                    format!("{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/ui; Max-Age=28800"),
+                )],
+                Redirect::to("/ui"),
+            )
+                .into_response(),
+            None => (StatusCode::INTERNAL_SERVER_ERROR, "no randomness for a session").into_response(),
+        },
+        _ => (
+            StatusCode::UNAUTHORIZED,
+            Html(login_page("That token is not an approver's or a viewer's.")),
+        )
+            .into_response(),
+    }
+}
+
+async fn logout(State(state): State<Arc<ApiState>>, headers: HeaderMap) -> Response {
+    state.sessions.end(&headers);
+    (
+        [(
+            header::SET_COOKIE,
+            format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/ui; Max-Age=0"),
+        )],
+        Redirect::to("/ui"),
+    )
+        .into_response()
+}
+
+async fn page(State(state): State<Arc<ApiState>>, headers: HeaderMap) -> Response {
+    match state.sessions.get(&headers) {
+        None => Html(login_page("")).into_response(),
+        Some(s) => Html(main_page(&s)).into_response(),
+    }
+}
+
+/// The lists, as the page's script renders them.
+async fn state_json(State(state): State<Arc<ApiState>>, headers: HeaderMap) -> Response {
+    let Some(s) = state.sessions.get(&headers) else {
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
+    let now = sandgate_proxy::unix_now();
+    let list = match state.control.list(&s.who) {
+        Ok(l) => l,
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    };
+    let view = |e: &Exception| {
+        json!({
+            "id": e.id, "task": e.task_id, "hosts": e.hosts, "ports": e.ports, "ttl": e.ttl_seconds,
+            "reason": e.reason, "by": e.requested_by, "state": e.state.as_str(),
+            "decided_by": e.decided_by, "left": e.expires_at.map(|at| (at - now).max(0)),
+        })
+    };
+    let pick = |st: ExceptionState| {
+        list.iter()
+            .filter(|e| e.state == st)
+            .map(view)
+            .collect::<Vec<_>>()
+    };
+    let mut recent: Vec<_> = list
+        .iter()
+        .filter(|e| !matches!(e.state, ExceptionState::Pending | ExceptionState::Approved))
+        .collect();
+    recent.sort_by_key(|e| std::cmp::Reverse(e.decided_at.unwrap_or(e.requested_at)));
+    axum::Json(json!({
+        "pending": pick(ExceptionState::Pending),
+        "active": pick(ExceptionState::Approved),
+        "recent": recent.into_iter().take(20).map(view).collect::<Vec<_>>(),
+        "can_decide": s.who.role == Role::Approver,
+    }))
+    .into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct ActForm {
+    csrf: String,
+    #[serde(default)]
+    ttl: Option<u32>,
+}
+
+async fn act(
+    State(state): State<Arc<ApiState>>,
+    Path((action, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    Form(form): Form<ActForm>,
+) -> Response {
+    let Some(s) = state.sessions.get(&headers) else {
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
+    if form.csrf != s.csrf {
+        return (StatusCode::FORBIDDEN, "stale or forged form").into_response();
+    }
+    let c = &state.control;
+    let result = match action.as_str() {
+        "approve" => {
+            let narrow = Narrowing {
+                hosts: None,
+                ttl_seconds: form.ttl,
+            };
+            c.approve(&s.who, &id, &narrow).await
+        }
+        "deny" => {
+            c.deny(&s.who, &id, Some("denied on the approvals page".into()))
+                .await
+        }
+        "revoke" => {
+            c.revoke(&s.who, &id, Some("revoked on the approvals page".into()))
+                .await
+        }
+        _ => return StatusCode::NOT_FOUND.into_response(),
+    };
+    match result {
+        Ok(_) => Redirect::to("/ui").into_response(),
+        Err(e) => (
+            StatusCode::CONFLICT,
+            Html(format!(
+                "<p>{}</p><p><a href=\"/ui\">back</a></p>",
+                escape(&e.to_string())
+            )),
+        )
+            .into_response(),
+    }
+}
+
+/// HTML text escaping.
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
+
+const STYLE: &str = "body{font:15px system-ui,sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;width:100%;margin-bottom:1.5em}td,th{border-bottom:1px solid #ddd;padding:.4em;text-align:left;vertical-align:top}h2{margin-top:1.5em}form.inline{display:inline}button{margin-right:.3em}.muted{color:#777}";
+
+fn login_page(message: &str) -> String {
+    format!(
+        "<!doctype html><html><head><meta charset=utf-8><title>sandgate approvals</title><style>{STYLE}</style></head><body>\
+         <h1>sandgate approvals</h1><p class=muted>{}</p>\
+         <form method=post action=/ui/login><label>Admin token <input id=token name=token type=password autocomplete=off></label> \
+         <button id=login type=submit>Log in</button></form></body></html>",
+        escape(message)
+    )
+}
+
+fn main_page(s: &Session) -> String {
+    format!(
+        "<!doctype html><html><head><meta charset=utf-8><title>sandgate approvals</title><style>{STYLE}</style></head><body>\
+         <h1>sandgate approvals</h1><p class=muted>Logged in as {who} ({role}). \
+         <form class=inline method=post action=/ui/logout><button>Log out</button></form></p>\
+         <h2>Pending requests</h2><table id=pending><tbody></tbody></table>\
+         <h2>Active exceptions</h2><table id=active><tbody></tbody></table>\
+         <h2>Recently decided</h2><table id=recent><tbody></tbody></table>\
+         <script>const CSRF={csrf};{SCRIPT}</script></body></html>",
+        who = escape(&s.who.name),
+        role = s.who.role.as_str(),
+        csrf = serde_json::to_string(&s.csrf).unwrap_or_default(),
+    )
+}
+
+/// Renders the three lists from `/ui/state` every second; text goes in with textContent.
+const SCRIPT: &str = r#"
+function cell(tr, text) { const td = document.createElement('td'); td.textContent = text; tr.appendChild(td); return td; }
+function form(action, id, label, extra) {
+  const f = document.createElement('form'); f.method = 'post'; f.action = '/ui/' + action + '/' + encodeURIComponent(id); f.className = 'inline';
+  const c = document.createElement('input'); c.type = 'hidden'; c.name = 'csrf'; c.value = CSRF; f.appendChild(c);
+  if (extra) f.appendChild(extra);
+  const b = document.createElement('button'); b.type = 'submit'; b.textContent = label; b.id = action + '-' + id; f.appendChild(b);
+  return f;
+}
+function ttlChoice(e) {
+  const s = document.createElement('select'); s.name = 'ttl'; s.id = 'ttl-' + e.id;
+  for (const t of [60, 300, 900, 3600]) { if (t <= e.ttl) { const o = document.createElement('option'); o.value = t; o.textContent = (t / 60) + ' min'; s.appendChild(o); } }
+  const o = document.createElement('option'); o.value = e.ttl; o.textContent = 'as asked (' + e.ttl + ' s)'; o.selected = true; s.appendChild(o);
+  return s;
+}
+const shown = {};
+function fill(id, rows, render) {
+  // Re-rendered only when something changed, so a half-made choice is not reset.
+  const key = JSON.stringify(rows); if (shown[id] === key) return; shown[id] = key;
+  const body = document.querySelector('#' + id + ' tbody'); body.replaceChildren();
+  if (!rows.length) { const tr = body.insertRow(); cell(tr, 'none').className = 'muted'; return; }
+  for (const e of rows) { const tr = body.insertRow(); tr.id = id + '-row-' + e.id; render(tr, e); }
+}
+async function refresh() {
+  let s;
+  try { const r = await fetch('/ui/state', {credentials: 'same-origin'}); if (!r.ok) return; s = await r.json(); } catch (_) { return; }
+  fill('pending', s.pending, (tr, e) => {
+    cell(tr, e.task); cell(tr, e.hosts.join(', ') + ' : ' + e.ports.join(',')); cell(tr, e.reason); cell(tr, 'by ' + e.by);
+    const td = cell(tr, '');
+    if (s.can_decide) { td.appendChild(form('approve', e.id, 'Approve', ttlChoice(e))); td.appendChild(form('deny', e.id, 'Deny')); }
+  });
+  fill('active', s.active, (tr, e) => {
+    cell(tr, e.task); cell(tr, e.hosts.join(', ') + ' : ' + e.ports.join(','));
+    const left = cell(tr, e.left + ' s left'); left.className = 'countdown'; left.dataset.left = e.left;
+    cell(tr, 'approved by ' + e.decided_by);
+    const td = cell(tr, ''); if (s.can_decide) td.appendChild(form('revoke', e.id, 'Revoke'));
+  });
+  fill('recent', s.recent, (tr, e) => { cell(tr, e.state); cell(tr, e.task); cell(tr, e.hosts.join(', ')); cell(tr, e.decided_by || ''); });
+}
+refresh(); setInterval(refresh, 1000);
+"#;
