@@ -6,6 +6,7 @@
 //! | `GET /v1/exceptions`, `GET /v1/exceptions/{id}` | any (a requester sees its tasks') | read |
 //! | `POST /v1/exceptions/{id}/approve` | approver, not the requester | body: optional `hosts`, `ttl_seconds` (narrowing) |
 //! | `POST /v1/exceptions/{id}/deny`, `/revoke` | approver | body: optional `note` |
+//! | `GET /v1/events` | any (a requester: its tasks') | server-sent events: every audit event, live |
 //! | `GET /healthz`, `GET /readyz` | none | liveness; readiness (the store answers) |
 //!
 //! Callers authenticate with `Authorization: Bearer TOKEN` (tokens from `spec.admin.tokens`,
@@ -48,6 +49,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/v1/exceptions/{id}/approve", post(approve))
         .route("/v1/exceptions/{id}/deny", post(deny))
         .route("/v1/exceptions/{id}/revoke", post(revoke))
+        .route("/v1/events", get(events))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .with_state(state.clone())
@@ -262,6 +264,18 @@ fn optional_json<T: Default + serde::de::DeserializeOwned>(body: &[u8]) -> Resul
     }
     serde_json::from_slice(body)
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
+}
+
+async fn events(
+    State(state): State<Arc<ApiState>>,
+    peer: Peer,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let call = (&method, &uri, Some(peer.0));
+    let who = caller(&state, &headers, call).await?;
+    Ok(crate::events::stream(&state, who).into_response())
 }
 
 async fn ready(State(state): State<Arc<ApiState>>) -> Result<&'static str, ApiError> {

@@ -5,6 +5,7 @@
 //! ([`service`]), and the admin API ([`api`]) mounted on the proxy's admin listener.
 
 pub mod api;
+pub mod events;
 pub mod service;
 pub mod store;
 pub mod ui;

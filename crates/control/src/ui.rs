@@ -97,6 +97,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/ui/login", post(login))
         .route("/ui/logout", post(logout))
         .route("/ui/state", get(state_json))
+        .route("/ui/events", get(ui_events))
         .route("/ui/{action}/{id}", post(act))
         .with_state(state)
 }
@@ -184,6 +185,13 @@ async fn state_json(State(state): State<Arc<ApiState>>, headers: HeaderMap) -> R
     .into_response()
 }
 
+async fn ui_events(State(state): State<Arc<ApiState>>, headers: HeaderMap) -> Response {
+    match state.sessions.get(&headers) {
+        Some(s) => crate::events::stream(&state, s.who).into_response(),
+        None => StatusCode::UNAUTHORIZED.into_response(),
+    }
+}
+
 #[derive(Debug, Deserialize)]
 struct ActForm {
     csrf: String,
@@ -264,6 +272,7 @@ fn main_page(s: &Session) -> String {
          <h2>Pending requests</h2><table id=pending><tbody></tbody></table>\
          <h2>Active exceptions</h2><table id=active><tbody></tbody></table>\
          <h2>Recently decided</h2><table id=recent><tbody></tbody></table>\
+         <h2>Live denies</h2><table id=denies><tbody><tr><td class=muted>none yet</td></tr></tbody></table>\
          <script>const CSRF={csrf};{SCRIPT}</script></body></html>",
         who = escape(&s.who.name),
         role = s.who.role.as_str(),
@@ -312,4 +321,17 @@ async function refresh() {
   fill('recent', s.recent, (tr, e) => { cell(tr, e.state); cell(tr, e.task); cell(tr, e.hosts.join(', ')); cell(tr, e.decided_by || ''); });
 }
 refresh(); setInterval(refresh, 1000);
+// Denies as they happen, and an immediate refresh on every exception change.
+const live = new EventSource('/ui/events');
+live.onmessage = (m) => {
+  let e; try { e = JSON.parse(m.data); } catch (_) { return; }
+  if (e.event && e.event.startsWith('exception_')) { shown.pending = shown.active = shown.recent = null; refresh(); return; }
+  if (e.event !== 'decision' || e.decision !== 'deny') return;
+  const body = document.querySelector('#denies tbody');
+  if (body.querySelector('td.muted')) body.replaceChildren();
+  const tr = body.insertRow(0); tr.className = 'deny';
+  cell(tr, (e.created_at || '').slice(11, 19)); cell(tr, e.task_id || '-');
+  cell(tr, (e.destination_host || '?') + ':' + (e.destination_port || '')); cell(tr, e.reason_code || '');
+  while (body.rows.length > 50) body.deleteRow(-1);
+};
 "#;

@@ -59,6 +59,8 @@ pub(crate) struct Egress {
     ids: RequestIds,
     /// Cancelled when in-flight work must end (grace period over).
     pub hard_stop: CancellationToken,
+    /// Cancelled when shutdown begins (stop accepting; long-lived streams end).
+    pub stopping: CancellationToken,
     pub metrics: Arc<Metrics>,
 }
 
@@ -138,6 +140,7 @@ impl Egress {
             limits,
             ids: RequestIds::new(),
             hard_stop: CancellationToken::new(),
+            stopping: CancellationToken::new(),
             metrics,
         }
     }

@@ -114,6 +114,8 @@ pub struct PolicyHandle {
     pub(crate) rules: Arc<RwLock<Arc<Ruleset>>>,
     pub(crate) layers: Arc<Mutex<Layers>>,
     pub(crate) cuts: Arc<Cuts>,
+    /// Cancelled when the proxy begins to shut down.
+    pub(crate) stopping: CancellationToken,
     pub(crate) audit: WeakAudit,
     pub(crate) metrics: Arc<Metrics>,
 }
@@ -142,6 +144,16 @@ impl PolicyHandle {
     /// Records a rejected reload (the old rules stay in force).
     pub async fn rejected(&self, generation: u64, detail: String) {
         self.record(false, generation, detail).await;
+    }
+
+    /// Cancelled when the proxy begins to shut down (live streams end then).
+    pub fn stopping(&self) -> CancellationToken {
+        self.stopping.clone()
+    }
+
+    /// Every audit event recorded from now on, live (decisions, closes, exception changes).
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Arc<crate::audit::Stamped>> {
+        self.audit.subscribe()
     }
 
     /// Records a control-plane event (an exception's change) in the audit trail.

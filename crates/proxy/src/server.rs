@@ -153,6 +153,7 @@ impl Proxy {
             rules: self.egress.rules.clone(),
             layers: self.egress.layers.clone(),
             cuts: self.egress.cuts.clone(),
+            stopping: self.egress.stopping.clone(),
             audit: self.egress.audit.downgrade(),
             metrics: self.egress.metrics.clone(),
         }
@@ -173,7 +174,7 @@ impl Proxy {
             admin,
             admin_routes,
         } = self;
-        let stop_accepting = CancellationToken::new();
+        let stop_accepting = egress.stopping.clone();
         let tracker = TaskTracker::new();
         let admission = Arc::new(Admission::new(&egress.limits));
         let refusals = Arc::new(Semaphore::new(MAX_REFUSALS_IN_FLIGHT));

@@ -418,6 +418,7 @@ fn the_approvals_page_in_a_real_browser() {
         .args(["tok-alice", "tok-agent"])
         .arg(&shot)
         .arg(origin.port().to_string())
+        .arg(listener.to_string())
         .output()
         .unwrap();
     let (stdout, stderr) = (
@@ -511,4 +512,78 @@ fn the_approvals_page_refuses_forged_forms_and_requesters() {
         .1["state"],
         "pending"
     );
+}
+
+/// `/v1/events` streams audit events live: a deny and an exception change arrive as they
+/// happen; a requester's stream carries its own tasks' events only.
+#[test]
+fn live_events_stream_denies_and_exception_changes() {
+    use std::io::BufRead;
+    let rt = runtime();
+    let origin = rt.block_on(Origin::http());
+    let dns = rt.block_on(DnsServer::start(Zone::new().with("web.test", &["127.0.0.1"])));
+    let dir = tempfile::tempdir().unwrap();
+    let (listener, admin) = (free_addr(), free_addr());
+    let policy = write_policy(dir.path(), listener, admin, &[origin.port()]);
+    let _p = start(&dns, &policy, &dir.path().join("state"));
+    let subscribe = |token: &str| {
+        let mut child = Command::new("curl")
+            .args(["-sN", "--max-time", "20", "--noproxy", "*", "-H"])
+            .arg(format!("Authorization: Bearer {token}"))
+            .arg(format!("http://{admin}/v1/events"))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for l in lines.map_while(Result::ok) {
+                if let Some(data) = l.strip_prefix("data:")
+                    && tx.send(data.trim().to_owned()).is_err()
+                {
+                    break;
+                }
+            }
+        });
+        (child, rx)
+    };
+    let (mut viewer, seen) = subscribe("tok-viewer");
+    let (mut other, others) = subscribe("tok-other");
+    std::thread::sleep(Duration::from_millis(300));
+    let url = format!("http://web.test:{}/", origin.port());
+    assert_eq!(get_status(listener, &url), "403");
+    let ask = format!(
+        r#"{{"task_id":"t-1","requested_hosts":["web.test"],"requested_ports":[{}],"ttl_seconds":60,"reason":"r"}}"#,
+        origin.port()
+    );
+    assert_eq!(
+        api(admin, "POST", "/v1/exceptions", Some("tok-agent"), Some(&ask)).0,
+        201
+    );
+    let mut kinds = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while kinds.len() < 2 && Instant::now() < deadline {
+        if let Ok(line) = seen.recv_timeout(Duration::from_millis(200)) {
+            let v: Value = serde_json::from_str(&line).unwrap();
+            kinds.push((
+                v["event"].as_str().unwrap().to_owned(),
+                v["decision"].as_str().unwrap_or("").to_owned(),
+            ));
+        }
+    }
+    assert_eq!(
+        kinds,
+        [
+            ("decision".to_owned(), "deny".to_owned()),
+            ("exception_requested".to_owned(), String::new())
+        ]
+    );
+    assert!(
+        others.recv_timeout(Duration::from_millis(500)).is_err(),
+        "another task's requester saw t-1's events"
+    );
+    let _ = viewer.kill();
+    let _ = other.kill();
+    let _ = viewer.wait();
+    let _ = other.wait();
 }

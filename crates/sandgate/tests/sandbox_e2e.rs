@@ -342,7 +342,10 @@ fn host_unix_sockets_are_not_reachable_from_a_restricted_sandbox() {
     // in the sandbox.
     let out = run(&policy, &[], &["python3", "-c", &script]);
     let (stdout, stderr) = text(&out);
-    assert!(stdout.contains("no-unix-socket EAFNOSUPPORT"), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("no-unix-socket EAFNOSUPPORT"),
+        "{stdout}\n{stderr}"
+    );
     assert!(stdout.contains("run-dirs []"), "{stdout}");
     let opted_in = dir.path().join("unix.yaml");
     std::fs::write(

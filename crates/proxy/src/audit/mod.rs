@@ -84,6 +84,34 @@ pub struct Audit {
     tx: mpsc::Sender<Box<Stamped>>,
     metrics: Arc<Metrics>,
     health: Arc<AuditHealth>,
+    live: Live,
+}
+
+/// Events as they are recorded, for live views (`/v1/events`). A subscriber that falls more
+/// than [`LIVE_DEPTH`] events behind skips ahead; with no subscriber nothing is copied.
+#[derive(Debug, Clone)]
+pub struct Live(tokio::sync::broadcast::Sender<Arc<Stamped>>);
+
+/// Events a live subscriber may fall behind before it skips ahead.
+pub const LIVE_DEPTH: usize = 1024;
+
+impl Default for Live {
+    fn default() -> Live {
+        Live(tokio::sync::broadcast::channel(LIVE_DEPTH).0)
+    }
+}
+
+impl Live {
+    fn publish(&self, event: &Stamped) {
+        if self.0.receiver_count() > 0 {
+            let _ = self.0.send(Arc::new(event.clone()));
+        }
+    }
+
+    /// A receiver of every event recorded from now on.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Arc<Stamped>> {
+        self.0.subscribe()
+    }
 }
 
 /// A handle that does not keep the writer open (for long-lived helpers such as the policy
@@ -93,9 +121,15 @@ pub struct WeakAudit {
     tx: mpsc::WeakSender<Box<Stamped>>,
     metrics: Arc<Metrics>,
     health: Arc<AuditHealth>,
+    live: Live,
 }
 
 impl WeakAudit {
+    /// Events recorded from now on, live.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Arc<Stamped>> {
+        self.live.subscribe()
+    }
+
     /// Queues an event if the proxy is still running.
     pub async fn record(&self, event: Event) {
         if let Some(tx) = self.tx.upgrade() {
@@ -103,6 +137,7 @@ impl WeakAudit {
                 tx,
                 metrics: self.metrics.clone(),
                 health: self.health.clone(),
+                live: self.live.clone(),
             }
             .record(event)
             .await;
@@ -116,6 +151,7 @@ impl Audit {
             tx: self.tx.downgrade(),
             metrics: self.metrics.clone(),
             health: self.health.clone(),
+            live: self.live.clone(),
         }
     }
 
@@ -134,6 +170,7 @@ impl Audit {
     pub fn record(&self, event: Event) -> impl Future<Output = ()> + Send + '_ {
         self.metrics.observe(&event);
         let event = Box::new(event.stamp());
+        self.live.publish(&event);
         async move {
             if self.tx.capacity() == 0 {
                 self.metrics.audit_waits.inc();
@@ -152,7 +189,9 @@ impl Audit {
     /// never wait behind a queue that cannot drain.
     pub fn record_now_or_log(&self, event: Event) {
         self.metrics.observe(&event);
-        match self.tx.try_send(Box::new(event.stamp())) {
+        let event = Box::new(event.stamp());
+        self.live.publish(&event);
+        match self.tx.try_send(event) {
             Ok(()) => self.update_depth(),
             Err(e) => {
                 let event = match e {

@@ -47,7 +47,15 @@ impl AuditWriter {
                 let health = health.clone();
                 move || write_loop(rx, sink, &metrics, &health, window)
             })?;
-        Ok((Audit { tx, metrics, health }, AuditWriter { thread }))
+        Ok((
+            Audit {
+                tx,
+                metrics,
+                health,
+                live: super::Live::default(),
+            },
+            AuditWriter { thread },
+        ))
     }
 
     /// Waits until every handle is dropped and every queued event is written and flushed.

@@ -1,8 +1,8 @@
 """The approvals page in a real browser (Debian's headless Chromium, driven by Selenium).
 
-Usage: approvals.py ADMIN_URL APPROVER_TOKEN REQUESTER_TOKEN SCREENSHOT_PATH
+Usage: approvals.py ADMIN_URL APPROVER_TOKEN REQUESTER_TOKEN SCREENSHOT_PATH ORIGIN_PORT PROXY_ADDR
 
-Logs in, files a request through the API as the requester, watches it appear on the page
+Logs in, sees a deny through the proxy appear live, files a request through the API as the requester, watches it appear on the page
 without a reload, approves it with a TTL choice, watches the countdown fall, revokes it, and
 checks the outcome through the API. Prints OK at the end; any failure raises.
 """
@@ -11,6 +11,7 @@ import json
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 from selenium import webdriver
@@ -45,6 +46,15 @@ try:
     assert "tok-" not in driver.current_url and approver not in driver.page_source, "the token leaked into the page"
     cookie = driver.get_cookie("sandgate_session")
     assert cookie and cookie["httpOnly"] and cookie["sameSite"] == "Strict", cookie
+
+    # A deny through the proxy shows up on the page as it happens.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": "http://" + sys.argv[6]}))
+    try:
+        opener.open("http://web.test:%s/denied-live" % sys.argv[5], timeout=10)
+        raise AssertionError("the request was not denied")
+    except urllib.error.HTTPError as e:
+        assert e.code == 403, e.code
+    wait.until(lambda d: "web.test:" in d.find_element(By.ID, "denies").text)
 
     ex = api("POST", "/v1/exceptions", requester, {
         "task_id": "t-1", "requested_hosts": ["web.test"], "requested_ports": [int(sys.argv[5])],

@@ -1,0 +1,55 @@
+//! Live events as server-sent events: every audit event as it is recorded (decisions,
+//! closes, exception changes), one JSON line per SSE `data:` field, in the audit log's own
+//! format. `/v1/events` takes a bearer token (a requester sees its tasks' events only);
+//! `/ui/events` the approvals page's session. A subscriber that falls behind is told how
+//! many events it missed (`event: lagged`); every stream ends when the proxy shuts down.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use futures_util::stream::{self, Stream};
+use sandgate_policy::{Principal, Role};
+use sandgate_proxy::audit::{Line, Stamped};
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::api::ApiState;
+
+/// The stream of events `who` may see.
+pub fn stream(
+    state: &ApiState,
+    who: Principal,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>> + use<>> {
+    let rx = state.proxy.subscribe();
+    let stopping = state.proxy.stopping();
+    let events = stream::unfold((rx, stopping, who), |(mut rx, stopping, who)| async move {
+        loop {
+            let next = tokio::select! {
+                _ = stopping.cancelled() => return None,
+                next = rx.recv() => next,
+            };
+            match next {
+                Ok(ev) if visible(&who, &ev) => {
+                    let line = serde_json::to_string(&Line::of(&ev)).unwrap_or_default();
+                    return Some((Ok(SseEvent::default().data(line)), (rx, stopping, who)));
+                }
+                Ok(_) => {}
+                Err(RecvError::Lagged(n)) => {
+                    let note = SseEvent::default().event("lagged").data(n.to_string());
+                    return Some((Ok(note), (rx, stopping, who)));
+                }
+                Err(RecvError::Closed) => return None,
+            }
+        }
+    });
+    Sse::new(events).keep_alive(KeepAlive::default())
+}
+
+/// A requester sees events of its tasks only; the other roles see everything.
+fn visible(who: &Principal, ev: &Arc<Stamped>) -> bool {
+    if who.role != Role::Requester {
+        return true;
+    }
+    let line = Line::of(ev);
+    line.task_id.is_some_and(|t| who.tasks.iter().any(|w| w == t))
+}

@@ -1,0 +1,486 @@
+//! The sandbox half of the hardening issue, with the real bubblewrap and real programs:
+//! terminal injection, the kernel keyring and the rest of the seccomp filter, secrets on
+//! command lines, host writes, path spellings, the PID namespace and leftover processes,
+//! and what a new user trips over (PATH, exit codes, DNS files in `net.mode: all`, bridged
+//! ports with nothing behind them, the summary, stale state). Each test also runs as
+//! `nobody` (the last test reruns this binary so).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::disallowed_methods,
+    reason = "integration tests: a failed setup step should fail loudly, and tests connect to their own loopback fixtures"
+)]
+
+mod common;
+mod sandbox_support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use sandbox_support::{HOST_PYTHON, base, eventually, run, running, text, wait_bounded, write_policy};
+
+/// Runs a Python driver on the host with `args`; returns its stdout (bounded by `timeout`).
+fn host_python(script: &str, args: &[&str]) -> String {
+    let out = Command::new("timeout")
+        .args(["60", HOST_PYTHON, "-c", script])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "driver failed:\n{stdout}\n{stderr}");
+    stdout
+}
+
+/// A pty whose child runs `bash -c "$SCRIPT"` (so the run has a controlling terminal, as
+/// at an interactive prompt), feeding it `$FEED` once it prints one of the `|`-separated
+/// `$WHEN`; prints everything the terminal showed and the exit status, bounded in time.
+const PTY_DRIVER: &str = r#"
+import os, pty, sys, time, select
+script, feed, when = sys.argv[1], sys.argv[2], sys.argv[3]
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv("/bin/bash", ["bash", "-c", script])
+out, fed = b"", False
+deadline = time.time() + 30
+while time.time() < deadline:
+    if not fed and any(w.encode() in out for w in when.split("|")):
+        os.write(fd, feed.encode().replace(b"\\x03", b"\x03"))
+        fed = True
+    r, _, _ = select.select([fd], [], [], 0.2)
+    if r:
+        try:
+            d = os.read(fd, 4096)
+        except OSError:
+            break
+        if not d:
+            break
+        out += d
+if time.time() >= deadline:
+    os.kill(pid, 9)
+_, status = os.waitpid(pid, 0)
+print(out.decode(errors="replace"))
+print("EXIT", os.waitstatus_to_exitcode(status))
+"#;
+
+fn in_pty(script: &str, feed: &str, when: &str) -> String {
+    host_python(PTY_DRIVER, &[script, feed, when])
+}
+
+/// Item 1: a command that pushes `echo pwned` into its terminal with TIOCSTI; the shell that
+/// started the run then reads the next line.
+#[test]
+fn terminal_injection_does_not_reach_the_callers_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(dir.path(), "net:\n  mode: none\n");
+    let inject = r#"
+import fcntl, termios, ctypes, errno
+def try_ioctl(label, request, arg):
+    libc = ctypes.CDLL(None, use_errno=True)
+    r = libc.syscall(ctypes.c_long(16), ctypes.c_long(0), ctypes.c_ulong(request), arg)
+    print(label, "ok" if r == 0 else errno.errorcode[ctypes.get_errno()])
+for c in "echo pwned\n":
+    try:
+        fcntl.ioctl(0, termios.TIOCSTI, c.encode())
+    except OSError as e:
+        print("tiocsti", errno.errorcode[e.errno]); break
+try_ioctl("tiocsti-high-bits", (1 << 32) | 0x5412, ctypes.c_char_p(b"x"))
+try_ioctl("tioclinux", 0x541C, ctypes.c_char_p(b"\x02"))
+"#;
+    let inject_file = dir.path().join("inject.py");
+    std::fs::write(&inject_file, inject).unwrap();
+    let script = format!(
+        "{sg} run --policy {policy} -- python3 -c \"$(cat {inject})\"; read -t 2 line; echo \"GOT:$line\"",
+        sg = common::sandgate_bin(),
+        policy = policy.display(),
+        inject = inject_file.display(),
+    );
+    let shown = in_pty(&script, "", "never");
+    assert!(shown.contains("GOT:"), "the shell did not get to read: {shown}");
+    assert!(
+        !shown.contains("GOT:echo pwned"),
+        "input was injected into the caller's terminal: {shown}"
+    );
+    for want in ["tiocsti EPERM", "tiocsti-high-bits EPERM", "tioclinux EPERM"] {
+        assert!(shown.contains(want), "missing {want}: {shown}");
+    }
+}
+
+/// Item 1, the other half: the terminal itself still works inside (an interactive read, an
+/// interactive shell with job control, Ctrl-C ending the run).
+#[test]
+fn an_interactive_program_inside_still_works_through_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(dir.path(), "net:\n  mode: none\n");
+    let sg = common::sandgate_bin();
+    let p = policy.display();
+    let shown = in_pty(
+        &format!("{sg} run --policy {p} -- sh -c 'echo ASK; read x; echo \"READ:$x\"'"),
+        "hello\n",
+        "ASK",
+    );
+    assert!(
+        shown.contains("READ:hello") && shown.contains("EXIT 0"),
+        "{shown}"
+    );
+    let shown = in_pty(
+        &format!("{sg} run --policy {p} -- sh -i"),
+        "echo job-$((40+2)) & wait; exit\n",
+        "# |$ ",
+    );
+    assert!(shown.contains("job-42"), "{shown}");
+    assert!(!shown.contains("job control turned off"), "{shown}");
+    let shown = in_pty(
+        &format!("exec {sg} run --policy {p} -- sh -c 'echo READY; while :; do sleep 0.1; done'"),
+        "\\x03",
+        "READY",
+    );
+    assert!(shown.contains("EXIT 130"), "Ctrl-C did not end the run: {shown}");
+}
+
+const SYSCALLS: &str = r#"
+import ctypes, errno, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def sc(*a):
+    r = libc.syscall(*[ctypes.c_long(x) if isinstance(x, int) else x for x in a])
+    return "ok" if r >= 0 else errno.errorcode.get(ctypes.get_errno(), "?")
+def sock(fam, typ, proto):
+    try:
+        socket.socket(fam, typ, proto).close(); return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+print("add_key", sc(248, b"user", b"sandgate-test", b"x", 1, -3))
+print("keyctl", sc(250, 0, -3, 0))
+print("request_key", sc(249, b"user", b"sandgate-test", None, -3))
+print("ptrace", sc(101, 0, 0, 0, 0))
+print("personality-query", sc(135, 0xffffffff))
+print("personality-linux32", sc(135, 8)); sc(135, 0)
+print("personality-no-aslr", sc(135, 0x0040000))
+print("userfaultfd", sc(323, 0))
+print("perf_event_open", sc(298, 0, 0, -1, -1, 0))
+print("init_module", sc(175, 0, 0, b""))
+print("finit_module", sc(313, -1, b"", 0))
+print("delete_module", sc(176, b"nope", 0))
+print("kexec_load", sc(246, 0, 0, 0, 0))
+print("kexec_file_load", sc(320, -1, -1, 0, b"", 0))
+print("x32-getpid", sc(0x40000000 | 39))
+print("unix", sock(socket.AF_UNIX, socket.SOCK_STREAM, 0))
+print("socketpair", "ok" if socket.socketpair() else "no")
+print("netlink-route", sock(socket.AF_NETLINK, socket.SOCK_RAW, 0))
+print("netlink-audit", sock(socket.AF_NETLINK, socket.SOCK_RAW, 9))
+print("inet", sock(socket.AF_INET, socket.SOCK_STREAM, 0))
+"#;
+
+fn syscalls_in(policy: &Path) -> String {
+    let out = run(policy, &[], &["python3", "-c", SYSCALLS]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    stdout
+}
+
+/// Item 2: the caller's kernel keyring is out of reach.
+#[test]
+fn the_host_keyring_is_out_of_reach() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(dir.path(), "net:\n  mode: none\n");
+    let shown = syscalls_in(&policy);
+    for want in ["add_key EPERM", "keyctl EPERM", "request_key EPERM"] {
+        assert!(shown.contains(want), "missing {want}:\n{shown}");
+    }
+}
+
+/// Item 3: the whole filter, in a mode without the init and in one with it (where the init
+/// starts the filter step), and the Unix-socket opt-in.
+#[test]
+fn the_seccomp_filter_holds_in_every_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let denied = [
+        "ptrace EPERM",
+        "personality-no-aslr EPERM",
+        "userfaultfd EPERM",
+        "perf_event_open EPERM",
+        "init_module EPERM",
+        "finit_module EPERM",
+        "delete_module EPERM",
+        "kexec_load EPERM",
+        "kexec_file_load EPERM",
+        "x32-getpid EPERM",
+        "netlink-audit EAFNOSUPPORT",
+    ];
+    let allowed = [
+        "personality-query ok",
+        "personality-linux32 ok",
+        "socketpair ok",
+        "netlink-route ok",
+        "inet ok",
+    ];
+    for net in ["none", "all", "allowlist\n  allow_domains: [ a.example ]"] {
+        let policy = write_policy(dir.path(), &format!("net:\n  mode: {net}\n"));
+        let shown = syscalls_in(&policy);
+        for want in denied.iter().chain(&allowed).chain(&["unix EAFNOSUPPORT"]) {
+            assert!(shown.contains(want), "{net}: missing {want}:\n{shown}");
+        }
+    }
+    let policy = write_policy(
+        dir.path(),
+        "net:\n  mode: allowlist\n  allow_domains: [ a.example ]\nplatform:\n  seccomp: { allow_unix_sockets: true }\n",
+    );
+    let shown = syscalls_in(&policy);
+    assert!(
+        shown.contains("unix ok") && shown.contains("netlink-audit EAFNOSUPPORT"),
+        "{shown}"
+    );
+}
+
+/// Item 4: no value of the command's environment is on any process's command line while
+/// the run is going on (bwrap, the init, the filter step, the command).
+#[test]
+fn no_environment_value_appears_on_any_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let set_secret = format!("set-secret-{}", std::process::id());
+    let passed_secret = format!("passed-secret-{}", std::process::id());
+    let marker = dir.path().join("started");
+    for net in ["none", "allowlist\n  allow_domains: [ a.example ]"] {
+        let policy = dir.path().join("env.yaml");
+        std::fs::write(
+            &policy,
+            base().replace(
+                "env:\n  set: {",
+                &format!("env:\n  passthrough: [ API_TOKEN ]\n  set: {{ DB_PASSWORD: {set_secret},"),
+            ) + &format!(
+                "  write_paths: [ \"{}\" ]\nnet:\n  mode: {net}\n",
+                dir.path().display()
+            ),
+        )
+        .unwrap();
+        let _ = std::fs::remove_file(&marker);
+        let mut child = Command::new(common::sandgate_bin())
+            .args(["run", "--policy", policy.to_str().unwrap(), "--", "sh", "-c"])
+            .arg(format!(
+                "printf '%s %s' \"$DB_PASSWORD\" \"$API_TOKEN\" > {}; sleep 2",
+                marker.display()
+            ))
+            .env("API_TOKEN", &passed_secret)
+            .spawn()
+            .unwrap();
+        // The command got both values (its own argv names neither).
+        let want = format!("{set_secret} {passed_secret}");
+        assert!(
+            eventually(Duration::from_secs(10), || std::fs::read_to_string(&marker)
+                .is_ok_and(|t| t == want)),
+            "the command did not get its environment"
+        );
+        let mut seen = 0;
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+                continue;
+            };
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            seen += 1;
+            for secret in [&set_secret, &passed_secret] {
+                assert!(
+                    !cmdline.contains(secret.as_str()),
+                    "{net}: a secret is on a command line: {cmdline}"
+                );
+            }
+        }
+        assert!(seen > 3);
+        assert!(wait_bounded(&mut child).success());
+    }
+}
+
+/// Item 5: the sandbox creates nothing on the host outside its write_paths, the bridge
+/// directory included; the bridge still works (connect on a read-only bind).
+#[test]
+fn the_sandbox_creates_nothing_on_the_host_outside_write_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let ro_dir = dir.path().join("ro");
+    std::fs::create_dir(&out_dir).unwrap();
+    std::fs::create_dir(&ro_dir).unwrap();
+    let policy = dir.path().join("w.yaml");
+    std::fs::write(
+        &policy,
+        base().replace("/etc/ssl", &format!("/etc/ssl, \"{}\"", ro_dir.display()))
+            + &format!(
+                "  write_paths: [ \"{}\" ]\nnet:\n  mode: allowlist\n  allow_domains: [ a.example ]\nplatform:\n  seccomp: {{ allow_unix_sockets: true }}\n",
+                out_dir.display()
+            ),
+    )
+    .unwrap();
+    let script = format!(
+        r#"
+import os, socket, time
+for p in ["/run/sandgate/planted", "/run/planted", "/planted", "/usr/planted", "{ro}/planted", "/run/sandgate-init.planted"]:
+    try:
+        open(p, "w").write("x"); print("created", p)
+    except OSError as e:
+        print("refused", p, e.strerror)
+try:
+    os.mkdir("/run/sandgate/dir"); print("created dir")
+except OSError as e:
+    print("refused mkdir", e.strerror)
+s = socket.socket(socket.AF_UNIX); s.connect("/run/sandgate/proxy.sock"); print("bridge connects", s.recv(1) == b"\0")
+open("{out}/result", "w").write("ok"); print("wrote out", flush=True)
+time.sleep(1.5)
+"#,
+        ro = ro_dir.display(),
+        out = out_dir.display()
+    );
+    let mut child = Command::new(common::sandgate_bin())
+        .args([
+            "run",
+            "--policy",
+            policy.to_str().unwrap(),
+            "--",
+            "python3",
+            "-c",
+            &script,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // While it runs: the host side of the bridge holds nothing but the bridge socket.
+    let result = out_dir.join("result");
+    assert!(
+        eventually(Duration::from_secs(10), || result.exists()),
+        "the command did not run"
+    );
+    let state = sandbox_support::state_dir_of(child.id()).expect("the run's state directory");
+    let bridge: Vec<(String, bool)> = std::fs::read_dir(state.join("bridge"))
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            use std::os::unix::fs::FileTypeExt;
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                e.file_type().unwrap().is_socket(),
+            )
+        })
+        .collect();
+    assert_eq!(bridge, [("proxy.sock".to_owned(), true)]);
+    let names: Vec<String> = std::fs::read_dir(&state)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().all(|n| n == "bridge" || n == "audit.jsonl"),
+        "{names:?}"
+    );
+    assert!(wait_bounded(&mut child).success());
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(!stdout.contains("created"), "{stdout}");
+    assert!(
+        stdout.contains("bridge connects True") && stdout.contains("wrote out"),
+        "{stdout}\n{stderr}"
+    );
+    assert_eq!(std::fs::read_dir(&ro_dir).unwrap().count(), 0);
+    assert_eq!(std::fs::read_to_string(&result).unwrap(), "ok");
+    assert!(!state.exists(), "the run removes its state");
+}
+
+/// Item 6: every spelling of a socket directory is refused, a symlink to /run included; a
+/// symlinked path that is fine is bound at its target and reachable by its written name.
+#[test]
+fn path_spellings_and_symlinks_cannot_expose_host_sockets() {
+    let dir = tempfile::tempdir().unwrap();
+    let to_run = dir.path().join("to-run");
+    std::os::unix::fs::symlink("/run", &to_run).unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("file"), "through the link").unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&data, &link).unwrap();
+    for spelling in [
+        "//tmp",
+        "/tmp/.",
+        "/var/../tmp",
+        "/var/run",
+        to_run.to_str().unwrap(),
+    ] {
+        let policy = dir.path().join("p.yaml");
+        std::fs::write(
+            &policy,
+            format!(
+                "{}  write_paths: [ \"{spelling}\" ]\nnet:\n  mode: none\n",
+                base()
+            ),
+        )
+        .unwrap();
+        let out = run(&policy, &[], &["true"]);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(64), "{spelling} was accepted: {stderr}");
+        assert!(
+            stderr.contains("may hold host Unix sockets"),
+            "{spelling}: {stderr}"
+        );
+    }
+    let policy = dir.path().join("ok.yaml");
+    std::fs::write(
+        &policy,
+        base().replace("/etc/ssl", &format!("/etc/ssl, \"{}\"", link.display())) + "net:\n  mode: none\n",
+    )
+    .unwrap();
+    let out = run(&policy, &[], &["cat", &format!("{}/file", link.display())]);
+    assert_eq!(text(&out).0, "through the link", "{:?}", text(&out));
+}
+
+/// Item 7: `unshare.pid: false` only with `net.mode: all`; and a double-forked `setsid`
+/// process outlives no run, in any mode.
+#[test]
+fn no_process_outlives_a_run_and_the_pid_namespace_is_kept_outside_net_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_off = "platform:\n  bwrap: { unshare: { pid: false } }\n";
+    let policy = write_policy(
+        dir.path(),
+        &format!("net:\n  mode: allowlist\n  allow_domains: [ a.example ]\n{pid_off}"),
+    );
+    let out = run(&policy, &[], &["true"]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        text(&out)
+            .1
+            .contains("platform.bwrap.unshare.pid: false needs net.mode all"),
+        "{:?}",
+        text(&out)
+    );
+    let modes = [
+        ("none", ""),
+        ("loopback", ""),
+        ("allowlist\n  allow_domains: [ a.example ]", ""),
+        ("all", ""),
+        ("all", pid_off),
+    ];
+    for (i, (net, extra)) in modes.iter().enumerate() {
+        let policy = write_policy(dir.path(), &format!("net:\n  mode: {net}\n{extra}"));
+        let marker = format!("sleep 4{}{i}", std::process::id() % 1000);
+        let out = run(
+            &policy,
+            &[],
+            &[
+                "sh",
+                "-c",
+                &format!("(setsid sh -c '{marker}; true' >/dev/null 2>&1 &) ; sleep 0.3"),
+            ],
+        );
+        assert!(out.status.success(), "{net}: {:?}", text(&out));
+        assert!(
+            eventually(Duration::from_secs(3), || !running(&marker)),
+            "{net} {extra}: a double-forked process survived the run"
+        );
+    }
+}
+
+/// This whole binary again as `nobody` when the tests run as root.
+#[test]
+fn the_hardening_suite_passes_as_an_ordinary_user() {
+    sandbox_support::rerun_as_nobody("the_hardening_suite_passes_as_an_ordinary_user", 8);
+}

@@ -1,0 +1,145 @@
+//! What the `sandgate run` test files share: a policy that gives the command a working
+//! userland (/usr and the merged-/usr symlinks), running the real binary with a known
+//! environment, bounded waits, and the rerun of a whole test binary as `nobody`.
+
+#![allow(dead_code, reason = "each test file uses a different part")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common;
+
+const BASE: &str = "env:\n  set: { HOME: /tmp, PATH: /usr/bin:/bin, LANG: C.UTF-8 }\nfs:\n  read_paths: [ /usr, /lib, /bin, /etc/ssl, /etc/alternatives ]\n";
+
+fn lib64() -> &'static str {
+    if Path::new("/lib64").exists() {
+        ", /lib64"
+    } else {
+        ""
+    }
+}
+
+/// The policy every test starts from (no network section: `none`).
+pub fn base() -> String {
+    BASE.replace(", /etc/alternatives", &format!(", /etc/alternatives{}", lib64()))
+}
+
+/// Writes `base()` plus `extra` to `dir/policy.yaml`.
+pub fn write_policy(dir: &Path, extra: &str) -> PathBuf {
+    let path = dir.join("policy.yaml");
+    std::fs::write(&path, format!("{}{extra}", base())).unwrap();
+    path
+}
+
+/// `sandgate run --policy P [extra_args] -- command`, with two known host variables.
+pub fn run(policy: &Path, extra_args: &[&str], command: &[&str]) -> Output {
+    Command::new(common::sandgate_bin())
+        .arg("run")
+        .arg("--policy")
+        .arg(policy)
+        .args(extra_args)
+        .arg("--")
+        .args(command)
+        .env("SECRET_TOKEN", "do-not-leak")
+        .env("PASS_ME", "visible")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+pub fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// Waits at most 15 s for `child` to exit.
+pub fn wait_bounded(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "sandgate run did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Is a process whose command line contains `needle` running?
+pub fn running(needle: &str) -> bool {
+    let out = Command::new("pgrep").args(["-f", needle]).output().unwrap();
+    !out.stdout.is_empty()
+}
+
+/// Polls `cond` every 20 ms for at most `limit`.
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The run's state directory: the one it holds open (for its lock).
+pub fn state_dir_of(pid: u32) -> Option<std::path::PathBuf> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .find(|target| {
+            target
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("sandgate-run-"))
+        })
+}
+
+/// The host's python3 for driver scripts (a pty, a listener): Debian's, which `nobody` can
+/// run, rather than whatever shim PATH finds first.
+pub const HOST_PYTHON: &str = "/usr/bin/python3";
+
+/// Reruns this whole test binary as `nobody` when the tests run as root (as in CI), and
+/// checks that at least `min_passed` tests passed there. Returns early when already
+/// unprivileged: the suite itself is that run.
+pub fn rerun_as_nobody(self_test: &str, min_passed: usize) {
+    use std::os::unix::fs::PermissionsExt;
+    if std::env::var_os("SANDGATE_AS_NOBODY").is_some() || !common::is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let tests = dir.path().join("tests");
+    let bin = dir.path().join("sandgate");
+    std::fs::copy(std::env::current_exe().unwrap(), &tests).unwrap();
+    std::fs::copy(common::sandgate_bin(), &bin).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(&tests)
+        .args(["--test-threads=2", "--skip", self_test])
+        .env("SANDGATE_TEST_BIN", &bin)
+        .env("SANDGATE_AS_NOBODY", "1")
+        .env("HOME", "/tmp")
+        .env("TMPDIR", "/tmp")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "as nobody:\n{stdout}\n{stderr}");
+    let passed = stdout
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("test result: ok. ")
+                .and_then(|r| r.split(' ').next()?.parse::<usize>().ok())
+        })
+        .unwrap_or(0);
+    assert!(
+        passed >= min_passed,
+        "as nobody, only {passed} tests ran:\n{stdout}"
+    );
+}
