@@ -3,6 +3,9 @@
 
 #![allow(dead_code, reason = "each test file uses a different part of the harness")]
 
+pub mod control;
+pub mod world;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -274,4 +277,45 @@ pub fn rerun_in_private_netns_with(test_name: &str, setup: &str) -> bool {
         "inner run did not run the test:\n{stdout}\n{stderr}"
     );
     true
+}
+
+/// Runs the calling test binary again as `nobody` (tests run as root in CI), skipping
+/// `skip` (the caller), and checks at least `min_passed` tests passed. A no-op when the tests
+/// already run unprivileged, or inside that run.
+pub fn rerun_as_nobody(binary: &str, skip: &str, min_passed: usize) {
+    use std::os::unix::fs::PermissionsExt;
+    if std::env::var_os("SANDGATE_AS_NOBODY").is_some() || !is_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let tests = dir.path().join(binary);
+    let bin = dir.path().join("sandgate");
+    std::fs::copy(std::env::current_exe().expect("test binary"), &tests).expect("copy tests");
+    std::fs::copy(sandgate_bin(), &bin).expect("copy sandgate");
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(&tests)
+        .args(["--test-threads=2", "--skip", skip])
+        .env("SANDGATE_TEST_BIN", &bin)
+        .env("SANDGATE_AS_NOBODY", "1")
+        .env("HOME", "/tmp")
+        .env("TMPDIR", "/tmp")
+        .current_dir(dir.path())
+        .output()
+        .expect("run as nobody");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "as nobody:\n{stdout}\n{stderr}");
+    let passed = stdout
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("test result: ok. ")
+                .and_then(|r| r.split(' ').next()?.parse::<usize>().ok())
+        })
+        .unwrap_or(0);
+    assert!(
+        passed >= min_passed,
+        "as nobody, only {passed} tests ran:\n{stdout}"
+    );
 }

@@ -1,0 +1,135 @@
+//! Fixtures of the exceptions tests: a policy with a task listener, exceptions enabled and
+//! four admin tokens; the admin API and CLI called as a client would; the proxy started with
+//! a state directory.
+
+#![allow(dead_code, reason = "each test file uses a different part of the harness")]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use sandgate_testkit::dns::DnsServer;
+use serde_json::Value;
+
+use super::ProxyProcess;
+
+/// The policy: task t-1 on its own listener, exceptions enabled for t-1 on the test ports,
+/// three admin tokens.
+pub fn write_policy(
+    dir: &Path,
+    listener: SocketAddr,
+    admin: SocketAddr,
+    ports: &[u16],
+) -> std::path::PathBuf {
+    let hash = |s: &str| sandgate_policy::auth::secret_hash(s);
+    let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+    let text = format!(
+        "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: ex }}\nspec:\n\
+         \x20 listeners:\n    - {{ listen: \"{listener}\", task: t-1, project: p-1 }}\n\
+         \x20 exceptions:\n    - {{ scope: {{ task: t-1 }}, ports: [ {ports} ], max_ttl_seconds: 600 }}\n\
+         \x20 admin:\n    listen: \"{admin}\"\n    tokens:\n\
+         \x20     - {{ name: agent-7, role: requester, secret_sha256: {a}, tasks: [ t-1 ] }}\n\
+         \x20     - {{ name: agent-8, role: requester, secret_sha256: {o}, tasks: [ t-2 ] }}\n\
+         \x20     - {{ name: alice, role: approver, secret_sha256: {b} }}\n\
+         \x20     - {{ name: victor, role: viewer, secret_sha256: {v} }}\n",
+        ports = ports.join(", "),
+        a = hash("tok-agent"),
+        o = hash("tok-other"),
+        b = hash("tok-alice"),
+        v = hash("tok-viewer"),
+    );
+    let path = dir.join("policy.yaml");
+    std::fs::write(&path, text).expect("test setup");
+    path
+}
+
+/// Calls the admin API with curl; returns (status, JSON body).
+pub fn api(
+    admin: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (u16, Value) {
+    let mut cmd = Command::new("curl");
+    cmd.args([
+        "-sS",
+        "--max-time",
+        "10",
+        "--noproxy",
+        "*",
+        "-o",
+        "-",
+        "-w",
+        "\n%{http_code}",
+        "-X",
+        method,
+    ]);
+    if let Some(t) = token {
+        cmd.args(["-H", &format!("Authorization: Bearer {t}")]);
+    }
+    if let Some(b) = body {
+        cmd.args(["-H", "Content-Type: application/json", "--data", b]);
+    }
+    let out = cmd
+        .arg(format!("http://{admin}{path}"))
+        .output()
+        .expect("test setup");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (
+        status.parse().unwrap_or(0),
+        serde_json::from_str(body).unwrap_or(Value::Null),
+    )
+}
+
+/// Runs `sandgate exceptions ARGS` against `admin` with `token` in the environment.
+pub fn cli(admin: SocketAddr, token: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(super::sandgate_bin())
+        .arg("exceptions")
+        .args(args)
+        .env("SANDGATE_ADMIN", format!("http://{admin}"))
+        .env("SANDGATE_TOKEN", token)
+        .output()
+        .expect("test setup");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+pub fn get_status(proxy: SocketAddr, url: &str) -> String {
+    super::curl(
+        &format!("http://{proxy}"),
+        &["-o", "/dev/null", "-w", "%{http_code}", url],
+    )
+    .1
+}
+
+pub fn start(dns: &DnsServer, policy: &Path, state: &Path) -> ProxyProcess {
+    let dns_addr = dns.addr().to_string();
+    ProxyProcess::start(&[
+        "--dns-server",
+        &dns_addr,
+        "--allow-range",
+        "127.0.0.0/8",
+        "--policy",
+        policy.to_str().expect("test setup"),
+        "--state-dir",
+        state.to_str().expect("test setup"),
+    ])
+}
+
+/// Waits until `cond` holds (at most `secs`).
+pub fn within(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cond()
+}
