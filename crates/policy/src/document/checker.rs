@@ -1,0 +1,124 @@
+//! The conversion's bookkeeping: every error found, with its file, line and field, and the
+//! conversion of one allow or deny entry (pattern, ports, scope, TTL, expiry).
+
+use std::sync::Arc;
+
+use serde_saphyr::Spanned;
+
+use super::raw::{RawEntry, RawScope};
+use super::{DocError, Entry, Scope};
+use crate::pattern::Pattern;
+
+pub(super) struct Checker<'a> {
+    pub(super) file: &'a str,
+    pub(super) errors: Vec<DocError>,
+}
+
+impl Checker<'_> {
+    pub(super) fn error(&mut self, line: u64, field: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(DocError {
+            file: self.file.to_owned(),
+            line,
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    pub(super) fn entry(&mut self, raw: &Spanned<RawEntry>, field: &str, now: i64) -> Option<Entry> {
+        let line = raw.referenced.line();
+        let e = &raw.value.0;
+        let mut ok = true;
+        let pattern = match Pattern::parse(&e.host) {
+            Ok(p) => Some(p),
+            Err(err) => {
+                self.error(line, format!("{field}.host"), format!("{:?}: {err}", e.host));
+                None
+            }
+        };
+        let ports = match &e.ports {
+            None => None,
+            Some(list) => {
+                let mut ports = Vec::with_capacity(list.len());
+                for p in list {
+                    match u16::try_from(*p) {
+                        Ok(port) if port > 0 => ports.push(port),
+                        _ => {
+                            self.error(
+                                line,
+                                format!("{field}.ports"),
+                                format!("port {p} out of range 1-65535"),
+                            );
+                            ok = false;
+                        }
+                    }
+                }
+                if ports.is_empty() && ok {
+                    self.error(line, format!("{field}.ports"), "empty port list");
+                    ok = false;
+                }
+                if pattern.as_ref().is_some_and(|p| p.port.is_some()) {
+                    self.error(
+                        line,
+                        format!("{field}.ports"),
+                        "give the port in `host` or in `ports`, not both",
+                    );
+                    ok = false;
+                }
+                Some(ports)
+            }
+        };
+        let scope = match &e.scope {
+            None => Scope::System,
+            Some(RawScope(Ok(s))) => s.clone(),
+            Some(RawScope(Err(msg))) => {
+                self.error(line, format!("{field}.scope"), msg.clone());
+                ok = false;
+                Scope::System
+            }
+        };
+        let expires_at = match (e.ttl_seconds, &e.expires_at) {
+            (Some(_), Some(_)) => {
+                self.error(
+                    line,
+                    format!("{field}.ttl_seconds"),
+                    "give ttl_seconds or expires_at, not both",
+                );
+                ok = false;
+                None
+            }
+            (Some(ttl), None) if ttl <= 0 => {
+                self.error(
+                    line,
+                    format!("{field}.ttl_seconds"),
+                    format!("must be positive, got {ttl}"),
+                );
+                ok = false;
+                None
+            }
+            (Some(ttl), None) => Some(now.saturating_add(ttl)),
+            (None, Some(text)) => match text.parse::<jiff::Timestamp>() {
+                Ok(ts) => Some(ts.as_second()),
+                Err(err) => {
+                    self.error(
+                        line,
+                        format!("{field}.expires_at"),
+                        format!("{text:?} is not an RFC 3339 time: {err}"),
+                    );
+                    ok = false;
+                    None
+                }
+            },
+            (None, None) => None,
+        };
+        let pattern = pattern?;
+        ok.then(|| Entry {
+            pattern,
+            ports,
+            scope,
+            expires_at,
+            created_by: e.created_by.clone(),
+            reason: e.reason.clone(),
+            origin: Arc::from(format!("{}:{line}", self.file)),
+        })
+    }
+}
