@@ -46,9 +46,18 @@ pub fn router(state: Arc<ApiState>) -> Router {
     Router::new()
         .route("/v1/exceptions", post(create).get(list))
         .route("/v1/exceptions/{id}", get(show))
-        .route("/v1/exceptions/{id}/approve", post(approve))
-        .route("/v1/exceptions/{id}/deny", post(deny))
-        .route("/v1/exceptions/{id}/revoke", post(revoke))
+        .route(
+            "/v1/exceptions/{id}/approve",
+            post(|s, i, c, b| decide(Decide::Approve, s, i, c, b)),
+        )
+        .route(
+            "/v1/exceptions/{id}/deny",
+            post(|s, i, c, b| decide(Decide::Deny, s, i, c, b)),
+        )
+        .route(
+            "/v1/exceptions/{id}/revoke",
+            post(|s, i, c, b| decide(Decide::Revoke, s, i, c, b)),
+        )
         .route("/v1/events", get(events))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
@@ -154,47 +163,63 @@ async fn checked<T>(
     }
 }
 
-type Peer = ConnectInfo<SocketAddr>;
+/// The parts of a call the handlers need: who called from where, and how.
+#[derive(Debug)]
+struct Call {
+    method: Method,
+    uri: Uri,
+    peer: Option<SocketAddr>,
+    headers: HeaderMap,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Call {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Call, Self::Rejection> {
+        Ok(Call {
+            method: parts.method.clone(),
+            uri: parts.uri.clone(),
+            peer: parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0),
+            headers: parts.headers.clone(),
+        })
+    }
+}
+
+impl Call {
+    fn parts(&self) -> (&Method, &Uri, Option<SocketAddr>) {
+        (&self.method, &self.uri, self.peer)
+    }
+}
 
 async fn create(
     State(state): State<Arc<ApiState>>,
-    peer: Peer,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
+    call: Call,
     body: Result<Json<NewRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<(StatusCode, Json<Exception>), ApiError> {
-    let call = (&method, &uri, Some(peer.0));
-    let who = caller(&state, &headers, call).await?;
+    let who = caller(&state, &call.headers, call.parts()).await?;
     let Json(req) = body.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
-    let ex = checked(&state, &who, call, state.control.request(&who, req).await).await?;
+    let ex = checked(&state, &who, call.parts(), state.control.request(&who, req).await).await?;
     Ok((StatusCode::CREATED, Json(ex)))
 }
 
-async fn list(
-    State(state): State<Arc<ApiState>>,
-    peer: Peer,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-) -> Result<Json<Vec<Exception>>, ApiError> {
-    let call = (&method, &uri, Some(peer.0));
-    let who = caller(&state, &headers, call).await?;
-    Ok(Json(checked(&state, &who, call, state.control.list(&who)).await?))
+async fn list(State(state): State<Arc<ApiState>>, call: Call) -> Result<Json<Vec<Exception>>, ApiError> {
+    let who = caller(&state, &call.headers, call.parts()).await?;
+    Ok(Json(
+        checked(&state, &who, call.parts(), state.control.list(&who)).await?,
+    ))
 }
 
 async fn show(
     State(state): State<Arc<ApiState>>,
     Path(id): Path<String>,
-    peer: Peer,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
+    call: Call,
 ) -> Result<Json<Exception>, ApiError> {
-    let call = (&method, &uri, Some(peer.0));
-    let who = caller(&state, &headers, call).await?;
+    let who = caller(&state, &call.headers, call.parts()).await?;
     Ok(Json(
-        checked(&state, &who, call, state.control.show(&who, &id)).await?,
+        checked(&state, &who, call.parts(), state.control.show(&who, &id)).await?,
     ))
 }
 
@@ -206,52 +231,29 @@ struct Note {
     note: Option<String>,
 }
 
-async fn approve(
-    State(state): State<Arc<ApiState>>,
-    Path(id): Path<String>,
-    peer: Peer,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Result<Json<Exception>, ApiError> {
-    let call = (&method, &uri, Some(peer.0));
-    let who = caller(&state, &headers, call).await?;
-    let narrow: Narrowing = optional_json(&body)?;
-    let result = state.control.approve(&who, &id, &narrow).await;
-    Ok(Json(checked(&state, &who, call, result).await?))
+/// A decision on one exception.
+#[derive(Debug, Clone, Copy)]
+enum Decide {
+    Approve,
+    Deny,
+    Revoke,
 }
 
-async fn deny(
+async fn decide(
+    action: Decide,
     State(state): State<Arc<ApiState>>,
     Path(id): Path<String>,
-    peer: Peer,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
+    call: Call,
     body: axum::body::Bytes,
 ) -> Result<Json<Exception>, ApiError> {
-    let call = (&method, &uri, Some(peer.0));
-    let who = caller(&state, &headers, call).await?;
-    let note: Note = optional_json(&body)?;
-    let result = state.control.deny(&who, &id, note.note).await;
-    Ok(Json(checked(&state, &who, call, result).await?))
-}
-
-async fn revoke(
-    State(state): State<Arc<ApiState>>,
-    Path(id): Path<String>,
-    peer: Peer,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Result<Json<Exception>, ApiError> {
-    let call = (&method, &uri, Some(peer.0));
-    let who = caller(&state, &headers, call).await?;
-    let note: Note = optional_json(&body)?;
-    let result = state.control.revoke(&who, &id, note.note).await;
-    Ok(Json(checked(&state, &who, call, result).await?))
+    let who = caller(&state, &call.headers, call.parts()).await?;
+    let c = &state.control;
+    let result = match action {
+        Decide::Approve => c.approve(&who, &id, &optional_json::<Narrowing>(&body)?).await,
+        Decide::Deny => c.deny(&who, &id, optional_json::<Note>(&body)?.note).await,
+        Decide::Revoke => c.revoke(&who, &id, optional_json::<Note>(&body)?.note).await,
+    };
+    Ok(Json(checked(&state, &who, call.parts(), result).await?))
 }
 
 /// An empty body is the default; anything else must be the JSON shape, bounded in size.
@@ -266,15 +268,8 @@ fn optional_json<T: Default + serde::de::DeserializeOwned>(body: &[u8]) -> Resul
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
 }
 
-async fn events(
-    State(state): State<Arc<ApiState>>,
-    peer: Peer,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    let call = (&method, &uri, Some(peer.0));
-    let who = caller(&state, &headers, call).await?;
+async fn events(State(state): State<Arc<ApiState>>, call: Call) -> Result<Response, ApiError> {
+    let who = caller(&state, &call.headers, call.parts()).await?;
     Ok(crate::events::stream(&state, who).into_response())
 }
 
