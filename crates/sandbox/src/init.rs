@@ -68,7 +68,8 @@ async fn open_bridge(bridge: &Path) -> Result<UnixStream, String> {
         Ok(Ok(_)) if status == READY => Ok(unix),
         Ok(Ok(_)) if status == UNREACHABLE => {
             let mut reason = Vec::new();
-            let _ = tokio::time::timeout(STATUS_TIMEOUT, (&mut unix).take(512).read_to_end(&mut reason)).await;
+            let _ =
+                tokio::time::timeout(STATUS_TIMEOUT, (&mut unix).take(512).read_to_end(&mut reason)).await;
             Err(String::from_utf8_lossy(&reason).into_owned())
         }
         Ok(Ok(_)) => Err(format!("{}: unexpected status", bridge.display())),

@@ -236,7 +236,6 @@ pub fn substitute(text: &str, params: &BTreeMap<String, String>) -> Result<Strin
     Ok(out)
 }
 
-
 /// The host paths of one field, canonical, with their aliases.
 struct Bound {
     canonical: Vec<PathBuf>,
@@ -308,8 +307,8 @@ pub fn parse(
         Some(other) => return Err(PolicyError(format!("fs.tmp: {other:?}: use private or none"))),
     };
     let unshare = raw.platform.bwrap.unshare.unwrap_or_default();
-    let [read, write, ro, rw] = <[Bound; 4]>::try_from(bound)
-        .map_err(|_| PolicyError("internal: path fields".to_owned()))?;
+    let [read, write, ro, rw] =
+        <[Bound; 4]>::try_from(bound).map_err(|_| PolicyError("internal: path fields".to_owned()))?;
     let aliases = [&read, &write, &ro, &rw]
         .iter()
         .flat_map(|b| b.aliases.iter().cloned())

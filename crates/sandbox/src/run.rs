@@ -174,7 +174,10 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
         let line: Vec<String> = bwrap_argv(&policy, &facts).iter().map(shell_quote).collect();
         println!("{}", line.join(" "));
         let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
-        eprintln!("sandgate: bwrap's environment (values not shown): {}", names.join(" "));
+        eprintln!(
+            "sandgate: bwrap's environment (values not shown): {}",
+            names.join(" ")
+        );
         return Ok(0);
     }
     let bwrap = preflight()?;
@@ -198,8 +201,9 @@ async fn supervise(
 ) -> Result<i32, RunError> {
     let tmp = std::env::temp_dir();
     sweep_stale_state(&tmp);
-    let state = RunState::create(&tmp)
-        .map_err(|e| RunError::Unavailable(format!("cannot create the run's state in {}: {e}", tmp.display())))?;
+    let state = RunState::create(&tmp).map_err(|e| {
+        RunError::Unavailable(format!("cannot create the run's state in {}: {e}", tmp.display()))
+    })?;
     let audit_path = opts.audit_log.clone().unwrap_or_else(|| state.audit_path());
     let proxy = if policy.net.proxied() {
         Some(start_proxy(&policy, &audit_path, &state).await?)
@@ -213,7 +217,12 @@ async fn supervise(
             RunError::Unavailable(format!("cannot create the bridge {}: {e}", socket.display()))
         })?;
         let what = format!("host loopback port {port} (net.loopback_ports)");
-        tokio::spawn(bridge::serve(unix, SocketAddr::from(([127, 0, 0, 1], *port)), what, None));
+        tokio::spawn(bridge::serve(
+            unix,
+            SocketAddr::from(([127, 0, 0, 1], *port)),
+            what,
+            None,
+        ));
     }
     let facts = RunFacts {
         sandgate_exe,
@@ -222,7 +231,9 @@ async fn supervise(
         command: opts.command.clone(),
     };
     let argv = bwrap_argv(&policy, &facts);
-    processes::become_subreaper();
+    if !policy.unshare_pid {
+        processes::become_subreaper();
+    }
     let mut cmd = tokio::process::Command::new(&bwrap);
     cmd.args(argv.iter().skip(1)).env_clear().envs(env);
     let mut child = cmd
@@ -241,7 +252,9 @@ async fn supervise(
         Ok(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)),
         Err(e) => return Err(RunError::Unavailable(format!("waiting for bwrap failed: {e}"))),
     };
-    let _ = tokio::task::spawn_blocking(processes::kill_leftovers).await;
+    if !policy.unshare_pid {
+        let _ = tokio::task::spawn_blocking(processes::kill_leftovers).await;
+    }
     if let Some((stop, task)) = proxy {
         let _ = stop.send(());
         let _ = task.await;
@@ -260,7 +273,11 @@ type ProxyRun = (
 
 /// Starts the run's proxy on host loopback (port 0), serving only this run's bridge, and
 /// the bridge socket in front of it.
-async fn start_proxy(policy: &SandboxPolicy, audit_path: &std::path::Path, state: &RunState) -> Result<ProxyRun, RunError> {
+async fn start_proxy(
+    policy: &SandboxPolicy,
+    audit_path: &std::path::Path,
+    state: &RunState,
+) -> Result<ProxyRun, RunError> {
     let mut rules = Ruleset::new();
     policy.allow.iter().cloned().for_each(|p| rules.allow(p));
     let ranges = policy
@@ -316,10 +333,14 @@ async fn start_proxy(policy: &SandboxPolicy, audit_path: &std::path::Path, state
         .first()
         .ok_or_else(|| RunError::Unavailable("the proxy has no listener".into()))?;
     let socket = state.bridge_dir().join("proxy.sock");
-    let unix = UnixListener::bind(&socket).map_err(|e| {
-        RunError::Unavailable(format!("cannot create the bridge {}: {e}", socket.display()))
-    })?;
-    tokio::spawn(bridge::serve(unix, proxy_addr, "the run's proxy".to_owned(), Some(peers)));
+    let unix = UnixListener::bind(&socket)
+        .map_err(|e| RunError::Unavailable(format!("cannot create the bridge {}: {e}", socket.display())))?;
+    tokio::spawn(bridge::serve(
+        unix,
+        proxy_addr,
+        "the run's proxy".to_owned(),
+        Some(peers),
+    ));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(proxy.run(async move {
         let _ = stop_rx.await;

@@ -12,7 +12,13 @@ const BASE: &str = "env:\n  set: { HOME: /work }\nfs:\n  read_paths: [ /usr, \"$
 
 fn golden(mode_yaml: &str, name: &str) {
     let params: BTreeMap<String, String> = [("PROJECT".to_owned(), "/Users/dev/project".to_owned())].into();
-    let p = policy::parse(&format!("{BASE}{mode_yaml}"), &params, &|p| Ok(p.to_path_buf()), None).unwrap();
+    let p = policy::parse(
+        &format!("{BASE}{mode_yaml}"),
+        &params,
+        &|p| Ok(p.to_path_buf()),
+        None,
+    )
+    .unwrap();
     let profile = seatbelt::render(&p);
     let rendered = format!(
         "{}\n;; {}\n",

@@ -214,11 +214,12 @@ fn exit_codes_signals_and_teardown() {
         .unwrap();
     std::thread::sleep(Duration::from_millis(800));
     assert!(running(&marker), "the command should be running");
-    let state = sandbox_support::state_dir_of(child.id()).expect("the run holds its state directory open");
+    let state = sandbox_support::state_dir_of(child.id());
     Command::new("kill")
         .args(["-KILL", &child.id().to_string()])
         .status()
         .unwrap();
+    let state = state.expect("the run holds its state directory open");
     let _ = wait_bounded(&mut child);
     let deadline = Instant::now() + Duration::from_secs(5);
     while running(&marker) {

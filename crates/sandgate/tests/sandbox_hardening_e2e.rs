@@ -270,11 +270,13 @@ fn no_environment_value_appears_on_any_command_line() {
             .unwrap();
         // The command got both values (its own argv names neither).
         let want = format!("{set_secret} {passed_secret}");
-        assert!(
-            eventually(Duration::from_secs(10), || std::fs::read_to_string(&marker)
-                .is_ok_and(|t| t == want)),
-            "the command did not get its environment"
-        );
+        if !eventually(Duration::from_secs(10), || {
+            std::fs::read_to_string(&marker).is_ok_and(|t| t == want)
+        }) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{net}: the command did not get its environment");
+        }
         let mut seen = 0;
         for entry in std::fs::read_dir("/proc").unwrap().flatten() {
             let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
@@ -282,11 +284,13 @@ fn no_environment_value_appears_on_any_command_line() {
             };
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
             seen += 1;
-            for secret in [&set_secret, &passed_secret] {
-                assert!(
-                    !cmdline.contains(secret.as_str()),
-                    "{net}: a secret is on a command line: {cmdline}"
-                );
+            if [&set_secret, &passed_secret]
+                .iter()
+                .any(|secret| cmdline.contains(secret.as_str()))
+            {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{net}: a secret is on a command line: {cmdline}");
             }
         }
         assert!(seen > 3);
@@ -348,11 +352,17 @@ time.sleep(1.5)
         .unwrap();
     // While it runs: the host side of the bridge holds nothing but the bridge socket.
     let result = out_dir.join("result");
-    assert!(
-        eventually(Duration::from_secs(10), || result.exists()),
-        "the command did not run"
-    );
-    let state = sandbox_support::state_dir_of(child.id()).expect("the run's state directory");
+    let started = eventually(Duration::from_secs(10), || result.exists());
+    let state = sandbox_support::state_dir_of(child.id());
+    if !started || state.is_none() {
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        panic!(
+            "the command did not run, or the run holds no state directory: {:?}",
+            text(&out)
+        );
+    }
+    let state = state.unwrap();
     let bridge: Vec<(String, bool)> = std::fs::read_dir(state.join("bridge"))
         .unwrap()
         .flatten()

@@ -1,0 +1,198 @@
+//! Table tests of policy parsing: parameters, a full policy, and every refusal naming its
+//! field, with the final network mode (the `--net` override) applied before the checks.
+
+use super::*;
+use std::path::Path;
+
+fn params(list: &[(&str, &str)]) -> BTreeMap<String, String> {
+    list.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+/// Every path exists and is its own canonical form.
+fn as_written(p: &Path) -> std::io::Result<PathBuf> {
+    Ok(paths::lexical(p))
+}
+
+fn parse_ok(text: &str) -> SandboxPolicy {
+    parse(text, &params(&[]), &as_written, None).unwrap()
+}
+
+fn parse_err(text: &str, net: Option<NetMode>) -> String {
+    parse(text, &params(&[]), &as_written, net).unwrap_err().0
+}
+
+#[test]
+fn parameters_fill_and_unknown_ones_fail() {
+    assert_eq!(substitute("a ${X} b", &params(&[("X", "1")])).unwrap(), "a 1 b");
+    assert!(
+        substitute("${Y}", &params(&[]))
+            .unwrap_err()
+            .0
+            .contains("--param Y=VALUE")
+    );
+    assert!(substitute("${Y", &params(&[])).is_err());
+}
+
+#[test]
+fn a_full_policy_parses() {
+    let text = "env:\n  set: { HOME: /work }\n  passthrough: [ LANG, OPENAI_API_KEY, LC_* ]\n\
+                fs:\n  read_paths: [ /usr, \"${PROJECT}\" ]\n  write_paths: [ \"${PROJECT}/out\" ]\n  tmp: private\n\
+                net:\n  mode: allowlist\n  allow_domains: [ api.openai.com, \"*.pythonhosted.org\" ]\n  presets: [ python-packages ]\n\
+                platform:\n  bwrap: { unshare: { pid: true, ipc: false }, devices: [ null, urandom ] }\n  seatbelt: { extra_allow: {} }\n  seccomp: { allow_unix_sockets: true }\n";
+    let p = parse(text, &params(&[("PROJECT", "/srv/p")]), &as_written, None).unwrap();
+    assert_eq!(p.net, NetMode::Allowlist);
+    assert_eq!(p.allow.len(), 4);
+    assert_eq!(p.read_paths, [PathBuf::from("/usr"), PathBuf::from("/srv/p")]);
+    assert_eq!(p.write_paths, [PathBuf::from("/srv/p/out")]);
+    assert!(p.unshare_pid && !p.unshare_ipc);
+    assert!(p.allow_unix_sockets);
+    assert_eq!(p.proxy_port, 3128);
+    assert!(!parse_ok("net:\n  mode: none\n").allow_unix_sockets);
+}
+
+#[test]
+fn errors_name_the_field() {
+    let cases = [
+        (
+            "fs:\n  read_paths: [ usr ]\n",
+            "fs.read_paths: \"usr\" is not an absolute path",
+        ),
+        ("net:\n  mode: sideways\n", "net mode \"sideways\""),
+        (
+            "net:\n  mode: allowlist\n  allow_domains: [ \"*.com\" ]\n",
+            "net.allow_domains: \"*.com\"",
+        ),
+        (
+            "net:\n  mode: none\n  allow_domains: [ a.example ]\n",
+            "need net.mode allowlist",
+        ),
+        (
+            "net:\n  mode: none\n  loopback_ports: [ 5432 ]\n",
+            "needs net.mode loopback or allowlist",
+        ),
+        (
+            "fs:\n  allow_read_all: true\nnet:\n  mode: allowlist\n",
+            "Unix sockets",
+        ),
+        (
+            "fs:\n  allow_read_all: true\nnet:\n  mode: none\n",
+            "Unix sockets",
+        ),
+        ("fs:\n  read_paths: [ /run/user ]\n", "Unix sockets"),
+        ("fs:\n  bogus: 1\n", "bogus"),
+        (
+            "platform:\n  seatbelt: { extra_allow: { network: true } }\n",
+            "seatbelt",
+        ),
+        ("platform:\n  seccomp: { allow_tiocsti: true }\n", "allow_tiocsti"),
+        (
+            "env:\n  passthrough: [ \"*\" ]\n",
+            "env.passthrough: \"*\" would pass the whole host environment",
+        ),
+        (
+            "env:\n  passthrough: [ LANG, \"**\" ]\n",
+            "env.passthrough: \"**\"",
+        ),
+    ];
+    for (text, want) in cases {
+        let err = parse_err(text, None);
+        assert!(err.contains(want), "{text:?}: {err}");
+    }
+    let missing = parse(
+        "fs:\n  read_paths: [ /nope ]\n",
+        &params(&[]),
+        &|p| {
+            if p == Path::new("/nope") {
+                Err(std::io::ErrorKind::NotFound.into())
+            } else {
+                Ok(p.to_path_buf())
+            }
+        },
+        None,
+    );
+    assert!(missing.unwrap_err().0.contains("\"/nope\" does not exist"));
+}
+
+#[test]
+fn socket_directories_are_refused_in_every_spelling_and_through_symlinks() {
+    let host = |p: &Path| -> std::io::Result<PathBuf> {
+        let clean = paths::lexical(p);
+        Ok(match clean.to_str() {
+            Some("/var/../tmp") => "/tmp".into(),
+            Some("/home/u/link") => "/run/user/1000".into(),
+            Some("/var/run") => "/run".into(),
+            _ => clean,
+        })
+    };
+    for spelling in [
+        "//tmp",
+        "/tmp/.",
+        "/var/../tmp",
+        "/home/u/link",
+        "/var/run",
+        "/run/",
+    ] {
+        for field in ["read_paths", "write_paths"] {
+            let text = format!("fs:\n  {field}: [ \"{spelling}\" ]\n");
+            let err = parse(&text, &params(&[]), &host, None).unwrap_err().0;
+            assert!(
+                err.starts_with(&format!("fs.{field}: \"{spelling}\""))
+                    && err.contains("may hold host Unix sockets"),
+                "{spelling}: {err}"
+            );
+        }
+        let text = format!("platform:\n  bwrap: {{ ro_bind: [ \"{spelling}\" ] }}\n");
+        assert!(parse(&text, &params(&[]), &host, None).is_err(), "{spelling}");
+        // With the host's network anyway, binding them is the operator's call.
+        let text = format!("fs:\n  read_paths: [ \"{spelling}\" ]\nnet:\n  mode: all\n");
+        assert!(parse(&text, &params(&[]), &host, None).is_ok(), "{spelling}");
+    }
+}
+
+#[test]
+fn checks_see_the_command_line_network_mode() {
+    let all_read = "fs:\n  allow_read_all: true\nnet:\n  mode: all\n";
+    assert!(parse(all_read, &params(&[]), &as_written, None).is_ok());
+    assert!(parse_err(all_read, Some(NetMode::None)).contains("Unix sockets"));
+    let run_dir = "fs:\n  read_paths: [ /run ]\nnet:\n  mode: all\n";
+    assert!(parse_err(run_dir, Some(NetMode::Allowlist)).contains("may hold host Unix sockets"));
+    let ports = "net:\n  mode: loopback\n  loopback_ports: [ 5432 ]\n";
+    assert!(parse_err(ports, Some(NetMode::All)).contains("loopback_ports"));
+    let p = parse(ports, &params(&[]), &as_written, Some(NetMode::Allowlist)).unwrap();
+    assert_eq!(p.net, NetMode::Allowlist);
+}
+
+#[test]
+fn no_pid_namespace_only_with_the_hosts_network() {
+    let text =
+        |mode: &str| format!("net:\n  mode: {mode}\nplatform:\n  bwrap: {{ unshare: {{ pid: false }} }}\n");
+    for mode in ["none", "loopback", "allowlist"] {
+        let err = parse_err(&text(mode), None);
+        assert!(
+            err.starts_with("platform.bwrap.unshare.pid: false needs net.mode all"),
+            "{mode}: {err}"
+        );
+    }
+    assert!(!parse_ok(&text("all")).unshare_pid);
+    assert!(parse_err(&text("all"), Some(NetMode::None)).contains("unshare.pid"));
+}
+
+#[test]
+fn symlinked_paths_are_bound_at_their_target_with_an_alias() {
+    let host = |p: &Path| -> std::io::Result<PathBuf> {
+        let clean = paths::lexical(p);
+        Ok(match clean.to_str() {
+            Some("/lib") => "/usr/lib".into(),
+            _ => clean,
+        })
+    };
+    let p = parse("fs:\n  read_paths: [ /usr, /lib ]\n", &params(&[]), &host, None).unwrap();
+    assert_eq!(p.read_paths, [PathBuf::from("/usr"), PathBuf::from("/usr/lib")]);
+    assert_eq!(
+        p.aliases,
+        [Alias {
+            at: "/lib".into(),
+            target: "/usr/lib".into()
+        }]
+    );
+}

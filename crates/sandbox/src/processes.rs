@@ -1,0 +1,175 @@
+//! The processes of a run, seen from the host: signals forwarded to the command, and what
+//! is left behind killed when the run ends.
+//!
+//! Signals go through pidfds: each process is found in /proc together with its start time,
+//! a pidfd is opened, and the start time is read again; only when it is unchanged does the
+//! pidfd name the process that was found, and only then is it signalled. A pid recycled in
+//! between is never hit.
+//!
+//! With a PID namespace (the default, and the only choice outside `net.mode: all`), the
+//! kernel kills everything inside when the sandbox's PID 1 exits. Without one, sandgate is a
+//! child subreaper: whatever the command left running (double-forked daemons, `setsid`)
+//! becomes sandgate's child when its parent exits, and is killed and reaped at the end.
+//! (Only then: with a PID namespace, being the subreaper would only hand sandgate bwrap's
+//! exiting processes to reap, which costs start-up time for nothing.)
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+
+/// A process as /proc showed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    pid: i32,
+    start_time: u64,
+}
+
+/// `(ppid, start time)` from /proc/PID/stat (fields 4 and 22; the command name in field 2
+/// may hold spaces and parentheses, so fields are counted after its last `)`). None for a
+/// zombie (field 3 `Z`): it is dead already and only waits to be reaped.
+fn stat(pid: i32) -> Option<(i32, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = text.rsplit_once(')')?.1.split_whitespace();
+    if fields.next()? == "Z" {
+        return None;
+    }
+    let ppid = fields.next()?.parse().ok()?;
+    let start = fields.nth(17)?.parse().ok()?;
+    Some((ppid, start))
+}
+
+/// Every descendant of `root`, with its start time, skipping processes named `skip`
+/// (bwrap's own, whose death would SIGKILL the sandbox).
+fn descendants(root: i32, skip: Option<&str>) -> Vec<Seen> {
+    let mut children: BTreeMap<i32, Vec<Seen>> = BTreeMap::new();
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            if let Some((ppid, start_time)) = stat(pid) {
+                children.entry(ppid).or_default().push(Seen { pid, start_time });
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut queue = vec![root];
+    while let Some(p) = queue.pop() {
+        for seen in children.get(&p).map(Vec::as_slice).unwrap_or_default() {
+            queue.push(seen.pid);
+            let comm = std::fs::read_to_string(format!("/proc/{}/comm", seen.pid)).unwrap_or_default();
+            if skip.is_none_or(|s| comm.trim() != s) {
+                out.push(*seen);
+            }
+        }
+    }
+    out
+}
+
+/// Signals `seen` if, and only if, it is still the process that was seen.
+fn signal(seen: Seen, sig: Signal) {
+    let Some(pid) = Pid::from_raw(seen.pid) else {
+        return;
+    };
+    let Ok(pidfd) = pidfd_open(pid, PidfdFlags::empty()) else {
+        return;
+    };
+    if stat(seen.pid).is_some_and(|(_, start)| start == seen.start_time) {
+        let _ = pidfd_send_signal(&pidfd, sig);
+    }
+}
+
+/// Forwards SIGINT, SIGTERM and SIGHUP to the processes inside the sandbox (never to bwrap
+/// itself). Runs until the caller stops polling it.
+pub async fn forward_signals(bwrap_pid: Option<u32>) {
+    use tokio::signal::unix::{SignalKind, signal as listen};
+    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
+        listen(SignalKind::interrupt()),
+        listen(SignalKind::terminate()),
+        listen(SignalKind::hangup()),
+    ) else {
+        std::future::pending::<()>().await;
+        return;
+    };
+    loop {
+        let sig = tokio::select! {
+            _ = int.recv() => Signal::INT,
+            _ = term.recv() => Signal::TERM,
+            _ = hup.recv() => Signal::HUP,
+        };
+        let Some(root) = bwrap_pid.and_then(|p| i32::try_from(p).ok()) else {
+            continue;
+        };
+        for seen in descendants(root, Some("bwrap")) {
+            signal(seen, sig);
+        }
+    }
+}
+
+/// Makes sandgate the reaper of whatever the sandbox orphans (see the module docs).
+pub fn become_subreaper() {
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        tracing::warn!(error = %e, "cannot become a child subreaper; without a PID namespace, leftover processes may survive the run");
+    }
+}
+
+/// Kills and reaps every process still below sandgate (call after bwrap has been waited
+/// for). Bounded: a process that keeps forking is chased for at most a few seconds.
+pub fn kill_leftovers() {
+    let Ok(me) = i32::try_from(std::process::id()) else {
+        return;
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        reap();
+        let left = descendants(me, None);
+        if left.is_empty() || Instant::now() > deadline {
+            if !left.is_empty() {
+                tracing::warn!(count = left.len(), "processes of the run could not be killed");
+            }
+            return;
+        }
+        for seen in left {
+            signal(seen, Signal::KILL);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Collects exited children (zombies), without waiting for live ones.
+fn reap() {
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    while let Ok(status) = waitpid(nix::unistd::Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            break;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn our_own_stat_parses_and_a_child_is_found_and_signalled() {
+        let me = std::process::id() as i32;
+        let (ppid, start) = stat(me).unwrap();
+        assert!(ppid > 0 && start > 0);
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let found = descendants(me, None);
+        let seen = *found.iter().find(|s| s.pid == child.id() as i32).unwrap();
+        // A stale start time names another process: nothing is sent.
+        signal(
+            Seen {
+                start_time: seen.start_time + 1,
+                ..seen
+            },
+            Signal::KILL,
+        );
+        assert!(child.try_wait().unwrap().is_none());
+        signal(seen, Signal::KILL);
+        let status = child.wait().unwrap();
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9));
+    }
+}

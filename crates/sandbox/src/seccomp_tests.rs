@@ -1,0 +1,176 @@
+//! The filter run on sample system calls by a small classic-BPF interpreter (the subset
+//! seccompiler and the x32 guard emit), so every rule and both ABI corner cases are checked
+//! without loading anything into the kernel.
+
+use super::*;
+
+/// One system call as the kernel presents it to the filter.
+struct Call {
+    nr: i64,
+    arch: u32,
+    args: [u64; 6],
+}
+
+fn call(nr: i64, args: &[u64]) -> Call {
+    let mut all = [0u64; 6];
+    for (slot, value) in all.iter_mut().zip(args) {
+        *slot = *value;
+    }
+    Call {
+        nr,
+        arch: AUDIT_ARCH_X86_64,
+        args: all,
+    }
+}
+
+fn word(c: &Call, offset: u32) -> u32 {
+    match offset {
+        0 => c.nr as u32,
+        4 => c.arch,
+        o if (16..64).contains(&o) => {
+            let arg = c.args[((o - 16) / 8) as usize];
+            if (o - 16) % 8 == 0 {
+                arg as u32
+            } else {
+                (arg >> 32) as u32
+            }
+        }
+        other => panic!("load of offset {other}"),
+    }
+}
+
+fn run_one(program: &[sock_filter], c: &Call) -> u32 {
+    let (mut pc, mut acc) = (0usize, 0u32);
+    loop {
+        let i = &program[pc];
+        pc += 1;
+        let jump = |cond: bool| if cond { i.jt as usize } else { i.jf as usize };
+        match i.code {
+            0x20 => acc = word(c, i.k),
+            0x54 => acc &= i.k,
+            0x05 => pc += i.k as usize,
+            0x15 => pc += jump(acc == i.k),
+            0x25 => pc += jump(acc > i.k),
+            0x35 => pc += jump(acc >= i.k),
+            0x45 => pc += jump(acc & i.k != 0),
+            0x06 => return i.k,
+            other => panic!("opcode {other:#x} at {}", pc - 1),
+        }
+    }
+}
+
+/// The kernel's verdict over all loaded filters: the most restrictive action wins
+/// (SECCOMP_RET_ACTION_FULL compared as signed).
+fn verdict(options: FilterOptions, c: &Call) -> u32 {
+    programs(options)
+        .unwrap()
+        .iter()
+        .map(|p| run_one(p, c))
+        .min_by_key(|r| (r & 0xffff_0000) as i32)
+        .unwrap()
+}
+
+const ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
+const EPERM: u32 = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+const EAFNOSUPPORT: u32 = libc::SECCOMP_RET_ERRNO | libc::EAFNOSUPPORT as u32;
+
+fn default() -> FilterOptions {
+    FilterOptions::default()
+}
+
+#[test]
+fn terminal_injection_is_denied_on_the_low_32_bits_and_other_ioctls_pass() {
+    let tiocsti = libc::TIOCSTI;
+    assert_eq!(verdict(default(), &call(libc::SYS_ioctl, &[0, tiocsti])), EPERM);
+    assert_eq!(
+        verdict(default(), &call(libc::SYS_ioctl, &[0, (1 << 32) | tiocsti])),
+        EPERM,
+        "high bits must not dodge the rule (CVE-2019-10063)"
+    );
+    assert_eq!(
+        verdict(default(), &call(libc::SYS_ioctl, &[0, libc::TIOCLINUX])),
+        EPERM
+    );
+    for ok in [libc::TCGETS, libc::TIOCGWINSZ, libc::TIOCSPGRP, libc::FIONREAD] {
+        assert_eq!(verdict(default(), &call(libc::SYS_ioctl, &[0, ok])), ALLOW);
+    }
+}
+
+#[test]
+fn every_listed_call_is_denied_and_ordinary_ones_pass() {
+    for nr in [
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_ptrace,
+        libc::SYS_userfaultfd,
+        libc::SYS_perf_event_open,
+        libc::SYS_init_module,
+        libc::SYS_finit_module,
+        libc::SYS_delete_module,
+        libc::SYS_kexec_load,
+        libc::SYS_kexec_file_load,
+    ] {
+        assert_eq!(verdict(default(), &call(nr, &[])), EPERM, "syscall {nr}");
+    }
+    for nr in [
+        libc::SYS_read,
+        libc::SYS_openat,
+        libc::SYS_execve,
+        libc::SYS_clone3,
+    ] {
+        assert_eq!(verdict(default(), &call(nr, &[])), ALLOW, "syscall {nr}");
+    }
+}
+
+#[test]
+fn personality_allows_only_the_query_and_plain_linux() {
+    for ok in [0xffff_ffff, 0, 8, 0xffff_ffff_ffff_ffff] {
+        assert_eq!(
+            verdict(default(), &call(libc::SYS_personality, &[ok])),
+            ALLOW,
+            "{ok:#x}"
+        );
+    }
+    for bad in [0x0040000, 0x0400000, 0x0008] {
+        let want = if bad == 8 { ALLOW } else { EPERM };
+        assert_eq!(
+            verdict(default(), &call(libc::SYS_personality, &[bad])),
+            want,
+            "{bad:#x}"
+        );
+    }
+}
+
+#[test]
+fn unix_sockets_unless_opted_in_and_netlink_beyond_routing_are_refused() {
+    let socket = |family: i32, protocol: u64| call(libc::SYS_socket, &[family as u64, 1, protocol]);
+    assert_eq!(verdict(default(), &socket(libc::AF_UNIX, 0)), EAFNOSUPPORT);
+    assert_eq!(verdict(default(), &socket(libc::AF_INET, 0)), ALLOW);
+    assert_eq!(verdict(default(), &socket(libc::AF_INET6, 0)), ALLOW);
+    assert_eq!(verdict(default(), &socket(libc::AF_NETLINK, 0)), ALLOW);
+    assert_eq!(verdict(default(), &socket(libc::AF_NETLINK, 9)), EAFNOSUPPORT);
+    assert_eq!(
+        verdict(
+            default(),
+            &call(libc::SYS_socketpair, &[libc::AF_UNIX as u64, 1, 0])
+        ),
+        ALLOW
+    );
+    let opted_in = FilterOptions {
+        allow_unix_sockets: true,
+    };
+    assert_eq!(verdict(opted_in, &socket(libc::AF_UNIX, 0)), ALLOW);
+    assert_eq!(verdict(opted_in, &socket(libc::AF_NETLINK, 9)), EAFNOSUPPORT);
+}
+
+#[test]
+fn x32_numbers_are_denied_and_other_architectures_are_killed() {
+    // x32's ioctl is 514 with bit 30 set; without the guard it would match no rule.
+    let x32 = call(X32_SYSCALL_BIT as i64 | 514, &[0, libc::TIOCSTI]);
+    assert_eq!(verdict(default(), &x32), EPERM);
+    assert_eq!(verdict(default(), &call(X32_SYSCALL_BIT as i64 | 39, &[])), EPERM);
+    let mut i386 = call(libc::SYS_getpid, &[]);
+    i386.arch = 3 | 0x4000_0000; // AUDIT_ARCH_I386
+    assert_eq!(verdict(default(), &i386), libc::SECCOMP_RET_KILL_PROCESS);
+}
