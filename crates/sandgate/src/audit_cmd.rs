@@ -16,9 +16,11 @@ fn filter(args: &AuditFilterArgs, events: Vec<String>) -> Result<Filter, String>
         None => None,
     };
     if let Some(d) = &args.decision
-        && d != "allow" && d != "deny" {
-            return Err(format!("invalid --decision {d:?}: use allow or deny"));
-        }
+        && d != "allow"
+        && d != "deny"
+    {
+        return Err(format!("invalid --decision {d:?}: use allow or deny"));
+    }
     Ok(Filter {
         since,
         decision: args.decision.clone(),
