@@ -20,8 +20,9 @@ use sandgate_policy::{Access, Context, Ruleset, Target, Verdict};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::ask::Asker;
 use crate::audit::Audit;
-use crate::audit::event::{Close, Decision, Dest, Event, Outcome, Party};
+use crate::audit::event::{Change, Close, Decision, Dest, Event, ExceptionChange, Outcome, Party};
 use crate::config::{Identity, Limits};
 use crate::dial::{DialError, Dialer};
 use crate::metrics::Metrics;
@@ -61,6 +62,8 @@ pub(crate) struct Egress {
     pub hard_stop: CancellationToken,
     /// Cancelled when shutdown begins (stop accepting; long-lived streams end).
     pub stopping: CancellationToken,
+    /// Asks a person before the allowlist refuses (`sandgate run --ask`).
+    pub asker: std::sync::OnceLock<Arc<dyn Asker>>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -141,6 +144,7 @@ impl Egress {
             ids: RequestIds::new(),
             hard_stop: CancellationToken::new(),
             stopping: CancellationToken::new(),
+            asker: std::sync::OnceLock::new(),
             metrics,
         }
     }
@@ -225,6 +229,17 @@ impl Egress {
         let decision = self
             .rules()
             .decide(target, access, &context(&pending.party.identity));
+        if decision.verdict == Verdict::Deny
+            && decision.reason == sandgate_policy::PolicyReason::NotAllowlisted
+            && let Some(rule) = self.ask(&pending, target, access).await
+        {
+            return Ok(Decided {
+                pending,
+                target: target.clone(),
+                access,
+                rule: Some(rule),
+            });
+        }
         if decision.verdict == Verdict::Deny {
             let refusal = Refusal::Policy {
                 target: target.clone(),
@@ -238,6 +253,45 @@ impl Egress {
             access,
             rule: decision.rule_label(),
         })
+    }
+
+    /// Asks the person at the terminal about a task's request that only the allowlist
+    /// refused; the answer is recorded as an exception. `Some(rule label)` when allowed.
+    async fn ask(&self, pending: &Pending, target: &Target, access: Access) -> Option<Arc<str>> {
+        let asker = self.asker.get()?;
+        let task = pending.party.identity.task.as_deref()?;
+        target.host.name()?;
+        let answer = asker.ask(task, target, access).await;
+        let ex = crate::ask::exception_for(task, target, answer, &asker.decider(), unix_now())?;
+        let mut asked = ex.clone();
+        asked.state = sandgate_policy::ExceptionState::Pending;
+        (asked.decided_by, asked.decided_at, asked.expires_at, asked.note) = (None, None, None, None);
+        self.record_change(Change::Requested, asked, Some(task.to_owned()))
+            .await;
+        let approved = ex.state == sandgate_policy::ExceptionState::Approved;
+        let change = if approved {
+            Change::Approved
+        } else {
+            Change::Denied
+        };
+        self.record_change(change, ex.clone(), ex.decided_by.clone())
+            .await;
+        if !approved {
+            return None;
+        }
+        if answer != crate::ask::Answer::Once {
+            crate::rules::change(&self.layers, &self.rules, |l| l.add_exceptions(ex.entries()));
+        }
+        Some(Arc::from(ex.rule_label()))
+    }
+
+    async fn record_change(&self, change: Change, exception: sandgate_policy::Exception, by: Option<String>) {
+        let e = Event::Exception(Box::new(ExceptionChange {
+            change,
+            exception,
+            by,
+        }));
+        self.audit.record(e).await;
     }
 
     /// For a task's request that only the allowlist refused (never the deny list or the

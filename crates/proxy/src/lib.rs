@@ -11,6 +11,7 @@
 
 pub(crate) mod admin;
 pub mod admission;
+pub mod ask;
 pub mod audit;
 pub mod config;
 pub mod dial;

@@ -53,6 +53,27 @@ impl Layers {
 /// The open connections under one rule: registration id and cancellation token.
 type Open = Vec<(u64, CancellationToken)>;
 
+/// Changes the layers and publishes the rule set they make, atomically.
+pub(crate) fn change(layers: &Mutex<Layers>, rules: &RwLock<Arc<Ruleset>>, f: impl FnOnce(&mut Layers)) {
+    let mut layers = match layers.lock() {
+        Ok(l) => l,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    f(&mut layers);
+    let combined = Arc::new(layers.combined());
+    match rules.write() {
+        Ok(mut r) => *r = combined,
+        Err(poisoned) => *poisoned.into_inner() = combined,
+    }
+}
+
+impl Layers {
+    /// Adds entries to the exceptions layer (answers given at the terminal).
+    pub(crate) fn add_exceptions(&mut self, entries: Vec<Entry>) {
+        self.exceptions.extend(entries);
+    }
+}
+
 /// Connections open under a rule that may be revoked, by rule label.
 #[derive(Debug, Default)]
 pub(crate) struct Cuts {
@@ -162,16 +183,7 @@ impl PolicyHandle {
     }
 
     fn change(&self, f: impl FnOnce(&mut Layers)) {
-        let mut layers = match self.layers.lock() {
-            Ok(l) => l,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        f(&mut layers);
-        let combined = Arc::new(layers.combined());
-        match self.rules.write() {
-            Ok(mut r) => *r = combined,
-            Err(poisoned) => *poisoned.into_inner() = combined,
-        }
+        change(&self.layers, &self.rules, f);
     }
 
     async fn record(&self, applied: bool, generation: u64, detail: String) {

@@ -125,6 +125,12 @@ impl Proxy {
         })
     }
 
+    /// Has the proxy ask `asker` before the allowlist refuses a task's request
+    /// (`sandgate run --ask`). Set once, before `run`.
+    pub fn set_asker(&self, asker: Arc<dyn crate::ask::Asker>) {
+        let _ = self.egress.asker.set(asker);
+    }
+
     /// Adds routes (the control plane's API) to the admin listener. Without an admin
     /// listener they are not served.
     pub fn mount_admin(&mut self, routes: axum::Router) {

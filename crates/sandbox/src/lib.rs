@@ -3,9 +3,11 @@
 //! function of it ([`argv`]), the seccomp filter ([`seccomp`]) and the step that loads it
 //! before the command ([`exec`]), the init that runs first inside proxied sandboxes
 //! ([`init`]) and the bridges it talks to ([`bridge`]), and the supervisor that starts the
-//! proxy, the bridges and bwrap ([`run`], with [`state`], [`processes`] and [`summary`]).
+//! proxy, the bridges and bwrap ([`run`], with [`state`], [`processes`] and [`summary`]),
+//! and the question asked at the terminal for `--ask` ([`ask`]).
 
 pub mod argv;
+pub mod ask;
 pub mod bridge;
 pub mod env;
 pub mod exec;

@@ -37,6 +37,8 @@ pub struct RunOptions {
     /// `seatbelt`: print the macOS profile instead of running.
     pub print_profile: Option<String>,
     pub quiet: bool,
+    /// Ask at the terminal before the allowlist refuses (`--ask`), waiting this long.
+    pub ask: Option<std::time::Duration>,
     pub command: Vec<OsString>,
 }
 
@@ -206,7 +208,7 @@ async fn supervise(
     })?;
     let audit_path = opts.audit_log.clone().unwrap_or_else(|| state.audit_path());
     let proxy = if policy.net.proxied() {
-        Some(start_proxy(&policy, &audit_path, &state).await?)
+        Some(start_proxy(&policy, &audit_path, &state, opts.ask).await?)
     } else {
         None
     };
@@ -277,6 +279,7 @@ async fn start_proxy(
     policy: &SandboxPolicy,
     audit_path: &std::path::Path,
     state: &RunState,
+    ask: Option<std::time::Duration>,
 ) -> Result<ProxyRun, RunError> {
     let mut rules = Ruleset::new();
     policy.allow.iter().cloned().for_each(|p| rules.allow(p));
@@ -328,6 +331,9 @@ async fn start_proxy(
     let proxy = Proxy::bind(config)
         .await
         .map_err(|e| RunError::Unavailable(format!("cannot start the proxy: {e}")))?;
+    if let Some(timeout) = ask {
+        proxy.set_asker(std::sync::Arc::new(crate::ask::TerminalAsker::new(timeout)));
+    }
     let proxy_addr = *proxy
         .local_addrs()
         .first()

@@ -150,6 +150,13 @@ pub struct RunArgs {
     /// No blocked-destinations summary on exit.
     #[arg(long)]
     pub quiet: bool,
+    /// When only the allowlist refuses a destination, ask at the terminal: allow once, for
+    /// this run, for 15 minutes, or deny (no terminal or no answer: deny)
+    #[arg(long)]
+    pub ask: bool,
+    /// Seconds to wait for an answer to --ask [default: 60]
+    #[arg(long, value_name = "SECS", requires = "ask")]
+    pub ask_timeout: Option<u64>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     pub command: Vec<std::ffi::OsString>,

@@ -117,6 +117,9 @@ fn run_sandbox(args: cli::RunArgs) -> ExitCode {
         print_argv: args.print_argv,
         print_profile: args.print_profile,
         quiet: args.quiet,
+        ask: args
+            .ask
+            .then(|| std::time::Duration::from_secs(args.ask_timeout.unwrap_or(60))),
         command: args.command,
     };
     match sandgate_sandbox::run::run(opts) {
