@@ -1,0 +1,170 @@
+//! Issue 12's end-to-end flow with a real sandbox: `sandgate run` (net.mode proxy, so the
+//! run's proxy forwards to a central `sandgate proxy` whose listener is bound to task t-1)
+//! with real curl and Python inside. The command is denied an origin; a requester token asks
+//! over HTTP; the CLI approves; the same request inside gets 200 within a second, with no
+//! reload; a tunnel opened inside under the exception is cut within a second of the CLI's
+//! revocation; the next request is refused; the central audit holds the lifecycle in order.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::disallowed_methods,
+    reason = "integration tests: a failed setup step should fail loudly, and tests connect to their own loopback fixtures"
+)]
+
+mod common;
+mod sandbox_support;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::control::{api, cli, start, write_policy as central_policy};
+use common::world::free_addr;
+use common::{read_audit, runtime};
+use sandbox_support::write_policy;
+use sandgate_testkit::dns::{DnsServer, Zone};
+use sandgate_testkit::echo::EchoServer;
+use sandgate_testkit::origin::Origin;
+
+/// Inside the sandbox: ask until allowed (bounded), then hold a tunnel open until it is cut.
+const INSIDE: &str = r#"
+import os, socket, sys, time, urllib.request, urllib.error
+url, echo = sys.argv[1], sys.argv[2]
+def status():
+    try:
+        return urllib.request.urlopen(url, timeout=5).status
+    except urllib.error.HTTPError as e:
+        return e.code
+print("first", status(), flush=True)
+deadline = time.time() + 20
+while time.time() < deadline:
+    s = status()
+    if s == 200:
+        print("then 200", flush=True)
+        break
+    time.sleep(0.1)
+proxy = os.environ["HTTP_PROXY"].split("//")[1]
+host, port = proxy.rsplit(":", 1)
+t = socket.create_connection((host, int(port)), timeout=20)
+t.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (echo, echo)).encode())
+head = b""
+while not head.endswith(b"\r\n\r\n"):
+    head += t.recv(1)
+print("tunnel", head.split()[1].decode(), flush=True)
+t.sendall(b"ping"); print("echo", t.recv(4).decode(), flush=True)
+opened = time.time()
+print("tunnel open", flush=True)
+rest = t.recv(100)
+print("tunnel cut after %.1f s" % (time.time() - opened), flush=True)
+print("after", status(), flush=True)
+"#;
+
+#[test]
+fn a_sandboxed_command_is_denied_asks_is_approved_and_is_cut_on_revocation() {
+    let rt = runtime();
+    let origin = rt.block_on(Origin::http());
+    let echo = rt.block_on(EchoServer::start());
+    let dns = rt.block_on(DnsServer::start(
+        Zone::new()
+            .with("web.test", &["127.0.0.1"])
+            .with("echo.test", &["127.0.0.1"]),
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let (listener, admin) = (free_addr(), free_addr());
+    let policy = central_policy(dir.path(), listener, admin, &[origin.port(), echo.addr().port()]);
+    let central = start(&dns, &policy, &dir.path().join("state"));
+    // The sandbox forwards everything to the central proxy's t-1 listener, which decides.
+    let sandbox = write_policy(
+        dir.path(),
+        &format!(
+            "net:\n  mode: proxy\n  allow_domains: [ \"*\" ]\n  proxy: {{ upstream: \"{listener}\" }}\n"
+        ),
+    );
+    let url = format!("http://web.test:{}/", origin.port());
+    let echo_target = format!("echo.test:{}", echo.addr().port());
+    let mut run = Command::new(common::sandgate_bin())
+        .args(["run", "--quiet", "--policy"])
+        .arg(&sandbox)
+        .args(["--", "python3", "-c", INSIDE])
+        .args([&url, &echo_target])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = std::io::BufRead::lines(std::io::BufReader::new(run.stdout.take().unwrap()));
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let next = |want: &str| {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("no line; wanted {want}"));
+        assert!(line.starts_with(want), "wanted {want}, got {line}");
+        line
+    };
+    assert_eq!(next("first"), "first 403");
+    // The requester asks over HTTP; the approver approves with the CLI.
+    let ask = format!(
+        r#"{{"task_id":"t-1","requested_hosts":["web.test","echo.test"],"requested_ports":[{},{}],"ttl_seconds":300,"reason":"the sandbox needs it"}}"#,
+        origin.port(),
+        echo.addr().port()
+    );
+    let (status, ex) = api(admin, "POST", "/v1/exceptions", Some("tok-agent"), Some(&ask));
+    assert_eq!(status, 201, "{ex}");
+    let id = ex["id"].as_str().unwrap().to_owned();
+    let approved_at = Instant::now();
+    assert_eq!(cli(admin, "tok-alice", &["approve", &id]).0, 0);
+    next("then 200");
+    assert!(
+        approved_at.elapsed() < Duration::from_secs(2),
+        "the approval took effect late"
+    );
+    assert_eq!(next("tunnel"), "tunnel 200");
+    assert_eq!(next("echo"), "echo ping");
+    next("tunnel open");
+    let revoked_at = Instant::now();
+    assert_eq!(cli(admin, "tok-alice", &["revoke", &id, "--note", "done"]).0, 0);
+    let cut = next("tunnel cut after");
+    assert!(
+        revoked_at.elapsed() < Duration::from_secs(2),
+        "the tunnel outlived the revocation: {cut}"
+    );
+    assert_eq!(next("after"), "after 403");
+    assert!(sandbox_support::wait_bounded(&mut run).success());
+    let events = read_audit(&central.audit_path);
+    let lifecycle: Vec<(&str, &str)> = events
+        .iter()
+        .filter(|e| e["exception_id"] == id.as_str())
+        .map(|e| (e["event"].as_str().unwrap(), e["subject"].as_str().unwrap_or("-")))
+        .collect();
+    assert_eq!(
+        lifecycle,
+        [
+            ("exception_requested", "agent-7"),
+            ("exception_approved", "alice"),
+            ("exception_revoked", "alice")
+        ]
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "close" && e["outcome"] == "revoked")
+    );
+}
+
+/// The same as `nobody`.
+#[test]
+fn the_sandbox_exceptions_flow_passes_as_an_ordinary_user() {
+    common::rerun_as_nobody(
+        "sandbox_exceptions_e2e",
+        "the_sandbox_exceptions_flow_passes_as_an_ordinary_user",
+        1,
+    );
+}
