@@ -110,7 +110,17 @@ fn request_approve_revoke_with_a_live_tunnel_and_every_event_on_record() {
         "the approval did not take effect within a second"
     );
 
-    // A tunnel the exception allows, open when it is revoked.
+    // A kept-alive connection with a request the exception allowed...
+    let mut kept = TcpStream::connect(listener).unwrap();
+    kept.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    kept.write_all(format!("GET {url} HTTP/1.1\r\nHost: web.test\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut first = [0u8; 12];
+    kept.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    let mut drain = [0u8; 4096];
+    let _ = kept.read(&mut drain);
+    // ...and a tunnel the exception allows, both open when it is revoked.
     let target = format!("echo.test:{}", echo.addr().port());
     let mut tunnel = TcpStream::connect(listener).unwrap();
     tunnel.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -138,6 +148,8 @@ fn request_approve_revoke_with_a_live_tunnel_and_every_event_on_record() {
     assert!(err.contains("409") && err.contains("not approved"), "{err}");
     let mut rest = Vec::new();
     let _ = tunnel.read_to_end(&mut rest);
+    let mut after = Vec::new();
+    let _ = kept.read_to_end(&mut after);
     assert!(
         revoked_at.elapsed() < Duration::from_secs(2),
         "the tunnel outlived the revocation"

@@ -31,12 +31,19 @@ use sandgate_testkit::origin::Origin;
 /// Inside the sandbox: ask until allowed (bounded), then hold a tunnel open until it is cut.
 const INSIDE: &str = r#"
 import os, socket, sys, time, urllib.request, urllib.error
-url, echo = sys.argv[1], sys.argv[2]
+url, echo, admin = sys.argv[1], sys.argv[2], sys.argv[3]
 def status():
     try:
         return urllib.request.urlopen(url, timeout=5).status
     except urllib.error.HTTPError as e:
         return e.code
+try:
+    urllib.request.urlopen("http://%s/healthz" % admin, timeout=5)
+    print("admin reachable", flush=True)
+except urllib.error.HTTPError as e:
+    print("admin", e.code, flush=True)
+except OSError as e:
+    print("admin unreachable", flush=True)
 print("first", status(), flush=True)
 deadline = time.time() + 20
 while time.time() < deadline:
@@ -88,7 +95,7 @@ fn a_sandboxed_command_is_denied_asks_is_approved_and_is_cut_on_revocation() {
         .args(["run", "--quiet", "--policy"])
         .arg(&sandbox)
         .args(["--", "python3", "-c", INSIDE])
-        .args([&url, &echo_target])
+        .args([&url, &echo_target, &admin.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -109,6 +116,12 @@ fn a_sandboxed_command_is_denied_asks_is_approved_and_is_cut_on_revocation() {
         assert!(line.starts_with(want), "wanted {want}, got {line}");
         line
     };
+    // Directly (NO_PROXY covers 127.0.0.1) there is nothing on the sandbox's own loopback.
+    assert_eq!(
+        next("admin"),
+        "admin unreachable",
+        "the admin API is not reachable from inside"
+    );
     assert_eq!(next("first"), "first 403");
     // The requester asks over HTTP; the approver approves with the CLI.
     let ask = format!(

@@ -77,15 +77,15 @@ pub(crate) async fn handle_http(
             return Next::Close;
         }
     };
-    let grant = match connect(egress, decided, &http, outbound).await {
+    let mut grant = match connect(egress, decided, &http, outbound).await {
         Ok(grant) => grant,
         Err(refused) => {
             client.reply(&refused).await;
             return Next::Close;
         }
     };
-    if grant.revocable() {
-        client.cut = Some(grant.stop().clone());
+    if let Some(kept) = grant.keep_cut() {
+        client.cut = Some(kept);
     }
     let Some(up) = outbound.as_mut() else {
         let end = End {

@@ -34,7 +34,7 @@ pub(crate) struct ClientConn {
     pub identity: Arc<Identity>,
     /// Set once a request on this connection was allowed by a revocable rule (an
     /// exception): its revocation closes the kept-alive connection too.
-    pub cut: Option<CancellationToken>,
+    pub cut: Option<(CancellationToken, crate::rules::CutGuard)>,
 }
 
 impl ClientConn {
@@ -202,7 +202,7 @@ async fn read_request_head(
         let idle = client.buf.is_empty();
         // Bounded in bytes: never hold more than the head limit plus one read.
         client.buf.reserve(4096);
-        let cut = client.cut.clone().unwrap_or_default();
+        let cut = client.cut.as_ref().map(|(t, _)| t.clone()).unwrap_or_default();
         let read = tokio::select! {
             _ = stop.cancelled(), if idle => return Ok(None),
             // The exception that allowed an earlier request here was revoked.
