@@ -73,7 +73,7 @@ impl Pattern {
             Some(port) => port == target.port,
             // `*` is the escape hatch: every port. A named entry without a port means the
             // scheme's usual port only.
-            None => self.host == HostPattern::AnyName || target.port == access.default_port(),
+            None => self.host == HostPattern::AnyName || access.default_ports().contains(&target.port),
         };
         port_ok && self.host_matches(&target.host)
     }

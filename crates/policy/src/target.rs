@@ -24,14 +24,27 @@ pub enum Access {
     Connect,
     /// A plain `http://` request forwarded by the proxy.
     Http,
+    /// A SOCKS5 CONNECT (RFC 1928): blind bytes, any protocol.
+    Socks5,
 }
 
 impl Access {
-    /// The port an allowlist entry without a port permits for this kind of access.
+    /// The port an allowlist entry without a port permits for this kind of access (the
+    /// first of [`Access::default_ports`]).
     pub fn default_port(self) -> u16 {
         match self {
-            Access::Connect => 443,
+            Access::Connect | Access::Socks5 => 443,
             Access::Http => 80,
+        }
+    }
+
+    /// Every port an allowlist entry without a port permits: 443 for tunnels, 80 for plain
+    /// HTTP, both for SOCKS5 (which carries either); anything else must be listed.
+    pub fn default_ports(self) -> &'static [u16] {
+        match self {
+            Access::Connect => &[443],
+            Access::Http => &[80],
+            Access::Socks5 => &[443, 80],
         }
     }
 
@@ -40,6 +53,7 @@ impl Access {
         match self {
             Access::Connect => "connect",
             Access::Http => "http",
+            Access::Socks5 => "socks5",
         }
     }
 }

@@ -114,6 +114,16 @@ impl PartialEq for PeerFilter {
 
 impl Eq for PeerFilter {}
 
+/// The wire format a listener speaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Protocol {
+    /// HTTP/1.1 forward proxy: absolute-form requests and CONNECT.
+    #[default]
+    Http,
+    /// SOCKS5 (RFC 1928), CONNECT only; RFC 1929 logins as task credentials.
+    Socks5,
+}
+
 /// One address to listen on, and the identity of what arrives there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listener {
@@ -124,6 +134,7 @@ pub struct Listener {
     pub require_auth: bool,
     /// When set, only these peers are served (the sandbox runner's bridge).
     pub peers: Option<PeerFilter>,
+    pub protocol: Protocol,
 }
 
 impl Listener {
@@ -134,6 +145,7 @@ impl Listener {
             identity: Identity::default(),
             require_auth: false,
             peers: None,
+            protocol: Protocol::Http,
         }
     }
 }

@@ -23,10 +23,11 @@ pub(crate) mod relay;
 pub mod reload;
 pub mod rules;
 pub(crate) mod server;
+pub(crate) mod socks5;
 
 pub use audit::query as audit_query;
 pub use audit::{AuditDestination, AuditOptions, Event, EventKind, Outcome};
-pub use config::{Identity, Limits, Listener, PeerFilter, ProxyConfig};
+pub use config::{Identity, Limits, Listener, PeerFilter, Protocol, ProxyConfig};
 pub use dial::Nameservers;
 pub use egress::unix_now;
 pub use http1::{framing, head};

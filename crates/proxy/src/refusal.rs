@@ -87,6 +87,21 @@ enum Code {
     Failed(UpstreamFailure),
 }
 
+impl Classified {
+    /// The SOCKS5 reply code (RFC 1928 section 6) for this refusal: the same failure kinds
+    /// as the HTTP statuses, mapped here in the one place refusals are classified.
+    pub fn socks5_reply(&self) -> u8 {
+        match self.error_type {
+            // Not allowed by the ruleset: policy, guard, loop, credentials.
+            "http_request_denied" | "destination_ip_prohibited" => 0x02,
+            "dns_error" | "dns_timeout" | "connection_timeout" => 0x04,
+            "connection_refused" => 0x05,
+            // Bad input, limits, a broken audit trail, upstream trouble: general failure.
+            _ => 0x01,
+        }
+    }
+}
+
 /// A refusal as every front end sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Classified {

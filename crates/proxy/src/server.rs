@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admission::{Admission, ListenerSlots};
 use crate::audit::AuditWriter;
-use crate::config::{Identity, ProxyConfig};
+use crate::config::{Identity, Protocol, ProxyConfig};
 use crate::dial::{DialConfig, Dialer};
 use crate::egress::Egress;
 use crate::http1::{self, ClientConn};
@@ -77,6 +77,7 @@ impl Proxy {
                 ListenerMeta {
                     identity: Arc::new(spec.identity.clone()),
                     require_auth: spec.require_auth,
+                    protocol: spec.protocol,
                     peers: spec.peers.clone(),
                     refused_peers: AtomicU64::new(0),
                     last_peer_warning: std::sync::Mutex::new(None),
@@ -235,6 +236,7 @@ impl Proxy {
 pub(crate) struct ListenerMeta {
     identity: Arc<Identity>,
     require_auth: bool,
+    protocol: crate::config::Protocol,
     peers: Option<crate::config::PeerFilter>,
     /// Refused peers since the last warning, and when that was (one warning per interval).
     refused_peers: AtomicU64,
@@ -312,9 +314,21 @@ async fn accept_loop(
                 // budget the connection is simply closed.
                 if let Ok(slot) = gate.refusals.clone().try_acquire_owned() {
                     let egress = egress.clone();
-                    let client = ClientConn::new(stream, peer, meta.identity.clone());
+                    let identity = meta.identity.clone();
+                    let refusal = Refusal::ConnectionLimit(kind);
+                    let protocol = meta.protocol;
                     tracker.spawn(async move {
-                        http1::refuse_connection(&egress, client, Refusal::ConnectionLimit(kind)).await;
+                        match protocol {
+                            Protocol::Http => {
+                                let client = ClientConn::new(stream, peer, identity);
+                                http1::refuse_connection(&egress, client, refusal).await;
+                            }
+                            // SOCKS5 has no answer before its greeting: record and close.
+                            Protocol::Socks5 => {
+                                let pending = egress.begin(peer, identity, None);
+                                let _ = egress.refuse(pending, None, refusal).await;
+                            }
+                        }
                         drop(slot);
                     });
                 }
@@ -324,12 +338,19 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let egress = egress.clone();
         let stop = stop.clone();
-        let client = ClientConn::new(stream, peer, meta.identity.clone());
+        let identity = meta.identity.clone();
         let require_auth = meta.require_auth;
+        let protocol = meta.protocol;
         egress.metrics.connections.inc();
         egress.metrics.connections_active.inc();
         tracker.spawn(async move {
-            http1::serve(&egress, client, require_auth, &stop).await;
+            match protocol {
+                Protocol::Http => {
+                    let client = ClientConn::new(stream, peer, identity);
+                    http1::serve(&egress, client, require_auth, &stop).await;
+                }
+                Protocol::Socks5 => crate::socks5::serve(&egress, stream, peer, identity, require_auth).await,
+            }
             egress.metrics.connections_active.dec();
             drop(permit);
         });

@@ -27,6 +27,7 @@ async fn only_registered_peers_are_served() {
             identity: Identity::default(),
             require_auth: false,
             peers: Some(peers.clone()),
+            protocol: Default::default(),
         }],
         rules: Ruleset::new(),
         guard: AddressGuard::default(),

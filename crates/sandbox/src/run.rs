@@ -311,6 +311,7 @@ async fn start_proxy(
             },
             require_auth: false,
             peers: Some(peers.clone()),
+            protocol: Default::default(),
         }],
         rules,
         guard: AddressGuard::new(ranges),

@@ -325,6 +325,9 @@ pub struct ProxyArgs {
     /// Serve Prometheus/OpenMetrics text on http://ADDR/metrics (e.g. 127.0.0.1:9090)
     #[arg(long, value_name = "ADDR", conflicts_with = "admin_listen")]
     pub metrics_listen: Option<String>,
+    /// Also serve SOCKS5 (RFC 1928, CONNECT only) on ADDR, under the same policy (repeatable)
+    #[arg(long, value_name = "ADDR")]
+    pub socks_listen: Vec<String>,
     /// The admin listener: /metrics and, with admin tokens in the policy, the exceptions API
     /// (/v1) [default: spec.admin.listen]
     #[arg(long, value_name = "ADDR")]

@@ -12,7 +12,9 @@ use std::time::Duration;
 use ipnet::IpNet;
 use sandgate_policy::{AddressGuard, Pattern, PolicyFile, Ruleset};
 use sandgate_proxy::reload::{LoadError, PolicySource};
-use sandgate_proxy::{AuditDestination, AuditOptions, Identity, Limits, Listener, Nameservers, ProxyConfig};
+use sandgate_proxy::{
+    AuditDestination, AuditOptions, Identity, Limits, Listener, Nameservers, Protocol, ProxyConfig,
+};
 
 use crate::cli::ProxyArgs;
 
@@ -182,10 +184,21 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
             .map(Listener::system)
             .map_err(|_| invalid("default", DEFAULT_LISTEN, "not IP:PORT"))
     };
+    let socks = items(&args.socks_listen)
+        .map(|v| {
+            v.parse::<SocketAddr>()
+                .map_err(|_| invalid("--socks-listen", v, "expected IP:PORT, e.g. 127.0.0.1:1080"))
+                .map(|addr| Listener {
+                    protocol: Protocol::Socks5,
+                    ..Listener::system(addr)
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let Some(path) = &args.policy else {
         if config.listen.is_empty() {
             config.listen.push(default_listen()?);
         }
+        config.listen.extend(socks);
         return Ok(ProxySetup { config, policy: None });
     };
     let source = PolicySource {
@@ -206,11 +219,17 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
             identity,
             require_auth: l.require_auth,
             peers: None,
+            protocol: if l.socks5 {
+                Protocol::Socks5
+            } else {
+                Protocol::Http
+            },
         });
     }
     if config.listen.is_empty() {
         config.listen.push(default_listen()?);
     }
+    config.listen.extend(socks);
     let mut ranges = config.guard.allow_ranges().to_vec();
     ranges.extend(file.allow_ranges.iter().copied());
     config.guard = AddressGuard::new(ranges);

@@ -88,6 +88,8 @@ pub struct ListenerSpec {
     pub job: Option<String>,
     /// Requests must carry task credentials (`auth: basic`); the task comes from them.
     pub require_auth: bool,
+    /// `socks5` for a SOCKS5 listener (credentials as its RFC 1929 login); HTTP otherwise.
+    pub socks5: bool,
 }
 
 /// Where a task's secret hash is.
@@ -314,6 +316,18 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
                 "an auth: basic listener takes the project from each task's credential (spec.auth.tasks[].project), not from the listener",
             );
         }
+        let socks5 = match l.value.protocol.as_deref() {
+            None | Some("http") => false,
+            Some("socks5") => true,
+            Some(other) => {
+                c.error(
+                    line,
+                    "spec.listeners.protocol",
+                    format!("{other:?}: use http or socks5"),
+                );
+                false
+            }
+        };
         match l.value.listen.parse::<SocketAddr>() {
             Ok(listen) => listeners.push(ListenerSpec {
                 listen,
@@ -321,6 +335,7 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
                 project: l.value.project.clone(),
                 job: l.value.job.clone(),
                 require_auth,
+                socks5,
             }),
             Err(_) => c.error(
                 line,

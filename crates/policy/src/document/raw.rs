@@ -137,6 +137,8 @@ pub(super) struct RawListener {
     pub(super) job: Option<String>,
     #[serde(default)]
     pub(super) auth: Option<String>,
+    #[serde(default)]
+    pub(super) protocol: Option<String>,
 }
 
 /// An entry: a bare pattern string, or a map with `host` and the optional fields.
