@@ -69,8 +69,10 @@ try:
     wait.until(lambda d: d.find_elements(By.ID, "active-row-" + ex_id))
 
     def left():
-        cells = driver.find_elements(By.CSS_SELECTOR, "#active-row-%s .countdown" % ex_id)
-        return int(cells[0].get_attribute("data-left")) if cells else None
+        # One script call: the row is redrawn every second, so no element is held across calls.
+        return driver.execute_script(
+            "const c = document.querySelector('#active-row-' + arguments[0] + ' .countdown');"
+            "return c ? Number(c.dataset.left) : null;", ex_id)
 
     first = left()
     assert first is not None and 55 <= first <= 60, first
