@@ -93,6 +93,8 @@ impl From<ControlError> for ApiError {
             ControlError::Transition(_) => StatusCode::CONFLICT,
             ControlError::NotFound(_) => StatusCode::NOT_FOUND,
             ControlError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ControlError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ControlError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
             ControlError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status == StatusCode::INTERNAL_SERVER_ERROR {
@@ -156,10 +158,15 @@ async fn checked<T>(
     result: Result<T, ControlError>,
 ) -> Result<T, ApiError> {
     match result {
-        Err(e @ ControlError::Forbidden(_)) => {
-            refuse(state, Some(who), call, StatusCode::FORBIDDEN, &e.to_string()).await
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let error = ApiError::from(e);
+            // Every refusal by role, scope or self-approval is on record, not only some.
+            if error.0 == StatusCode::FORBIDDEN {
+                return refuse(state, Some(who), call, StatusCode::FORBIDDEN, &error.1).await;
+            }
+            Err(error)
         }
-        other => other.map_err(ApiError::from),
     }
 }
 

@@ -30,6 +30,10 @@ pub enum ControlError {
     NotFound(String),
     #[error("{0}")]
     Forbidden(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    TooMany(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -43,6 +47,18 @@ pub struct Control {
     next_id: AtomicU64,
     /// Serialises changes, so store, rules and audit see them in one order.
     changes: tokio::sync::Mutex<()>,
+    /// The project of each task the policy knows (listeners, credentials).
+    projects: std::collections::HashMap<String, String>,
+}
+
+/// Pending requests one requester may have at a time.
+const MAX_PENDING_PER_REQUESTER: usize = 100;
+
+/// Task and project ids: short, plain characters.
+fn valid_id(v: &str) -> bool {
+    (1..=128).contains(&v.len())
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
 }
 
 impl std::fmt::Debug for Control {
@@ -59,6 +75,7 @@ impl Control {
     pub async fn start(
         store: Arc<dyn ExceptionStore>,
         policy: ExceptionPolicy,
+        projects: std::collections::HashMap<String, String>,
         proxy: PolicyHandle,
         clock: Clock,
     ) -> Result<Control, ControlError> {
@@ -72,8 +89,10 @@ impl Control {
             clock,
             next_id: AtomicU64::new(seed),
             changes: tokio::sync::Mutex::new(()),
+            projects,
         };
         control.tick().await?;
+        control.enforce_bounds().await?;
         control.publish()?;
         Ok(control)
     }
@@ -100,7 +119,51 @@ impl Control {
             Role::Approver => {}
             Role::Viewer => return Err(forbidden(who, "request exceptions")),
         }
+        for (field, value) in [
+            ("task_id", Some(&req.task_id)),
+            ("project_id", req.project_id.as_ref()),
+        ] {
+            if let Some(v) = value
+                && !valid_id(v)
+            {
+                return Err(ControlError::Invalid(format!(
+                    "{field}: use 1 to 128 of A-Z a-z 0-9 . _ : -"
+                )));
+            }
+        }
+        // The project is the policy's for this task, never the caller's claim.
+        match (self.projects.get(&req.task_id), &req.project_id) {
+            (Some(known), Some(claimed)) if known != claimed => {
+                return Err(ControlError::Forbidden(format!(
+                    "task {:?} belongs to project {known:?}, not {claimed:?}",
+                    req.task_id
+                )));
+            }
+            (None, Some(claimed)) => {
+                return Err(ControlError::Forbidden(format!(
+                    "task {:?} is in no project of the policy, not {claimed:?}",
+                    req.task_id
+                )));
+            }
+            _ => {}
+        }
+        let req = NewRequest {
+            project_id: self.projects.get(&req.task_id).cloned(),
+            ..req
+        };
         let _serial = self.changes.lock().await;
+        let pending = self
+            .store
+            .list()?
+            .iter()
+            .filter(|e| e.requested_by == who.name && e.state == sandgate_policy::ExceptionState::Pending)
+            .count();
+        if pending >= MAX_PENDING_PER_REQUESTER {
+            return Err(ControlError::TooMany(format!(
+                "{} already has {pending} pending requests; wait for decisions",
+                who.name
+            )));
+        }
         let ex = self.policy.admit(req, self.new_id(), &who.name, self.now())?;
         self.store.insert(&ex)?;
         self.record(Change::Requested, &ex, Some(&who.name)).await;
@@ -143,8 +206,7 @@ impl Control {
                 ex.revoke(&who.name, now, note)
             })
             .await?;
-        let cut = self.proxy.cut(&ex.rule_label());
-        tracing::info!(exception = %ex.id, connections = cut, "exception revoked; its connections were cut");
+        tracing::info!(exception = %ex.id, "exception revoked; its connections were cut");
         Ok(ex)
     }
 
@@ -168,7 +230,16 @@ impl Control {
             self.store.update(&ex)?;
             self.record(Change::Expired, &ex, None).await;
         }
+        if change == Change::Approved {
+            // The bounds in force now, not only those when it was asked for.
+            self.policy.check_bounds(&ex)?;
+        }
         apply(&mut ex, now)?;
+        if change == Change::Revoked {
+            // Fail closed: the proxy stops allowing it and cuts its connections before
+            // anything is stored, so a full disk or a broken store cannot keep it alive.
+            self.proxy.cut(&ex.rule_label());
+        }
         self.store.update(&ex)?;
         self.publish()?;
         self.record(change, &ex, Some(&who.name)).await;
@@ -209,6 +280,8 @@ impl Control {
         let mut expired = 0;
         for mut ex in self.store.list()? {
             if ex.expire_if_due(now) {
+                // Its entries stopped matching at that second; what it let through ends now.
+                self.proxy.cut(&ex.rule_label());
                 self.store.update(&ex)?;
                 self.record(Change::Expired, &ex, None).await;
                 expired += 1;
@@ -220,9 +293,39 @@ impl Control {
         Ok(expired)
     }
 
-    /// Whether the store answers.
+    /// Whether the store answers and its rows can be read.
     pub fn ready(&self) -> Result<(), ControlError> {
-        Ok(self.store.ping()?)
+        self.store.ping()?;
+        self.store.list()?;
+        Ok(())
+    }
+
+    /// At start: what the policy no longer allows (a scope no longer enabled, a port or TTL
+    /// now out of bounds) is denied if pending and revoked if active, by "policy".
+    async fn enforce_bounds(&self) -> Result<(), ControlError> {
+        let _serial = self.changes.lock().await;
+        let now = self.now();
+        for mut ex in self.store.list()? {
+            let Err(e) = self.policy.check_bounds(&ex) else {
+                continue;
+            };
+            let note = Some(format!("out of the policy's bounds: {e}"));
+            let change = match ex.state_at(now) {
+                sandgate_policy::ExceptionState::Pending => {
+                    ex.deny("policy", now, note)?;
+                    Change::Denied
+                }
+                sandgate_policy::ExceptionState::Approved => {
+                    ex.revoke("policy", now, note)?;
+                    self.proxy.cut(&ex.rule_label());
+                    Change::Revoked
+                }
+                _ => continue,
+            };
+            self.store.update(&ex)?;
+            self.record(change, &ex, Some("policy")).await;
+        }
+        Ok(())
     }
 
     /// Hands the proxy the entries of every active exception.

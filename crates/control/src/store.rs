@@ -109,10 +109,18 @@ impl ExceptionStore for SqliteStore {
         let bodies = stmt
             .query_map([], |r| r.get::<_, String>(0))?
             .collect::<Result<Vec<_>, _>>()?;
-        bodies
+        // A row that cannot be read is reported and left out: it can then allow nothing
+        // (fail closed) and the rest still works.
+        Ok(bodies
             .iter()
-            .map(|b| serde_json::from_str(b).map_err(StoreError::from))
-            .collect()
+            .filter_map(|b| match serde_json::from_str(b) {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    tracing::error!(error = %e, "an exception row cannot be read; it is ignored");
+                    None
+                }
+            })
+            .collect())
     }
 
     fn ping(&self) -> Result<(), StoreError> {

@@ -100,6 +100,33 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/ui/events", get(ui_events))
         .route("/ui/{action}/{id}", post(act))
         .with_state(state)
+        .layer(axum::middleware::map_response(guard_headers))
+}
+
+/// No framing (clickjacking from another app on localhost), no sniffing, no referrer, and
+/// scripts and connections only from this page's own origin.
+async fn guard_headers(mut response: Response) -> Response {
+    let h = response.headers_mut();
+    h.insert(header::X_FRAME_OPTIONS, header::HeaderValue::from_static("DENY"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static(
+            "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+        ),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        header::HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    response
 }
 
 #[derive(Debug, Deserialize)]

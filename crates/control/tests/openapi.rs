@@ -39,6 +39,7 @@ async fn state(dir: &std::path::Path) -> Arc<ApiState> {
     let control = Control::start(
         Arc::new(store),
         ExceptionPolicy::default(),
+        Default::default(),
         handle.clone(),
         Arc::new(|| 0),
     )

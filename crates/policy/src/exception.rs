@@ -239,6 +239,32 @@ impl ExceptionPolicy {
     }
 }
 
+impl ExceptionPolicy {
+    /// Checks an exception against the bounds in force now (the policy may have changed
+    /// since it was asked for): enabled for its task or project, its ports and TTL within.
+    pub fn check_bounds(&self, ex: &Exception) -> Result<(), RequestError> {
+        let bounds = self
+            .bounds_for(&ex.task_id, ex.project_id.as_deref())
+            .ok_or_else(|| RequestError::NotEnabled {
+                task: ex.task_id.clone(),
+                project: ex.project_id.clone(),
+            })?;
+        if let Some(&port) = ex.ports.iter().find(|p| !bounds.ports.contains(p)) {
+            return Err(RequestError::Port {
+                port,
+                allowed: bounds.ports.clone(),
+            });
+        }
+        if ex.ttl_seconds > bounds.max_ttl_seconds {
+            return Err(RequestError::TtlTooLong {
+                ttl: ex.ttl_seconds,
+                max: bounds.max_ttl_seconds,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// An exact host name: no wildcard, no IP literal, no scheme, port or path; lower case.
 fn exact_host(text: &str) -> Result<String, RequestError> {
     if text.contains('*') {

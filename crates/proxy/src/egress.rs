@@ -448,6 +448,11 @@ impl Grant {
         &self.stop
     }
 
+    /// Whether a revocation can end this grant early.
+    pub fn revocable(&self) -> bool {
+        self._cut.is_some()
+    }
+
     /// Hands the revocation registration to whatever outlives this grant (a kept-alive
     /// client connection): the token it cancels and the guard that keeps it registered.
     pub fn keep_cut(&mut self) -> Option<(CancellationToken, CutGuard)> {

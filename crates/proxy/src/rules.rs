@@ -74,11 +74,18 @@ impl Layers {
     }
 }
 
-/// Connections open under a rule that may be revoked, by rule label.
+/// Connections open under a rule that may be revoked, by rule label, and the labels already
+/// cut: a connection decided just before a cut registers after it, and must end at once.
 #[derive(Debug, Default)]
 pub(crate) struct Cuts {
-    by_label: Mutex<HashMap<Arc<str>, Open>>,
+    by_label: Mutex<CutState>,
     next: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct CutState {
+    open: HashMap<Arc<str>, Open>,
+    dead: std::collections::HashSet<Arc<str>>,
 }
 
 /// Removes its registration when the connection ends.
@@ -93,8 +100,13 @@ impl Cuts {
     /// Registers `token` to be cancelled when `label` is cut.
     pub fn register(cuts: &Arc<Cuts>, label: Arc<str>, token: CancellationToken) -> CutGuard {
         let id = cuts.next.fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut map) = cuts.by_label.lock() {
-            map.entry(label.clone()).or_default().push((id, token));
+        if let Ok(mut state) = cuts.by_label.lock() {
+            if state.dead.contains(&label) {
+                // Revoked or expired between the decision and now: ends at once.
+                token.cancel();
+            } else {
+                state.open.entry(label.clone()).or_default().push((id, token));
+            }
         }
         CutGuard {
             cuts: cuts.clone(),
@@ -103,26 +115,33 @@ impl Cuts {
         }
     }
 
+    /// Cancels every connection under `label` and marks it dead, so one registering later
+    /// is cancelled at once too.
     fn cut(&self, label: &str) -> usize {
-        let tokens = self
-            .by_label
-            .lock()
-            .ok()
-            .and_then(|mut map| map.remove(label))
-            .unwrap_or_default();
+        let tokens = match self.by_label.lock() {
+            Ok(mut state) => {
+                state.dead.insert(Arc::from(label));
+                state.open.remove(label).unwrap_or_default()
+            }
+            Err(_) => Vec::new(),
+        };
         tokens.iter().for_each(|(_, t)| t.cancel());
         tokens.len()
+    }
+
+    fn is_dead(&self, label: &str) -> bool {
+        self.by_label.lock().is_ok_and(|s| s.dead.contains(label))
     }
 }
 
 impl Drop for CutGuard {
     fn drop(&mut self) {
-        if let Ok(mut map) = self.cuts.by_label.lock()
-            && let Some(list) = map.get_mut(&self.label)
+        if let Ok(mut state) = self.cuts.by_label.lock()
+            && let Some(list) = state.open.get_mut(&self.label)
         {
             list.retain(|(id, _)| *id != self.id);
             if list.is_empty() {
-                map.remove(&self.label);
+                state.open.remove(&self.label);
             }
         }
     }
@@ -148,18 +167,25 @@ impl PolicyHandle {
         self.record(true, generation, detail).await;
     }
 
-    /// Replaces the exceptions layer: the entries of every approved, unexpired exception.
-    pub fn set_exceptions(&self, entries: Vec<Entry>) {
+    /// Replaces the exceptions layer: the entries of every approved, unexpired exception
+    /// (never those of one already cut).
+    pub fn set_exceptions(&self, mut entries: Vec<Entry>) {
+        entries.retain(|e| !self.cuts.is_dead(&e.origin));
         self.change(|layers| {
             layers.exceptions = entries;
             layers.enabled = true;
         });
     }
 
-    /// Ends every open connection granted under `rule_label` (a revoked exception's);
-    /// returns how many were cut.
+    /// Ends an exception at once, before anything is stored: its entries leave the rules
+    /// and every connection granted under `rule_label` (tunnels, kept-alive connections,
+    /// exchanges in flight) is cut, including one decided just before and registering
+    /// after. Returns how many were cut.
     pub fn cut(&self, rule_label: &str) -> usize {
-        self.cuts.cut(rule_label)
+        let cut = self.cuts.cut(rule_label);
+        let cuts = self.cuts.clone();
+        self.change(|layers| layers.exceptions.retain(|e| !cuts.is_dead(&e.origin)));
+        cut
     }
 
     /// Records a rejected reload (the old rules stay in force).

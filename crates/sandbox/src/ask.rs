@@ -20,11 +20,17 @@ use sandgate_proxy::ask::{Answer, Asker};
 /// the whole run).
 type Memo = HashMap<(String, u16), (Answer, Option<Instant>)>;
 
+/// Questions that may go unanswered (denied or timed out) in one run before the run stops
+/// asking and denies at once: a command cannot keep the person, and every other request,
+/// busy with a stream of new names.
+const MAX_UNANSWERED: u32 = 5;
+
 /// Asks the person at the controlling terminal.
 #[derive(Debug)]
 pub struct TerminalAsker {
     timeout: Duration,
     user: String,
+    unanswered: std::sync::atomic::AtomicU32,
     memo: tokio::sync::Mutex<Memo>,
 }
 
@@ -36,6 +42,7 @@ impl TerminalAsker {
         TerminalAsker {
             timeout,
             user: format!("{user} (terminal)"),
+            unanswered: std::sync::atomic::AtomicU32::new(0),
             memo: tokio::sync::Mutex::new(HashMap::new()),
         }
     }
@@ -57,13 +64,19 @@ impl Asker for TerminalAsker {
             {
                 return *answer;
             }
+            if self.unanswered.load(std::sync::atomic::Ordering::Relaxed) >= MAX_UNANSWERED {
+                return Answer::Deny;
+            }
+            // The answer must carry a code only the terminal shows: whatever the command
+            // inside made the person type (or typed ahead) cannot approve anything.
+            let code = random_code();
             let question = format!(
-                "\r\nsandgate: the sandbox asks for {target} ({}). Allow [o]nce, for this [r]un, for [1]5 minutes, or [d]eny? (deny in {} s) ",
+                "\r\nsandgate: the sandbox asks for {target} ({}). Type o-{code} to allow once, r-{code} for this run, 15-{code} for 15 minutes; anything else denies (in {} s): ",
                 access.scheme(),
                 self.timeout.as_secs()
             );
             let answer = match prompt(&question, Instant::now() + self.timeout).await {
-                Ok(line) => parse(&line),
+                Ok(line) => parse(&line, &code),
                 Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
                     say("\r\nsandgate: no answer in time; denied\r\n");
                     Answer::Deny
@@ -74,6 +87,11 @@ impl Asker for TerminalAsker {
                 }
             };
             say(&format!("sandgate: {target}: {}\r\n", describe(answer)));
+            if answer == Answer::Deny
+                && self.unanswered.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == MAX_UNANSWERED
+            {
+                say("sandgate: too many questions went unanswered; the rest of this run is not asked\r\n");
+            }
             match answer {
                 Answer::ForRun | Answer::Deny => {
                     memo.insert(key, (answer, None));
@@ -95,14 +113,34 @@ impl Asker for TerminalAsker {
     }
 }
 
-/// The first letter decides; anything else is a deny.
-fn parse(line: &str) -> Answer {
-    match line.trim().chars().next().map(|c| c.to_ascii_lowercase()) {
-        Some('o') => Answer::Once,
-        Some('r') => Answer::ForRun,
-        Some('1') => Answer::ForSeconds(15 * 60),
+/// `o-CODE`, `r-CODE` or `15-CODE` with this question's code; anything else is a deny.
+fn parse(line: &str, code: &str) -> Answer {
+    let line = line.trim().to_ascii_lowercase();
+    let Some((choice, given)) = line.split_once('-') else {
+        return Answer::Deny;
+    };
+    if given != code {
+        return Answer::Deny;
+    }
+    match choice {
+        "o" => Answer::Once,
+        "r" => Answer::ForRun,
+        "15" => Answer::ForSeconds(15 * 60),
         _ => Answer::Deny,
     }
+}
+
+/// Four random digits from the kernel (fixed digits if it has none: then nothing matches
+/// a typed-ahead single letter either).
+fn random_code() -> String {
+    let mut bytes = [0u8; 2];
+    let ok = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    let n = if ok.is_ok() {
+        u16::from_le_bytes(bytes) % 10_000
+    } else {
+        4711
+    };
+    format!("{n:04}")
 }
 
 fn describe(a: Answer) -> &'static str {
@@ -128,6 +166,9 @@ async fn prompt(question: &str, deadline: Instant) -> std::io::Result<String> {
         .write(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open("/dev/tty")?;
+    // Whatever was typed before the question (typeahead, an answer meant for the command)
+    // is discarded.
+    let _ = nix::sys::termios::tcflush(&tty, nix::sys::termios::FlushArg::TCIFLUSH);
     (&tty).write_all(question.as_bytes())?;
     tokio::task::spawn_blocking(move || read_line(tty, deadline))
         .await
@@ -170,12 +211,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn answers_by_first_letter_and_anything_else_denies() {
-        assert_eq!(parse("o\n"), Answer::Once);
-        assert_eq!(parse(" Run\n"), Answer::ForRun);
-        assert_eq!(parse("15\n"), Answer::ForSeconds(900));
-        for no in ["d\n", "\n", "yes\n", "x"] {
-            assert_eq!(parse(no), Answer::Deny, "{no:?}");
+    fn answers_need_the_code_and_anything_else_denies() {
+        assert_eq!(parse("o-0042\n", "0042"), Answer::Once);
+        assert_eq!(parse(" R-0042\n", "0042"), Answer::ForRun);
+        assert_eq!(parse("15-0042\n", "0042"), Answer::ForSeconds(900));
+        for no in ["o\n", "r\n", "robert\n", "o-0043\n", "d-0042\n", "\n", "x"] {
+            assert_eq!(parse(no, "0042"), Answer::Deny, "{no:?}");
         }
+        assert_eq!(random_code().len(), 4);
     }
 }

@@ -65,9 +65,22 @@ pub async fn mount(
     let store =
         SqliteStore::open(&db).map_err(|e| ControlSetupError::Store(format!("{}: {e}", db.display())))?;
     let handle = proxy.policy_handle();
+    // Each task's project, as the policy knows it (a requester may not claim another).
+    let mut projects = std::collections::HashMap::new();
+    for l in &file.listeners {
+        if let (Some(t), Some(p)) = (&l.task, &l.project) {
+            projects.insert(t.clone(), p.clone());
+        }
+    }
+    for t in &file.task_secrets {
+        if let Some(p) = &t.project {
+            projects.insert(t.task.clone(), p.clone());
+        }
+    }
     let control = Control::start(
         Arc::new(store),
         file.exceptions.clone(),
+        projects,
         handle.clone(),
         Arc::new(sandgate_proxy::unix_now),
     )

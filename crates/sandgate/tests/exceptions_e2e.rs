@@ -299,3 +299,85 @@ fn a_restart_keeps_pending_and_active_exceptions_and_not_expired_ones() {
         "the active exception came back"
     );
 }
+
+/// Review findings: an exception's tunnel ends when it expires; a requester cannot claim a
+/// project to reach an enabled scope; an approver approving its own request is refused and
+/// on record.
+#[test]
+fn expiry_cuts_tunnels_claims_and_self_approval_are_refused() {
+    let rt = runtime();
+    let echo = rt.block_on(EchoServer::start());
+    let dns = rt.block_on(DnsServer::start(Zone::new().with("echo.test", &["127.0.0.1"])));
+    let dir = tempfile::tempdir().unwrap();
+    let (listener, admin) = (free_addr(), free_addr());
+    let policy = write_policy(dir.path(), listener, admin, &[echo.addr().port()]);
+    let p = start(&dns, &policy, &dir.path().join("state"));
+    let port = echo.addr().port();
+    let ask = |project: &str| {
+        format!(
+            r#"{{"task_id":"t-1",{project}"requested_hosts":["echo.test"],"requested_ports":[{port}],"ttl_seconds":60,"reason":"r"}}"#
+        )
+    };
+    let (status, err) = api(
+        admin,
+        "POST",
+        "/v1/exceptions",
+        Some("tok-agent"),
+        Some(&ask(r#""project_id":"p-9","#)),
+    );
+    assert_eq!(status, 403, "a claimed project: {err}");
+    let (_, mine) = api(admin, "POST", "/v1/exceptions", Some("tok-alice"), Some(&ask("")));
+    let mine = mine["id"].as_str().unwrap();
+    assert_eq!(
+        api(
+            admin,
+            "POST",
+            &format!("/v1/exceptions/{mine}/approve"),
+            Some("tok-alice"),
+            None
+        )
+        .0,
+        403
+    );
+    let (_, ex) = api(admin, "POST", "/v1/exceptions", Some("tok-agent"), Some(&ask("")));
+    let id = ex["id"].as_str().unwrap();
+    let (status, ex) = api(
+        admin,
+        "POST",
+        &format!("/v1/exceptions/{id}/approve"),
+        Some("tok-alice"),
+        Some(r#"{"ttl_seconds":2}"#),
+    );
+    assert_eq!(status, 200, "{ex}");
+    let target = format!("echo.test:{port}");
+    let mut tunnel = TcpStream::connect(listener).unwrap();
+    tunnel.set_read_timeout(Some(Duration::from_secs(6))).unwrap();
+    tunnel
+        .write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut head = [0u8; 39];
+    tunnel.read_exact(&mut head).unwrap();
+    assert!(head.starts_with(b"HTTP/1.1 200"));
+    let opened = Instant::now();
+    let mut rest = Vec::new();
+    let _ = tunnel.read_to_end(&mut rest);
+    assert!(
+        opened.elapsed() < Duration::from_secs(4),
+        "the tunnel outlived its exception's expiry"
+    );
+    let events = p.audit_events(8);
+    let refused: Vec<u64> = events
+        .iter()
+        .filter(|e| e["event"] == "admin_refused")
+        .filter_map(|e| e["status"].as_u64())
+        .collect();
+    assert_eq!(
+        refused,
+        [403, 403],
+        "the claim and the self-approval are on record: {events:#?}"
+    );
+    assert!(
+        events.iter().any(|e| e["event"] == "exception_expired"),
+        "{events:#?}"
+    );
+}

@@ -26,8 +26,11 @@ use sandgate_testkit::origin::Origin;
 /// Runs `script` in a new pseudo-terminal, answering each prompt with the next of
 /// `answers`; returns what the terminal showed and how many prompts there were.
 const PTY_DRIVER: &str = r#"
-import os, pty, select, sys, time
+import os, pty, re, select, sys, time
 script, answers, limit = sys.argv[1], [a for a in sys.argv[2].split(',') if a], float(sys.argv[3])
+# Typed when the command (not sandgate) asks something: an answer meant for the command.
+decoy = sys.argv[4] if len(sys.argv) > 4 else ''
+decoyed = False
 pid, fd = pty.fork()
 if pid == 0:
     os.execvp('sh', ['sh', '-c', script])
@@ -42,9 +45,13 @@ while time.time() < end:
         if not data:
             break
         out += data
-        while out.count(b'Allow [o]nce') > prompts:
-            if prompts < len(answers):
-                os.write(fd, (answers[prompts] + '\n').encode())
+        if decoy and not decoyed and b'name? ' in out:
+            os.write(fd, (decoy + '\n').encode()); decoyed = True
+        while out.count(b'Type o-') > prompts:
+            codes = re.findall(rb'Type o-(\d{4})', out)
+            if prompts < len(answers) and len(codes) > prompts:
+                a = answers[prompts]
+                os.write(fd, ((a + '-' + codes[prompts].decode()) if a in ('o', 'r', '15') else a).encode() + b'\n')
             prompts += 1
 os.waitpid(pid, 0)
 sys.stdout.write(out.decode(errors='replace'))
@@ -177,6 +184,28 @@ fn no_answer_in_time_is_a_deny() {
     );
     assert!(shown.contains("no answer in time"), "{shown}");
     assert!(shown.contains("PROMPTS=1"), "the deny was remembered: {shown}");
+}
+
+/// The attack: the command asks the person something, then makes a request; what the person
+/// types for the command ("robert", which starts with r) must not approve the request.
+#[test]
+fn what_the_person_types_for_the_command_approves_nothing() {
+    let s = setup();
+    let script = format!(
+        "{sg} run --ask --ask-timeout 2 --policy {policy} -- sh -c \"printf 'name? '; sleep 1; curl -s -o /dev/null -w 'status=%{{http_code}}\\n' http://web.test:{port}/\"",
+        sg = common::sandgate_bin(),
+        policy = s.policy.display(),
+        port = s.port,
+    );
+    let out = Command::new(HOST_PYTHON)
+        .args(["-c", PTY_DRIVER, &script, "", "30", "robert"])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains("status=403"),
+        "the typed-ahead answer approved the request: {shown}"
+    );
 }
 
 #[test]

@@ -97,7 +97,15 @@ pub(crate) async fn handle_http(
         egress.close(grant, end).await;
         return Next::Close;
     };
-    let outcome = exchange(egress, client, &head, &http, up).await;
+    // A revocation ends an exchange in flight too (a dripping download, an endless upload).
+    let stop = grant.stop().clone();
+    let outcome = tokio::select! {
+        outcome = exchange(egress, client, &head, &http, up) => outcome,
+        _ = stop.cancelled(), if grant.revocable() => {
+            let label = if egress.hard_stop.is_cancelled() { Outcome::Shutdown } else { Outcome::Revoked };
+            Exchange::failed(0, 0, label)
+        }
+    };
     match outcome.refusal {
         // The upstream failed before a response: answer the client ourselves.
         Some(refusal) => {
