@@ -154,9 +154,9 @@ impl Control {
         let _serial = self.changes.lock().await;
         let pending = self
             .store
-            .list()?
+            .list_in(sandgate_policy::ExceptionState::Pending)?
             .iter()
-            .filter(|e| e.requested_by == who.name && e.state == sandgate_policy::ExceptionState::Pending)
+            .filter(|e| e.requested_by == who.name)
             .count();
         if pending >= MAX_PENDING_PER_REQUESTER {
             return Err(ControlError::TooMany(format!(
@@ -278,7 +278,7 @@ impl Control {
         let _serial = self.changes.lock().await;
         let now = self.now();
         let mut expired = 0;
-        for mut ex in self.store.list()? {
+        for mut ex in self.store.list_in(sandgate_policy::ExceptionState::Approved)? {
             if ex.expire_if_due(now) {
                 // Its entries stopped matching at that second; what it let through ends now.
                 self.proxy.cut(&ex.rule_label());
@@ -333,7 +333,7 @@ impl Control {
         let now = self.now();
         let entries = self
             .store
-            .list()?
+            .list_in(sandgate_policy::ExceptionState::Approved)?
             .iter()
             .filter(|e| e.is_active(now))
             .flat_map(Exception::entries)

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use rusqlite::{Connection, OptionalExtension, params};
-use sandgate_policy::Exception;
+use sandgate_policy::{Exception, ExceptionState};
 
 /// Why the store failed.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +31,9 @@ pub trait ExceptionStore: Send + Sync + std::fmt::Debug {
     fn get(&self, id: &str) -> Result<Option<Exception>, StoreError>;
     /// Every exception, oldest first.
     fn list(&self) -> Result<Vec<Exception>, StoreError>;
+    /// The exceptions in `state`, oldest first (what the expiry timer and publication need,
+    /// without reading every decided exception ever stored).
+    fn list_in(&self, state: ExceptionState) -> Result<Vec<Exception>, StoreError>;
     /// Whether the store answers (for `/readyz`).
     fn ping(&self) -> Result<(), StoreError>;
 }
@@ -104,10 +107,29 @@ impl ExceptionStore for SqliteStore {
     }
 
     fn list(&self) -> Result<Vec<Exception>, StoreError> {
+        self.select("SELECT body FROM exceptions ORDER BY requested_at, id", None)
+    }
+
+    fn list_in(&self, state: ExceptionState) -> Result<Vec<Exception>, StoreError> {
+        self.select(
+            "SELECT body FROM exceptions WHERE state = ?1 ORDER BY requested_at, id",
+            Some(state.as_str()),
+        )
+    }
+
+    fn ping(&self) -> Result<(), StoreError> {
+        self.conn().query_row("SELECT 1", [], |_| Ok(()))?;
+        Ok(())
+    }
+}
+
+impl SqliteStore {
+    /// The exceptions a query selects (its one parameter, if any, bound to `?1`).
+    fn select(&self, sql: &str, param: Option<&str>) -> Result<Vec<Exception>, StoreError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT body FROM exceptions ORDER BY requested_at, id")?;
+        let mut stmt = conn.prepare(sql)?;
         let bodies = stmt
-            .query_map([], |r| r.get::<_, String>(0))?
+            .query_map(rusqlite::params_from_iter(param), |r| r.get::<_, String>(0))?
             .collect::<Result<Vec<_>, _>>()?;
         // A row that cannot be read is reported and left out: it can then allow nothing
         // (fail closed) and the rest still works.
@@ -121,11 +143,6 @@ impl ExceptionStore for SqliteStore {
                 }
             })
             .collect())
-    }
-
-    fn ping(&self) -> Result<(), StoreError> {
-        self.conn().query_row("SELECT 1", [], |_| Ok(()))?;
-        Ok(())
     }
 }
 
@@ -172,6 +189,14 @@ mod tests {
         assert_eq!(all.len(), 2);
         assert_eq!(store.get("b").unwrap().unwrap().expires_at, Some(65));
         assert!(store.get("zzz").unwrap().is_none());
+        let approved: Vec<String> = store
+            .list_in(ExceptionState::Approved)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.id)
+            .collect();
+        assert_eq!(approved, ["b"]);
+        assert_eq!(store.list_in(ExceptionState::Pending).unwrap().len(), 1);
         store.ping().unwrap();
     }
 }

@@ -448,5 +448,5 @@ fn proxy_mode_chains_the_sandbox_through_an_upstream_proxy() {
 /// they already run unprivileged, the suite itself is that run.
 #[test]
 fn the_sandbox_suite_passes_as_an_ordinary_user() {
-    sandbox_support::rerun_as_nobody("the_sandbox_suite_passes_as_an_ordinary_user", 10);
+    common::rerun_as_nobody("sandbox_e2e", "the_sandbox_suite_passes_as_an_ordinary_user", 10);
 }

@@ -492,5 +492,9 @@ fn no_process_outlives_a_run_and_the_pid_namespace_is_kept_outside_net_all() {
 /// This whole binary again as `nobody` when the tests run as root.
 #[test]
 fn the_hardening_suite_passes_as_an_ordinary_user() {
-    sandbox_support::rerun_as_nobody("the_hardening_suite_passes_as_an_ordinary_user", 8);
+    common::rerun_as_nobody(
+        "sandbox_hardening_e2e",
+        "the_hardening_suite_passes_as_an_ordinary_user",
+        8,
+    );
 }

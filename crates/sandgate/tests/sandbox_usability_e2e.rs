@@ -261,5 +261,9 @@ fn secret_looking_environment_is_withheld_and_a_bare_star_is_refused() {
 /// This whole binary again as `nobody` when the tests run as root.
 #[test]
 fn the_usability_suite_passes_as_an_ordinary_user() {
-    sandbox_support::rerun_as_nobody("the_usability_suite_passes_as_an_ordinary_user", 6);
+    common::rerun_as_nobody(
+        "sandbox_usability_e2e",
+        "the_usability_suite_passes_as_an_ordinary_user",
+        6,
+    );
 }
