@@ -44,7 +44,8 @@ struct Args {
     /// Idle tunnels held open for the memory figure.
     #[arg(long, default_value_t = 5000)]
     idle: usize,
-    /// Targets, comma-separated: direct, sandgate, squid, tinyproxy.
+    /// Targets, comma-separated: direct, sandgate, sandgate-nopeek (no first-bytes check
+    /// on tunnels), squid, tinyproxy.
     #[arg(
         long,
         default_value = "direct,sandgate,squid,tinyproxy",
@@ -138,6 +139,8 @@ async fn run(args: &Args, proxy_core: Option<usize>) -> Result<bool, BoxError> {
     };
     let mut results: Results = BTreeMap::new();
     let mut ok = true;
+    // New tunnels open with a real TLS ClientHello, as HTTPS clients' do.
+    let hello: std::sync::Arc<[u8]> = scenarios::client_hello()?.into();
     for round in 0..args.rounds {
         let n = args.targets.len();
         for i in 0..n {
@@ -145,7 +148,18 @@ async fn run(args: &Args, proxy_core: Option<usize>) -> Result<bool, BoxError> {
                 continue;
             };
             eprintln!("round {}/{}: {name}", round + 1, args.rounds);
-            if let Err(e) = run_target(name, args, &servers, &sandgate_bin, proxy_core, &mut results).await {
+            let hello = hello.clone();
+            if let Err(e) = run_target(
+                name,
+                args,
+                &servers,
+                hello,
+                &sandgate_bin,
+                proxy_core,
+                &mut results,
+            )
+            .await
+            {
                 eprintln!("  {name}: {e}");
                 if name == "direct" || name == "sandgate" {
                     ok = false;
@@ -161,13 +175,16 @@ async fn run_target(
     name: &str,
     args: &Args,
     s: &Servers,
+    hello: std::sync::Arc<[u8]>,
     sandgate_bin: &std::path::Path,
     core: Option<usize>,
     results: &mut Results,
 ) -> Result<(), BoxError> {
     let proxy = match name {
         "direct" => None,
-        "sandgate" => Some(proxies::sandgate(sandgate_bin, s, core)?),
+        "sandgate" => Some(proxies::sandgate(sandgate_bin, s, core, true)?),
+        // The same, reading no tunnel's first bytes: the cost of the ClientHello check.
+        "sandgate-nopeek" => Some(proxies::sandgate(sandgate_bin, s, core, false)?),
         "squid" => Some(proxies::squid(s, core)?),
         "tinyproxy" => Some(proxies::tinyproxy(s, core)?),
         other => return Err(format!("unknown target {other}").into()),
@@ -191,6 +208,7 @@ async fn run_target(
     let tps = scenarios::new_tunnels(
         via,
         s,
+        hello.clone(),
         args.tunnel_conns,
         Duration::from_secs_f64(args.tunnel_secs),
     )

@@ -71,7 +71,14 @@ fn allowed(s: &Servers) -> [SocketAddr; 4] {
     [s.origin, s.echo, s.sink, s.source]
 }
 
-pub fn sandgate(binary: &Path, s: &Servers, core: Option<usize>) -> Result<RunningProxy, BoxError> {
+/// sandgate with the same allowlist; `inspect: false` turns the tunnels' first-bytes check
+/// off (`spec.network.tunnels: {sni: off, tls_only: false}`).
+pub fn sandgate(
+    binary: &Path,
+    s: &Servers,
+    core: Option<usize>,
+    inspect: bool,
+) -> Result<RunningProxy, BoxError> {
     let dir = world_writable_dir()?;
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
     let mut cmd = pinned(binary, core);
@@ -88,6 +95,14 @@ pub fn sandgate(binary: &Path, s: &Servers, core: Option<usize>) -> Result<Runni
     cmd.args(["--max-connections-per-client", "8000"]);
     for a in allowed(s) {
         cmd.args(["--allow", &a.to_string()]);
+    }
+    if !inspect {
+        let policy = dir.path().join("policy.yaml");
+        std::fs::write(
+            &policy,
+            "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {name: bench}\nspec:\n  network:\n    tunnels: {sni: \"off\", tls_only: false}\n",
+        )?;
+        cmd.arg("--policy").arg(policy);
     }
     let mut child = cmd
         .env("SANDGATE_LOG", "warn")

@@ -97,19 +97,44 @@ pub async fn http_gets(
     })
 }
 
-/// New tunnels per second: each opens a tunnel to the echo server, echoes 16 bytes, closes.
-pub async fn new_tunnels(via: Via, s: &Servers, conns: usize, duration: Duration) -> Result<f64, BoxError> {
+/// A TLS ClientHello as rustls's client writes it (for an IP address, so without a server
+/// name: every proxy reaches the servers by IP literal).
+pub fn client_hello() -> Result<Vec<u8>, BoxError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    let server = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
+    let mut conn = rustls::ClientConnection::new(Arc::new(config), server)?;
+    let mut out = Vec::new();
+    while conn.wants_write() {
+        conn.write_tls(&mut out)?;
+    }
+    Ok(out)
+}
+
+/// New tunnels per second: each opens a tunnel to the echo server, sends `first` (a TLS
+/// ClientHello) and reads it echoed back, closes.
+pub async fn new_tunnels(
+    via: Via,
+    s: &Servers,
+    first: Arc<[u8]>,
+    conns: usize,
+    duration: Duration,
+) -> Result<f64, BoxError> {
     let stop = Arc::new(AtomicBool::new(false));
     let echo = s.echo;
     let mut tasks = Vec::with_capacity(conns);
     for _ in 0..conns {
         let stop = stop.clone();
+        let first = first.clone();
         tasks.push(tokio::spawn(async move {
             let mut done = 0u64;
+            let mut back = vec![0u8; first.len()];
             while !stop.load(Ordering::Relaxed) {
                 let mut stream = open(via, echo).await?;
-                stream.write_all(b"0123456789abcdef").await?;
-                let mut back = [0u8; 16];
+                stream.write_all(&first).await?;
                 stream.read_exact(&mut back).await?;
                 done += 1;
             }

@@ -237,6 +237,8 @@ pub struct Ruleset {
     deny: RuleIndex,
     /// Task credentials for listeners that require them; swapped together with the rules.
     credentials: crate::auth::Credentials,
+    /// What tunnels may carry; swapped together with the rules.
+    tunnels: crate::tunnel::TunnelRules,
 }
 
 impl Ruleset {
@@ -256,6 +258,7 @@ impl Ruleset {
         if let Some(file) = file {
             file.allow.iter().cloned().for_each(|e| rules.allow_entry(e));
             file.deny.iter().cloned().for_each(|e| rules.deny_entry(e));
+            rules.tunnels = file.tunnels.clone();
         }
         rules
     }
@@ -268,6 +271,16 @@ impl Ruleset {
     /// The task credentials in force.
     pub fn credentials(&self) -> &crate::auth::Credentials {
         &self.credentials
+    }
+
+    /// What tunnels may carry.
+    pub fn tunnels(&self) -> &crate::tunnel::TunnelRules {
+        &self.tunnels
+    }
+
+    /// Sets what tunnels may carry.
+    pub fn set_tunnels(&mut self, tunnels: crate::tunnel::TunnelRules) {
+        self.tunnels = tunnels;
     }
 
     /// Adds a system-scope allow rule given on the command line.

@@ -15,6 +15,7 @@ pub mod host;
 pub mod pattern;
 pub mod preset;
 pub mod target;
+pub mod tunnel;
 
 pub use addr::{AddrClass, AddressGuard, Prohibited, classify};
 pub use auth::{AuthError, Credentials, Principal, Principals, Role, TaskCredential};
@@ -31,3 +32,4 @@ pub use pattern::{HostPattern, Pattern, PatternError};
 pub use target::{
     Access, HttpTarget, Target, TargetError, parse_connect_target, parse_host_field, parse_http_target,
 };
+pub use tunnel::{FirstBytes, TunnelRefusal, TunnelRules};

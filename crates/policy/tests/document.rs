@@ -218,3 +218,35 @@ fn exceptions_and_admin_tokens_parse_and_refuse_what_they_must() {
         assert!(err.contains(want), "{spec:?}: {err}");
     }
 }
+
+#[test]
+fn tunnel_settings_parse_and_bad_values_name_their_field() {
+    let head = "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {name: t}\nspec:\n  network:\n";
+    let file = parse_policy(&format!("{head}    allowlist: []\n"), "p.yaml", NOW).unwrap();
+    assert_eq!(file.tunnels, sandgate_policy::TunnelRules::default());
+    let text = format!(
+        "{head}    tunnels:\n      sni: off\n      missing_sni: allow\n      tls_only: [443, 8443]\n      first_bytes_timeout_ms: 2500\n"
+    );
+    let t = parse_policy(&text, "p.yaml", NOW).unwrap().tunnels;
+    assert_eq!(t.sni, sandgate_policy::tunnel::SniMode::Off);
+    assert!(t.allow_missing_sni);
+    assert!(t.tls_only(8443) && t.tls_only(443) && !t.tls_only(22));
+    assert_eq!(t.first_bytes_timeout_ms, 2500);
+    let all = format!("{head}    tunnels: {{tls_only: true}}\n");
+    assert!(parse_policy(&all, "p.yaml", NOW).unwrap().tunnels.tls_only(22));
+    let bad = format!(
+        "{head}    tunnels:\n      sni: maybe\n      missing_sni: sometimes\n      tls_only: [0, 70000]\n      first_bytes_timeout_ms: 0\n"
+    );
+    let errors = parse_policy(&bad, "p.yaml", NOW).unwrap_err().to_string();
+    for want in [
+        "p.yaml:7: spec.network.tunnels.sni: \"maybe\": use must_match or off",
+        "p.yaml:8: spec.network.tunnels.missing_sni: \"sometimes\"",
+        "spec.network.tunnels.tls_only: 0 is not a port",
+        "spec.network.tunnels.tls_only: 70000 is not a port",
+        "p.yaml:10: spec.network.tunnels.first_bytes_timeout_ms: 0",
+    ] {
+        assert!(errors.contains(want), "{want} in\n{errors}");
+    }
+    let unknown = format!("{head}    tunnels: {{sni_check: off}}\n");
+    assert!(parse_policy(&unknown, "p.yaml", NOW).is_err());
+}

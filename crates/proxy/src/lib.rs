@@ -5,7 +5,8 @@
 //! the HTTP/1 front end ([`http1`]) reads bounded heads and hands each request to the core
 //! ([`egress`]), which asks the pure policy crate, has [`dial`] resolve, vet and connect (the
 //! only module that dials out), and records decisions and closes in [`audit`]; the front end
-//! then forwards HTTP or answers CONNECT and hands the sockets to [`relay`]. [`refusal`]
+//! then forwards HTTP or answers CONNECT; a tunnel's first bytes are checked against the
+//! tunnel rules ([`hello`] reads the TLS ClientHello) before the sockets go to [`relay`]. [`refusal`]
 //! classifies every refusal once; each front end renders it. [`rules`] holds the rules in
 //! force and the handle that swaps them; [`reload`] watches the policy file.
 
@@ -16,6 +17,7 @@ pub mod audit;
 pub mod config;
 pub mod dial;
 pub(crate) mod egress;
+pub mod hello;
 pub mod http1;
 pub mod metrics;
 pub mod refusal;
@@ -23,7 +25,7 @@ pub(crate) mod relay;
 pub mod reload;
 pub mod rules;
 pub(crate) mod server;
-pub(crate) mod socks5;
+pub mod socks5;
 
 pub use audit::query as audit_query;
 pub use audit::{AuditDestination, AuditOptions, Event, EventKind, Outcome};

@@ -61,6 +61,12 @@ pub enum Refusal {
     AuditUnavailable(String),
     /// A connection limit is full: the listener's, the client address's, or the proxy's.
     ConnectionLimit(LimitKind),
+    /// The tunnel's first bytes broke `spec.network.tunnels` (a TLS server name that is not
+    /// the requested host, no TLS where TLS is required).
+    Tunnel {
+        target: Target,
+        refusal: sandgate_policy::TunnelRefusal,
+    },
 }
 
 /// Which connection limit was full.
@@ -234,6 +240,12 @@ impl Refusal {
                 "proxy_internal_error",
                 Code::Reason("audit_unavailable".into()),
                 format!("the audit log cannot be written ({cause}); no request passes unrecorded"),
+            ),
+            Refusal::Tunnel { target, refusal } => (
+                403,
+                "http_request_denied",
+                Code::Reason(refusal.reason_code().into()),
+                format!("denied {method} {target}: {refusal}"),
             ),
             Refusal::ConnectionLimit(kind) => (
                 503,

@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use serde_saphyr::Spanned;
 
-use super::raw::{RawEntry, RawScope};
+use super::raw::{RawEntry, RawScope, RawTlsOnly, RawTunnels};
 use super::{DocError, Entry, Scope};
 use crate::pattern::Pattern;
+use crate::tunnel::{SniMode, TlsOnly, TunnelRules};
 
 pub(super) struct Checker<'a> {
     pub(super) file: &'a str,
@@ -121,4 +122,63 @@ impl Checker<'_> {
             origin: Arc::from(format!("{}:{line}", self.file)),
         })
     }
+}
+
+/// `spec.network.tunnels`.
+pub(super) fn tunnels(c: &mut Checker<'_>, raw: &Spanned<RawTunnels>) -> TunnelRules {
+    let t = &raw.value;
+    let mut rules = TunnelRules::default();
+    if let Some(sni) = &t.sni {
+        match sni.value.as_str() {
+            "must_match" => {}
+            "off" => rules.sni = SniMode::Off,
+            other => c.error(
+                sni.referenced.line(),
+                "spec.network.tunnels.sni",
+                format!("{other:?}: use must_match or off"),
+            ),
+        }
+    }
+    if let Some(missing) = &t.missing_sni {
+        match missing.value.as_str() {
+            "refuse" => {}
+            "allow" => rules.allow_missing_sni = true,
+            other => c.error(
+                missing.referenced.line(),
+                "spec.network.tunnels.missing_sni",
+                format!("{other:?}: use refuse or allow"),
+            ),
+        }
+    }
+    if let Some(tls_only) = &t.tls_only {
+        rules.tls_only = match &tls_only.value {
+            RawTlsOnly::All => TlsOnly::All,
+            RawTlsOnly::Never => TlsOnly::Never,
+            RawTlsOnly::Ports(list) => {
+                let mut ports = Vec::new();
+                for p in list {
+                    match u16::try_from(*p) {
+                        Ok(port) if port > 0 => ports.push(port),
+                        _ => c.error(
+                            tls_only.referenced.line(),
+                            "spec.network.tunnels.tls_only",
+                            format!("{p} is not a port (1-65535)"),
+                        ),
+                    }
+                }
+                TlsOnly::Ports(ports)
+            }
+        };
+    }
+    if let Some(ms) = &t.first_bytes_timeout_ms {
+        match ms.value {
+            v if (1..=120_000).contains(&v) => rules.first_bytes_timeout_ms = v as u64,
+            v => c.error(
+                ms.referenced.line(),
+                "spec.network.tunnels.first_bytes_timeout_ms",
+                format!("{v}: give 1 to 120000 milliseconds"),
+            ),
+        }
+    }
+    rules
 }

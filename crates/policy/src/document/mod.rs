@@ -132,6 +132,8 @@ pub struct PolicyFile {
     /// Who may request exceptions, within which bounds (default: nobody).
     pub exceptions: crate::exception::ExceptionPolicy,
     pub admin: AdminSpec,
+    /// What tunnels may carry (`spec.network.tunnels`).
+    pub tunnels: crate::tunnel::TunnelRules,
 }
 
 /// `spec.admin`: where the admin API listens and who may use it.
@@ -385,6 +387,11 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
             "a listener requires credentials but no task has any",
         );
     }
+    let tunnels = net
+        .tunnels
+        .as_ref()
+        .map(|t| checker::tunnels(&mut c, t))
+        .unwrap_or_default();
     let exceptions = control::exception_policy(&mut c, &raw.spec.exceptions);
     let admin = control::admin_spec(&mut c, raw.spec.admin.as_ref(), file);
     if !c.errors.is_empty() {
@@ -401,5 +408,6 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
         task_secrets,
         exceptions,
         admin,
+        tunnels,
     })
 }

@@ -114,6 +114,53 @@ pub(super) struct RawNetwork {
     pub(super) presets: Vec<Spanned<String>>,
     #[serde(default)]
     pub(super) allow_ranges: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub(super) tunnels: Option<Spanned<RawTunnels>>,
+}
+
+/// `spec.network.tunnels`: what CONNECT and SOCKS5 tunnels may carry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTunnels {
+    #[serde(default)]
+    pub(super) sni: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) missing_sni: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) tls_only: Option<Spanned<RawTlsOnly>>,
+    #[serde(default)]
+    pub(super) first_bytes_timeout_ms: Option<Spanned<i64>>,
+}
+
+/// `tls_only`: `true`, `false`, or a list of ports.
+#[derive(Debug)]
+pub(super) enum RawTlsOnly {
+    All,
+    Never,
+    Ports(Vec<i64>),
+}
+
+impl<'de> Deserialize<'de> for RawTlsOnly {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct TlsOnlyVisitor;
+        impl<'de> Visitor<'de> for TlsOnlyVisitor {
+            type Value = RawTlsOnly;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("true, false, or a list of ports")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<RawTlsOnly, E> {
+                Ok(if v { RawTlsOnly::All } else { RawTlsOnly::Never })
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<RawTlsOnly, A::Error> {
+                let mut ports = Vec::new();
+                while let Some(p) = seq.next_element::<i64>()? {
+                    ports.push(p);
+                }
+                Ok(RawTlsOnly::Ports(ports))
+            }
+        }
+        d.deserialize_any(TlsOnlyVisitor)
+    }
 }
 
 #[derive(Debug, Deserialize)]

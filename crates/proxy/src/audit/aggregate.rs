@@ -122,6 +122,7 @@ mod tests {
                 resolved_ip: None,
                 rule: None,
                 status: None,
+                tls_server_name: None,
             })
         };
         let close = |outcome| {

@@ -48,6 +48,8 @@ pub struct Decision {
     pub rule: Option<Arc<str>>,
     /// The status the client was answered with, for a deny.
     pub status: Option<u16>,
+    /// The server name a tunnel's TLS ClientHello carried, when it was read.
+    pub tls_server_name: Option<String>,
 }
 
 /// An allowed request or tunnel ended (exactly one per allowed request).
@@ -312,6 +314,8 @@ pub struct Line<'a> {
     pub expires_at: Option<String>,
     /// Who acted: the requester or decider of an exception change.
     pub subject: Option<&'a str>,
+    /// Decisions on tunnels: the server name of the TLS ClientHello, when it was read.
+    pub tls_server_name: Option<&'a str>,
 }
 
 impl<'a> Line<'a> {
@@ -351,6 +355,7 @@ impl<'a> Line<'a> {
             decided_by: None,
             expires_at: None,
             subject: None,
+            tls_server_name: None,
         };
         match &s.event {
             Event::Decision(d) => {
@@ -361,6 +366,7 @@ impl<'a> Line<'a> {
                 line.resolved_ip = d.resolved_ip;
                 line.rule = d.rule.as_deref();
                 line.status = d.status;
+                line.tls_server_name = d.tls_server_name.as_deref();
             }
             Event::Close(c) => {
                 line.event = EventKind::Close;

@@ -266,6 +266,7 @@ pub const CSV_COLUMNS: &[&str] = &[
     "decided_by",
     "expires_at",
     "subject",
+    "tls_server_name",
 ];
 
 /// One CSV record (RFC 4180 quoting).

@@ -1,4 +1,4 @@
-//! The egress core: every front end (HTTP/1 today; SOCKS5 and node streams later) hands it
+//! The egress core: every front end (HTTP/1 and SOCKS5 today; node streams later) hands it
 //! a typed request and gets back an open upstream connection or a classified refusal. The
 //! core decides (the pure policy), vets (the dialer's resolution and address guard, and
 //! address deny entries), records the decision, and dials; it writes no byte to a client.
@@ -8,7 +8,10 @@
 //! [`Egress::decide`] consumes; an allowed [`Decided`] is consumed by [`Decided::open`] or
 //! [`Decided::reuse`], each of which records the allow (or the deny the guard found). What
 //! they return, a [`Grant`], is consumed by [`Egress::close`] or [`Egress::fail`], which
-//! record the close. None of these types can be cloned, and each is `#[must_use]`.
+//! record the close. A tunnel is dialled first ([`Decided::dial`]) and decided by its first
+//! bytes: the [`Dialed`] connection is admitted (the allow) or refused (the deny) by
+//! [`Egress::carry`] (`tunnel.rs`). None of these types can be cloned, and each is
+//! `#[must_use]`.
 
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
@@ -22,12 +25,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ask::Asker;
 use crate::audit::Audit;
-use crate::audit::event::{Change, Close, Decision, Dest, Event, ExceptionChange, Outcome, Party};
+use crate::audit::event::{Close, Decision, Dest, Event, Outcome, Party};
 use crate::config::{Identity, Limits};
 use crate::dial::{DialError, Dialer};
 use crate::metrics::Metrics;
 use crate::refusal::{Classified, Refusal};
 use crate::rules::{CutGuard, Cuts, Layers};
+
+mod ask;
+mod open;
+mod tunnel;
 
 /// Unix seconds now, for decisions (entries expire at exact seconds).
 pub fn unix_now() -> i64 {
@@ -108,6 +115,19 @@ pub(crate) struct Opened {
     /// The connection goes to an upstream proxy (which needs absolute-form HTTP requests).
     pub chained: bool,
     pub grant: Grant,
+}
+
+/// A connection the core opened for an allowed tunnel whose allow is not on record yet: the
+/// tunnel's first bytes decide it ([`Egress::carry`]).
+#[must_use = "a dialled tunnel must be carried or abandoned, which records its decision"]
+#[derive(Debug)]
+pub(crate) struct Dialed {
+    decided: Decided,
+    pub stream: TcpStream,
+    pub addr: SocketAddr,
+    vetted_ip: Option<IpAddr>,
+    /// Cancelled at the end of the shutdown grace, or when the granting rule is revoked.
+    stop: (CancellationToken, Option<CutGuard>),
 }
 
 /// A refusal already on record; the front end renders it.
@@ -198,6 +218,10 @@ impl Egress {
             Refusal::AddressDenied { ip, rule, .. } => (Some(*ip), Some(rule.clone())),
             _ => (None, None),
         };
+        let tls_server_name = match &refusal {
+            Refusal::Tunnel { refusal, .. } => refusal.seen().map(str::to_owned),
+            _ => None,
+        };
         let e = Event::Decision(Decision {
             dest: dest.map(|(t, a)| dest_of(t, a)),
             verdict: Verdict::Deny,
@@ -205,6 +229,7 @@ impl Egress {
             resolved_ip,
             rule,
             status: Some(classified.status),
+            tls_server_name,
             party: pending.party.clone(),
         });
         if matches!(refusal, Refusal::AuditUnavailable(_)) {
@@ -255,66 +280,6 @@ impl Egress {
         })
     }
 
-    /// Asks the person at the terminal about a task's request that only the allowlist
-    /// refused; the answer is recorded as an exception. `Some(rule label)` when allowed.
-    async fn ask(&self, pending: &Pending, target: &Target, access: Access) -> Option<Arc<str>> {
-        let asker = self.asker.get()?;
-        let task = pending.party.identity.task.as_deref()?;
-        target.host.name()?;
-        let answer = asker.ask(task, target, access).await;
-        let ex = crate::ask::exception_for(task, target, answer, &asker.decider(), unix_now())?;
-        let mut asked = ex.clone();
-        asked.state = sandgate_policy::ExceptionState::Pending;
-        (asked.decided_by, asked.decided_at, asked.expires_at, asked.note) = (None, None, None, None);
-        self.record_change(Change::Requested, asked, Some(task.to_owned()))
-            .await;
-        let approved = ex.state == sandgate_policy::ExceptionState::Approved;
-        let change = if approved {
-            Change::Approved
-        } else {
-            Change::Denied
-        };
-        self.record_change(change, ex.clone(), ex.decided_by.clone())
-            .await;
-        if !approved {
-            return None;
-        }
-        if answer != crate::ask::Answer::Once {
-            crate::rules::change(&self.layers, &self.rules, |l| l.add_exceptions(ex.entries()));
-        }
-        Some(Arc::from(ex.rule_label()))
-    }
-
-    async fn record_change(&self, change: Change, exception: sandgate_policy::Exception, by: Option<String>) {
-        let e = Event::Exception(Box::new(ExceptionChange {
-            change,
-            exception,
-            by,
-        }));
-        self.audit.record(e).await;
-    }
-
-    /// For a task's request that only the allowlist refused (never the deny list or the
-    /// guard), while the control plane takes requests: how to ask for an exception.
-    fn how_to_ask(&self, pending: &Pending, refusal: &Refusal) -> Option<String> {
-        let Refusal::Policy {
-            target,
-            reason: sandgate_policy::PolicyReason::NotAllowlisted,
-        } = refusal
-        else {
-            return None;
-        };
-        let task = pending.party.identity.task.as_deref()?;
-        let name = target.host.name()?;
-        if !self.layers.lock().is_ok_and(|l| l.exceptions_enabled()) {
-            return None;
-        }
-        Some(format!(
-            "; to ask for an exception: sandgate exceptions request --task {task} --host {name} --port {} --ttl SECONDS --reason TEXT",
-            target.port
-        ))
-    }
-
     /// Records the close of a granted request.
     pub async fn close(&self, grant: Grant, end: End) {
         let e = Event::Close(Close {
@@ -346,7 +311,29 @@ impl Egress {
         Refused { id, classified }
     }
 
-    async fn allow(&self, d: Decided, resolved: Option<IpAddr>) -> Grant {
+    /// The token that ends a grant under `rule`, and its registration where a revocation
+    /// can cut it (only exceptions can be revoked; everything else shares the shutdown
+    /// token).
+    fn stop_for(&self, rule: Option<&Arc<str>>) -> (CancellationToken, Option<CutGuard>) {
+        match rule {
+            Some(label) if label.starts_with("exception:") => {
+                let token = self.hard_stop.child_token();
+                let guard = Cuts::register(&self.cuts, label.clone(), token.clone());
+                (token, Some(guard))
+            }
+            _ => (self.hard_stop.clone(), None),
+        }
+    }
+
+    /// Records the allow. `stop`: the grant's stop token and cut registration, when they
+    /// were taken before (a dialled tunnel's); otherwise they are taken now.
+    async fn allow(
+        &self,
+        d: Decided,
+        resolved: Option<IpAddr>,
+        tls_server_name: Option<String>,
+        stop: Option<(CancellationToken, Option<CutGuard>)>,
+    ) -> Grant {
         let e = Event::Decision(Decision {
             party: d.pending.party.clone(),
             dest: Some(dest_of(&d.target, d.access)),
@@ -355,17 +342,10 @@ impl Egress {
             resolved_ip: resolved,
             rule: d.rule.clone(),
             status: None,
+            tls_server_name,
         });
         self.audit.record(e).await;
-        // Only exceptions can be revoked; everything else shares the shutdown token.
-        let (stop, cut) = match &d.rule {
-            Some(label) if label.starts_with("exception:") => {
-                let token = self.hard_stop.child_token();
-                let guard = Cuts::register(&self.cuts, label.clone(), token.clone());
-                (token, Some(guard))
-            }
-            _ => (self.hard_stop.clone(), None),
-        };
+        let (stop, cut) = stop.unwrap_or_else(|| self.stop_for(d.rule.as_ref()));
         Grant {
             party: d.pending.party,
             stop,
@@ -375,70 +355,6 @@ impl Egress {
             resolved,
             started: d.pending.started,
         }
-    }
-}
-
-impl Decided {
-    /// Vets the destination (a guard refusal or an address deny entry is this request's
-    /// deny), records the allow, and connects through the dialer (directly, or through the
-    /// upstream proxy when chained). A failure after the allow is recorded as its close.
-    pub async fn open(self, egress: &Egress) -> Result<Opened, Refused> {
-        let target = self.target.clone();
-        let access = self.access;
-        let vetted = match egress.dialer.vet(&target).await {
-            Ok(v) => v,
-            Err(error) if error.is_guard_refusal() => {
-                let refusal = Refusal::Dial { target, error };
-                return Err(egress
-                    .refuse(self.pending, Some((&self.target, access)), refusal)
-                    .await);
-            }
-            Err(error) => {
-                // Allowed by policy, failed upstream (DNS): an allow followed by a close.
-                let grant = egress.allow(self, None).await;
-                return Err(egress.fail(grant, Refusal::Dial { target, error }, 0, 0).await);
-            }
-        };
-        // Deny entries that are addresses apply to what the name resolved to (not when
-        // chained: no name is resolved here then, and the upstream applies its own policy).
-        if !egress.dialer.is_chained() {
-            let rules = egress.rules();
-            let ctx = context(&self.pending.party.identity);
-            let denied = vetted
-                .ips()
-                .find_map(|ip| Some((ip, rules.deny_address(ip, target.port, &ctx)?.label.clone())));
-            if let Some((ip, rule)) = denied {
-                let refusal = Refusal::AddressDenied {
-                    target: target.clone(),
-                    ip,
-                    rule,
-                };
-                return Err(egress
-                    .refuse(self.pending, Some((&target, access)), refusal)
-                    .await);
-            }
-        }
-        let mut grant = egress.allow(self, vetted.primary()).await;
-        let timeout = egress.limits.response_timeout;
-        match egress.dialer.open(&vetted, &target, access, timeout).await {
-            Ok((stream, addr)) => {
-                // The close names the address actually connected to.
-                grant.resolved = Some(addr.ip());
-                Ok(Opened {
-                    stream,
-                    addr,
-                    chained: egress.dialer.is_chained(),
-                    grant,
-                })
-            }
-            Err(error) => Err(egress.fail(grant, Refusal::Dial { target, error }, 0, 0).await),
-        }
-    }
-
-    /// Records the allow for a request served on a kept upstream connection to `addr`,
-    /// which was vetted for this same destination.
-    pub async fn reuse(self, egress: &Egress, addr: SocketAddr) -> Grant {
-        egress.allow(self, Some(addr.ip())).await
     }
 }
 

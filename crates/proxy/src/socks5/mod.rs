@@ -4,25 +4,28 @@
 //! exactly as for HTTP/1; refusals are classified once (`refusal.rs`) and rendered here as
 //! SOCKS5 reply codes.
 //!
-//! Every read is bounded by the protocol itself (at most 255 methods, a 255-byte name or
-//! login field) and in time by the head timeout. BIND and UDP ASSOCIATE are refused with
+//! The messages are parsed without I/O in [`wire`] (fuzzed); every read is bounded by the
+//! protocol itself (at most 255 methods, a 255-byte name or login field) and in time by the
+//! head timeout. Bytes a client sends behind its request are the tunnel's first bytes. BIND and UDP ASSOCIATE are refused with
 //! "command not supported"; domain names are resolved by the proxy under the address guard;
 //! IPv4 and IPv6 addresses follow the IP-literal rules.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use sandgate_policy::{Access, AuthError, Identity, Target, parse_connect_target};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::audit::event::Outcome;
-use crate::egress::{Egress, End, Refused};
+use crate::egress::{Egress, Refused};
 use crate::http1::head::HeadError;
 use crate::refusal::Refusal;
-use crate::relay;
 
-const VERSION: u8 = 5;
+pub mod wire;
+
+use wire::{Parse, VERSION, WireError};
+
+const CONNECT: u8 = 0x01;
 const NO_AUTH: u8 = 0x00;
 const USER_PASS: u8 = 0x02;
 const NO_ACCEPTABLE: u8 = 0xFF;
@@ -66,7 +69,7 @@ pub(crate) async fn serve(
         handshake(egress, &mut stream, &listener, require_auth),
     )
     .await;
-    let (identity, target) = match handshake {
+    let (identity, target, early) = match handshake {
         Ok(Ok(pair)) => pair,
         Ok(Err(Stop::Gone)) => return,
         Ok(Err(Stop::Refuse(refusal, say))) => {
@@ -94,37 +97,18 @@ pub(crate) async fn serve(
             .await;
         return answer(&mut stream, &refused).await;
     }
-    let opened = match egress.decide(pending, &target, Access::Socks5).await {
-        Ok(decided) => decided.open(egress).await,
+    let dialed = match egress.decide(pending, &target, Access::Socks5).await {
+        Ok(decided) => decided.dial(egress).await,
         Err(refused) => Err(refused),
     };
-    let opened = match opened {
-        Ok(o) => o,
+    let dialed = match dialed {
+        Ok(d) => d,
         Err(refused) => return answer(&mut stream, &refused).await,
     };
-    let end = |sent, received, outcome| End {
-        sent,
-        received,
-        status: None,
-        outcome,
-    };
-    let end = if stream.write_all(&reply(SUCCEEDED)).await.is_err() {
-        end(0, 0, Outcome::ClientFailure)
-    } else {
-        let (sent, received, outcome) = relay::tunnel(
-            &stream,
-            &opened.stream,
-            egress.limits.tunnel_idle_timeout,
-            opened.grant.stop(),
-        )
-        .await;
-        let outcome = match outcome {
-            Outcome::Shutdown if !egress.hard_stop.is_cancelled() => Outcome::Revoked,
-            other => other,
-        };
-        end(sent, received, outcome)
-    };
-    egress.close(opened.grant, end).await;
+    if stream.write_all(&reply(SUCCEEDED)).await.is_err() {
+        return egress.abandon(dialed, None).await;
+    }
+    egress.carry(&stream, dialed, early, None).await;
 }
 
 async fn answer(stream: &mut TcpStream, refused: &Refused) {
@@ -136,21 +120,65 @@ fn reply(code: u8) -> [u8; 10] {
     [VERSION, code, 0, 1, 0, 0, 0, 0, 0, 0]
 }
 
+/// The bytes read from the client and not yet parsed. A client may send its greeting,
+/// login and request (and even the tunnel's first bytes) without waiting for replies; what
+/// follows the request is handed on as the tunnel's early bytes.
+struct Incoming<'a> {
+    s: &'a mut TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Incoming<'_> {
+    /// Reads until `parse` has a whole message; consumes it.
+    async fn next<T>(&mut self, parse: fn(&[u8]) -> Result<Parse<T>, WireError>) -> Result<T, Stop> {
+        loop {
+            match parse(&self.buf) {
+                Ok(Parse::Done(message, used)) => {
+                    self.buf.drain(..used);
+                    return Ok(message);
+                }
+                Ok(Parse::Incomplete) => {}
+                Err(WireError::AddressType(_)) => {
+                    return Err(Stop::Refuse(
+                        malformed_refusal("unknown SOCKS5 address type"),
+                        Say::Code(ADDRESS_TYPE_NOT_SUPPORTED),
+                    ));
+                }
+                Err(WireError::NotVersion5) => return Err(malformed("not SOCKS version 5")),
+                Err(WireError::NotLogin) => return Err(malformed("not an RFC 1929 login")),
+                Err(WireError::NameNotUtf8) => return Err(malformed("the name is not UTF-8")),
+            }
+            // Bounded: no message is longer than MAX_MESSAGE, so a parser asking for more
+            // than that past the buffer's start never happens; the read is capped anyway.
+            let mut chunk = [0u8; 1024];
+            let room = (2 * wire::MAX_MESSAGE)
+                .saturating_sub(self.buf.len())
+                .min(chunk.len());
+            if room == 0 {
+                return Err(malformed("SOCKS5 message too long"));
+            }
+            match self.s.read(chunk.get_mut(..room).unwrap_or_default()).await {
+                Ok(0) | Err(_) => return Err(Stop::Gone),
+                Ok(n) => self.buf.extend_from_slice(chunk.get(..n).unwrap_or_default()),
+            }
+        }
+    }
+}
+
+/// The identity, the target, and any bytes the client sent behind its request.
+type Handshake = (Arc<Identity>, Target, Vec<u8>);
+
 async fn handshake(
     egress: &Egress,
     s: &mut TcpStream,
     listener: &Arc<Identity>,
     require_auth: bool,
-) -> Result<(Arc<Identity>, Target), Stop> {
-    let [version, count] = read_array::<2>(s).await?;
-    if version != VERSION {
-        return Err(malformed("not SOCKS version 5"));
-    }
-    let mut methods = vec![0u8; usize::from(count)];
-    s.read_exact(&mut methods).await.map_err(|_| Stop::Gone)?;
+) -> Result<Handshake, Stop> {
+    let mut incoming = Incoming { s, buf: Vec::new() };
+    let greeting = incoming.next(wire::greeting).await?;
     let wanted = if require_auth { USER_PASS } else { NO_AUTH };
-    if !methods.contains(&wanted) {
-        let _ = s.write_all(&[VERSION, NO_ACCEPTABLE]).await;
+    if !greeting.methods.contains(&wanted) {
+        let _ = incoming.s.write_all(&[VERSION, NO_ACCEPTABLE]).await;
         return Err(Stop::Refuse(
             if require_auth {
                 Refusal::ProxyAuth(AuthError::Missing)
@@ -160,58 +188,39 @@ async fn handshake(
             Say::Done,
         ));
     }
-    s.write_all(&[VERSION, wanted]).await.map_err(|_| Stop::Gone)?;
+    incoming
+        .s
+        .write_all(&[VERSION, wanted])
+        .await
+        .map_err(|_| Stop::Gone)?;
     let identity = if require_auth {
-        login(egress, s, listener).await?
+        let login = incoming.next(wire::login).await?;
+        self::login(egress, incoming.s, listener, &login).await?
     } else {
         listener.clone()
     };
-    let [version, command, _reserved, kind] = read_array::<4>(s).await?;
-    if version != VERSION {
-        return Err(malformed("not SOCKS version 5"));
-    }
-    let host = match kind {
-        1 => IpAddr::V4(Ipv4Addr::from(read_array::<4>(s).await?)).to_string(),
-        4 => format!("[{}]", Ipv6Addr::from(read_array::<16>(s).await?)),
-        3 => {
-            let [len] = read_array::<1>(s).await?;
-            let mut name = vec![0u8; usize::from(len)];
-            s.read_exact(&mut name).await.map_err(|_| Stop::Gone)?;
-            String::from_utf8(name).map_err(|_| malformed("the name is not UTF-8"))?
-        }
-        _ => {
-            return Err(Stop::Refuse(
-                malformed_refusal("unknown SOCKS5 address type"),
-                Say::Code(ADDRESS_TYPE_NOT_SUPPORTED),
-            ));
-        }
-    };
-    let port = u16::from_be_bytes(read_array::<2>(s).await?);
-    if command != 1 {
+    let request = incoming.next(wire::request).await?;
+    if request.command != CONNECT {
         // BIND (2) and UDP ASSOCIATE (3) are not offered.
         return Err(Stop::Refuse(
             malformed_refusal("only SOCKS5 CONNECT is supported"),
             Say::Code(COMMAND_NOT_SUPPORTED),
         ));
     }
-    let target = parse_connect_target(&format!("{host}:{port}"))
+    let target = parse_connect_target(&format!("{}:{}", request.host, request.port))
         .map_err(|e| Stop::Refuse(Refusal::Target(e), Say::Classified))?;
-    Ok((identity, target))
+    Ok((identity, target, incoming.buf))
 }
 
 /// RFC 1929: the user is the task id, the password its secret.
-async fn login(egress: &Egress, s: &mut TcpStream, listener: &Identity) -> Result<Arc<Identity>, Stop> {
-    let [version, user_len] = read_array::<2>(s).await?;
-    if version != 1 {
-        return Err(malformed("not an RFC 1929 login"));
-    }
-    let mut user = vec![0u8; usize::from(user_len)];
-    s.read_exact(&mut user).await.map_err(|_| Stop::Gone)?;
-    let [pass_len] = read_array::<1>(s).await?;
-    let mut pass = vec![0u8; usize::from(pass_len)];
-    s.read_exact(&mut pass).await.map_err(|_| Stop::Gone)?;
-    let user = String::from_utf8_lossy(&user);
-    let pass = String::from_utf8_lossy(&pass);
+async fn login(
+    egress: &Egress,
+    s: &mut TcpStream,
+    listener: &Identity,
+    login: &wire::Login,
+) -> Result<Arc<Identity>, Stop> {
+    let user = String::from_utf8_lossy(&login.user);
+    let pass = String::from_utf8_lossy(&login.pass);
     let rules = egress.rules();
     match rules.credentials().verify_login(&user, &pass) {
         Ok(cred) => {
@@ -227,12 +236,6 @@ async fn login(egress: &Egress, s: &mut TcpStream, listener: &Identity) -> Resul
             Err(Stop::Refuse(Refusal::ProxyAuth(e), Say::Done))
         }
     }
-}
-
-async fn read_array<const N: usize>(s: &mut TcpStream) -> Result<[u8; N], Stop> {
-    let mut buf = [0u8; N];
-    s.read_exact(&mut buf).await.map_err(|_| Stop::Gone)?;
-    Ok(buf)
 }
 
 fn malformed_refusal(what: &'static str) -> Refusal {

@@ -1,0 +1,132 @@
+//! Opening a connection for an allowed request: vetting its addresses (the guard, address
+//! deny entries), connecting through the dialer, and recording the allow, at once
+//! ([`Decided::open`]) or once a tunnel's first bytes passed ([`Decided::dial`], then
+//! [`Dialed::admit`] or [`Dialed::refuse`]).
+
+use std::net::SocketAddr;
+
+use sandgate_policy::Target;
+use tokio_util::sync::CancellationToken;
+
+use super::{Decided, Dialed, Egress, Grant, Opened, Refused, context};
+use crate::refusal::Refusal;
+
+impl Decided {
+    /// Vets the destination (a guard refusal or an address deny entry is this request's
+    /// deny), records the allow, and connects through the dialer (directly, or through the
+    /// upstream proxy when chained). A failure after the allow is recorded as its close.
+    pub async fn open(self, egress: &Egress) -> Result<Opened, Refused> {
+        Ok(self.dial(egress).await?.admit(egress, None).await)
+    }
+
+    /// As [`Decided::open`], but the allow is recorded only when the [`Dialed`] connection
+    /// is admitted (a tunnel, once its first bytes passed). A refusal, or a failure to
+    /// connect (an allow followed by its close), is on record when this returns it.
+    pub async fn dial(self, egress: &Egress) -> Result<Dialed, Refused> {
+        let target = self.target.clone();
+        let access = self.access;
+        let vetted = match egress.dialer.vet(&target).await {
+            Ok(v) => v,
+            Err(error) if error.is_guard_refusal() => {
+                let refusal = Refusal::Dial { target, error };
+                return Err(egress
+                    .refuse(self.pending, Some((&self.target, access)), refusal)
+                    .await);
+            }
+            Err(error) => {
+                // Allowed by policy, failed upstream (DNS): an allow followed by a close.
+                let grant = egress.allow(self, None, None, None).await;
+                return Err(egress.fail(grant, Refusal::Dial { target, error }, 0, 0).await);
+            }
+        };
+        // Deny entries that are addresses apply to what the name resolved to (not when
+        // chained: no name is resolved here then, and the upstream applies its own policy).
+        if !egress.dialer.is_chained() {
+            let rules = egress.rules();
+            let ctx = context(&self.pending.party.identity);
+            let denied = vetted
+                .ips()
+                .find_map(|ip| Some((ip, rules.deny_address(ip, target.port, &ctx)?.label.clone())));
+            if let Some((ip, rule)) = denied {
+                let refusal = Refusal::AddressDenied {
+                    target: target.clone(),
+                    ip,
+                    rule,
+                };
+                return Err(egress
+                    .refuse(self.pending, Some((&target, access)), refusal)
+                    .await);
+            }
+        }
+        let timeout = egress.limits.response_timeout;
+        match egress.dialer.open(&vetted, &target, access, timeout).await {
+            Ok((stream, addr)) => {
+                // Revocable from here on: a tunnel waiting for its first bytes is cut too.
+                let stop = egress.stop_for(self.rule.as_ref());
+                Ok(Dialed {
+                    decided: self,
+                    stream,
+                    addr,
+                    vetted_ip: vetted.primary(),
+                    stop,
+                })
+            }
+            Err(error) => {
+                let grant = egress.allow(self, vetted.primary(), None, None).await;
+                Err(egress.fail(grant, Refusal::Dial { target, error }, 0, 0).await)
+            }
+        }
+    }
+
+    /// Records the allow for a request served on a kept upstream connection to `addr`,
+    /// which was vetted for this same destination.
+    pub async fn reuse(self, egress: &Egress, addr: SocketAddr) -> Grant {
+        egress.allow(self, Some(addr.ip()), None, None).await
+    }
+}
+
+impl Dialed {
+    /// Records the allow (with the TLS server name read, if any): the connection is the
+    /// request's.
+    pub async fn admit(self, egress: &Egress, tls_server_name: Option<String>) -> Opened {
+        let Dialed {
+            decided,
+            stream,
+            addr,
+            vetted_ip,
+            stop,
+        } = self;
+        let mut grant = egress
+            .allow(decided, vetted_ip, tls_server_name, Some(stop))
+            .await;
+        // The close names the address actually connected to.
+        grant.resolved = Some(addr.ip());
+        Opened {
+            stream,
+            addr,
+            chained: egress.dialer.is_chained(),
+            grant,
+        }
+    }
+
+    /// Records `refusal` as the request's deny; the connection is dropped unused.
+    pub async fn refuse(self, egress: &Egress, refusal: Refusal) -> Refused {
+        let Decided {
+            pending,
+            target,
+            access,
+            ..
+        } = self.decided;
+        egress.refuse(pending, Some((&target, access)), refusal).await
+    }
+
+    /// The destination.
+    pub fn target(&self) -> &Target {
+        &self.decided.target
+    }
+
+    /// Cancelled when the tunnel must end before it starts (shutdown, revocation).
+    pub fn stop(&self) -> &CancellationToken {
+        &self.stop.0
+    }
+}

@@ -1,0 +1,138 @@
+//! Carrying a tunnel (CONNECT, SOCKS5) once its front end has told the client it is open:
+//! the first bytes are read and checked against the tunnel rules (`spec.network.tunnels`),
+//! which decides the request (its one decision event is written here, an allow with the
+//! TLS server name seen, or a deny `sni_mismatch` / `sni_missing` / `not_tls`); then the
+//! bytes read are forwarded unchanged and the sockets relayed until the tunnel ends.
+
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+
+use super::{Dialed, Egress, End, Opened};
+use crate::audit::event::{Outcome, UpstreamFailure};
+use crate::hello::{self, Seen};
+use crate::refusal::Refusal;
+use crate::relay;
+
+/// A fatal TLS alert, access_denied (RFC 8446 section 6), in a TLS 1.2-versioned record.
+const ACCESS_DENIED_ALERT: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 49];
+
+impl Egress {
+    /// Checks, records, forwards and relays a dialled tunnel; records its close. `early`
+    /// holds bytes the client sent behind its request; `status` is what the front end
+    /// answered (200 for CONNECT, none for SOCKS5).
+    pub(crate) async fn carry(
+        &self,
+        client: &TcpStream,
+        dialed: Dialed,
+        early: Vec<u8>,
+        status: Option<u16>,
+    ) {
+        // Boxed and finished before the relay starts, so a long-lived tunnel carries none
+        // of the checking state.
+        let Some((opened, first)) = Box::pin(self.check_first_bytes(client, dialed, early)).await else {
+            return;
+        };
+        let Opened {
+            stream: upstream,
+            grant,
+            ..
+        } = opened;
+        let end = |sent, received, outcome| End {
+            sent,
+            received,
+            status,
+            outcome,
+        };
+        let forwarded = first.len() as u64;
+        if forwarded > 0 && relay::write_all(&upstream, &first).await.is_err() {
+            let e = end(0, 0, Outcome::Upstream(UpstreamFailure::Closed));
+            return self.close(grant, e).await;
+        }
+        drop(first);
+        let (sent, received, outcome) =
+            relay::tunnel(client, &upstream, self.limits.tunnel_idle_timeout, grant.stop()).await;
+        // Cut by its own token while the proxy runs on: the exception was revoked.
+        let outcome = match outcome {
+            Outcome::Shutdown if !self.hard_stop.is_cancelled() => Outcome::Revoked,
+            other => other,
+        };
+        self.close(grant, end(forwarded + sent, received, outcome)).await;
+    }
+
+    /// Records a dialled tunnel whose client went away before it could be carried (the
+    /// front end could not answer it).
+    pub(crate) async fn abandon(&self, dialed: Dialed, status: Option<u16>) {
+        let opened = dialed.admit(self, None).await;
+        let end = End {
+            sent: 0,
+            received: 0,
+            status,
+            outcome: Outcome::ClientFailure,
+        };
+        self.close(opened.grant, end).await;
+    }
+
+    /// Records a tunnel that ended (`outcome`) before any byte was read: nothing was
+    /// carried, so nothing is refused; an allow and its close.
+    async fn end_unstarted(&self, dialed: Dialed, outcome: Outcome) -> Option<(Opened, Vec<u8>)> {
+        let opened = dialed.admit(self, None).await;
+        let end = End {
+            sent: 0,
+            received: 0,
+            status: None,
+            outcome,
+        };
+        self.close(opened.grant, end).await;
+        None
+    }
+
+    /// Reads and judges the first bytes where the rules ask for it, and records the
+    /// decision. `None`: refused (on record; the connection is dropped).
+    async fn check_first_bytes(
+        &self,
+        client: &TcpStream,
+        dialed: Dialed,
+        early: Vec<u8>,
+    ) -> Option<(Opened, Vec<u8>)> {
+        let rules = self.rules().tunnels().clone();
+        if !rules.inspects(dialed.target().port) {
+            return Some((dialed.admit(self, None).await, early));
+        }
+        // A tunnel that idles out before its first byte ends as idle, as it would in the relay.
+        let idle = self.limits.tunnel_idle_timeout;
+        let first_bytes = Duration::from_millis(rules.first_bytes_timeout_ms);
+        let stop = dialed.stop().clone();
+        let read = tokio::select! {
+            read = hello::read_first(client, &dialed.stream, early, first_bytes.min(idle)) => Ok(read),
+            () = stop.cancelled() => Err(if self.hard_stop.is_cancelled() {
+                Outcome::Shutdown
+            } else {
+                Outcome::Revoked
+            }),
+        };
+        let (first, seen) = match read {
+            Ok((first, Seen::Silent)) if idle <= first_bytes => {
+                let _ = first;
+                return self.end_unstarted(dialed, Outcome::IdleTimeout).await;
+            }
+            Ok(read) => read,
+            Err(outcome) => return self.end_unstarted(dialed, outcome).await,
+        };
+        match rules.check(dialed.target(), &seen.as_first_bytes()) {
+            Ok(()) => {
+                let name = seen.server_name().map(str::to_owned);
+                Some((dialed.admit(self, name).await, first))
+            }
+            Err(refusal) => {
+                let target = dialed.target().clone();
+                let _ = dialed.refuse(self, Refusal::Tunnel { target, refusal }).await;
+                // A TLS client is told in its own terms, so it prints more than "reset".
+                if matches!(seen, Seen::ClientHello { .. }) {
+                    let _ = relay::write_all(client, &ACCESS_DENIED_ALERT).await;
+                }
+                None
+            }
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! A tunnel's first bytes: read (bounded in bytes and time), kept unchanged to be forwarded,
+//! and recognised as a TLS ClientHello (with its server name) or not. rustls's `Acceptor`
+//! parses the ClientHello, reassembling one split over several records; nothing is
+//! decrypted, and no TLS session is started here. What the bytes may be is the policy's
+//! call ([`sandgate_policy::TunnelRules::check`]).
+//!
+//! A first record that looks like a TLS handshake but that rustls cannot read as a
+//! ClientHello is [`Seen::Unreadable`], not "not TLS": a crafted hello the parser rejects
+//! but a server accepts must not slip past the name check.
+
+use std::io;
+use std::time::Duration;
+
+use sandgate_policy::FirstBytes;
+use tokio::net::TcpStream;
+
+/// At most this many bytes are read before the first bytes are judged (a ClientHello with
+/// post-quantum key shares is about 2 KiB; one TLS record holds 16 KiB).
+pub const MAX_FIRST_BYTES: usize = 24 * 1024;
+
+/// TLS record content type of a handshake.
+const HANDSHAKE: u8 = 0x16;
+
+/// What the first bytes were.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    ClientHello {
+        server_name: Option<String>,
+    },
+    /// Not a TLS record at all.
+    NotTls,
+    /// A TLS handshake record, but not a ClientHello rustls can read (malformed, cut
+    /// short, or larger than [`MAX_FIRST_BYTES`]).
+    Unreadable,
+    ServerFirst,
+    Silent,
+    Closed,
+}
+
+impl Seen {
+    /// The policy's view.
+    pub fn as_first_bytes(&self) -> FirstBytes<'_> {
+        match self {
+            Seen::ClientHello { server_name } => FirstBytes::ClientHello {
+                server_name: server_name.as_deref(),
+            },
+            Seen::NotTls => FirstBytes::NotTls,
+            Seen::Unreadable => FirstBytes::UnreadableHello,
+            Seen::ServerFirst => FirstBytes::ServerFirst,
+            Seen::Silent => FirstBytes::Silent,
+            Seen::Closed => FirstBytes::Closed,
+        }
+    }
+
+    /// The server name, if a ClientHello carried one.
+    pub fn server_name(&self) -> Option<&str> {
+        match self {
+            Seen::ClientHello { server_name } => server_name.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+/// Judges `buf`, the client's first bytes so far: `None` while more are needed.
+pub fn examine(buf: &[u8]) -> Option<Seen> {
+    match buf {
+        [] => return None,
+        [first, ..] if *first != HANDSHAKE => return Some(Seen::NotTls),
+        // Record versions are 0x03 0x0N (SSL 3.0 to TLS 1.2 on the wire).
+        [_, major, ..] if *major != 0x03 => return Some(Seen::NotTls),
+        _ => {}
+    }
+    let mut acceptor = rustls::server::Acceptor::default();
+    let mut rest = buf;
+    while !rest.is_empty() {
+        match acceptor.read_tls(&mut rest) {
+            Ok(0) | Err(_) => return Some(Seen::Unreadable),
+            Ok(_) => {}
+        }
+    }
+    match acceptor.accept() {
+        Ok(Some(accepted)) => Some(Seen::ClientHello {
+            server_name: accepted.client_hello().server_name().map(str::to_owned),
+        }),
+        Ok(None) if buf.len() < MAX_FIRST_BYTES => None,
+        Ok(None) | Err(_) => Some(Seen::Unreadable),
+    }
+}
+
+/// Reads the client's first bytes after `early` (bytes already read behind the request)
+/// until they can be judged, the server speaks first, the client closes, `limit` passes, or
+/// [`MAX_FIRST_BYTES`] are in. Returns every byte read, to be forwarded unchanged.
+pub(crate) async fn read_first(
+    client: &TcpStream,
+    upstream: &TcpStream,
+    early: Vec<u8>,
+    limit: Duration,
+) -> (Vec<u8>, Seen) {
+    let mut buf = early;
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(seen) = examine(&buf) {
+            return (buf, seen);
+        }
+        let waiting_for_first = buf.is_empty();
+        tokio::select! {
+            biased;
+            ready = client.readable() => {
+                if ready.is_err() {
+                    return (buf, Seen::Closed);
+                }
+                let room = MAX_FIRST_BYTES.saturating_sub(buf.len()).min(16 * 1024 + 5);
+                buf.reserve(room);
+                let before = buf.len();
+                match read_some(client, &mut buf, room) {
+                    Ok(0) if before == 0 => return (buf, Seen::Closed),
+                    // Closed in the middle of a record: it cannot be judged.
+                    Ok(0) => return (buf, Seen::Unreadable),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(_) if before == 0 => return (buf, Seen::Closed),
+                    Err(_) => return (buf, Seen::Unreadable),
+                }
+            }
+            // A TLS server never speaks first; watched only until the client has.
+            _ = upstream.readable(), if waiting_for_first => return (buf, Seen::ServerFirst),
+            () = tokio::time::sleep_until(deadline) => {
+                let seen = if buf.is_empty() { Seen::Silent } else { Seen::Unreadable };
+                return (buf, seen);
+            }
+        }
+    }
+}
+
+/// One non-blocking read of at most `room` bytes, appended to `buf`.
+fn read_some(client: &TcpStream, buf: &mut Vec<u8>, room: usize) -> io::Result<usize> {
+    let start = buf.len();
+    buf.resize(start + room, 0);
+    let result = client.try_read(buf.get_mut(start..).unwrap_or_default());
+    buf.truncate(start + *result.as_ref().unwrap_or(&0));
+    result
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,202 @@
+#![allow(
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    clippy::disallowed_methods,
+    reason = "tests; they connect to their own loopback listeners"
+)]
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::*;
+
+/// A real ClientHello, as rustls's client writes it, for `name` (a DNS name or an IP).
+fn client_hello(name: &str) -> Vec<u8> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    let server = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
+    let mut conn = rustls::ClientConnection::new(Arc::new(config), server).unwrap();
+    let mut out = Vec::new();
+    while conn.wants_write() {
+        conn.write_tls(&mut out).unwrap();
+    }
+    out
+}
+
+/// The same handshake bytes split over two records at `at` bytes into the payload.
+fn fragmented(record: &[u8], at: usize) -> Vec<u8> {
+    let (head, payload) = record.split_at(5);
+    let (a, b) = payload.split_at(at);
+    let mut out = Vec::new();
+    for part in [a, b] {
+        out.extend_from_slice(&head[..3]);
+        out.extend_from_slice(&(part.len() as u16).to_be_bytes());
+        out.extend_from_slice(part);
+    }
+    out
+}
+
+#[test]
+fn a_client_hello_is_read_with_its_server_name() {
+    let hello = client_hello("API.example.com");
+    assert_eq!(
+        examine(&hello),
+        Some(Seen::ClientHello {
+            server_name: Some("api.example.com".into())
+        })
+    );
+    // An IP address is not a server name (RFC 6066); rustls sends none.
+    assert_eq!(
+        examine(&client_hello("192.0.2.1")),
+        Some(Seen::ClientHello { server_name: None })
+    );
+}
+
+#[test]
+fn every_prefix_asks_for_more_and_a_split_hello_is_reassembled() {
+    let hello = client_hello("a.example");
+    for n in 0..hello.len() {
+        assert_eq!(examine(&hello[..n]), None, "prefix of {n} bytes");
+    }
+    // Bytes behind a complete hello (0-RTT data, a pipelined record) change nothing.
+    let mut more = hello.clone();
+    more.extend_from_slice(b"\x17\x03\x03\x00\x01x");
+    assert_eq!(examine(&more), examine(&hello));
+    let split = fragmented(&hello, 40);
+    assert_eq!(examine(&split[..split.len() - 1]), None);
+    assert_eq!(
+        examine(&split),
+        Some(Seen::ClientHello {
+            server_name: Some("a.example".into())
+        })
+    );
+}
+
+#[test]
+fn plain_bytes_are_not_tls_and_a_broken_hello_is_unreadable() {
+    assert_eq!(examine(b"GET / HTTP/1.1\r\n"), Some(Seen::NotTls));
+    assert_eq!(examine(b"SSH-2.0-OpenSSH_9.2\r\n"), Some(Seen::NotTls));
+    assert_eq!(examine(&[0x16, 0x01]), Some(Seen::NotTls));
+    // A handshake record holding something other than a ClientHello.
+    let mut other = client_hello("a.example");
+    other[5] = 2;
+    assert_eq!(examine(&other), Some(Seen::Unreadable));
+    // A ClientHello whose inner length lies.
+    let mut lying = client_hello("a.example");
+    lying[8] = lying[8].wrapping_sub(3);
+    assert_eq!(examine(&lying), Some(Seen::Unreadable));
+    // A handshake that never completes within the bound.
+    let mut endless = vec![0x16, 0x03, 0x01, 0x40, 0x00, 0x01, 0xff, 0xff, 0xff];
+    endless.resize(MAX_FIRST_BYTES, 0);
+    assert_eq!(examine(&endless), Some(Seen::Unreadable));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Nothing the client sends makes the reader panic, and a judgement never depends on
+    /// bytes after the ones judged: once judged, more bytes change nothing but `Unreadable`
+    /// for an incomplete record.
+    #[test]
+    fn examine_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+        let _ = examine(&bytes);
+    }
+
+    #[test]
+    fn a_mutated_hello_never_passes_as_a_different_clean_name(
+        at in 0usize..200, value in any::<u8>()
+    ) {
+        let mut hello = client_hello("a.example");
+        let i = at % hello.len();
+        hello[i] = value;
+        if let Some(Seen::ClientHello { server_name: Some(name) }) = examine(&hello) {
+            // A parsed name is the one on the wire, never something assembled elsewhere.
+            let wire = String::from_utf8_lossy(&hello).to_lowercase();
+            prop_assert!(wire.contains(&name), "{name}");
+        }
+    }
+}
+
+/// Bytes sent over a real socket in chunks come back from [`read_first`] unchanged, and
+/// with what is left in the socket they are exactly what was sent.
+fn forwarded_equals_sent(sent: Vec<u8>, chunk: usize) -> Result<(), TestCaseError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let writer = tokio::spawn({
+            let sent = sent.clone();
+            async move {
+                use tokio::io::AsyncWriteExt;
+                let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+                for part in sent.chunks(chunk.max(1)) {
+                    s.write_all(part).await.unwrap();
+                    tokio::task::yield_now().await;
+                }
+                s
+            }
+        });
+        let (client, _) = listener.accept().await.unwrap();
+        // An upstream that never speaks.
+        let up_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let upstream = tokio::net::TcpStream::connect(up_listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let writer_end = writer.await.unwrap();
+        drop(writer_end);
+        let (first, _seen) = read_first(&client, &upstream, Vec::new(), Duration::from_secs(5)).await;
+        let mut rest = Vec::new();
+        {
+            use tokio::io::AsyncReadExt;
+            let mut client = client;
+            client.read_to_end(&mut rest).await.unwrap();
+        }
+        let mut all = first;
+        all.extend_from_slice(&rest);
+        prop_assert_eq!(all, sent);
+        Ok(())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_bytes_read_are_forwarded_unchanged(
+        junk in proptest::collection::vec(any::<u8>(), 0..4096),
+        chunk in 1usize..700,
+        with_hello in any::<bool>(),
+    ) {
+        let mut sent = if with_hello { client_hello("a.example") } else { Vec::new() };
+        sent.extend_from_slice(&junk);
+        forwarded_equals_sent(sent, chunk)?;
+    }
+}
+
+#[tokio::test]
+async fn a_server_that_speaks_first_and_a_silent_client_are_told_apart() {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let _client_side = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (client, _) = listener.accept().await.unwrap();
+    let up_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = tokio::net::TcpStream::connect(up_listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (mut server, _) = up_listener.accept().await.unwrap();
+    let (bytes, seen) = read_first(&client, &upstream, Vec::new(), Duration::from_millis(50)).await;
+    assert_eq!((bytes.len(), seen), (0, Seen::Silent));
+    server.write_all(b"220 smtp ready\r\n").await.unwrap();
+    let (bytes, seen) = read_first(&client, &upstream, Vec::new(), Duration::from_secs(5)).await;
+    assert_eq!((bytes.len(), seen), (0, Seen::ServerFirst));
+}
