@@ -5,7 +5,8 @@
 //! Layout inside the sandbox: nothing of the host but the listed paths (bound at their
 //! canonical place, with a symlink where the policy spelled them differently); a fresh
 //! /proc, a minimal /dev, a private /tmp; the root itself read-only; the sandgate binary at
-//! [`INIT_PATH`]; in the proxied modes the bridge directory, read-only, at [`BRIDGE_DIR`].
+//! [`INIT_PATH`]; in the proxied modes the bridge directory, read-only, at [`BRIDGE_DIR`]
+//! (one socket for the HTTP proxy, one for its SOCKS5 listener).
 //!
 //! The command always starts through `INIT_PATH sandbox-exec`, which loads the seccomp
 //! filter and then executes it; in the proxied modes (and with `net.loopback_ports`) the
@@ -20,8 +21,12 @@ use std::path::{Path, PathBuf};
 
 use crate::policy::{NetMode, SandboxPolicy};
 
-/// Where the bridge directory (holding `proxy.sock`) appears inside the sandbox.
+/// Where the bridge directory (holding the bridge sockets) appears inside the sandbox.
 pub const BRIDGE_DIR: &str = "/run/sandgate";
+/// The bridge socket of the run's HTTP proxy, in the bridge directory.
+pub const PROXY_SOCKET: &str = "proxy.sock";
+/// The bridge socket of the run's SOCKS5 listener, in the bridge directory.
+pub const SOCKS_SOCKET: &str = "socks.sock";
 /// Where the sandgate binary appears inside the sandbox.
 pub const INIT_PATH: &str = "/run/sandgate-init";
 
@@ -98,8 +103,11 @@ pub fn bwrap_argv(policy: &SandboxPolicy, facts: &RunFacts) -> Vec<OsString> {
     if init {
         push(&mut argv, &[INIT_PATH, "sandbox-init"]);
         if policy.net.proxied() {
-            let forward = format!("127.0.0.1:{}={BRIDGE_DIR}/proxy.sock", policy.proxy_port);
-            push(&mut argv, &["--forward", &forward]);
+            let socks = policy.socks_port.map(|port| (port, SOCKS_SOCKET));
+            for (port, socket) in [(policy.proxy_port, PROXY_SOCKET)].into_iter().chain(socks) {
+                let forward = format!("127.0.0.1:{port}={BRIDGE_DIR}/{socket}");
+                push(&mut argv, &["--forward", &forward]);
+            }
         }
         for port in &policy.loopback_ports {
             let forward = format!("127.0.0.1:{port}={BRIDGE_DIR}/port-{port}.sock");

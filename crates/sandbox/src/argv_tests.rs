@@ -48,14 +48,39 @@ fn allowlist_mode_routes_through_the_init_and_the_bridge() {
         "{s}"
     );
     assert!(s.ends_with(
-        "-- /run/sandgate-init sandbox-init --forward 127.0.0.1:3128=/run/sandgate/proxy.sock -- /run/sandgate-init sandbox-exec -- curl https://a.example/"
+        "-- /run/sandgate-init sandbox-init --forward 127.0.0.1:3128=/run/sandgate/proxy.sock --forward 127.0.0.1:1080=/run/sandgate/socks.sock -- /run/sandgate-init sandbox-exec -- curl https://a.example/"
     ), "{s}");
+}
+
+#[test]
+fn the_socks5_port_has_its_own_forward_in_allowlist_mode_only() {
+    let ports = policy(
+        "net:\n  mode: allowlist\n  loopback_ports: [ 5432 ]\n  allow_domains: [ a.example ]\n  proxy: { listen: \"127.0.0.1:8080\", socks_listen: \"127.0.0.1:9050\" }\n",
+    );
+    let s = joined(&bwrap_argv(&ports, &facts()));
+    assert!(
+        s.contains(
+            "sandbox-init --forward 127.0.0.1:8080=/run/sandgate/proxy.sock --forward 127.0.0.1:9050=/run/sandgate/socks.sock --forward 127.0.0.1:5432=/run/sandgate/port-5432.sock --"
+        ),
+        "{s}"
+    );
+    // Chained, SOCKS5 would reach the upstream proxy itself (see policy::proxy_ports).
+    let chained = policy(
+        "net:\n  mode: proxy\n  proxy: { upstream: \"10.0.0.1:3128\" }\n  allow_domains: [ a.example ]\n",
+    );
+    let s = joined(&bwrap_argv(&chained, &facts()));
+    assert!(
+        s.contains("sandbox-init --forward 127.0.0.1:3128=/run/sandgate/proxy.sock -- ")
+            && !s.contains("socks.sock"),
+        "{s}"
+    );
 }
 
 #[test]
 fn none_and_all_modes_start_the_command_through_the_filter_step() {
     let s = joined(&bwrap_argv(&policy("net:\n  mode: none\n"), &facts()));
     assert!(s.contains("--unshare-net") && !s.contains("sandbox-init") && !s.contains("/run/sandgate "));
+    assert!(!s.contains("socks.sock"), "{s}");
     assert!(s.contains("--ro-bind /opt/sandgate /run/sandgate-init"), "{s}");
     assert!(
         s.ends_with("-- /run/sandgate-init sandbox-exec -- curl https://a.example/"),
@@ -104,7 +129,10 @@ fn loopback_ports_are_forwarded_by_the_init() {
         &policy("net:\n  mode: loopback\n  loopback_ports: [ 5432 ]\n"),
         &facts(),
     ));
-    assert!(s.contains("--unshare-net") && !s.contains("HTTP_PROXY"), "{s}");
+    assert!(
+        s.contains("--unshare-net") && !s.contains("HTTP_PROXY") && !s.contains("socks.sock"),
+        "{s}"
+    );
     assert!(
         s.ends_with("sandbox-init --forward 127.0.0.1:5432=/run/sandgate/port-5432.sock -- /run/sandgate-init sandbox-exec -- curl https://a.example/"),
         "{s}"

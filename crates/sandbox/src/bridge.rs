@@ -1,6 +1,7 @@
 //! The host side of the sandbox's bridges: a Unix socket in the run's bridge directory
 //! (bound read-only into the sandbox) whose every connection is relayed to a host loopback
-//! address, the run's proxy or a port listed in `net.loopback_ports`.
+//! address: one of the run's proxy listeners (HTTP, SOCKS5) or a port listed in
+//! `net.loopback_ports`.
 //!
 //! Each connection starts with one status byte from the host side, so the in-sandbox init
 //! ([`crate::init`]) knows whether the host end was reached: [`READY`] and then the relayed

@@ -120,15 +120,17 @@ pub fn environment(
         .or_insert_with(|| DEFAULT_PATH.to_owned());
     if policy.net.proxied() {
         let proxy = format!("http://127.0.0.1:{}", policy.proxy_port);
-        for k in [
-            "HTTP_PROXY",
-            "HTTPS_PROXY",
-            "http_proxy",
-            "https_proxy",
-            "ALL_PROXY",
-            "all_proxy",
-        ] {
+        for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
             out.insert(k.to_owned(), proxy.clone());
+        }
+        // `socks5h`: the name goes to the proxy unresolved (there is no DNS inside).
+        // Clients read it only for schemes without a variable of their own (curl: not
+        // http/https while the two above are set). Without a SOCKS5 port, the HTTP proxy.
+        let all = policy
+            .socks_port
+            .map_or(proxy, |port| format!("socks5h://127.0.0.1:{port}"));
+        for k in ["ALL_PROXY", "all_proxy"] {
+            out.insert(k.to_owned(), all.clone());
         }
         for k in ["NO_PROXY", "no_proxy"] {
             out.insert(k.to_owned(), "localhost,127.0.0.1,::1".to_owned());
@@ -257,6 +259,38 @@ mod tests {
         assert_eq!(get("DATABASE_URL"), Some("postgres://u:p@db/x"));
         assert_eq!(get("PATH"), Some("/opt/bin"));
         assert_eq!(get("HTTPS_PROXY"), Some("http://127.0.0.1:3128"));
+        assert_eq!(get("http_proxy"), Some("http://127.0.0.1:3128"));
+        assert_eq!(get("ALL_PROXY"), Some("socks5h://127.0.0.1:1080"));
+        assert_eq!(get("all_proxy"), Some("socks5h://127.0.0.1:1080"));
         assert_eq!(get("no_proxy"), Some("localhost,127.0.0.1,::1"));
+    }
+
+    #[test]
+    fn all_proxy_names_the_socks5_port_and_the_others_the_http_proxy() {
+        let text = "net:\n  mode: allowlist\n  proxy: { listen: \"127.0.0.1:8080\", socks_listen: \"127.0.0.1:9050\" }\n";
+        let p = crate::policy::parse(text, &BTreeMap::new(), &|p| Ok(PathBuf::from(p)), None).unwrap();
+        let (env, _) = environment(&p, &[]);
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+            assert_eq!(get(k), Some("http://127.0.0.1:8080"), "{k}");
+        }
+        for k in ["ALL_PROXY", "all_proxy"] {
+            assert_eq!(get(k), Some("socks5h://127.0.0.1:9050"), "{k}");
+        }
+        let chained = "net:\n  mode: proxy\n  proxy: { upstream: \"10.0.0.1:3128\" }\n";
+        let p = crate::policy::parse(chained, &BTreeMap::new(), &|p| Ok(PathBuf::from(p)), None).unwrap();
+        let (env, _) = environment(&p, &[]);
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(
+            get("ALL_PROXY"),
+            Some("http://127.0.0.1:3128"),
+            "no SOCKS5 port in proxy mode"
+        );
+        let (env, _) = environment(&policy(&[], &[], false), &[]);
+        assert!(
+            env.iter()
+                .all(|(k, _)| !k.to_ascii_uppercase().ends_with("_PROXY")),
+            "no proxy variables without the proxy: {env:?}"
+        );
     }
 }

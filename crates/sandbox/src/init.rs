@@ -1,9 +1,10 @@
 //! `sandgate sandbox-init`: the first process inside a proxied sandbox (or one with
 //! `net.loopback_ports`).
 //!
-//! For each forward (`--forward 127.0.0.1:3128=/run/sandgate/proxy.sock`) it listens on the
-//! sandbox's own loopback and relays every connection to the bridge socket, behind which the
-//! run's proxy (or a bridged host loopback port) waits ([`crate::bridge`]). It refuses to
+//! For each forward (`--forward 127.0.0.1:3128=/run/sandgate/proxy.sock`, and the SOCKS5
+//! port's `127.0.0.1:1080=/run/sandgate/socks.sock`) it listens on the sandbox's own
+//! loopback and relays every connection to the bridge socket, behind which the run's proxy
+//! (or a bridged host loopback port) waits ([`crate::bridge`]). It refuses to
 //! start the command if any end is not ready (fail closed): the command never runs with a
 //! broken or missing way out, and the message names what is missing. Then it starts the
 //! command (through `sandbox-exec`, which loads the seccomp filter the init itself must do

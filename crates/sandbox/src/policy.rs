@@ -83,6 +83,9 @@ pub struct SandboxPolicy {
     pub loopback_ports: Vec<u16>,
     /// Port the proxy listens on inside the sandbox.
     pub proxy_port: u16,
+    /// Port the proxy's SOCKS5 front end listens on inside the sandbox (`ALL_PROXY`):
+    /// `allowlist` mode only (see [`proxy_ports`]).
+    pub socks_port: Option<u16>,
     pub allow_ranges: Vec<String>,
     pub resolver_servers: Vec<String>,
     pub unshare_pid: bool,
@@ -160,6 +163,8 @@ struct RawNet {
 struct RawProxy {
     #[serde(default)]
     listen: Option<String>,
+    #[serde(default)]
+    socks_listen: Option<String>,
     #[serde(default)]
     upstream: Option<String>,
 }
@@ -327,6 +332,7 @@ pub fn parse(
         loopback_ports: raw.net.loopback_ports,
         upstream_proxy: network.upstream_proxy,
         proxy_port: network.proxy_port,
+        socks_port: network.socks_port,
         allow_ranges: raw.net.allow_ranges,
         resolver_servers: raw.net.resolver.map(|r| r.servers).unwrap_or_default(),
         unshare_pid: unshare.pid.unwrap_or(true),
@@ -355,6 +361,7 @@ struct Network {
     allow: Vec<Pattern>,
     upstream_proxy: Option<SocketAddr>,
     proxy_port: u16,
+    socks_port: Option<u16>,
 }
 
 fn network(raw: &RawNet, net: NetMode) -> Result<Network, PolicyError> {
@@ -398,25 +405,7 @@ fn network(raw: &RawNet, net: NetMode) -> Result<Network, PolicyError> {
         (_, Some(_)) => return Err(PolicyError("net.proxy.upstream needs net.mode proxy".to_owned())),
         (_, None) => None,
     };
-    let proxy_port = match proxy.and_then(|p| p.listen.as_deref()) {
-        None => 3128,
-        Some(l) => {
-            let addr: SocketAddr = l
-                .parse()
-                .map_err(|_| PolicyError(format!("net.proxy.listen: {l:?} is not IP:PORT")))?;
-            if !addr.ip().is_loopback() {
-                return Err(PolicyError(format!(
-                    "net.proxy.listen: {l:?} must be a loopback address"
-                )));
-            }
-            if addr.port() == 0 { 3128 } else { addr.port() }
-        }
-    };
-    if net.proxied() && raw.loopback_ports.contains(&proxy_port) {
-        return Err(PolicyError(format!(
-            "net.loopback_ports: {proxy_port} is the proxy's port"
-        )));
-    }
+    let (proxy_port, socks_port) = proxy_ports(raw, net)?;
     if !net.proxied() && (!allow.is_empty() || !raw.allow_ranges.is_empty()) {
         return Err(PolicyError(
             "net.allow_domains/presets/allow_ranges need net.mode allowlist".to_owned(),
@@ -426,7 +415,61 @@ fn network(raw: &RawNet, net: NetMode) -> Result<Network, PolicyError> {
         allow,
         upstream_proxy,
         proxy_port,
+        socks_port,
     })
+}
+
+/// The ports of the run's proxy inside the sandbox: HTTP (`net.proxy.listen`) and, in
+/// `allowlist` mode, SOCKS5 (`net.proxy.socks_listen`), distinct from each other and from
+/// `net.loopback_ports`.
+///
+/// `net.mode: proxy` gets no SOCKS5 port: the chained dialer asks the upstream proxy for a
+/// tunnel only for HTTP CONNECT, so a SOCKS5 tunnel would reach the upstream proxy itself,
+/// and through it destinations the run's allowlist refuses.
+fn proxy_ports(raw: &RawNet, net: NetMode) -> Result<(u16, Option<u16>), PolicyError> {
+    let proxy = raw.proxy.as_ref();
+    let proxy_port = loopback_port("net.proxy.listen", proxy.and_then(|p| p.listen.as_deref()), 3128)?;
+    let socks_listen = proxy.and_then(|p| p.socks_listen.as_deref());
+    let socks_port = loopback_port("net.proxy.socks_listen", socks_listen, 1080)?;
+    if net == NetMode::Proxy && socks_listen.is_some() {
+        return Err(PolicyError(
+            "net.proxy.socks_listen: net.mode proxy has no SOCKS5 port (SOCKS5 is not chained to the upstream proxy yet); use net.mode allowlist".to_owned(),
+        ));
+    }
+    if net != NetMode::Allowlist {
+        return Ok((proxy_port, None));
+    }
+    if socks_port == proxy_port {
+        return Err(PolicyError(format!(
+            "net.proxy.socks_listen: port {socks_port} is also the HTTP proxy's (net.proxy.listen); give each its own port"
+        )));
+    }
+    for (port, what) in [
+        (proxy_port, "the HTTP proxy's port (net.proxy.listen)"),
+        (socks_port, "the SOCKS5 port (net.proxy.socks_listen)"),
+    ] {
+        if raw.loopback_ports.contains(&port) {
+            return Err(PolicyError(format!(
+                "net.loopback_ports: {port} is {what}; move one of them"
+            )));
+        }
+    }
+    Ok((proxy_port, Some(socks_port)))
+}
+
+/// A proxy port inside the sandbox from `field` (loopback `IP:PORT`; port 0 or no value
+/// means `default`). Only the port is used: the init listens on `127.0.0.1`.
+fn loopback_port(field: &str, value: Option<&str>, default: u16) -> Result<u16, PolicyError> {
+    let Some(l) = value else {
+        return Ok(default);
+    };
+    let addr: SocketAddr = l
+        .parse()
+        .map_err(|_| PolicyError(format!("{field}: {l:?} is not IP:PORT")))?;
+    if !addr.ip().is_loopback() {
+        return Err(PolicyError(format!("{field}: {l:?} must be a loopback address")));
+    }
+    Ok(if addr.port() == 0 { default } else { addr.port() })
 }
 
 fn check_env(raw: &RawEnv) -> Result<(), PolicyError> {

@@ -47,6 +47,7 @@ fn a_full_policy_parses() {
     assert!(p.unshare_pid && !p.unshare_ipc);
     assert!(p.allow_unix_sockets);
     assert_eq!(p.proxy_port, 3128);
+    assert_eq!(p.socks_port, Some(1080));
     assert!(!parse_ok("net:\n  mode: none\n").allow_unix_sockets);
 }
 
@@ -194,5 +195,62 @@ fn symlinked_paths_are_bound_at_their_target_with_an_alias() {
             at: "/lib".into(),
             target: "/usr/lib".into()
         }]
+    );
+}
+
+#[test]
+fn the_socks5_port_is_loopback_and_its_own() {
+    let net = |proxy: &str, ports: &str| {
+        format!("net:\n  mode: allowlist\n  loopback_ports: [ {ports} ]\n  proxy: {{ {proxy} }}\n")
+    };
+    let p = parse_ok(&net("socks_listen: \"127.0.0.1:9050\"", ""));
+    assert_eq!((p.proxy_port, p.socks_port), (3128, Some(9050)));
+    assert_eq!(
+        parse_ok(&net("socks_listen: \"[::1]:0\"", "")).socks_port,
+        Some(1080)
+    );
+    let cases = [
+        (
+            net("socks_listen: \"0.0.0.0:1080\"", ""),
+            "net.proxy.socks_listen: \"0.0.0.0:1080\" must be a loopback address",
+        ),
+        (
+            net("socks_listen: \"localhost:1080\"", ""),
+            "net.proxy.socks_listen: \"localhost:1080\" is not IP:PORT",
+        ),
+        (
+            net("socks_listen: \"127.0.0.1:3128\"", ""),
+            "net.proxy.socks_listen: port 3128 is also the HTTP proxy's (net.proxy.listen)",
+        ),
+        (
+            net("listen: \"127.0.0.1:1080\"", ""),
+            "net.proxy.socks_listen: port 1080 is also the HTTP proxy's",
+        ),
+        (
+            net("socks_listen: \"127.0.0.1:1080\"", "1080"),
+            "net.loopback_ports: 1080 is the SOCKS5 port (net.proxy.socks_listen)",
+        ),
+        (
+            net("listen: \"127.0.0.1:8080\"", "8080"),
+            "net.loopback_ports: 8080 is the HTTP proxy's port (net.proxy.listen)",
+        ),
+    ];
+    for (text, want) in cases {
+        let err = parse_err(&text, None);
+        assert!(err.contains(want), "{text:?}: {err}");
+    }
+    // Without the proxy there is no SOCKS5 port to collide with.
+    let p = parse_ok("net:\n  mode: loopback\n  loopback_ports: [ 1080, 3128 ]\n");
+    assert_eq!(
+        (p.loopback_ports.as_slice(), p.socks_port),
+        (&[1080, 3128][..], None)
+    );
+    // Chained, none: SOCKS5 is not tunnelled through the upstream proxy.
+    let chained = "net:\n  mode: proxy\n  proxy: { upstream: \"10.0.0.1:3128\" }\n";
+    assert_eq!(parse_ok(chained).socks_port, None);
+    let chained =
+        "net:\n  mode: proxy\n  proxy: { upstream: \"10.0.0.1:3128\", socks_listen: \"127.0.0.1:1080\" }\n";
+    assert!(
+        parse_err(chained, None).starts_with("net.proxy.socks_listen: net.mode proxy has no SOCKS5 port")
     );
 }

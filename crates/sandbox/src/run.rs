@@ -1,5 +1,6 @@
 //! `sandgate run`: preflight, the run's state directory, its own proxy and bridges (proxied
-//! modes, loopback ports), bubblewrap, exit status, teardown and the summary.
+//! modes: HTTP and SOCKS5; loopback ports), bubblewrap, exit status, teardown and the
+//! summary.
 //!
 //! The proxy and the bridge sockets exist before bwrap starts; the init inside checks them
 //! before it starts the command. bwrap gets the command's environment as its own (never on
@@ -16,11 +17,12 @@ use std::path::PathBuf;
 
 use sandgate_policy::{AddressGuard, Ruleset};
 use sandgate_proxy::{
-    AuditDestination, AuditOptions, Identity, Limits, Listener, Nameservers, PeerFilter, Proxy, ProxyConfig,
+    AuditDestination, AuditOptions, Identity, Limits, Listener, Nameservers, PeerFilter, Protocol, Proxy,
+    ProxyConfig,
 };
 use tokio::net::UnixListener;
 
-use crate::argv::{DNS_FILES, RunFacts, bwrap_argv, needs_init};
+use crate::argv::{DNS_FILES, PROXY_SOCKET, RunFacts, SOCKS_SOCKET, bwrap_argv, needs_init};
 use crate::policy::{self, NetMode, SandboxPolicy};
 use crate::state::{RunState, sweep_stale_state};
 use crate::{bridge, env, processes, summary};
@@ -214,17 +216,13 @@ async fn supervise(
     };
     // Explicitly bridged host loopback ports: the init listens on the same port inside.
     for port in &policy.loopback_ports {
-        let socket = state.bridge_dir().join(format!("port-{port}.sock"));
-        let unix = UnixListener::bind(&socket).map_err(|e| {
-            RunError::Unavailable(format!("cannot create the bridge {}: {e}", socket.display()))
-        })?;
-        let what = format!("host loopback port {port} (net.loopback_ports)");
-        tokio::spawn(bridge::serve(
-            unix,
+        open_bridge(
+            &state,
+            &format!("port-{port}.sock"),
             SocketAddr::from(([127, 0, 0, 1], *port)),
-            what,
+            format!("host loopback port {port} (net.loopback_ports)"),
             None,
-        ));
+        )?;
     }
     let facts = RunFacts {
         sandgate_exe,
@@ -273,14 +271,52 @@ type ProxyRun = (
     tokio::task::JoinHandle<std::io::Result<u64>>,
 );
 
-/// Starts the run's proxy on host loopback (port 0), serving only this run's bridge, and
-/// the bridge socket in front of it.
+/// Starts the run's proxy on host loopback (port 0: an HTTP listener, and a SOCKS5 one when
+/// the policy has a SOCKS5 port), serving only this run's bridges, and a bridge socket in
+/// front of each listener.
 async fn start_proxy(
     policy: &SandboxPolicy,
     audit_path: &std::path::Path,
     state: &RunState,
     ask: Option<std::time::Duration>,
 ) -> Result<ProxyRun, RunError> {
+    // Only this run's bridges may talk to its proxy: the listeners share one filter, and
+    // one task identity, so HTTP and SOCKS5 requests are the same run's in the audit log.
+    let peers = PeerFilter::new();
+    let config = proxy_config(policy, audit_path, &peers)?;
+    let listeners = config.listen.len();
+    let proxy = Proxy::bind(config)
+        .await
+        .map_err(|e| RunError::Unavailable(format!("cannot start the proxy: {e}")))?;
+    if let Some(timeout) = ask {
+        proxy.set_asker(std::sync::Arc::new(crate::ask::TerminalAsker::new(timeout)));
+    }
+    // In the order of the configuration's listeners: HTTP, then SOCKS5 when there is one.
+    let addrs = proxy.local_addrs();
+    if addrs.len() != listeners {
+        return Err(RunError::Unavailable("the proxy lacks a listener".into()));
+    }
+    let bridges = [
+        (PROXY_SOCKET, "the run's proxy"),
+        (SOCKS_SOCKET, "the run's SOCKS5 proxy"),
+    ];
+    for (addr, (socket, what)) in addrs.into_iter().zip(bridges) {
+        open_bridge(state, socket, addr, what.to_owned(), Some(peers.clone()))?;
+    }
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(proxy.run(async move {
+        let _ = stop_rx.await;
+    }));
+    Ok((stop_tx, task))
+}
+
+/// The run's proxy: the policy's rules, ranges and resolver, and its listeners on host
+/// loopback port 0 under the run's task, served only to `peers`.
+fn proxy_config(
+    policy: &SandboxPolicy,
+    audit_path: &std::path::Path,
+    peers: &PeerFilter,
+) -> Result<ProxyConfig, RunError> {
     let mut rules = Ruleset::new();
     policy.allow.iter().cloned().for_each(|p| rules.allow(p));
     let ranges = policy
@@ -299,20 +335,21 @@ async fn start_proxy(
                 .map_err(|_| RunError::Usage(format!("net.resolver.servers: {s:?} is not IP:PORT")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    // Only this run's bridge may talk to its proxy.
-    let peers = PeerFilter::new();
-    let config = ProxyConfig {
-        listen: vec![Listener {
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            identity: Identity {
-                task: Some(run_id()),
-                project: None,
-                job: None,
-            },
-            require_auth: false,
-            peers: Some(peers.clone()),
-            protocol: Default::default(),
-        }],
+    let task = run_id();
+    let listener = |protocol| Listener {
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        identity: Identity {
+            task: Some(task.clone()),
+            project: None,
+            job: None,
+        },
+        require_auth: false,
+        peers: Some(peers.clone()),
+        protocol,
+    };
+    let socks = policy.socks_port.map(|_| listener(Protocol::Socks5));
+    Ok(ProxyConfig {
+        listen: std::iter::once(listener(Protocol::Http)).chain(socks).collect(),
         rules,
         guard: AddressGuard::new(ranges),
         nameservers: if servers.is_empty() {
@@ -328,29 +365,21 @@ async fn start_proxy(
         audit_options: AuditOptions::default(),
         metrics_listen: None,
         upstream_proxy: policy.upstream_proxy,
-    };
-    let proxy = Proxy::bind(config)
-        .await
-        .map_err(|e| RunError::Unavailable(format!("cannot start the proxy: {e}")))?;
-    if let Some(timeout) = ask {
-        proxy.set_asker(std::sync::Arc::new(crate::ask::TerminalAsker::new(timeout)));
-    }
-    let proxy_addr = *proxy
-        .local_addrs()
-        .first()
-        .ok_or_else(|| RunError::Unavailable("the proxy has no listener".into()))?;
-    let socket = state.bridge_dir().join("proxy.sock");
+    })
+}
+
+/// Binds `name` in the run's bridge directory and relays its connections to `target`
+/// (see [`bridge::serve`]).
+fn open_bridge(
+    state: &RunState,
+    name: &str,
+    target: SocketAddr,
+    what: String,
+    peers: Option<PeerFilter>,
+) -> Result<(), RunError> {
+    let socket = state.bridge_dir().join(name);
     let unix = UnixListener::bind(&socket)
         .map_err(|e| RunError::Unavailable(format!("cannot create the bridge {}: {e}", socket.display())))?;
-    tokio::spawn(bridge::serve(
-        unix,
-        proxy_addr,
-        "the run's proxy".to_owned(),
-        Some(peers),
-    ));
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(proxy.run(async move {
-        let _ = stop_rx.await;
-    }));
-    Ok((stop_tx, task))
+    tokio::spawn(bridge::serve(unix, target, what, peers));
+    Ok(())
 }

@@ -350,7 +350,8 @@ time.sleep(1.5)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // While it runs: the host side of the bridge holds nothing but the bridge socket.
+    // While it runs: the host side of the bridge holds nothing but the bridge sockets (the
+    // HTTP proxy's and the SOCKS5 port's).
     let result = out_dir.join("result");
     let started = eventually(Duration::from_secs(10), || result.exists());
     let state = sandbox_support::state_dir_of(child.id());
@@ -363,7 +364,7 @@ time.sleep(1.5)
         );
     }
     let state = state.unwrap();
-    let bridge: Vec<(String, bool)> = std::fs::read_dir(state.join("bridge"))
+    let mut bridge: Vec<(String, bool)> = std::fs::read_dir(state.join("bridge"))
         .unwrap()
         .flatten()
         .map(|e| {
@@ -374,7 +375,11 @@ time.sleep(1.5)
             )
         })
         .collect();
-    assert_eq!(bridge, [("proxy.sock".to_owned(), true)]);
+    bridge.sort();
+    assert_eq!(
+        bridge,
+        [("proxy.sock".to_owned(), true), ("socks.sock".to_owned(), true)]
+    );
     let names: Vec<String> = std::fs::read_dir(&state)
         .unwrap()
         .flatten()
