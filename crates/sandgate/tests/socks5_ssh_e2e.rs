@@ -116,10 +116,14 @@ impl Sshd {
         let log = log_dir.path().join("sshd.log");
         let stderr = std::fs::File::create(&log).unwrap();
         // Not root, sshd neither separates privileges nor needs /run/sshd: it serves only
-        // the user it runs as.
+        // the user it runs as. setpriv executes it in place (runuser would stay its parent,
+        // and killing runuser would leave sshd running).
         let mut command = if common::is_root() {
-            let mut c = Command::new("runuser");
-            c.args(["-u", SSHD_USER, "--", "/usr/sbin/sshd"]);
+            let id = |flag: &str| String::from_utf8(sh("id", &[flag, SSHD_USER]).stdout).unwrap();
+            let mut c = Command::new("setpriv");
+            c.arg(format!("--reuid={}", id("-u").trim()))
+                .arg(format!("--regid={}", id("-g").trim()))
+                .args(["--init-groups", "--", "/usr/sbin/sshd"]);
             c
         } else {
             Command::new("/usr/sbin/sshd")
