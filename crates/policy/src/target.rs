@@ -48,6 +48,16 @@ impl Access {
         }
     }
 
+    /// Whether this access is a blind byte tunnel (CONNECT or SOCKS5), as opposed to a
+    /// request the proxy forwards itself. Through an upstream proxy, a tunnel must be asked
+    /// for as one: the connection to the upstream is never handed to the client raw.
+    pub fn is_tunnel(self) -> bool {
+        match self {
+            Access::Connect | Access::Socks5 => true,
+            Access::Http => false,
+        }
+    }
+
     /// The audit log's `scheme` value.
     pub fn scheme(self) -> &'static str {
         match self {

@@ -243,7 +243,10 @@ impl Dialer {
         timeout: Duration,
     ) -> Result<(TcpStream, SocketAddr), DialError> {
         let (mut stream, addr) = self.connect(vetted).await?;
-        if self.is_chained() && access == Access::Connect {
+        // Every tunnel kind (CONNECT and SOCKS5) is opened as a CONNECT upstream; handing a
+        // SOCKS5 client the raw connection to the upstream proxy would let it send that
+        // proxy requests for any destination.
+        if self.is_chained() && access.is_tunnel() {
             self.upstream_tunnel(&mut stream, target, timeout).await?;
         }
         Ok((stream, addr))

@@ -241,8 +241,63 @@ fn python_pysocks_with_an_rfc1929_login_as_task_credentials() {
     );
 }
 
+/// A node-local proxy chained to a central one: a SOCKS5 tunnel to an allowed destination
+/// is a tunnel to that destination, never a raw connection to the central proxy (through
+/// which the client could ask for anything the local policy refuses).
+#[test]
+fn a_chained_socks5_tunnel_cannot_talk_to_the_upstream_proxy() {
+    let rt = runtime();
+    let origin = rt.block_on(Origin::http());
+    let echo = rt.block_on(sandgate_testkit::echo::EchoServer::start());
+    let dns = rt.block_on(DnsServer::start(
+        Zone::new()
+            .with("echo.test", &["127.0.0.1"])
+            .with("web.test", &["127.0.0.1"]),
+    ));
+    let tunnel = format!("echo.test:{}", echo.addr().port());
+    let web = format!("web.test:{}", origin.port());
+    let mut central_args = base_args(&dns);
+    central_args.extend(["--allow".into(), tunnel.clone(), "--allow".into(), web.clone()]);
+    let central = ProxyProcess::start(&strs(&central_args));
+    let socks = free_addr();
+    let central_addr = central.addr.to_string();
+    let socks_arg = socks.to_string();
+    // Locally only the echo server is allowed; web.test is refused here.
+    let local = ProxyProcess::start(&[
+        "--dns-server",
+        "127.0.0.1:9",
+        "--upstream-proxy",
+        &central_addr,
+        "--allow",
+        &tunnel,
+        "--socks-listen",
+        &socks_arg,
+    ]);
+    assert_eq!(local.listening(2).len(), 2);
+    let mut s = TcpStream::connect(socks).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&[5, 1, 0]).unwrap();
+    let mut choice = [0u8; 2];
+    s.read_exact(&mut choice).unwrap();
+    let mut req = vec![5, 1, 0, 3, 9];
+    req.extend_from_slice(b"echo.test");
+    req.extend_from_slice(&echo.addr().port().to_be_bytes());
+    s.write_all(&req).unwrap();
+    let mut reply = [0u8; 10];
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(reply[1], 0, "the allowed tunnel opens");
+    // Speak proxy to whatever is on the other end: the echo server sends it back; the
+    // central proxy would have fetched the refused origin.
+    let smuggled = format!("GET http://{web}/secret HTTP/1.1\r\nHost: {web}\r\n\r\n");
+    s.write_all(smuggled.as_bytes()).unwrap();
+    let mut back = vec![0u8; smuggled.len()];
+    s.read_exact(&mut back).unwrap();
+    assert_eq!(String::from_utf8_lossy(&back), smuggled);
+    assert_eq!(origin.connections(), 0, "the refused origin was reached");
+}
+
 /// The whole file again as `nobody`.
 #[test]
 fn the_socks5_suite_passes_as_an_ordinary_user() {
-    common::rerun_as_nobody("socks5_e2e", "the_socks5_suite_passes_as_an_ordinary_user", 3);
+    common::rerun_as_nobody("socks5_e2e", "the_socks5_suite_passes_as_an_ordinary_user", 4);
 }
