@@ -37,6 +37,13 @@ pub enum Command {
     Run(RunArgs),
     /// Request, list and decide temporary egress exceptions through the admin API.
     Exceptions(ExceptionsArgs),
+    /// Serve the Model Context Protocol on stdio: an agent runs commands in the named
+    /// sandboxes of FILE and asks for egress that a person approves (docs/mcp.md).
+    Mcp {
+        /// The server's configuration (`kind: McpServer`).
+        #[arg(long, value_name = "FILE")]
+        config: std::path::PathBuf,
+    },
     /// (internal) The first process inside a proxied sandbox.
     #[command(hide = true)]
     SandboxInit {

@@ -41,7 +41,7 @@ fn main() -> ExitCode {
     // The runner's own proxy should not chatter on the command's terminal.
     let quiet_by_default = matches!(
         cli.command,
-        Command::Run(_) | Command::SandboxInit { .. } | Command::SandboxExec { .. }
+        Command::Run(_) | Command::SandboxInit { .. } | Command::SandboxExec { .. } | Command::Mcp { .. }
     );
     init_logging(cli.log_format, if quiet_by_default { "warn" } else { "info" });
     match cli.command {
@@ -51,6 +51,7 @@ fn main() -> ExitCode {
         Command::Audit(cmd) => audit_cmd::run(cmd),
         Command::Run(args) => run_sandbox(args),
         Command::Exceptions(args) => exceptions_cmd::run(&args),
+        Command::Mcp { config } => run_mcp(&config),
         Command::SandboxInit { forwards, command } => {
             let parsed: Result<Vec<_>, String> = forwards
                 .iter()
@@ -86,6 +87,37 @@ fn init_logging(format: LogFormat, default: &str) {
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// `sandgate mcp`: serve until the client closes stdin; 64 for a bad configuration, 69 when
+/// the audit log cannot be opened.
+fn run_mcp(config: &std::path::Path) -> ExitCode {
+    use sandgate_mcp::McpError;
+    let sandgate = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("sandgate: cannot find this program's path: {e}");
+            return ExitCode::from(69);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandgate: cannot start the runtime: {e}");
+            return ExitCode::from(69);
+        }
+    };
+    match runtime.block_on(sandgate_mcp::serve_stdio(config, sandgate)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ McpError::Config(_)) => {
+            eprintln!("sandgate: {e}");
+            ExitCode::from(EX_USAGE)
+        }
+        Err(e) => {
+            eprintln!("sandgate: {e}");
+            ExitCode::from(69)
+        }
     }
 }
 

@@ -221,18 +221,6 @@ fn rotation_under_load_keeps_every_event_exactly_once() {
     assert_eq!(seen.len(), 640);
 }
 
-fn python() -> String {
-    if let Ok(p) = std::env::var("SANDGATE_TEST_PYTHON") {
-        return p;
-    }
-    let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/venv/bin/python");
-    assert!(
-        std::path::Path::new(venv).exists(),
-        "run ./scripts/test once: it installs prometheus_client into target/venv"
-    );
-    venv.to_owned()
-}
-
 #[test]
 fn metrics_parse_with_a_real_prometheus_parser_and_match_the_traffic() {
     let rt = runtime();
@@ -273,7 +261,7 @@ for family in text_string_to_metric_families(text):
         out[key] = s.value
 print(json.dumps(out))
 "#;
-    let out = Command::new(python())
+    let out = Command::new(common::python())
         .args(["-c", script, &metrics_addr])
         .env_remove("http_proxy")
         .output()

@@ -413,6 +413,19 @@ fn a_node_local_proxy_chains_through_a_central_one() {
     );
     assert_eq!(status_of(&reply), 403, "{reply}");
     assert!(reply.contains("the upstream proxy refused it"), "{reply}");
+    // The same for plain HTTP: the central proxy's 403 is relayed, and recorded as the
+    // upstream's refusal (its Proxy-Status says so), not as an origin's answer.
+    let (code, status, err) = curl(
+        &local.url(),
+        &[
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &format!("http://{other}/"),
+        ],
+    );
+    assert_eq!((code, status.as_str()), (0, "403"), "{err}");
     // Refused locally: the central proxy never hears of it.
     let reply = raw(
         local.addr,
@@ -432,15 +445,19 @@ fn a_node_local_proxy_chains_through_a_central_one() {
             .count(),
         2
     );
-    let local_events = local.audit_events(7);
+    let local_events = local.audit_events(9);
     let closes: Vec<&str> = events_of(&local_events, "close")
         .iter()
         .map(|e| e["outcome"].as_str().unwrap())
         .collect();
     assert!(closes.contains(&"upstream_failure:upstream_denied"), "{closes:?}");
+    let http_denied = local_events.iter().any(|e| {
+        e["event"] == "close" && e["scheme"] == "http" && e["outcome"] == "upstream_failure:upstream_denied"
+    });
+    assert!(http_denied, "{local_events:#?}");
     assert_eq!(
         local_events.iter().filter(|e| e["event"] == "decision").count(),
-        4,
+        5,
         "{local_events:#?}"
     );
 }

@@ -308,12 +308,19 @@ async fn relay_response(
     )
     .await;
     let status = Some(response.status);
+    // When chained, the upstream proxy's own refusal is a refusal upstream, not an origin's
+    // answer: it says so in Proxy-Status (RFC 9209), as sandgate's own refusals do.
+    let label = if up.chained && refused_by_proxy(&response) {
+        Outcome::Upstream(F::UpstreamDenied)
+    } else {
+        Outcome::Ok
+    };
     match relayed {
         Ok(n) => Exchange {
             sent,
             received: received + n,
             status,
-            label: Outcome::Ok,
+            label,
             refusal: None,
             client_reusable: !client_closes,
             outbound_reusable: !response.close && request_complete,
@@ -331,6 +338,18 @@ async fn relay_response(
             }
         }
     }
+}
+
+/// Whether a response is a proxy's denial: 403 with a `Proxy-Status` error of
+/// `http_request_denied` or `destination_ip_prohibited`.
+fn refused_by_proxy(response: &super::head::ResponseHead) -> bool {
+    response.status == 403
+        && response.fields.iter().any(|f| {
+            f.name.eq_ignore_ascii_case("proxy-status") && {
+                let v = String::from_utf8_lossy(&f.value);
+                v.contains("error=http_request_denied") || v.contains("error=destination_ip_prohibited")
+            }
+        })
 }
 
 /// Reads the final response head, forwarding any 1xx interim responses to the client as they

@@ -319,3 +319,17 @@ pub fn rerun_as_nobody(binary: &str, skip: &str, min_passed: usize) {
         "as nobody, only {passed} tests ran:\n{stdout}"
     );
 }
+
+/// The Python the tests use as a real client: `SANDGATE_TEST_PYTHON`, else the venv that
+/// `scripts/test` makes under target/ (with prometheus_client, selenium, PySocks, mcp).
+pub fn python() -> String {
+    if let Ok(p) = std::env::var("SANDGATE_TEST_PYTHON") {
+        return p;
+    }
+    let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/venv/bin/python");
+    assert!(
+        std::path::Path::new(venv).exists(),
+        "run ./scripts/test once: it installs the Python clients into target/venv"
+    );
+    venv.to_owned()
+}

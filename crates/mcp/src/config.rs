@@ -1,0 +1,355 @@
+//! The `McpServer` document: the task an agent works for, where its tool calls are audited,
+//! where it may ask for egress, and the named sandboxes it may run commands in, each with
+//! its gates. Parsed and validated whole at start; every problem names its field.
+//!
+//! ```yaml
+//! apiVersion: sandgate.dev/v1
+//! kind: McpServer
+//! metadata: { name: agent-tools }
+//! spec:
+//!   task: agent-7
+//!   audit_log: mcp-audit.jsonl
+//!   egress: { admin: "http://127.0.0.1:9090", token_file: agent.token }
+//!   sandboxes:
+//!     - name: scratch
+//!       policy: sandboxes/none.yaml
+//!       gates: { commands: [python3], max_seconds: 30 }
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use sandgate_sandbox::policy::NetMode;
+use serde::Deserialize;
+
+/// The only `apiVersion` understood.
+pub const API_VERSION: &str = "sandgate.dev/v1";
+/// The only `kind` understood.
+pub const KIND: &str = "McpServer";
+
+/// Defaults and ceilings of the gates.
+pub const DEFAULT_MAX_SECONDS: u64 = 60;
+pub const MAX_MAX_SECONDS: u64 = 3600;
+pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 64 * 1024;
+pub const MAX_MAX_OUTPUT_BYTES: usize = 16 * 1024 * 1024;
+/// The longest an agent may wait in `request_egress` for a decision.
+pub const MAX_WAIT_SECONDS: u64 = 600;
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub name: String,
+    /// The task every run and every egress request is attributed to.
+    pub task: String,
+    pub audit_log: PathBuf,
+    pub egress: Option<Egress>,
+    pub sandboxes: Vec<Sandbox>,
+}
+
+/// Where egress exceptions are requested: a sandgate proxy's admin API.
+#[derive(Debug, Clone)]
+pub struct Egress {
+    /// `http://HOST:PORT` of the admin listener.
+    pub admin: String,
+    /// A `requester` token for [`Config::task`] (read from `token_file`).
+    pub token: String,
+    /// The approvals page a person is sent to (default: the admin API's `/ui`).
+    pub approvals_url: String,
+}
+
+/// A named sandbox and its gates.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    pub name: String,
+    pub description: String,
+    pub policy: PathBuf,
+    /// From the policy: its network mode and allowed destinations (for `list_sandboxes`).
+    pub net: NetMode,
+    pub allowed_hosts: Vec<String>,
+    pub gates: Gates,
+}
+
+/// What an agent may do in a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gates {
+    /// Programs an agent may start: a bare name matches exactly that `argv[0]` (found on
+    /// the sandbox's PATH); an absolute path matches exactly that path.
+    pub commands: Vec<String>,
+    pub max_seconds: u64,
+    pub max_output_bytes: usize,
+    /// Whether a policy whose network mode is not `none` may be used at all.
+    pub network: bool,
+    /// Directories (canonical) an agent may name as the run's workspace (`${WORKSPACE}` in
+    /// the policy); empty: none.
+    pub workspaces: Vec<PathBuf>,
+}
+
+/// Every problem found, one per line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .0.join("\n"))]
+pub struct ConfigError(pub Vec<String>);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDoc {
+    #[serde(rename = "apiVersion")]
+    api_version: String,
+    kind: String,
+    metadata: RawMeta,
+    spec: RawSpec,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMeta {
+    name: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpec {
+    task: String,
+    audit_log: String,
+    #[serde(default)]
+    egress: Option<RawEgress>,
+    sandboxes: Vec<RawSandbox>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEgress {
+    admin: String,
+    token_file: String,
+    #[serde(default)]
+    approvals_url: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSandbox {
+    name: String,
+    #[serde(default)]
+    description: String,
+    policy: String,
+    #[serde(default)]
+    gates: RawGates,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGates {
+    #[serde(default)]
+    commands: Vec<String>,
+    #[serde(default)]
+    max_seconds: Option<u64>,
+    #[serde(default)]
+    max_output_bytes: Option<u64>,
+    #[serde(default)]
+    network: bool,
+    #[serde(default)]
+    workspaces: Vec<String>,
+}
+
+/// Reads and validates the configuration at `path` (relative paths in it are relative to
+/// its directory), and each sandbox's policy.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| ConfigError(vec![format!("{}: {e}", path.display())]))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    parse(&text, &path.display().to_string(), base)
+}
+
+/// Parses and validates configuration text; `base` anchors relative paths.
+pub fn parse(text: &str, file: &str, base: &Path) -> Result<Config, ConfigError> {
+    let raw: RawDoc = serde_saphyr::from_str(text).map_err(|e| {
+        let line = e.location().map_or(0, |l| l.line());
+        let message = e.to_string().lines().next().unwrap_or("invalid YAML").to_owned();
+        ConfigError(vec![format!("{file}:{line}: {message}")])
+    })?;
+    let mut errors = Vec::new();
+    let mut error = |field: &str, message: String| errors.push(format!("{file}: {field}: {message}"));
+    if raw.api_version != API_VERSION {
+        error("apiVersion", format!("expected {API_VERSION:?}"));
+    }
+    if raw.kind != KIND {
+        error("kind", format!("expected {KIND:?}"));
+    }
+    let spec = raw.spec;
+    if !valid_id(&spec.task) {
+        error(
+            "spec.task",
+            format!("{:?}: 1 to 128 of A-Z a-z 0-9 . _ - :", spec.task),
+        );
+    }
+    let egress = match spec.egress {
+        None => None,
+        Some(e) => {
+            let admin = e.admin.trim_end_matches('/').to_owned();
+            if !admin.starts_with("http://") {
+                error(
+                    "spec.egress.admin",
+                    format!("{admin:?}: expected http://HOST:PORT"),
+                );
+            }
+            let token_path = base.join(&e.token_file);
+            let token = match std::fs::read_to_string(&token_path) {
+                Ok(t) if !t.trim().is_empty() => t.trim().to_owned(),
+                Ok(_) => {
+                    error(
+                        "spec.egress.token_file",
+                        format!("{} is empty", token_path.display()),
+                    );
+                    String::new()
+                }
+                Err(err) => {
+                    error(
+                        "spec.egress.token_file",
+                        format!("{}: {err}", token_path.display()),
+                    );
+                    String::new()
+                }
+            };
+            let approvals_url = e.approvals_url.unwrap_or_else(|| format!("{admin}/ui"));
+            Some(Egress {
+                admin,
+                token,
+                approvals_url,
+            })
+        }
+    };
+    let mut sandboxes = Vec::new();
+    let had_sandboxes = !spec.sandboxes.is_empty();
+    let mut seen = BTreeMap::new();
+    for (i, s) in spec.sandboxes.into_iter().enumerate() {
+        let field = format!("spec.sandboxes[{i}]");
+        if !valid_id(&s.name) {
+            error(
+                &format!("{field}.name"),
+                format!("{:?}: 1 to 128 of A-Z a-z 0-9 . _ - :", s.name),
+            );
+        }
+        if seen.insert(s.name.clone(), i).is_some() {
+            error(&format!("{field}.name"), format!("{:?} is named twice", s.name));
+        }
+        match sandbox(s, &field, base) {
+            Ok(sb) => sandboxes.push(sb),
+            Err(list) => list.into_iter().for_each(|(f, m)| error(&f, m)),
+        }
+    }
+    if sandboxes.is_empty() && !had_sandboxes {
+        error("spec.sandboxes", "name at least one sandbox".to_owned());
+    }
+    if !errors.is_empty() {
+        return Err(ConfigError(errors));
+    }
+    Ok(Config {
+        name: raw.metadata.name,
+        task: spec.task,
+        audit_log: base.join(spec.audit_log),
+        egress,
+        sandboxes,
+    })
+}
+
+fn sandbox(s: RawSandbox, field: &str, base: &Path) -> Result<Sandbox, Vec<(String, String)>> {
+    let mut errors = Vec::new();
+    let g = s.gates;
+    let max_seconds = g.max_seconds.unwrap_or(DEFAULT_MAX_SECONDS);
+    if !(1..=MAX_MAX_SECONDS).contains(&max_seconds) {
+        errors.push((
+            format!("{field}.gates.max_seconds"),
+            format!("{max_seconds}: give 1 to {MAX_MAX_SECONDS}"),
+        ));
+    }
+    let max_output = g.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES as u64);
+    if !(1..=MAX_MAX_OUTPUT_BYTES as u64).contains(&max_output) {
+        errors.push((
+            format!("{field}.gates.max_output_bytes"),
+            format!("{max_output}: give 1 to {MAX_MAX_OUTPUT_BYTES}"),
+        ));
+    }
+    if g.commands.is_empty() {
+        errors.push((
+            format!("{field}.gates.commands"),
+            "list the programs an agent may run (a bare name or an absolute path each)".to_owned(),
+        ));
+    }
+    for c in &g.commands {
+        if c.is_empty() || (c.contains('/') && !c.starts_with('/')) {
+            errors.push((
+                format!("{field}.gates.commands"),
+                format!("{c:?}: a bare program name or an absolute path"),
+            ));
+        }
+    }
+    let mut workspaces = Vec::new();
+    for w in &g.workspaces {
+        match std::fs::canonicalize(base.join(w)) {
+            Ok(p) if p.is_dir() => workspaces.push(p),
+            Ok(p) => errors.push((
+                format!("{field}.gates.workspaces"),
+                format!("{} is not a directory", p.display()),
+            )),
+            Err(e) => errors.push((format!("{field}.gates.workspaces"), format!("{w}: {e}"))),
+        }
+    }
+    let policy = base.join(&s.policy);
+    let (net, allowed_hosts) = match read_policy(&policy, workspaces.first()) {
+        Ok(v) => v,
+        Err(e) => {
+            errors.push((format!("{field}.policy"), format!("{}: {e}", policy.display())));
+            (NetMode::None, Vec::new())
+        }
+    };
+    if net != NetMode::None && !g.network {
+        errors.push((
+            format!("{field}.gates.network"),
+            format!(
+                "the policy's net.mode is {}; allow it with `network: true` or use a policy with net.mode none",
+                net.name()
+            ),
+        ));
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    Ok(Sandbox {
+        name: s.name,
+        description: s.description,
+        policy,
+        net,
+        allowed_hosts,
+        gates: Gates {
+            commands: g.commands,
+            max_seconds,
+            max_output_bytes: max_output as usize,
+            network: g.network,
+            workspaces,
+        },
+    })
+}
+
+/// The policy's network mode and allowed destinations. `${WORKSPACE}` stands for the first
+/// allowed workspace (or a placeholder): only the network section matters here, and paths
+/// are not resolved (each run checks its own).
+fn read_policy(path: &Path, workspace: Option<&PathBuf>) -> Result<(NetMode, Vec<String>), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let mut params = BTreeMap::new();
+    let ws = workspace.map_or_else(
+        || "/nonexistent-workspace".to_owned(),
+        |w| w.display().to_string(),
+    );
+    params.insert("WORKSPACE".to_owned(), ws);
+    let identity = |p: &Path| Ok(p.to_path_buf());
+    let policy =
+        sandgate_sandbox::policy::parse(&text, &params, &identity, None).map_err(|e| e.to_string())?;
+    let hosts = policy.allow.iter().map(ToString::to_string).collect();
+    Ok((policy.net, hosts))
+}
+
+/// Task and sandbox names: what the control plane accepts as ids.
+fn valid_id(s: &str) -> bool {
+    (1..=128).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
+}

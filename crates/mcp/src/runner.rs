@@ -1,0 +1,254 @@
+//! One `run`: `sandgate run --policy P` as a child process in its own process group, with
+//! pipes for stdin, stdout and stderr (never the server's own stdout, which carries the
+//! protocol), the output kept up to the gate's size and the rest counted, the whole group
+//! killed at the time limit, and the destinations the run's proxy refused read back from
+//! the run's own audit log.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::at;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+/// How long a timed-out run gets between SIGTERM and SIGKILL.
+const KILL_GRACE: Duration = Duration::from_secs(2);
+
+/// What to run. The policy sees `${WORKSPACE}`: the workspace named (checked by the
+/// gates), or a fresh empty directory of the run's own.
+#[derive(Debug, Clone)]
+pub struct RunSpec<'a> {
+    pub sandgate: &'a Path,
+    pub policy: &'a Path,
+    pub command: &'a [String],
+    pub stdin: &'a [u8],
+    pub workspace: Option<&'a Path>,
+    pub limit: Duration,
+    pub max_output_bytes: usize,
+}
+
+/// A destination the run's proxy refused (or its upstream did).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, schemars::JsonSchema)]
+pub struct Blocked {
+    pub host: String,
+    pub port: u16,
+    /// The audit reason: `not_allowlisted`, `destination_ip_prohibited`, `upstream_denied`, ...
+    pub reason: String,
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+pub struct RunReport {
+    /// The command's exit status (sandgate's own failures: 64 usage, 69 unavailable, 70 the
+    /// sandbox could not be set up); `null` when it was killed.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+    /// Killed at the time limit.
+    pub timed_out: bool,
+    pub duration_ms: u64,
+    pub stdout: String,
+    pub stderr: String,
+    /// Bytes each stream wrote in all (more than shown when truncated).
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    /// Destinations refused during the run.
+    pub blocked: Vec<Blocked>,
+}
+
+/// Runs `spec` and reports. `Err`: the run could not be started at all.
+pub async fn run(spec: &RunSpec<'_>) -> Result<RunReport, String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+    let audit: PathBuf = dir.path().join("audit.jsonl");
+    let mut cmd = tokio::process::Command::new(spec.sandgate);
+    cmd.arg("run").arg("--quiet").arg("--policy").arg(spec.policy);
+    cmd.arg("--audit-log").arg(&audit);
+    // Without a workspace named, each run gets a fresh empty one of its own: runs share
+    // nothing unless the agent names the same allowed directory.
+    let scratch = dir.path().join("workspace");
+    let workspace = match spec.workspace {
+        Some(ws) => ws.to_path_buf(),
+        None => {
+            std::fs::create_dir(&scratch).map_err(|e| format!("cannot create the run's workspace: {e}"))?;
+            scratch
+        }
+    };
+    cmd.arg("--param")
+        .arg(format!("WORKSPACE={}", workspace.display()));
+    cmd.arg("--").args(spec.command);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let started = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start sandgate run: {e}"))?;
+    let pgid = child.id();
+    let stdin = child.stdin.take();
+    let input = spec.stdin.to_vec();
+    let feed = tokio::spawn(async move {
+        if let Some(mut s) = stdin {
+            // A command that does not read its input is not an error.
+            let _ = s.write_all(&input).await;
+        }
+    });
+    let cap = spec.max_output_bytes;
+    let out = tokio::spawn(capture(child.stdout.take(), cap));
+    let err = tokio::spawn(capture(child.stderr.take(), cap));
+    let (status, timed_out) = match tokio::time::timeout(spec.limit, child.wait()).await {
+        Ok(status) => (status.ok(), false),
+        Err(_) => {
+            kill_group(pgid, rustix::process::Signal::TERM);
+            let status = match tokio::time::timeout(KILL_GRACE, child.wait()).await {
+                Ok(s) => s.ok(),
+                Err(_) => {
+                    kill_group(pgid, rustix::process::Signal::KILL);
+                    child.wait().await.ok()
+                }
+            };
+            (status, true)
+        }
+    };
+    // Whatever the command left behind in its group goes with it.
+    kill_group(pgid, rustix::process::Signal::KILL);
+    feed.abort();
+    let (stdout, stdout_bytes) = out.await.unwrap_or_default();
+    let (stderr, stderr_bytes) = err.await.unwrap_or_default();
+    use std::os::unix::process::ExitStatusExt;
+    Ok(RunReport {
+        exit_code: status.and_then(|s| s.code()),
+        signal: status.and_then(|s| s.signal()),
+        timed_out,
+        duration_ms: started.elapsed().as_millis() as u64,
+        stdout: shown(&stdout, stdout_bytes),
+        stderr: shown(&stderr, stderr_bytes),
+        stdout_bytes,
+        stderr_bytes,
+        blocked: blocked(&audit),
+    })
+}
+
+fn kill_group(pgid: Option<u32>, signal: rustix::process::Signal) {
+    if let Some(pid) = pgid.and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+        let _ = rustix::process::kill_process_group(pid, signal);
+    }
+}
+
+/// Reads a stream to its end, keeping the first `cap` bytes; returns them and the total.
+async fn capture<R: AsyncRead + Unpin>(stream: Option<R>, cap: usize) -> (Vec<u8>, u64) {
+    let Some(mut stream) = stream else {
+        return (Vec::new(), 0);
+    };
+    let mut kept = Vec::new();
+    let mut total = 0u64;
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                total += n as u64;
+                let room = cap.saturating_sub(kept.len());
+                kept.extend_from_slice(buf.get(..n.min(room)).unwrap_or_default());
+            }
+        }
+    }
+    (kept, total)
+}
+
+/// The text shown for a stream, with a marker where it was cut.
+fn shown(kept: &[u8], total: u64) -> String {
+    let mut text = String::from_utf8_lossy(kept).into_owned();
+    if total > kept.len() as u64 {
+        text.push_str(&format!(
+            "\n[sandgate: output truncated: {} of {total} bytes shown]",
+            kept.len()
+        ));
+    }
+    text
+}
+
+/// The destinations refused during a run, from its audit log: denials, and allowed
+/// requests the upstream proxy refused.
+pub fn blocked(audit: &Path) -> Vec<Blocked> {
+    let Ok(text) = std::fs::read_to_string(audit) else {
+        return Vec::new();
+    };
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let reason = match (
+            at(&e, "event").as_str(),
+            at(&e, "decision").as_str(),
+            at(&e, "outcome").as_str(),
+        ) {
+            (Some("decision"), Some("deny"), _) => at(&e, "reason_code").as_str().unwrap_or("denied"),
+            (Some("close"), _, Some("upstream_failure:upstream_denied")) => "upstream_denied",
+            _ => continue,
+        };
+        let (Some(host), Some(port)) = (
+            at(&e, "destination_host").as_str(),
+            at(&e, "destination_port").as_u64(),
+        ) else {
+            continue;
+        };
+        out.insert(Blocked {
+            host: host.to_owned(),
+            port: port as u16,
+            reason: reason.to_owned(),
+        });
+    }
+    out.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_is_cut_with_a_marker() {
+        assert_eq!(shown(b"abc", 3), "abc");
+        assert_eq!(
+            shown(b"abc", 10),
+            "abc\n[sandgate: output truncated: 3 of 10 bytes shown]"
+        );
+    }
+
+    #[tokio::test]
+    async fn capture_keeps_the_cap_and_counts_the_rest() {
+        let data = vec![7u8; 100_000];
+        let (kept, total) = capture(Some(&data[..]), 10).await;
+        assert_eq!((kept.len(), total), (10, 100_000));
+    }
+
+    #[test]
+    fn blocked_destinations_come_from_denials_and_upstream_refusals() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| unreachable!("{e}"));
+        let audit = dir.path().join("a.jsonl");
+        let lines = [
+            r#"{"event":"decision","decision":"deny","reason_code":"not_allowlisted","destination_host":"evil.test","destination_port":443}"#,
+            r#"{"event":"decision","decision":"deny","reason_code":"not_allowlisted","destination_host":"evil.test","destination_port":443}"#,
+            r#"{"event":"decision","decision":"allow","reason_code":"allowlisted","destination_host":"ok.test","destination_port":443}"#,
+            r#"{"event":"close","outcome":"upstream_failure:upstream_denied","destination_host":"up.test","destination_port":80}"#,
+            r#"{"event":"decision","decision":"deny","reason_code":"malformed_head","destination_host":null}"#,
+            "not json",
+        ];
+        std::fs::write(&audit, lines.join("\n")).unwrap_or_else(|e| unreachable!("{e}"));
+        let b = blocked(&audit);
+        assert_eq!(
+            b.iter()
+                .map(|b| (b.host.as_str(), b.port, b.reason.as_str()))
+                .collect::<Vec<_>>(),
+            [
+                ("evil.test", 443, "not_allowlisted"),
+                ("up.test", 80, "upstream_denied")
+            ]
+        );
+    }
+}

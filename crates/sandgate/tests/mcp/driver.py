@@ -1,0 +1,61 @@
+"""A real MCP client (the Python `mcp` SDK) driven line by line by the Rust test.
+
+argv: MODE SERVER_COMMAND...  (MODE: legacy, auto, or a protocol version; the server's
+command line, e.g. sandgate mcp --config FILE, possibly behind setpriv)
+stdin: one JSON object per line, {"call": TOOL, "args": {...}}; or {"list": true}.
+stdout: one JSON object per line per command: the result as the client saw it.
+Every elicitation is accepted at once, as a headless client would: an accept must never
+count as an approval.
+"""
+import asyncio
+import json
+import sys
+
+import mcp_types as types
+from mcp.client.client import Client
+from mcp import StdioServerParameters
+
+elicited = []
+
+
+async def accept_everything(context, params):
+    elicited.append(params.model_dump(mode="json", by_alias=True, exclude_none=True))
+    if getattr(params, "mode", None) == "url":
+        return types.ElicitResult(action="accept")
+    return types.ElicitResult(action="accept", content={})
+
+
+async def main():
+    mode, command = sys.argv[1], sys.argv[2:]
+    server = StdioServerParameters(command=command[0], args=command[1:])
+    async with Client(server, mode=mode, elicitation_callback=accept_everything) as client:
+        print(json.dumps({"protocol_version": client.protocol_version}), flush=True)
+        loop = asyncio.get_running_loop()
+        while True:
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            if not line:
+                break
+            cmd = json.loads(line)
+            if cmd.get("list"):
+                tools = await client.list_tools()
+                out = {
+                    "tools": [
+                        {"name": t.name, "input_schema": t.input_schema, "output_schema": t.output_schema}
+                        for t in tools.tools
+                    ]
+                }
+            else:
+                try:
+                    res = await client.call_tool(cmd["call"], cmd.get("args", {}))
+                    out = {
+                        "is_error": bool(res.is_error),
+                        "structured": res.structured_content,
+                        "text": "".join(getattr(c, "text", "") for c in res.content),
+                    }
+                except Exception as e:  # a protocol error is a result the test looks at
+                    out = {"protocol_error": str(e)}
+            out["elicited"] = list(elicited)
+            print(json.dumps(out), flush=True)
+
+
+asyncio.run(main())
