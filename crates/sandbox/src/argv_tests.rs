@@ -53,7 +53,7 @@ fn allowlist_mode_routes_through_the_init_and_the_bridge() {
 }
 
 #[test]
-fn the_socks5_port_has_its_own_forward_in_allowlist_mode_only() {
+fn the_socks5_port_has_its_own_forward_in_the_proxied_modes() {
     let ports = policy(
         "net:\n  mode: allowlist\n  loopback_ports: [ 5432 ]\n  allow_domains: [ a.example ]\n  proxy: { listen: \"127.0.0.1:8080\", socks_listen: \"127.0.0.1:9050\" }\n",
     );
@@ -64,14 +64,15 @@ fn the_socks5_port_has_its_own_forward_in_allowlist_mode_only() {
         ),
         "{s}"
     );
-    // Chained, SOCKS5 would reach the upstream proxy itself (see policy::proxy_ports).
+    // Chained too: the run's proxy asks the upstream proxy for each SOCKS5 tunnel.
     let chained = policy(
         "net:\n  mode: proxy\n  proxy: { upstream: \"10.0.0.1:3128\" }\n  allow_domains: [ a.example ]\n",
     );
     let s = joined(&bwrap_argv(&chained, &facts()));
     assert!(
-        s.contains("sandbox-init --forward 127.0.0.1:3128=/run/sandgate/proxy.sock -- ")
-            && !s.contains("socks.sock"),
+        s.contains(
+            "sandbox-init --forward 127.0.0.1:3128=/run/sandgate/proxy.sock --forward 127.0.0.1:1080=/run/sandgate/socks.sock -- "
+        ),
         "{s}"
     );
 }

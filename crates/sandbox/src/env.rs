@@ -283,8 +283,8 @@ mod tests {
         let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         assert_eq!(
             get("ALL_PROXY"),
-            Some("http://127.0.0.1:3128"),
-            "no SOCKS5 port in proxy mode"
+            Some("socks5h://127.0.0.1:1080"),
+            "chained, the SOCKS5 port is there too"
         );
         let (env, _) = environment(&policy(&[], &[], false), &[]);
         assert!(

@@ -431,12 +431,7 @@ fn proxy_ports(raw: &RawNet, net: NetMode) -> Result<(u16, Option<u16>), PolicyE
     let proxy_port = loopback_port("net.proxy.listen", proxy.and_then(|p| p.listen.as_deref()), 3128)?;
     let socks_listen = proxy.and_then(|p| p.socks_listen.as_deref());
     let socks_port = loopback_port("net.proxy.socks_listen", socks_listen, 1080)?;
-    if net == NetMode::Proxy && socks_listen.is_some() {
-        return Err(PolicyError(
-            "net.proxy.socks_listen: net.mode proxy has no SOCKS5 port (SOCKS5 is not chained to the upstream proxy yet); use net.mode allowlist".to_owned(),
-        ));
-    }
-    if net != NetMode::Allowlist {
+    if !net.proxied() {
         return Ok((proxy_port, None));
     }
     if socks_port == proxy_port {

@@ -245,12 +245,10 @@ fn the_socks5_port_is_loopback_and_its_own() {
         (p.loopback_ports.as_slice(), p.socks_port),
         (&[1080, 3128][..], None)
     );
-    // Chained, none: SOCKS5 is not tunnelled through the upstream proxy.
+    // Chained too (each SOCKS5 tunnel is a CONNECT to the upstream proxy).
     let chained = "net:\n  mode: proxy\n  proxy: { upstream: \"10.0.0.1:3128\" }\n";
-    assert_eq!(parse_ok(chained).socks_port, None);
+    assert_eq!(parse_ok(chained).socks_port, Some(1080));
     let chained =
-        "net:\n  mode: proxy\n  proxy: { upstream: \"10.0.0.1:3128\", socks_listen: \"127.0.0.1:1080\" }\n";
-    assert!(
-        parse_err(chained, None).starts_with("net.proxy.socks_listen: net.mode proxy has no SOCKS5 port")
-    );
+        "net:\n  mode: proxy\n  proxy: { upstream: \"10.0.0.1:3128\", socks_listen: \"127.0.0.1:9050\" }\n";
+    assert_eq!(parse_ok(chained).socks_port, Some(9050));
 }

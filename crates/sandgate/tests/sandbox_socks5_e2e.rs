@@ -351,17 +351,22 @@ fn no_other_host_process_can_use_the_runs_socks5_listener() {
     assert!(status.success(), "{stderr}");
 }
 
-/// Chained, the dialer asks the upstream proxy for a tunnel only for HTTP CONNECT: a SOCKS5
-/// tunnel would reach the upstream proxy itself, and through it what the run's allowlist
-/// refuses. Until SOCKS5 is chained, `net.mode: proxy` has no SOCKS5 port.
+/// Chained (`net.mode: proxy`), the SOCKS5 port works too: each SOCKS5 tunnel is asked of
+/// the upstream proxy as a CONNECT, after the run's own allowlist. A tunnel to a host the
+/// run allows but the upstream refuses fails; one the run refuses never reaches upstream.
 #[test]
-fn proxy_mode_has_no_socks5_port_yet() {
+fn proxy_mode_chains_socks5_through_the_upstream() {
     let rt = runtime();
     let origin = rt.block_on(Origin::http());
-    let dns = rt.block_on(DnsServer::start(Zone::new().with("allowed.test", &["127.0.0.1"])));
+    let dns = rt.block_on(DnsServer::start(
+        Zone::new()
+            .with("allowed.test", &["127.0.0.1"])
+            .with("central-only.test", &["127.0.0.1"]),
+    ));
     let port = origin.port();
     let dns_addr = dns.addr().to_string();
     let allow = format!("allowed.test:{port}");
+    let central_only = format!("central-only.test:{port}");
     let central = common::ProxyProcess::start(&[
         "--dns-server",
         &dns_addr,
@@ -369,6 +374,8 @@ fn proxy_mode_has_no_socks5_port_yet() {
         "127.0.0.0/8",
         "--allow",
         &allow,
+        "--allow",
+        &central_only,
     ]);
     let dir = tempfile::tempdir().unwrap();
     let policy = write_policy(
@@ -380,17 +387,28 @@ fn proxy_mode_has_no_socks5_port_yet() {
     );
     let script = format!(
         "echo \"ALL_PROXY=$ALL_PROXY\"; \
-         curl -sS -m 10 -o /dev/null -w 'chained=%{{http_code}}\\n' http://{allow}/chained; \
-         curl -sS -m 10 -o /dev/null --socks5-hostname 127.0.0.1:1080 http://{allow}/ 2>/dev/null || echo socks=$?"
+         curl -sS -m 10 -o /dev/null -w 'socks=%{{http_code}}\\n' --socks5-hostname 127.0.0.1:1080 http://{allow}/chained; \
+         curl -sS -m 10 -o /dev/null --socks5-hostname 127.0.0.1:1080 http://{central_only}/ 2>/dev/null || echo local_refusal=$?"
     );
     let out = run(&policy, &[], &["sh", "-c", &script]);
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    // curl exit 7: nothing listens on the SOCKS5 port.
-    for want in ["ALL_PROXY=http://127.0.0.1:3128", "chained=200", "socks=7"] {
+    // curl exit 97: the SOCKS5 proxy refused (the run's allowlist does not list it).
+    for want in [
+        "ALL_PROXY=socks5h://127.0.0.1:1080",
+        "socks=200",
+        "local_refusal=97",
+    ] {
         assert!(stdout.contains(want), "missing {want:?}:\n{stdout}\n{stderr}");
     }
     assert_eq!(origin.connections(), 1);
+    let central_events = central.audit_events(2);
+    assert!(
+        !central_events
+            .iter()
+            .any(|e| e["destination_host"] == "central-only.test"),
+        "{central_events:#?}"
+    );
 }
 
 /// Fail closed: the init checks every forward before it starts the command, the SOCKS5
