@@ -20,6 +20,8 @@ pub const MAX_FIRST_BYTES: usize = 24 * 1024;
 
 /// TLS record content type of a handshake.
 const HANDSHAKE: u8 = 0x16;
+/// Every TLS record content type: change_cipher_spec, alert, handshake, application_data.
+const TLS_CONTENT_TYPES: [u8; 4] = [0x14, 0x15, 0x16, 0x17];
 
 /// What the first bytes were.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,9 +67,13 @@ impl Seen {
 pub fn examine(buf: &[u8]) -> Option<Seen> {
     match buf {
         [] => return None,
-        [first, ..] if *first != HANDSHAKE => return Some(Seen::NotTls),
+        [first, ..] if !TLS_CONTENT_TYPES.contains(first) => return Some(Seen::NotTls),
+        [_] => return None,
         // Record versions are 0x03 0x0N (SSL 3.0 to TLS 1.2 on the wire).
         [_, major, ..] if *major != 0x03 => return Some(Seen::NotTls),
+        // Another TLS record first (a ChangeCipherSpec, an alert, data) could put a
+        // ClientHello that is never looked at behind it.
+        [first, ..] if *first != HANDSHAKE => return Some(Seen::Unreadable),
         _ => {}
     }
     let mut acceptor = rustls::server::Acceptor::default();

@@ -82,6 +82,16 @@ fn plain_bytes_are_not_tls_and_a_broken_hello_is_unreadable() {
     assert_eq!(examine(b"GET / HTTP/1.1\r\n"), Some(Seen::NotTls));
     assert_eq!(examine(b"SSH-2.0-OpenSSH_9.2\r\n"), Some(Seen::NotTls));
     assert_eq!(examine(&[0x16, 0x01]), Some(Seen::NotTls));
+    assert_eq!(examine(&[0x16]), None);
+    // Another TLS record ahead of the hello (here a ChangeCipherSpec) is not "not TLS": a
+    // ClientHello behind it would never be looked at.
+    let mut ccs_first = vec![0x14, 0x03, 0x03, 0x00, 0x01, 0x01];
+    ccs_first.extend_from_slice(&client_hello("evil.example"));
+    assert_eq!(examine(&ccs_first), Some(Seen::Unreadable));
+    assert_eq!(
+        examine(&[0x17, 0x03, 0x03, 0x00, 0x01, 0x00]),
+        Some(Seen::Unreadable)
+    );
     // A handshake record holding something other than a ClientHello.
     let mut other = client_hello("a.example");
     other[5] = 2;
