@@ -44,6 +44,8 @@ pub struct Config {
     pub audit_log: PathBuf,
     pub egress: Option<Egress>,
     pub sandboxes: Vec<Sandbox>,
+    /// Runs at once; more are refused (gate `concurrency`).
+    pub max_concurrent_runs: usize,
 }
 
 /// Where egress exceptions are requested: a sandgate proxy's admin API.
@@ -113,6 +115,8 @@ struct RawSpec {
     #[serde(default)]
     egress: Option<RawEgress>,
     sandboxes: Vec<RawSandbox>,
+    #[serde(default)]
+    max_concurrent_runs: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -239,6 +243,19 @@ pub fn parse(text: &str, file: &str, base: &Path) -> Result<Config, ConfigError>
     if sandboxes.is_empty() && !had_sandboxes {
         error("spec.sandboxes", "name at least one sandbox".to_owned());
     }
+    let max_concurrent_runs = spec.max_concurrent_runs.unwrap_or(1);
+    if !(1..=64).contains(&max_concurrent_runs) {
+        error(
+            "spec.max_concurrent_runs",
+            format!("{max_concurrent_runs}: give 1 to 64"),
+        );
+    } else if max_concurrent_runs > 1 && sandboxes.iter().any(|s| !s.gates.workspaces.is_empty()) {
+        // One run could swap a directory for a symlink while another's workspace is checked.
+        error(
+            "spec.max_concurrent_runs",
+            "runs at once must be 1 while a sandbox takes workspaces (one run could change another's workspace path between its check and its use)".to_owned(),
+        );
+    }
     if !errors.is_empty() {
         return Err(ConfigError(errors));
     }
@@ -248,6 +265,7 @@ pub fn parse(text: &str, file: &str, base: &Path) -> Result<Config, ConfigError>
         audit_log: base.join(spec.audit_log),
         egress,
         sandboxes,
+        max_concurrent_runs: max_concurrent_runs as usize,
     })
 }
 

@@ -58,6 +58,17 @@ pub fn check(
         Some(s) => s,
     };
     if let Some(ws) = workspace
+        && !plain_path(ws)
+    {
+        return Err(refuse(
+            "workspaces",
+            format!(
+                "{:?}: a workspace path may hold only letters, digits and / . _ - + = ~",
+                ws.display()
+            ),
+        ));
+    }
+    if let Some(ws) = workspace
         && !gates.workspaces.iter().any(|allowed| ws.starts_with(allowed))
     {
         return Err(refuse(
@@ -79,6 +90,17 @@ pub fn check(
         ));
     }
     Ok(Admitted { seconds })
+}
+
+/// A path made of the characters a policy parameter may hold (the sandbox refuses others
+/// too: the value is pasted into the policy text).
+fn plain_path(p: &Path) -> bool {
+    p.to_str().is_some_and(|s| {
+        s.split('/').all(|c| !c.starts_with('-'))
+            && s.bytes().all(|b| {
+                b.is_ascii_alphanumeric() || matches!(b, b'/' | b'.' | b'_' | b'-' | b'+' | b'=' | b'~')
+            })
+    })
 }
 
 #[cfg(test)]
@@ -144,7 +166,14 @@ mod tests {
         let g = gates();
         let ok = PathBuf::from("/srv/work/project");
         assert!(check(&g, &argv(&["python3"]), None, Some(&ok)).is_ok());
-        for bad in ["/srv/workshop", "/srv", "/etc"] {
+        for bad in [
+            "/srv/workshop",
+            "/srv",
+            "/etc",
+            "/srv/work/x\", \"/etc",
+            "/srv/work/a b",
+            "/srv/work/-x",
+        ] {
             let err = check(&g, &argv(&["python3"]), None, Some(Path::new(bad))).unwrap_err();
             assert_eq!(err.gate, "workspaces", "{bad}");
         }

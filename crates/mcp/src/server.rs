@@ -29,8 +29,15 @@ pub struct SandgateMcp {
     config: Arc<Config>,
     audit: Arc<ToolAudit>,
     sandgate: PathBuf,
+    /// Runs in progress (at most `max_concurrent_runs`).
+    runs: Arc<tokio::sync::Semaphore>,
+    /// `request_egress` calls waiting for a decision (the rest return at once).
+    waits: Arc<tokio::sync::Semaphore>,
     tool_router: ToolRouter<Self>,
 }
+
+/// `request_egress` calls that may wait for a decision at the same time.
+const MAX_WAITING: usize = 4;
 
 /// One sandbox as the agent sees it.
 #[derive(Debug, Serialize, JsonSchema)]
@@ -121,6 +128,8 @@ pub struct EgressStatus {
 impl SandgateMcp {
     pub fn new(config: Config, audit: ToolAudit, sandgate: PathBuf) -> SandgateMcp {
         SandgateMcp {
+            runs: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_runs)),
+            waits: Arc::new(tokio::sync::Semaphore::new(MAX_WAITING)),
             config: Arc::new(config),
             audit: Arc::new(audit),
             sandgate,
@@ -236,6 +245,15 @@ impl SandgateMcp {
             Ok(a) => a,
             Err(refusal) => return refuse(refusal.gate, refusal.to_string()),
         };
+        let Ok(_slot) = self.runs.clone().try_acquire_owned() else {
+            return refuse(
+                "concurrency",
+                format!(
+                    "refused by gate `concurrency`: {} run(s) already in progress, at most {} at once",
+                    self.config.max_concurrent_runs, self.config.max_concurrent_runs
+                ),
+            );
+        };
         // Fail closed: a run that cannot be recorded does not start.
         let mut started = base.clone();
         merge(
@@ -297,6 +315,10 @@ impl SandgateMcp {
                 "refused by gate `egress`: this server takes no egress requests (no spec.egress)".to_owned(),
             );
         };
+        // Recorded before it is filed: a request the log never saw must not reach a person.
+        let mut started = event.clone();
+        merge(&mut started, json!({"outcome": "started", "reason": p.reason}));
+        self.audit.record("tool_call_started", started)?;
         let filed = control::request(
             egress,
             &self.config.task,
@@ -339,7 +361,11 @@ impl SandgateMcp {
                 self.audit.record("tool_call", e)?;
             }
         }
-        let wait = Duration::from_secs(p.wait_seconds.unwrap_or(0).min(MAX_WAIT_SECONDS));
+        let slot = self.waits.clone().try_acquire_owned().ok();
+        let wait = match slot {
+            Some(_) => Duration::from_secs(p.wait_seconds.unwrap_or(0).min(MAX_WAIT_SECONDS)),
+            None => Duration::ZERO,
+        };
         let deadline = Instant::now() + wait;
         let mut current = exception;
         while at(&current, "state") == "pending" && Instant::now() < deadline {

@@ -86,7 +86,7 @@ pub enum FirstBytes<'a> {
     ServerFirst,
     /// Nothing arrived within the time limit.
     Silent,
-    /// The client closed the tunnel without sending a byte.
+    /// The client closed its side of the tunnel without sending a byte.
     Closed,
 }
 
@@ -174,7 +174,8 @@ impl TunnelRules {
             }
         };
         match seen {
-            FirstBytes::Closed => Ok(()),
+            // Nothing sent, but the server's answer (a banner) could still come back.
+            FirstBytes::Closed => not_tls(NotTlsKind::Silent),
             FirstBytes::NotTls => not_tls(NotTlsKind::Bytes),
             // What cannot be read cannot be checked: refused wherever a name is checked.
             FirstBytes::UnreadableHello if self.sni == SniMode::MustMatch => Err(TunnelRefusal::NotTls {
@@ -274,7 +275,8 @@ mod tests {
         // refused (it could carry any name).
         assert!(r.check(&other, &hello(Some("b.example"))).is_err());
         assert!(r.check(&other, &FirstBytes::UnreadableHello).is_err());
-        assert_eq!(r.check(&https, &FirstBytes::Closed), Ok(()));
+        assert!(r.check(&https, &FirstBytes::Closed).is_err());
+        assert_eq!(r.check(&other, &FirstBytes::Closed), Ok(()));
         let all = TunnelRules {
             tls_only: TlsOnly::All,
             ..TunnelRules::default()

@@ -20,6 +20,8 @@ pub const MAX_FIRST_BYTES: usize = 24 * 1024;
 
 /// TLS record content type of a handshake.
 const HANDSHAKE: u8 = 0x16;
+/// Handshake message type of a ClientHello.
+const CLIENT_HELLO: u8 = 0x01;
 /// Every TLS record content type: change_cipher_spec, alert, handshake, application_data.
 const TLS_CONTENT_TYPES: [u8; 4] = [0x14, 0x15, 0x16, 0x17];
 
@@ -69,12 +71,32 @@ pub fn examine(buf: &[u8]) -> Option<Seen> {
         [] => return None,
         [first, ..] if !TLS_CONTENT_TYPES.contains(first) => return Some(Seen::NotTls),
         [_] => return None,
+        // A handshake record with another version than 0x03 0x0N, holding what looks like a
+        // ClientHello: some servers (Go's) accept any first-record version, so it is read
+        // as TLS with its version set aside, and its name checked like any other.
+        [HANDSHAKE, major, ..] if *major != 0x03 => {
+            return match buf.get(5) {
+                None => None,
+                Some(&CLIENT_HELLO) => parse(&with_record_version(buf)),
+                Some(_) => Some(Seen::NotTls),
+            };
+        }
         // Record versions are 0x03 0x0N (SSL 3.0 to TLS 1.2 on the wire).
         [_, major, ..] if *major != 0x03 => return Some(Seen::NotTls),
         // Another TLS record first (a ChangeCipherSpec, an alert, data) could put a
         // ClientHello that is never looked at behind it.
         [first, ..] if *first != HANDSHAKE => return Some(Seen::Unreadable),
         _ => {}
+    }
+    parse(buf)
+}
+
+/// rustls's reading of whole records of handshake bytes; `None` while a record is still
+/// arriving (the parser runs only on complete records, so a hello trickled in byte by byte
+/// costs one parse per record, not one per byte).
+fn parse(buf: &[u8]) -> Option<Seen> {
+    if !complete_records(buf) {
+        return (buf.len() >= MAX_FIRST_BYTES).then_some(Seen::Unreadable);
     }
     let mut acceptor = rustls::server::Acceptor::default();
     let mut rest = buf;
@@ -91,6 +113,29 @@ pub fn examine(buf: &[u8]) -> Option<Seen> {
         Ok(None) if buf.len() < MAX_FIRST_BYTES => None,
         Ok(None) | Err(_) => Some(Seen::Unreadable),
     }
+}
+
+/// Whether `buf` is whole TLS records, the last one complete.
+fn complete_records(buf: &[u8]) -> bool {
+    let mut at = 0usize;
+    while at < buf.len() {
+        let Some(&[hi, lo]) = buf.get(at + 3..at + 5) else {
+            return false;
+        };
+        at += 5 + usize::from(u16::from_be_bytes([hi, lo]));
+    }
+    at == buf.len()
+}
+
+/// `buf` with every record's version set to TLS 1.0's (0x03 0x01).
+fn with_record_version(buf: &[u8]) -> Vec<u8> {
+    let mut out = buf.to_vec();
+    let mut at = 0usize;
+    while let Some([_, major, minor, hi, lo]) = out.get_mut(at..at + 5) {
+        (*major, *minor) = (0x03, 0x01);
+        at += 5 + usize::from(u16::from_be_bytes([*hi, *lo]));
+    }
+    out
 }
 
 /// Reads the client's first bytes after `early` (bytes already read behind the request)
@@ -146,6 +191,8 @@ fn read_some(client: &TcpStream, buf: &mut Vec<u8>, room: usize) -> io::Result<u
     buf.truncate(start + *result.as_ref().unwrap_or(&0));
     result
 }
+
+pub(crate) mod retry;
 
 #[cfg(test)]
 mod tests;

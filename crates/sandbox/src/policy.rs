@@ -218,7 +218,20 @@ struct RawUnshare {
     ipc: Option<bool>,
 }
 
-/// Fills `${NAME}` from `params`; an unknown name is an error.
+/// Whether a parameter value can be pasted into the policy text as it is: letters, digits
+/// and `/ . _ - + = ~`, not starting with `-`. Anything else (a quote, a comma, a bracket,
+/// a newline, `#`, `:`) could end the scalar it stands in and add entries of its own, such as
+/// another writable path.
+fn safe_param(value: &str) -> bool {
+    !value.is_empty()
+        && !value.starts_with('-')
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'.' | b'_' | b'-' | b'+' | b'=' | b'~'))
+}
+
+/// Fills `${NAME}` from `params`; an unknown name is an error, and so is a value that is not
+/// plain (see [`safe_param`]), since it is pasted into the YAML text.
 pub fn substitute(text: &str, params: &BTreeMap<String, String>) -> Result<String, PolicyError> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
@@ -234,6 +247,11 @@ pub fn substitute(text: &str, params: &BTreeMap<String, String>) -> Result<Strin
                 "parameter ${{{name}}} is not set (use --param {name}=VALUE)"
             ))
         })?;
+        if !safe_param(value) {
+            return Err(PolicyError(format!(
+                "parameter {name}: {value:?} may hold only letters, digits and / . _ - + = ~ (and not start with -)"
+            )));
+        }
         out.push_str(value);
         rest = after.get(end + 1..).unwrap_or_default();
     }

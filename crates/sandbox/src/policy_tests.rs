@@ -33,6 +33,36 @@ fn parameters_fill_and_unknown_ones_fail() {
     assert!(substitute("${Y", &params(&[])).is_err());
 }
 
+/// A value is pasted into the YAML text: one that could end its scalar and add entries
+/// (another writable path, say) is refused, however it got there (a workspace name an agent
+/// chose, a --param).
+#[test]
+fn parameter_values_cannot_rewrite_the_policy() {
+    let policy = "fs:\n  write_paths: [ \"${W}\" ]\n";
+    for evil in [
+        "/srv/work/x\", \"/etc",
+        "/srv/work/x\n  - /etc",
+        "/srv/work/x ] \n  read_paths: [ /",
+        "/srv/work/x#",
+        "/srv/work/x: y",
+        "- /etc",
+        "",
+    ] {
+        let err = parse(policy, &params(&[("W", evil)]), &as_written, None)
+            .unwrap_err()
+            .0;
+        assert!(err.contains("parameter W"), "{evil:?}: {err}");
+    }
+    let ok = parse(
+        policy,
+        &params(&[("W", "/srv/work/project-1.2_a")]),
+        &as_written,
+        None,
+    )
+    .unwrap();
+    assert_eq!(ok.write_paths, [PathBuf::from("/srv/work/project-1.2_a")]);
+}
+
 #[test]
 fn a_full_policy_parses() {
     let text = "env:\n  set: { HOME: /work }\n  passthrough: [ LANG, OPENAI_API_KEY, LC_* ]\n\

@@ -282,6 +282,33 @@ fn the_agent_cannot_reach_the_protocol_stream_or_escape_the_workspace() {
         "command": ["python3", "-c", format!("open({:?} + '/note', 'w').write('kept'); print('ok')", ws.display().to_string())]}));
     assert_eq!(r["structured"]["stdout"], "ok\n", "{r}");
     assert_eq!(std::fs::read_to_string(ws.join("note")).unwrap(), "kept");
+    // A workspace whose name would rewrite the policy it is pasted into (a second, host-wide
+    // writable path): refused by the gate, and nothing is written outside.
+    let outside = dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let evil = dir
+        .path()
+        .join("work")
+        .join(format!("x\", \"{}", outside.display()));
+    std::fs::create_dir_all(&evil).unwrap();
+    let r = d.run(json!({"sandbox": "offline", "workspace": evil,
+        "command": ["python3", "-c", format!("open({:?} + '/PWNED', 'w')", outside.display().to_string())]}));
+    assert!(r["text"].as_str().unwrap().contains("gate `workspaces`"), "{r}");
+    assert!(!outside.join("PWNED").exists());
+    // Two runs at once: the second is refused (one run at a time while workspaces exist).
+    let slow = json!({"call": "run", "args": {"sandbox": "offline", "command": ["python3", "-c", "import time; time.sleep(2)"]}});
+    let both = d.send(json!({"parallel": [slow, slow]}));
+    let errors: Vec<&Value> = both["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["is_error"] == true)
+        .collect();
+    assert_eq!(errors.len(), 1, "{both}");
+    assert!(
+        errors[0]["text"].as_str().unwrap().contains("gate `concurrency`"),
+        "{both}"
+    );
     // A field the schema does not have is refused, not ignored.
     let r = d.call(
         "run",
@@ -377,6 +404,51 @@ fn egress_is_approved_by_a_person_and_ends_with_the_revocation() {
             && e["exception_id"] == id.as_str()
             && e["outcome"] == "requested"),
         "{events:#?}"
+    );
+}
+
+/// Fail closed: with an audit log that cannot be written (a full disk: /dev/full), nothing
+/// runs and no egress request reaches the control plane.
+#[test]
+fn nothing_happens_unrecorded() {
+    let rt = runtime();
+    let dns = rt.block_on(DnsServer::start(Zone::new()));
+    let dir = tempfile::tempdir().unwrap();
+    let (listener, admin) = (free_addr(), free_addr());
+    let policy = central_policy(dir.path(), listener, admin, &[443]);
+    let _central = start(&dns, &policy, &dir.path().join("state"));
+    std::fs::write(dir.path().join("agent.token"), "tok-agent\n").unwrap();
+    sandbox_policy(dir.path(), "offline", "net:\n  mode: none\n");
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "  task: t-1\n  audit_log: /dev/full\n  egress: {{ admin: \"http://{admin}\", token_file: agent.token }}\n  sandboxes:\n\
+             \x20   - name: offline\n      policy: offline.yaml\n      gates: {{ commands: [ python3 ] }}\n"
+        ),
+    );
+    let mut d = Driver::start(&config, "legacy");
+    let marker = dir.path().join("ran");
+    std::fs::create_dir(&marker).unwrap();
+    let r = d.call(
+        "run",
+        json!({"sandbox": "offline", "command": ["python3", "-c", "print(1)"]}),
+    );
+    assert_eq!(r["is_error"], true, "{r}");
+    assert!(
+        r["text"].as_str().unwrap().contains("nothing runs unrecorded"),
+        "{r}"
+    );
+    let r = d.call(
+        "request_egress",
+        json!({"hosts": ["exfil.example"], "ttl_seconds": 60, "reason": "unrecorded"}),
+    );
+    assert_eq!(r["is_error"], true, "{r}");
+    let (status, list) = common::control::api(admin, "GET", "/v1/exceptions", Some("tok-alice"), None);
+    assert_eq!(status, 200);
+    assert_eq!(
+        list,
+        json!([]),
+        "a request the MCP log never saw reached the control plane"
     );
 }
 

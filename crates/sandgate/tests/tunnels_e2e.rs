@@ -338,5 +338,100 @@ fn split_unreadable_and_pipelined_hellos_get_the_same_check() {
 /// The whole file again as `nobody`.
 #[test]
 fn the_tunnel_suite_passes_as_an_ordinary_user() {
-    common::rerun_as_nobody("tunnels_e2e", "the_tunnel_suite_passes_as_an_ordinary_user", 4);
+    common::rerun_as_nobody("tunnels_e2e", "the_tunnel_suite_passes_as_an_ordinary_user", 5);
+}
+
+/// A TLS 1.3 server that asks for a retry (a HelloRetryRequest): the second ClientHello is
+/// checked like the first. A second hello naming another server ends the tunnel before it
+/// reaches the server, which only ever sees the allowed name.
+#[test]
+fn the_second_client_hello_after_a_retry_request_is_checked_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+        ])
+        .args(["-subj", "/CN=allowed.test", "-days", "1", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tunnels/hrr.py");
+    // Standard library only: Debian's Python, which an ordinary user may run too.
+    let python = "/usr/bin/python3";
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut server = Killed(
+        Command::new(python)
+            .args([script, "server"])
+            .arg(&cert)
+            .arg(&key)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(server.0.stdout.take().unwrap()));
+    let port: u16 = lines.next().unwrap().unwrap().trim().parse().unwrap();
+    let w = World::new();
+    let dns = w.dns(Zone::new().with("allowed.test", &["127.0.0.1"]));
+    let target = format!("allowed.test:{port}");
+    let (p, _) = proxy_with(&dns, dir.path(), std::slice::from_ref(&target), "");
+    let client = |sni2: &str| -> Value {
+        let out = Command::new(python)
+            .args([
+                script,
+                "client",
+                &p.addr.port().to_string(),
+                &target,
+                "allowed.test",
+                sni2,
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // The proxy's own answer: a fatal access_denied alert.
+    const PROXY_ALERT: &str = "15030300020231";
+    let evil = client("evil.test");
+    assert_eq!(evil["retry"], true, "{evil}");
+    assert_eq!(evil["after"], PROXY_ALERT, "{evil}");
+    // The same name twice: the second hello reaches the server, which answers it (the test's
+    // key share is not a real P-384 point, so with an alert of its own).
+    let honest = client("allowed.test");
+    assert_eq!(honest["retry"], true, "{honest}");
+    let after = honest["after"].as_str().unwrap();
+    assert!(
+        !after.is_empty() && after != PROXY_ALERT,
+        "the server answered: {honest}"
+    );
+    let events = p.audit_events(4);
+    let closes: Vec<&str> = events_of(&events, "close")
+        .iter()
+        .map(|e| e["outcome"].as_str().unwrap())
+        .collect();
+    assert!(closes.contains(&"retry_refused"), "{events:#?}");
+    let _ = server.0.kill();
+    let seen: Vec<String> = lines
+        .map_while(Result::ok)
+        .take_while(|l| !l.is_empty())
+        .filter(|l| l.starts_with("sni "))
+        .collect();
+    // Only the allowed name ever reached the server.
+    assert!(seen.len() >= 2 && seen.iter().all(|l| l == "sni allowed.test"), "{seen:?}");
 }

@@ -177,6 +177,9 @@ pub enum Outcome {
     Revoked,
     /// No pipe could be made for the tunnel.
     OutOfDescriptors,
+    /// Cut because the second ClientHello (after a HelloRetryRequest) broke the tunnel
+    /// rules the first one passed.
+    RetryRefused,
     /// The upstream side failed (DNS, connect, response).
     Upstream(UpstreamFailure),
 }
@@ -234,6 +237,7 @@ impl Outcome {
             Outcome::Shutdown => "shutdown",
             Outcome::Revoked => "revoked",
             Outcome::OutOfDescriptors => "proxy_out_of_descriptors",
+            Outcome::RetryRefused => "retry_refused",
             Outcome::Upstream(f) => match f {
                 UpstreamFailure::Dns => "upstream_failure:dns",
                 UpstreamFailure::DnsTimeout => "upstream_failure:dns_timeout",

@@ -6,11 +6,14 @@
 
 use std::time::Duration;
 
+use sandgate_policy::Target;
+use sandgate_policy::TunnelRules;
+use sandgate_policy::tunnel::SniMode;
 use tokio::net::TcpStream;
 
 use super::{Dialed, Egress, End, Opened};
 use crate::audit::event::{Outcome, UpstreamFailure};
-use crate::hello::{self, Seen};
+use crate::hello::{self, Seen, retry};
 use crate::refusal::Refusal;
 use crate::relay;
 
@@ -30,7 +33,9 @@ impl Egress {
     ) {
         // Boxed and finished before the relay starts, so a long-lived tunnel carries none
         // of the checking state.
-        let Some((opened, first)) = Box::pin(self.check_first_bytes(client, dialed, early)).await else {
+        let Some((opened, first, retry_rules)) =
+            Box::pin(self.check_first_bytes(client, dialed, early)).await
+        else {
             return;
         };
         let Opened {
@@ -50,14 +55,24 @@ impl Egress {
             return self.close(grant, e).await;
         }
         drop(first);
-        let (sent, received, outcome) =
+        // A TLS handshake: a second ClientHello after a HelloRetryRequest is checked too.
+        let (mut sent, mut received) = (forwarded, 0);
+        if let Some(rules) = retry_rules {
+            let retried = Box::pin(check_retry(client, &upstream, &grant.target, &rules)).await;
+            match retried {
+                Ok((up, down)) => (sent, received) = (sent + up, down),
+                Err((up, down, outcome)) => return self.close(grant, end(sent + up, down, outcome)).await,
+            }
+        }
+        let (more_sent, more_received, outcome) =
             relay::tunnel(client, &upstream, self.limits.tunnel_idle_timeout, grant.stop()).await;
         // Cut by its own token while the proxy runs on: the exception was revoked.
         let outcome = match outcome {
             Outcome::Shutdown if !self.hard_stop.is_cancelled() => Outcome::Revoked,
             other => other,
         };
-        self.close(grant, end(forwarded + sent, received, outcome)).await;
+        let e = end(sent + more_sent, received + more_received, outcome);
+        self.close(grant, e).await;
     }
 
     /// Records a dialled tunnel whose client went away before it could be carried (the
@@ -75,7 +90,11 @@ impl Egress {
 
     /// Records a tunnel that ended (`outcome`) before any byte was read: nothing was
     /// carried, so nothing is refused; an allow and its close.
-    async fn end_unstarted(&self, dialed: Dialed, outcome: Outcome) -> Option<(Opened, Vec<u8>)> {
+    async fn end_unstarted(
+        &self,
+        dialed: Dialed,
+        outcome: Outcome,
+    ) -> Option<(Opened, Vec<u8>, Option<TunnelRules>)> {
         let opened = dialed.admit(self, None).await;
         let end = End {
             sent: 0,
@@ -94,10 +113,10 @@ impl Egress {
         client: &TcpStream,
         dialed: Dialed,
         early: Vec<u8>,
-    ) -> Option<(Opened, Vec<u8>)> {
+    ) -> Option<(Opened, Vec<u8>, Option<TunnelRules>)> {
         let rules = self.rules().tunnels().clone();
         if !rules.inspects(dialed.target().port) {
-            return Some((dialed.admit(self, None).await, early));
+            return Some((dialed.admit(self, None).await, early, None));
         }
         // A tunnel that idles out before its first byte ends as idle, as it would in the relay.
         let idle = self.limits.tunnel_idle_timeout;
@@ -110,6 +129,8 @@ impl Egress {
             } else {
                 Outcome::Revoked
             }),
+            // Shutting down: a tunnel that has not started yet does not start.
+            () = self.stopping.cancelled() => Err(Outcome::Shutdown),
         };
         let (first, seen) = match read {
             Ok((first, Seen::Silent)) if idle <= first_bytes => {
@@ -122,7 +143,8 @@ impl Egress {
         match rules.check(dialed.target(), &seen.as_first_bytes()) {
             Ok(()) => {
                 let name = seen.server_name().map(str::to_owned);
-                Some((dialed.admit(self, name).await, first))
+                let hello = matches!(seen, Seen::ClientHello { .. }) && rules.sni == SniMode::MustMatch;
+                Some((dialed.admit(self, name).await, first, hello.then_some(rules)))
             }
             Err(refusal) => {
                 let target = dialed.target().clone();
@@ -135,4 +157,37 @@ impl Egress {
             }
         }
     }
+}
+
+/// After the first ClientHello went upstream: reads the server's first record and passes it
+/// on; if it is a HelloRetryRequest, reads the client's second ClientHello, checks it under
+/// the same rules and passes it on. `Ok((sent, received))`; `Err` with the bytes moved and
+/// the outcome when the second hello is refused (the tunnel ends there) or a side failed.
+async fn check_retry(
+    client: &TcpStream,
+    upstream: &TcpStream,
+    target: &Target,
+    rules: &TunnelRules,
+) -> Result<(u64, u64), (u64, u64, Outcome)> {
+    let limit = Duration::from_millis(rules.first_bytes_timeout_ms);
+    let (down, retry) = match retry::read_server_first(upstream, limit).await {
+        retry::ServerFirst::Done(bytes) => (bytes, false),
+        retry::ServerFirst::Retry(bytes) => (bytes, true),
+    };
+    let received = down.len() as u64;
+    if !down.is_empty() && relay::write_all(client, &down).await.is_err() {
+        return Err((0, 0, Outcome::ClientFailure));
+    }
+    if !retry {
+        return Ok((0, received));
+    }
+    let (up, seen) = retry::read_second(client, limit).await;
+    if rules.check(target, &seen.as_first_bytes()).is_err() {
+        let _ = relay::write_all(client, &ACCESS_DENIED_ALERT).await;
+        return Err((0, received, Outcome::RetryRefused));
+    }
+    if relay::write_all(upstream, &up).await.is_err() {
+        return Err((0, received, Outcome::Upstream(UpstreamFailure::Closed)));
+    }
+    Ok((up.len() as u64, received))
 }

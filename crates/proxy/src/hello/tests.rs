@@ -81,7 +81,12 @@ fn every_prefix_asks_for_more_and_a_split_hello_is_reassembled() {
 fn plain_bytes_are_not_tls_and_a_broken_hello_is_unreadable() {
     assert_eq!(examine(b"GET / HTTP/1.1\r\n"), Some(Seen::NotTls));
     assert_eq!(examine(b"SSH-2.0-OpenSSH_9.2\r\n"), Some(Seen::NotTls));
-    assert_eq!(examine(&[0x16, 0x01]), Some(Seen::NotTls));
+    assert_eq!(
+        examine(&[0x16, 0x01]),
+        None,
+        "could still be a ClientHello in an odd record"
+    );
+    assert_eq!(examine(&[0x16, 0x01, 0, 0, 0, 0x02]), Some(Seen::NotTls));
     assert_eq!(examine(&[0x16]), None);
     // Another TLS record ahead of the hello (here a ChangeCipherSpec) is not "not TLS": a
     // ClientHello behind it would never be looked at.
@@ -176,6 +181,18 @@ fn forwarded_equals_sent(sent: Vec<u8>, chunk: usize) -> Result<(), TestCaseErro
     })
 }
 
+/// A hello trickled in byte by byte is parsed once per complete record, not once per byte:
+/// every prefix short of a record boundary is judged without rustls.
+#[test]
+fn only_complete_records_are_parsed() {
+    let hello = fragmented(&client_hello("a.example"), 100);
+    let first_record = 5 + 100;
+    assert!(complete_records(&hello[..first_record]));
+    assert!(!complete_records(&hello[..first_record - 1]));
+    assert!(!complete_records(&hello[..first_record + 3]));
+    assert!(complete_records(&hello));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
@@ -209,4 +226,36 @@ async fn a_server_that_speaks_first_and_a_silent_client_are_told_apart() {
     server.write_all(b"220 smtp ready\r\n").await.unwrap();
     let (bytes, seen) = read_first(&client, &upstream, Vec::new(), Duration::from_secs(5)).await;
     assert_eq!((bytes.len(), seen), (0, Seen::ServerFirst));
+}
+
+#[test]
+fn a_retry_request_is_told_apart_from_a_server_hello() {
+    use super::retry::{examine_second, is_retry};
+    let mut hrr = vec![0x16, 0x03, 0x03, 0x00, 0x58, 0x02, 0x00, 0x00, 0x54, 0x03, 0x03];
+    hrr.extend_from_slice(&[
+        0xcf, 0x21, 0xad, 0x74, 0xe5, 0x9a, 0x61, 0x11, 0xbe, 0x1d, 0x8c, 0x02, 0x1e, 0x65, 0xb8, 0x91, 0xc2,
+        0xa2, 0x11, 0x16, 0x7a, 0xbb, 0x8c, 0x5e, 0x07, 0x9e, 0x09, 0xe2, 0xc8, 0xa8, 0x33, 0x9c,
+    ]);
+    for n in 0..hrr.len() {
+        assert_eq!(is_retry(&hrr[..n]), None, "{n}");
+    }
+    assert_eq!(is_retry(&hrr), Some(true));
+    let mut server_hello = hrr.clone();
+    server_hello[20] ^= 1;
+    assert_eq!(is_retry(&server_hello), Some(false));
+    assert_eq!(is_retry(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28]), Some(false));
+    assert_eq!(is_retry(b"HTTP/1.1 200"), Some(false));
+    // The second flight: ChangeCipherSpec records skipped, then the hello judged.
+    let mut second = vec![0x14, 0x03, 0x03, 0x00, 0x01, 0x01];
+    second.extend_from_slice(&client_hello("evil.example"));
+    assert_eq!(
+        examine_second(&second),
+        Some(Seen::ClientHello {
+            server_name: Some("evil.example".into())
+        })
+    );
+    assert_eq!(examine_second(&second[..3]), None);
+    assert_eq!(examine_second(&second[..20]), None);
+    // Nothing but a ClientHello may follow a retry request.
+    assert_eq!(examine_second(b"GET / HTTP/1.1\r\n"), Some(Seen::Unreadable));
 }

@@ -2,7 +2,8 @@
 
 argv: MODE SERVER_COMMAND...  (MODE: legacy, auto, or a protocol version; the server's
 command line, e.g. sandgate mcp --config FILE, possibly behind setpriv)
-stdin: one JSON object per line, {"call": TOOL, "args": {...}}; or {"list": true}.
+stdin: one JSON object per line, {"call": TOOL, "args": {...}}; {"list": true}; or
+{"parallel": [{"call": ...}, ...]} to make the calls at once.
 stdout: one JSON object per line per command: the result as the client saw it.
 Every elicitation is accepted at once, as a headless client would: an accept must never
 count as an approval.
@@ -25,6 +26,18 @@ async def accept_everything(context, params):
     return types.ElicitResult(action="accept", content={})
 
 
+async def call(client, cmd):
+    try:
+        res = await client.call_tool(cmd["call"], cmd.get("args", {}))
+        return {
+            "is_error": bool(res.is_error),
+            "structured": res.structured_content,
+            "text": "".join(getattr(c, "text", "") for c in res.content),
+        }
+    except Exception as e:  # a protocol error is a result the test looks at
+        return {"protocol_error": str(e)}
+
+
 async def main():
     mode, command = sys.argv[1], sys.argv[2:]
     server = StdioServerParameters(command=command[0], args=command[1:])
@@ -36,7 +49,10 @@ async def main():
             if not line:
                 break
             cmd = json.loads(line)
-            if cmd.get("list"):
+            if cmd.get("parallel"):
+                results = await asyncio.gather(*(call(client, c) for c in cmd["parallel"]))
+                out = {"results": list(results)}
+            elif cmd.get("list"):
                 tools = await client.list_tools()
                 out = {
                     "tools": [
@@ -45,15 +61,7 @@ async def main():
                     ]
                 }
             else:
-                try:
-                    res = await client.call_tool(cmd["call"], cmd.get("args", {}))
-                    out = {
-                        "is_error": bool(res.is_error),
-                        "structured": res.structured_content,
-                        "text": "".join(getattr(c, "text", "") for c in res.content),
-                    }
-                except Exception as e:  # a protocol error is a result the test looks at
-                    out = {"protocol_error": str(e)}
+                out = await call(client, cmd)
             out["elicited"] = list(elicited)
             print(json.dumps(out), flush=True)
 
