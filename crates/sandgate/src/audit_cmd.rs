@@ -132,6 +132,10 @@ fn run_inner(cmd: AuditCommand) -> Result<(), String> {
             for (dest, n) in s.denied.iter().take(top) {
                 println!("  {n:>8}  {dest}");
             }
+            println!("top allowed destinations (requests):");
+            for (dest, n) in s.allowed.iter().take(top) {
+                println!("  {n:>8}  {dest}");
+            }
             println!("bytes by destination (sent / received):");
             for (dest, sent, recv) in s.bytes_by_destination.iter().take(top) {
                 println!("  {sent:>12} / {recv:<12} {dest}");

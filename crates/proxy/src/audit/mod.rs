@@ -179,7 +179,6 @@ impl Audit {
                 let line = serde_json::to_string(&Line::of(&e.0)).unwrap_or_default();
                 tracing::error!(event = %line, "audit writer gone; event written here instead");
             }
-            self.update_depth();
         }
     }
 
@@ -191,22 +190,14 @@ impl Audit {
         self.metrics.observe(&event);
         let event = Box::new(event.stamp());
         self.live.publish(&event);
-        match self.tx.try_send(event) {
-            Ok(()) => self.update_depth(),
-            Err(e) => {
-                let event = match e {
-                    mpsc::error::TrySendError::Full(ev) | mpsc::error::TrySendError::Closed(ev) => ev,
-                };
-                self.metrics.audit_events_not_queued.inc();
-                let line = serde_json::to_string(&Line::of(&event)).unwrap_or_default();
-                tracing::warn!(event = %line, "audit queue full while the audit log is failing; event logged here");
-            }
+        if let Err(e) = self.tx.try_send(event) {
+            let event = match e {
+                mpsc::error::TrySendError::Full(ev) | mpsc::error::TrySendError::Closed(ev) => ev,
+            };
+            self.metrics.audit_events_not_queued.inc();
+            let line = serde_json::to_string(&Line::of(&event)).unwrap_or_default();
+            tracing::warn!(event = %line, "audit queue full while the audit log is failing; event logged here");
         }
-    }
-
-    fn update_depth(&self) {
-        let depth = self.tx.max_capacity().saturating_sub(self.tx.capacity());
-        self.metrics.audit_queue_depth.set(depth as i64);
     }
 }
 

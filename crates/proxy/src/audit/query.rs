@@ -157,25 +157,37 @@ impl Filter {
     }
 }
 
-/// Parses `--since`: a duration back from `now` (`90s`, `30m`, `1h`, `2d`) or an RFC 3339 time.
+const SINCE_FORMS: &str = "use 90s, 30m, 1h, 2d, a date (2026-11-22, UTC) or an RFC 3339 time";
+
+/// Parses `--since`: a duration back from `now` (`90s`, `30m`, `1h`, `2d`), an RFC 3339
+/// time, or a date or date and time without an offset (`2026-11-22`, `2026-11-22T10:00`),
+/// read as UTC like every time in the log.
 pub fn parse_since(text: &str, now: jiff::Timestamp) -> Result<jiff::Timestamp, String> {
     if let Ok(t) = text.parse::<jiff::Timestamp>() {
         return Ok(t);
+    }
+    let civil = text.parse::<jiff::civil::DateTime>().or_else(|_| {
+        text.parse::<jiff::civil::Date>()
+            .map(|d| d.to_datetime(jiff::civil::Time::midnight()))
+    });
+    if let Ok(dt) = civil {
+        return dt
+            .to_zoned(jiff::tz::TimeZone::UTC)
+            .map(|z| z.timestamp())
+            .map_err(|e| format!("invalid --since {text:?}: {e}"));
     }
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (num, unit) = text.split_at(split);
     let n: i64 = num
         .parse()
-        .map_err(|_| format!("invalid --since {text:?}: use 90s, 30m, 1h, 2d or an RFC 3339 time"))?;
+        .map_err(|_| format!("invalid --since {text:?}: {SINCE_FORMS}"))?;
     let secs = match unit {
         "s" => n,
         "m" => n * 60,
         "h" => n * 3600,
         "d" => n * 86_400,
         _ => {
-            return Err(format!(
-                "invalid --since {text:?}: use 90s, 30m, 1h, 2d or an RFC 3339 time"
-            ));
+            return Err(format!("invalid --since {text:?}: {SINCE_FORMS}"));
         }
     };
     now.checked_sub(jiff::SignedDuration::from_secs(secs))
@@ -219,6 +231,16 @@ pub fn human(e: &Value) -> String {
             n("bytes_sent"),
             n("bytes_received"),
             n("duration_ms"),
+            s("request_id")
+        ),
+        Some("aggregate") => format!(
+            "{} aggregate {} {dest} count={} sent={} received={} since={}{task} [{}]",
+            s("created_at"),
+            s("scheme"),
+            n("count"),
+            n("bytes_sent"),
+            n("bytes_received"),
+            s("window_start"),
             s("request_id")
         ),
         _ => format!(
@@ -289,16 +311,20 @@ pub fn csv_row(e: &Value) -> String {
         .join(",")
 }
 
-/// Totals for `audit summary`.
+/// Totals for `audit summary`. Aggregate events count as the requests and bytes they fold,
+/// so a log written with `--audit-aggregate-window` sums up the same as one without.
 #[derive(Debug, Default)]
 pub struct Summary {
     pub denied: Vec<(String, u64)>,
+    /// Allowed requests by destination (allow decisions, plus each aggregate's `count`).
+    pub allowed: Vec<(String, u64)>,
     pub bytes_by_destination: Vec<(String, u64, u64)>,
     pub bytes_by_task: Vec<(String, u64, u64)>,
 }
 
 pub fn summarize(events: &[Value]) -> Summary {
     let mut denied: HashMap<String, u64> = HashMap::new();
+    let mut allowed: HashMap<String, u64> = HashMap::new();
     let mut by_dest: HashMap<String, (u64, u64)> = HashMap::new();
     let mut by_task: HashMap<String, (u64, u64)> = HashMap::new();
     for e in events {
@@ -309,11 +335,19 @@ pub fn summarize(events: &[Value]) -> Summary {
             (Some(h), Some(p)) => format!("{h}:{p}"),
             _ => "(no destination)".to_owned(),
         };
-        match e.get("event").and_then(Value::as_str) {
+        let event = e.get("event").and_then(Value::as_str);
+        match event {
             Some("decision") if e.get("decision").and_then(Value::as_str) == Some("deny") => {
                 *denied.entry(dest).or_default() += 1;
             }
-            Some("close") => {
+            Some("decision") if e.get("decision").and_then(Value::as_str) == Some("allow") => {
+                *allowed.entry(dest).or_default() += 1;
+            }
+            Some("close" | "aggregate") => {
+                if event == Some("aggregate") {
+                    let n = e.get("count").and_then(Value::as_u64).unwrap_or(0);
+                    *allowed.entry(dest.clone()).or_default() += n;
+                }
                 let sent = e.get("bytes_sent").and_then(Value::as_u64).unwrap_or(0);
                 let recv = e.get("bytes_received").and_then(Value::as_u64).unwrap_or(0);
                 let d = by_dest.entry(dest).or_default();
@@ -331,15 +365,19 @@ pub fn summarize(events: &[Value]) -> Summary {
             _ => {}
         }
     }
-    let mut denied: Vec<_> = denied.into_iter().collect();
-    denied.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let counted = |m: HashMap<String, u64>| {
+        let mut v: Vec<_> = m.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v
+    };
     let flatten = |m: HashMap<String, (u64, u64)>| {
         let mut v: Vec<_> = m.into_iter().map(|(k, (s, r))| (k, s, r)).collect();
         v.sort_by(|a, b| (b.1 + b.2).cmp(&(a.1 + a.2)).then(a.0.cmp(&b.0)));
         v
     };
     Summary {
-        denied,
+        denied: counted(denied),
+        allowed: counted(allowed),
         bytes_by_destination: flatten(by_dest),
         bytes_by_task: flatten(by_task),
     }
@@ -378,6 +416,32 @@ mod tests {
     }
 
     #[test]
+    fn aggregates_read_as_the_traffic_they_fold() {
+        let agg = serde_json::json!({
+            "event": "aggregate", "created_at": "2026-11-22T10:00:01Z", "request_id": "aggregate-1",
+            "decision": "allow", "scheme": "connect", "destination_host": "a.test", "destination_port": 443,
+            "task_id": "t-1", "count": 3, "bytes_sent": 30, "bytes_received": 300,
+            "window_start": "2026-11-22T10:00:00Z",
+        });
+        let close = serde_json::json!({
+            "event": "close", "destination_host": "a.test", "destination_port": 443,
+            "task_id": "t-1", "bytes_sent": 1, "bytes_received": 2, "outcome": "ok",
+        });
+        let allow = serde_json::json!({
+            "event": "decision", "decision": "allow", "destination_host": "a.test", "destination_port": 443,
+        });
+        let line = human(&agg);
+        assert_eq!(
+            line,
+            "2026-11-22T10:00:01Z aggregate connect a.test:443 count=3 sent=30 received=300 since=2026-11-22T10:00:00Z task=t-1 [aggregate-1]"
+        );
+        let s = summarize(&[agg, close, allow]);
+        assert_eq!(s.allowed, vec![("a.test:443".to_owned(), 4)]);
+        assert_eq!(s.bytes_by_destination, vec![("a.test:443".to_owned(), 31, 302)]);
+        assert_eq!(s.bytes_by_task, vec![("t-1".to_owned(), 31, 302)]);
+    }
+
+    #[test]
     fn since_and_csv() {
         let now: jiff::Timestamp = "2026-11-22T12:00:00Z".parse().unwrap();
         assert_eq!(
@@ -389,6 +453,14 @@ mod tests {
             "2026-01-01T00:00:00Z"
         );
         assert!(parse_since("1w", now).is_err());
+        assert_eq!(
+            parse_since("2026-11-20", now).unwrap().to_string(),
+            "2026-11-20T00:00:00Z"
+        );
+        assert_eq!(
+            parse_since("2026-11-20T08:30", now).unwrap().to_string(),
+            "2026-11-20T08:30:00Z"
+        );
         let e: Value = serde_json::json!({"event": "decision", "rule": "allow:a, \"b\""});
         assert!(csv_row(&e).contains("\"allow:a, \"\"b\"\"\""));
     }

@@ -133,6 +133,9 @@ fn write_loop(
                 w.commit();
             }
         }
+        // Only the writer sets the depth, after each batch: a sender that set it after its
+        // own send could leave a stale 1 behind once the writer had drained the queue.
+        metrics.audit_queue_depth.set(w.rx.len() as i64);
     }
     w.close_window();
     w.finish()
@@ -208,6 +211,8 @@ impl Writer<'_> {
                         // Shutting down: `finish` retries for a bounded time.
                         return;
                     }
+                    // The queue fills while this waits; the gauge shows it.
+                    self.metrics.audit_queue_depth.set(self.rx.len() as i64);
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(RETRY_MAX);
                 }
