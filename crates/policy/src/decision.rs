@@ -67,12 +67,19 @@ impl Rule {
 
     /// Does the rule exist for this request (scope and expiry)?
     fn applies(&self, ctx: &Context<'_>) -> bool {
-        let scoped = match &self.scope {
+        self.in_scope(ctx) && !self.expired(ctx)
+    }
+
+    fn in_scope(&self, ctx: &Context<'_>) -> bool {
+        match &self.scope {
             Scope::System => true,
             Scope::Project(p) => ctx.project == Some(p.as_str()),
             Scope::Task(t) => ctx.task == Some(t.as_str()),
-        };
-        scoped && self.expires_at.is_none_or(|at| ctx.now < at)
+        }
+    }
+
+    fn expired(&self, ctx: &Context<'_>) -> bool {
+        self.expires_at.is_some_and(|at| ctx.now >= at)
     }
 
     fn allows(&self, target: &Target, access: Access) -> bool {
@@ -334,6 +341,41 @@ impl Ruleset {
             .cloned()
     }
 
+    /// Allow rules naming an IP literal that `guard` refuses (a private or loopback address
+    /// outside every allow range): they can never let a connection through, which is worth
+    /// a warning at start.
+    pub fn guarded_literals(
+        &self,
+        guard: &crate::addr::AddressGuard,
+    ) -> Vec<(Arc<Rule>, crate::addr::AddrClass)> {
+        let mut found: Vec<_> = self
+            .allow
+            .exact
+            .iter()
+            .filter_map(|(host, rules)| match host {
+                Host::Ip(ip) => guard.check(*ip).err().map(|p| (rules, p.class)),
+                Host::Name(_) => None,
+            })
+            .flat_map(|(rules, class)| rules.iter().map(move |r| (r.clone(), class)))
+            .collect();
+        found.sort_by(|a, b| a.0.label.cmp(&b.0.label));
+        found
+    }
+
+    /// The rules in scope for `ctx` that would match `target` but have expired, deny rules
+    /// first: what `explain` points at when a destination is refused that used to pass.
+    pub fn expired_matches(&self, target: &Target, access: Access, ctx: &Context<'_>) -> Vec<Arc<Rule>> {
+        let deny = self
+            .deny
+            .candidates(&target.host)
+            .filter(|r| r.in_scope(ctx) && r.expired(ctx) && r.denies(target));
+        let allow = self
+            .allow
+            .candidates(&target.host)
+            .filter(|r| r.in_scope(ctx) && r.expired(ctx) && r.allows(target, access));
+        deny.chain(allow).cloned().collect()
+    }
+
     /// Decides `target` for `access` in `ctx`. Deny rules are consulted first and always win.
     pub fn decide(&self, target: &Target, access: Access, ctx: &Context<'_>) -> Decision {
         let denied = match self.deny.is_empty() {
@@ -469,6 +511,31 @@ mod tests {
             decide(&r, "192.0.2.8:443", Access::Connect).verdict,
             Verdict::Deny
         );
+    }
+
+    #[test]
+    fn expired_rules_that_would_match_are_found_in_scope_only() {
+        let entry = |host: &str, scope: Scope, expires_at: Option<i64>| Entry {
+            expires_at,
+            scope,
+            ..Entry::from_flag(Pattern::parse(host).unwrap())
+        };
+        let mut r = Ruleset::new();
+        r.allow_entry(entry("a.example", Scope::System, Some(100)));
+        r.allow_entry(entry("a.example", Scope::Task("t-2".into()), Some(100)));
+        r.allow_entry(entry("*.b.example", Scope::System, None));
+        let target = parse_connect_target("a.example:443").unwrap();
+        let at = |now| Context {
+            task: Some("t-1"),
+            project: None,
+            now,
+        };
+        assert!(r.expired_matches(&target, Access::Connect, &at(99)).is_empty());
+        let found = r.expired_matches(&target, Access::Connect, &at(100));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].scope, Scope::System);
+        let other = parse_connect_target("b.example:443").unwrap();
+        assert!(r.expired_matches(&other, Access::Connect, &at(100)).is_empty());
     }
 
     #[test]

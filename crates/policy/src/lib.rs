@@ -22,7 +22,7 @@ pub use auth::{AuthError, Credentials, Principal, Principals, Role, TaskCredenti
 pub use decision::{Context, Decision, Identity, PolicyReason, Rule, Ruleset, Verdict};
 pub use document::{
     AdminSpec, DocError, DocErrors, Entry, ListenerSpec, PolicyFile, Scope, SecretSource, TaskSecretSpec,
-    TokenSpec, parse_policy,
+    TokenSpec, binds_overlap, parse_policy,
 };
 pub use exception::{
     Exception, ExceptionPolicy, NewRequest, RequestError, State as ExceptionState, TransitionError,

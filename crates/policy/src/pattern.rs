@@ -43,6 +43,10 @@ pub struct Pattern {
 pub enum PatternError {
     #[error("empty pattern")]
     Empty,
+    /// A URL or a path where a host was expected; carries the pattern that was probably
+    /// meant.
+    #[error("a host, not a URL: write '{0}'")]
+    Url(String),
     #[error("invalid port")]
     BadPort,
     #[error("'{0}' would match a whole public suffix; name a registrable domain, like '*.example.com'")]
@@ -61,6 +65,9 @@ impl Pattern {
         let text = text.trim();
         if text.is_empty() {
             return Err(PatternError::Empty);
+        }
+        if let Some(meant) = url_to_pattern(text) {
+            return Err(PatternError::Url(meant));
         }
         let (host_text, port) = split_port(text)?;
         let host = parse_host_pattern(host_text)?;
@@ -113,6 +120,34 @@ pub(crate) fn is_strict_subdomain(name: &DomainName, suffix: &DomainName) -> boo
     name.as_str()
         .strip_suffix(suffix.as_str())
         .is_some_and(|head| head.len() > 1 && head.ends_with('.'))
+}
+
+/// For a pattern written as a URL (`https://example.com/simple/`) or with a path
+/// (`example.com/api`): the pattern that was probably meant (`example.com`, with the port
+/// when the URL named one other than its scheme's usual). `None` for anything else.
+fn url_to_pattern(text: &str) -> Option<String> {
+    let (scheme, rest) = match text.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme.to_ascii_lowercase()), rest),
+        None if text.contains('/') => (None, text),
+        None => return None,
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    let usual = match scheme.as_deref() {
+        Some("http") => Some(80),
+        Some("https") => Some(443),
+        _ => None,
+    };
+    let meant = match split_port(authority) {
+        Ok((host, Some(port))) if Some(port) == usual => host.to_owned(),
+        Ok(_) => authority.to_owned(),
+        Err(_) => authority.to_owned(),
+    };
+    Some(if meant.is_empty() {
+        "example.com".to_owned()
+    } else {
+        meant
+    })
 }
 
 fn split_port(text: &str) -> Result<(&str, Option<u16>), PatternError> {
@@ -203,6 +238,29 @@ mod tests {
         ] {
             assert_eq!(Pattern::parse(input).unwrap().to_string(), shown, "{input}");
         }
+    }
+
+    #[test]
+    fn a_url_is_refused_with_the_host_it_meant() {
+        for (input, meant) in [
+            ("https://example.com", "example.com"),
+            ("HTTPS://example.com/simple/", "example.com"),
+            ("http://example.com:80/x", "example.com"),
+            ("https://example.com:8443", "example.com:8443"),
+            ("http://user@example.com/", "example.com"),
+            ("example.com/api", "example.com"),
+            ("https://[2001:db8::7]:443/", "[2001:db8::7]"),
+        ] {
+            assert_eq!(
+                Pattern::parse(input),
+                Err(PatternError::Url(meant.to_owned())),
+                "{input}"
+            );
+        }
+        assert_eq!(
+            PatternError::Url("example.com".into()).to_string(),
+            "a host, not a URL: write 'example.com'"
+        );
     }
 
     #[test]

@@ -250,3 +250,67 @@ fn tunnel_settings_parse_and_bad_values_name_their_field() {
     let unknown = format!("{head}    tunnels: {{sni_check: off}}\n");
     assert!(parse_policy(&unknown, "p.yaml", NOW).is_err());
 }
+
+#[test]
+fn what_parses_but_cannot_be_meant_is_a_warning_naming_its_line() {
+    let text = "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {name: t}\nspec:\n  network:\n    allowlist:\n      - host: old.example\n        expires_at: 2020-01-01T00:00:00Z\n      - both.example\n      - host: port.example\n        ports: [8443]\n      - a.wide.example\n    denylist: [ both.example, \"port.example:443\", \"*.wide.example\" ]\n    allow_ranges: [ 10.1.2.3/8 ]\n";
+    let file = parse_policy(text, "p.yaml", NOW).unwrap();
+    let warnings: Vec<String> = file.warnings.iter().map(|w| w.as_warning()).collect();
+    let want = [
+        "p.yaml:7: warning: spec.network.allowlist.expires_at: 2020-01-01T00:00:00Z has passed",
+        "p.yaml:9: warning: spec.network.allowlist: both.example is also denied (deny entry both.example, line 13)",
+        "p.yaml:12: warning: spec.network.allowlist: a.wide.example is also denied (deny entry *.wide.example, line 13)",
+        "p.yaml:14: warning: spec.network.allow_ranges: 10.1.2.3/8 has host bits set; it means 10.0.0.0/8",
+    ];
+    for w in want {
+        assert!(
+            warnings.iter().any(|have| have.starts_with(w)),
+            "{w} in {warnings:#?}"
+        );
+    }
+    assert_eq!(
+        warnings.len(),
+        want.len(),
+        "port.example:8443 is not denied: {warnings:#?}"
+    );
+    assert_eq!(file.allow_ranges[0].to_string(), "10.0.0.0/8");
+}
+
+#[test]
+fn listeners_that_cannot_all_be_bound_are_an_error() {
+    let head = "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {name: t}\nspec:\n";
+    let err = |spec: &str| {
+        parse_policy(&format!("{head}{spec}"), "p.yaml", NOW)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        err("  listeners:\n    - listen: 127.0.0.1:3128\n    - listen: 127.0.0.1:3128\n      task: t-1\n"),
+        "p.yaml:7: spec.listeners.listen: 127.0.0.1:3128 overlaps 127.0.0.1:3128 (line 6): both cannot be bound; give each listener its own address or port"
+    );
+    assert!(
+        err("  listeners:\n    - listen: 0.0.0.0:3128\n    - listen: 127.0.0.1:3128\n")
+            .contains("overlaps 0.0.0.0:3128")
+    );
+    assert!(
+        err("  listeners:\n    - listen: 127.0.0.1:9090\n  admin:\n    listen: 127.0.0.1:9090\n")
+            .contains("p.yaml:8: spec.admin.listen")
+    );
+    let fine = "  listeners:\n    - listen: 127.0.0.1:3128\n    - listen: 127.0.0.1:3129\n    - listen: 127.0.0.2:3128\n    - listen: 127.0.0.1:0\n    - listen: 127.0.0.1:0\n    - listen: \"[::1]:3128\"\n";
+    assert!(parse_policy(&format!("{head}{fine}"), "p.yaml", NOW).is_ok());
+    use sandgate_policy::binds_overlap;
+    let a = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+    assert!(binds_overlap(a("[::]:80"), a("127.0.0.1:80")));
+    assert!(!binds_overlap(a("0.0.0.0:80"), a("[::1]:80")));
+}
+
+#[test]
+fn a_url_where_a_host_belongs_says_which_host() {
+    let text = "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {name: t}\nspec:\n  network:\n    allowlist: [ \"https://pypi.org/simple/\" ]\n";
+    let err = parse_policy(text, "p.yaml", NOW).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "p.yaml:6: spec.network.allowlist.host: \"https://pypi.org/simple/\": a host, not a URL: write 'pypi.org'"
+    );
+}

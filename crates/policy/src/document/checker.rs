@@ -7,15 +7,28 @@ use serde_saphyr::Spanned;
 
 use super::raw::{RawEntry, RawScope, RawTlsOnly, RawTunnels};
 use super::{DocError, Entry, Scope};
+use crate::pattern::HostPattern;
 use crate::pattern::Pattern;
 use crate::tunnel::{SniMode, TlsOnly, TunnelRules};
 
 pub(super) struct Checker<'a> {
     pub(super) file: &'a str,
     pub(super) errors: Vec<DocError>,
+    /// What is valid but cannot be what was meant (an entry already expired, a CIDR with
+    /// host bits, a host both allowed and denied).
+    pub(super) warnings: Vec<DocError>,
 }
 
 impl Checker<'_> {
+    pub(super) fn warn(&mut self, line: u64, field: impl Into<String>, message: impl Into<String>) {
+        self.warnings.push(DocError {
+            file: self.file.to_owned(),
+            line,
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
     pub(super) fn error(&mut self, line: u64, field: impl Into<String>, message: impl Into<String>) {
         self.errors.push(DocError {
             file: self.file.to_owned(),
@@ -98,6 +111,14 @@ impl Checker<'_> {
             }
             (Some(ttl), None) => Some(now.saturating_add(ttl)),
             (None, Some(text)) => match text.parse::<jiff::Timestamp>() {
+                Ok(ts) if ts.as_second() <= now => {
+                    self.warn(
+                        line,
+                        format!("{field}.expires_at"),
+                        format!("{text} has passed: this entry never applies (remove it, or move the time)"),
+                    );
+                    Some(ts.as_second())
+                }
                 Ok(ts) => Some(ts.as_second()),
                 Err(err) => {
                     self.error(
@@ -122,6 +143,49 @@ impl Checker<'_> {
             origin: Arc::from(format!("{}:{line}", self.file)),
         })
     }
+}
+
+/// Warns about each allow entry that a deny entry of the same or a wider scope covers on
+/// every port it allows: deny entries always win, so it allows nothing there.
+pub(super) fn shadowed(c: &mut Checker<'_>, allow: &[Entry], deny: &[Entry]) {
+    for a in allow {
+        let Some(d) = deny.iter().find(|d| covers(d, a)) else {
+            continue;
+        };
+        let line = |e: &Entry| {
+            e.origin
+                .rsplit_once(':')
+                .and_then(|(_, l)| l.parse().ok())
+                .unwrap_or(0)
+        };
+        c.warn(
+            line(a),
+            "spec.network.allowlist",
+            format!(
+                "{} is also denied (deny entry {}, line {}); deny entries always win, so this entry allows nothing",
+                a.pattern,
+                d.pattern,
+                line(d)
+            ),
+        );
+    }
+}
+
+/// Does deny entry `d` refuse everything allow entry `a` allows?
+fn covers(d: &Entry, a: &Entry) -> bool {
+    let scope = d.scope == Scope::System || d.scope == a.scope;
+    let host = match &a.pattern.host {
+        HostPattern::Exact(h) => d.pattern.host_matches(h),
+        wide => d.pattern.host == *wide,
+    };
+    let deny_ports = d.ports.clone().or(d.pattern.port.map(|p| vec![p]));
+    let allow_ports = a.ports.clone().or(a.pattern.port.map(|p| vec![p]));
+    let ports = match (deny_ports, allow_ports) {
+        (None, _) => true,
+        (Some(denied), Some(allowed)) => allowed.iter().all(|p| denied.contains(p)),
+        (Some(_), None) => false,
+    };
+    scope && host && ports && !a.origin.starts_with("preset:") && !d.origin.starts_with("preset:")
 }
 
 /// `spec.network.tunnels`.

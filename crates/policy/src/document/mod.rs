@@ -15,6 +15,7 @@ use ipnet::IpNet;
 mod checker;
 mod control;
 mod raw;
+mod syntax;
 
 use checker::Checker;
 
@@ -134,6 +135,9 @@ pub struct PolicyFile {
     pub admin: AdminSpec,
     /// What tunnels may carry (`spec.network.tunnels`).
     pub tunnels: crate::tunnel::TunnelRules,
+    /// What is valid but probably not meant (an expired entry, a CIDR with host bits, a
+    /// host both allowed and denied): `check-config` and the proxy print them.
+    pub warnings: Vec<DocError>,
 }
 
 /// `spec.admin`: where the admin API listens and who may use it.
@@ -162,6 +166,20 @@ pub struct DocError {
     pub message: String,
 }
 
+impl DocError {
+    /// The line for a warning: `file:line: warning: field: message`.
+    pub fn as_warning(&self) -> String {
+        if self.field.is_empty() {
+            format!("{}:{}: warning: {}", self.file, self.line, self.message)
+        } else {
+            format!(
+                "{}:{}: warning: {}: {}",
+                self.file, self.line, self.field, self.message
+            )
+        }
+    }
+}
+
 impl fmt::Display for DocError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.field.is_empty() {
@@ -183,22 +201,29 @@ impl fmt::Display for DocErrors {
     }
 }
 
+/// Whether listening on `a` and on `b` at once must fail with "address in use": the same
+/// port (not 0, which picks a free one) on the same address, or on an unspecified address
+/// (`0.0.0.0` or `[::]`) that covers the other. `[::]` is taken to cover IPv4 too, as on a
+/// default dual-stack Linux.
+pub fn binds_overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    if a.port() != b.port() || a.port() == 0 {
+        return false;
+    }
+    let (x, y) = (a.ip().to_canonical(), b.ip().to_canonical());
+    let covers = |wide: std::net::IpAddr, other: std::net::IpAddr| {
+        wide.is_unspecified() && (wide.is_ipv6() || other.is_ipv4())
+    };
+    x == y || covers(x, y) || covers(y, x)
+}
+
 /// Parses and validates a policy file. `now` (Unix seconds) anchors `ttl_seconds`.
 pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocErrors> {
-    let raw: RawDoc = serde_saphyr::from_str(text).map_err(|e| {
-        let line = e.location().map_or(0, |l| l.line());
-        // The first line of the parser's message says what; its location is ours to add.
-        let message = e.to_string().lines().next().unwrap_or("invalid YAML").to_owned();
-        DocErrors(vec![DocError {
-            file: file.to_owned(),
-            line,
-            field: String::new(),
-            message,
-        }])
-    })?;
+    let raw: RawDoc =
+        serde_saphyr::from_str(text).map_err(|e| DocErrors(vec![syntax::parse_error(&e, text, file)]))?;
     let mut c = Checker {
         file,
         errors: Vec::new(),
+        warnings: Vec::new(),
     };
     if raw.api_version.value != API_VERSION {
         c.error(
@@ -222,6 +247,7 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
         .iter()
         .filter_map(|e| c.entry(e, "spec.network.denylist", now))
         .collect();
+    checker::shadowed(&mut c, &allow, &deny);
     let mut allow = allow;
     for name in &net.presets {
         match preset::hosts(&name.value) {
@@ -250,6 +276,18 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
     let mut allow_ranges = Vec::new();
     for r in &net.allow_ranges {
         match r.value.parse::<IpNet>() {
+            Ok(net) if net != net.trunc() => {
+                c.warn(
+                    r.referenced.line(),
+                    "spec.network.allow_ranges",
+                    format!(
+                        "{} has host bits set; it means {} (write that)",
+                        r.value,
+                        net.trunc()
+                    ),
+                );
+                allow_ranges.push(net.trunc());
+            }
             Ok(net) => allow_ranges.push(net.trunc()),
             Err(_) => c.error(
                 r.referenced.line(),
@@ -288,6 +326,9 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
         ResolverSpec { servers, timeout_ms }
     });
     let mut listeners = Vec::new();
+    // Every address the file binds, with its line and field: two that overlap cannot both
+    // be bound, and that is known before binding.
+    let mut binds: Vec<(SocketAddr, u64, &str)> = Vec::new();
     for l in &raw.spec.listeners {
         let line = l.referenced.line();
         let require_auth = match l.value.auth.as_deref() {
@@ -331,14 +372,17 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
             }
         };
         match l.value.listen.parse::<SocketAddr>() {
-            Ok(listen) => listeners.push(ListenerSpec {
-                listen,
-                task: l.value.task.clone(),
-                project: l.value.project.clone(),
-                job: l.value.job.clone(),
-                require_auth,
-                socks5,
-            }),
+            Ok(listen) => {
+                binds.push((listen, line, "spec.listeners.listen"));
+                listeners.push(ListenerSpec {
+                    listen,
+                    task: l.value.task.clone(),
+                    project: l.value.project.clone(),
+                    job: l.value.job.clone(),
+                    require_auth,
+                    socks5,
+                });
+            }
             Err(_) => c.error(
                 line,
                 "spec.listeners.listen",
@@ -394,10 +438,24 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
         .unwrap_or_default();
     let exceptions = control::exception_policy(&mut c, &raw.spec.exceptions);
     let admin = control::admin_spec(&mut c, raw.spec.admin.as_ref(), file);
+    if let (Some(addr), Some(raw_admin)) = (admin.listen, raw.spec.admin.as_ref()) {
+        binds.push((addr, raw_admin.referenced.line(), "spec.admin.listen"));
+    }
+    for (i, (addr, line, field)) in binds.iter().enumerate() {
+        if let Some((other, other_line, _)) = binds.iter().take(i).find(|(a, _, _)| binds_overlap(*a, *addr))
+        {
+            c.error(
+                *line,
+                *field,
+                format!("{addr} overlaps {other} (line {other_line}): both cannot be bound; give each listener its own address or port"),
+            );
+        }
+    }
     if !c.errors.is_empty() {
         return Err(DocErrors(c.errors));
     }
     Ok(PolicyFile {
+        warnings: c.warnings,
         name: raw.metadata.name,
         version: raw.metadata.version,
         allow,
