@@ -23,6 +23,27 @@ pub(crate) fn router(metrics: Arc<Metrics>) -> Router {
         .with_state(metrics)
 }
 
+/// Probes for a proxy without the control plane: `/healthz` answers while the process
+/// serves, `/readyz` while the audit log can be written (no request passes otherwise).
+fn probes(metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(|State(metrics): State<Arc<Metrics>>| async move {
+                if metrics.audit_healthy.get() == 1 {
+                    (StatusCode::OK, "ready\n")
+                } else {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the audit log cannot be written\n",
+                    )
+                }
+            }),
+        )
+        .with_state(metrics)
+}
+
 async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
     (
         [(
@@ -42,8 +63,9 @@ pub(crate) async fn serve(
     stop: CancellationToken,
 ) {
     let app = match extra {
+        // The control plane brings its own /healthz and /readyz (its store's readiness too).
         Some(extra) => router(metrics).merge(extra),
-        None => router(metrics),
+        None => router(metrics.clone()).merge(probes(metrics)),
     };
     let served = axum::serve(
         listener,
@@ -60,6 +82,26 @@ pub(crate) async fn serve(
 mod tests {
     use super::*;
     use tower::ServiceExt as _;
+
+    #[tokio::test]
+    async fn probes_answer_without_the_control_plane() {
+        let metrics = Arc::new(Metrics::new());
+        metrics.audit_healthy.set(1);
+        let app = router(metrics.clone()).merge(probes(metrics.clone()));
+        let get = |path: &'static str| {
+            axum::http::Request::get(path)
+                .body(axum::body::Body::empty())
+                .unwrap_or_else(|e| unreachable!("{e}"))
+        };
+        let status = |r: axum::response::Response| r.status();
+        let ok = app.clone().oneshot(get("/healthz")).await.map(status);
+        assert_eq!(ok.ok(), Some(StatusCode::OK));
+        let ready = app.clone().oneshot(get("/readyz")).await.map(status);
+        assert_eq!(ready.ok(), Some(StatusCode::OK));
+        metrics.audit_healthy.set(0);
+        let ready = app.oneshot(get("/readyz")).await.map(status);
+        assert_eq!(ready.ok(), Some(StatusCode::SERVICE_UNAVAILABLE));
+    }
 
     #[tokio::test]
     async fn metrics_and_404() {

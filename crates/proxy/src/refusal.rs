@@ -10,7 +10,7 @@
 
 use std::borrow::Cow;
 
-use sandgate_policy::{PolicyReason, Target, TargetError};
+use sandgate_policy::{Host, PolicyReason, Target, TargetError};
 
 use crate::audit::event::{Outcome, UpstreamFailure};
 use crate::dial::DialError;
@@ -122,6 +122,11 @@ pub struct Classified {
     pub outcome: Option<Outcome>,
     /// One line naming the destination, for the client.
     pub text: String,
+    /// The same, shorter, for a status line's reason phrase (`example.org:443 not in
+    /// allowlist`): where clients such as pip print it. Renderers bound and sanitise it.
+    pub phrase: String,
+    /// What to do next, one line each (empty: nothing beyond the text).
+    pub hints: Vec<String>,
 }
 
 impl Refusal {
@@ -130,89 +135,92 @@ impl Refusal {
         use DialError as D;
         use ResponseError as U;
         use UpstreamFailure as F;
-        // (status, Proxy-Status error type, the reason (a deny) or the failure, body text)
-        let (status, error_type, code, text): (u16, &str, Code, String) = match self {
+        // (status, Proxy-Status error type, the reason (a deny) or the failure, the text)
+        let (status, error_type, code, text): (u16, &str, Code, Text<'_>) = match self {
             Refusal::Head(e) => (
                 400,
                 "http_request_error",
                 Code::Reason(e.code().into()),
-                format!("bad request: {e}"),
+                Text::Plain(format!("bad request: {e}")),
             ),
             Refusal::HeadTooLarge => (
                 431,
                 "http_request_error",
                 Code::Reason("head_too_large".into()),
-                "request head too large".into(),
+                Text::Plain("request head too large".into()),
             ),
             Refusal::HeadTimeout => (
                 408,
                 "http_request_error",
                 Code::Reason("head_timeout".into()),
-                "request head timed out".into(),
+                Text::Plain("request head timed out".into()),
             ),
             Refusal::ProxyAuth(e) => (
                 407,
                 "http_request_denied",
                 Code::Reason(e.code().into()),
-                format!("proxy authentication required: {e}"),
+                Text::Plain(format!("proxy authentication required: {e}")),
             ),
             Refusal::Target(e) => (
                 400,
                 "http_request_error",
                 Code::Reason(e.code().into()),
-                format!("bad request: {e}"),
+                Text::Plain(format!("bad request: {e}")),
             ),
             Refusal::Policy { target, reason } => (
                 403,
                 "http_request_denied",
                 Code::Reason(reason.code().into()),
-                format!("denied {method} {target}: {}", reason.describe()),
+                Text::Denied(target, reason.describe().into()),
             ),
             Refusal::AddressDenied { target, ip, .. } => (
                 403,
                 "http_request_denied",
                 Code::Reason(PolicyReason::Denylisted.code().into()),
-                format!("denied {method} {target}: resolves to {ip}, which a deny rule names"),
+                Text::Denied(
+                    target,
+                    format!("resolves to {ip}, which a deny rule names").into(),
+                ),
             ),
             Refusal::Dial { target, error } => match error {
                 D::Prohibited(p) => (
                     403,
                     "destination_ip_prohibited",
                     Code::Reason("destination_ip_prohibited".into()),
-                    format!(
-                        "denied {method} {target}: resolves to a {} address",
-                        p.class.as_str()
+                    Text::Denied(
+                        target,
+                        format!("resolves to a {} address", p.class.as_str()).into(),
                     ),
                 ),
                 D::SelfConnect(_) => (
                     403,
                     "destination_ip_prohibited",
                     Code::Reason("proxy_loop".into()),
-                    format!("denied {method} {target}: that is this proxy"),
+                    Text::Denied(target, "is this proxy".into()),
                 ),
                 D::Dns(_) => (
                     502,
                     "dns_error",
                     Code::Failed(F::Dns),
-                    format!("cannot resolve {target}"),
+                    Text::Plain(format!("cannot resolve {target}")),
                 ),
                 D::DnsTimeout => (
                     504,
                     "dns_timeout",
                     Code::Failed(F::DnsTimeout),
-                    format!("DNS timeout for {target}"),
+                    Text::Plain(format!("DNS timeout for {target}")),
                 ),
                 D::Refused => (
                     502,
                     "connection_refused",
                     Code::Failed(F::ConnectionRefused),
-                    format!("connection to {target} refused"),
+                    Text::Plain(format!("connection to {target} refused")),
                 ),
                 D::ConnectTimeout => (
                     504,
                     "connection_timeout",
                     Code::Failed(F::ConnectionTimeout),
-                    format!("connection to {target} timed out"),
+                    Text::Plain(format!("connection to {target} timed out")),
                 ),
                 // Allowed here and refused further up: an allow followed by a close, so each
                 // request still has exactly one decision event.
@@ -220,63 +228,68 @@ impl Refusal {
                     403,
                     "http_request_denied",
                     Code::Failed(F::UpstreamDenied),
-                    format!("denied {method} {target}: the upstream proxy refused it"),
+                    Text::Denied(target, "refused by the upstream proxy".into()),
                 ),
                 D::UpstreamRefused(_) | D::UpstreamBroken => (
                     502,
                     "destination_unavailable",
                     Code::Failed(F::UpstreamProxy),
-                    format!("the upstream proxy could not reach {target}"),
+                    Text::Plain(format!("the upstream proxy could not reach {target}")),
                 ),
                 D::Connect(_) => (
                     502,
                     "destination_unavailable",
                     Code::Failed(F::Connect),
-                    format!("cannot connect to {target}"),
+                    Text::Plain(format!("cannot connect to {target}")),
                 ),
             },
             Refusal::AuditUnavailable(cause) => (
                 503,
                 "proxy_internal_error",
                 Code::Reason("audit_unavailable".into()),
-                format!("the audit log cannot be written ({cause}); no request passes unrecorded"),
+                Text::Plain(format!(
+                    "the audit log cannot be written ({cause}); no request passes unrecorded"
+                )),
             ),
             Refusal::Tunnel { target, refusal } => (
                 403,
                 "http_request_denied",
                 Code::Reason(refusal.reason_code().into()),
-                format!("denied {method} {target}: {refusal}"),
+                Text::Denied(target, refusal.to_string().into()),
             ),
             Refusal::ConnectionLimit(kind) => (
                 503,
                 "connection_limit_reached",
                 Code::Reason(format!("connection_limit:{}", kind.as_str()).into()),
-                format!("too many connections ({} limit); retry later", kind.as_str()),
+                Text::Plain(format!(
+                    "too many connections ({} limit); retry later",
+                    kind.as_str()
+                )),
             ),
             Refusal::Response { target, error } => match error {
                 U::Timeout => (
                     504,
                     "connection_read_timeout",
                     Code::Failed(F::ResponseTimeout),
-                    format!("{target} did not respond in time"),
+                    Text::Plain(format!("{target} did not respond in time")),
                 ),
                 U::Closed | U::Io(_) => (
                     502,
                     "connection_terminated",
                     Code::Failed(F::Closed),
-                    format!("{target} closed the connection"),
+                    Text::Plain(format!("{target} closed the connection")),
                 ),
                 U::Malformed(_) => (
                     502,
                     "http_protocol_error",
                     Code::Failed(F::MalformedResponse),
-                    format!("{target} sent a malformed response"),
+                    Text::Plain(format!("{target} sent a malformed response")),
                 ),
                 U::HeadTooLarge => (
                     502,
                     "http_response_header_section_size",
                     Code::Failed(F::ResponseHeadTooLarge),
-                    format!("{target} sent a response head too large"),
+                    Text::Plain(format!("{target} sent a response head too large")),
                 ),
             },
         };
@@ -287,6 +300,13 @@ impl Refusal {
                 Some(Outcome::Upstream(f)),
             ),
         };
+        let (text, phrase) = match text {
+            Text::Denied(target, why) => (
+                format!("denied {method} {target}: {why}"),
+                format!("{target} {why}"),
+            ),
+            Text::Plain(text) => (text.clone(), text),
+        };
         Classified {
             status,
             error_type,
@@ -294,6 +314,53 @@ impl Refusal {
             is_denial: outcome.is_none(),
             outcome,
             text,
+            phrase,
+            hints: self.next_steps(method),
         }
     }
+
+    /// What the person reading the refusal can do next: the allowlist entry that would
+    /// allow the destination, where the guard's exemptions go, how to see which rule denied.
+    /// Empty when there is nothing to say beyond the text.
+    fn next_steps(&self, method: &str) -> Vec<String> {
+        match self {
+            Refusal::Policy {
+                target,
+                reason: PolicyReason::NotAllowlisted,
+            } => {
+                // A bare name covers the usual port of its kind (443 for CONNECT, 80 for
+                // plain HTTP); anything else is listed with its port.
+                let usual = if method == "CONNECT" { 443 } else { 80 };
+                let entry = match &target.host {
+                    Host::Name(name) if target.port == usual => name.to_string(),
+                    _ => target.to_string(),
+                };
+                vec![format!(
+                    "to allow it, add {entry} to the allowlist (spec.network.allowlist, or --allow {entry})"
+                )]
+            }
+            Refusal::Policy {
+                target,
+                reason: PolicyReason::Denylisted,
+            }
+            | Refusal::AddressDenied { target, .. } => vec![format!(
+                "a deny rule matches and deny rules always win; sandgate explain --policy FILE {target} names it"
+            )],
+            Refusal::Dial {
+                error: DialError::Prohibited(p),
+                ..
+            } => vec![format!(
+                "the address guard refuses {} addresses; an internal service needs its range exempted (spec.network.allow_ranges, or --allow-range CIDR)",
+                p.class.as_str()
+            )],
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// What a refusal says: a denial of a destination (rendered as "denied METHOD TARGET: WHY"
+/// in bodies and "TARGET WHY" in the status line), or one plain line.
+enum Text<'a> {
+    Denied(&'a Target, Cow<'static, str>),
+    Plain(String),
 }

@@ -37,6 +37,10 @@ pub struct PolicySource {
     pub path: PathBuf,
     pub flag_allow: Vec<Pattern>,
     pub flag_deny: Vec<Pattern>,
+    /// The file's modification time just before the version in force was read (see
+    /// [`PolicySource::new`]): a change after that, even one made before the watcher
+    /// started, is reloaded.
+    pub read_at_mtime: Option<SystemTime>,
 }
 
 /// Reads and validates a policy file, including the secret files it refers to.
@@ -133,6 +137,23 @@ pub fn admin_principals(
 }
 
 impl PolicySource {
+    /// The source for `path` and the command line's patterns, not read yet.
+    pub fn new(path: PathBuf, flag_allow: Vec<Pattern>, flag_deny: Vec<Pattern>) -> PolicySource {
+        PolicySource {
+            path,
+            flag_allow,
+            flag_deny,
+            read_at_mtime: None,
+        }
+    }
+
+    /// Loads the file and builds the rules (file entries plus command-line patterns), and
+    /// notes the file's modification time as it was before reading.
+    pub fn load_first(&mut self) -> Result<(PolicyFile, Ruleset), LoadError> {
+        self.read_at_mtime = modified(&self.path);
+        self.load()
+    }
+
     /// Loads the file and builds the rules (file entries plus command-line patterns).
     pub fn load(&self) -> Result<(PolicyFile, Ruleset), LoadError> {
         let (file, credentials) = load_file(&self.path)?;
@@ -154,9 +175,12 @@ pub async fn watch(
     handle: PolicyHandle,
     mut hup: mpsc::Receiver<()>,
 ) {
-    let mut last_seen = modified(&source.path);
+    // From the version in force: a change made while the proxy was starting counts.
+    let mut last_seen = source.read_at_mtime;
     let mut in_force = current;
+    // The generation in force; only an applied file gets a new one.
     let mut generation = 1u64;
+    let mut rejections = 0u64;
     loop {
         tokio::select! {
             signal = hup.recv() => {
@@ -172,9 +196,10 @@ pub async fn watch(
                 last_seen = now;
             }
         }
-        generation += 1;
         match source.load() {
             Ok((file, rules)) => {
+                generation += 1;
+                rejections = 0;
                 if file.listeners != in_force.listeners
                     || file.resolver != in_force.resolver
                     || file.allow_ranges != in_force.allow_ranges
@@ -193,8 +218,9 @@ pub async fn watch(
                 in_force = file;
             }
             Err(e) => {
-                tracing::error!(path = %source.path.display(), generation, error = %e, "policy reload rejected; the previous policy stays in force");
-                handle.rejected(generation, e.to_string()).await;
+                rejections += 1;
+                tracing::error!(path = %source.path.display(), in_force = generation, error = %e, "policy reload rejected; the previous policy stays in force");
+                handle.rejected(generation, rejections, e.to_string()).await;
             }
         }
     }

@@ -164,7 +164,7 @@ impl PolicyHandle {
     /// Replaces the base layer (file and flags) atomically and records the reload.
     pub async fn replace(&self, rules: Ruleset, generation: u64, detail: String) {
         self.change(|layers| layers.base = rules);
-        self.record(true, generation, detail).await;
+        self.record(true, (generation, 0), detail).await;
     }
 
     /// Replaces the exceptions layer: the entries of every approved, unexpired exception
@@ -188,9 +188,10 @@ impl PolicyHandle {
         cut
     }
 
-    /// Records a rejected reload (the old rules stay in force).
-    pub async fn rejected(&self, generation: u64, detail: String) {
-        self.record(false, generation, detail).await;
+    /// Records a rejected reload: `generation` stays in force, and this is the
+    /// `rejection`th file rejected since it came into force.
+    pub async fn rejected(&self, generation: u64, rejection: u64, detail: String) {
+        self.record(false, (generation, rejection), detail).await;
     }
 
     /// Cancelled when the proxy begins to shut down (live streams end then).
@@ -212,7 +213,7 @@ impl PolicyHandle {
         change(&self.layers, &self.rules, f);
     }
 
-    async fn record(&self, applied: bool, generation: u64, detail: String) {
+    async fn record(&self, applied: bool, (generation, rejection): (u64, u64), detail: String) {
         let outcome = if applied { "applied" } else { "rejected" };
         self.metrics
             .policy_reloads
@@ -226,6 +227,7 @@ impl PolicyHandle {
         let e = Event::PolicyReload(Reload {
             generation,
             applied,
+            rejection,
             detail,
         });
         self.audit.record(e).await;

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::{Admission, ListenerSlots};
-use crate::audit::AuditWriter;
+use crate::audit::{AuditDestination, AuditWriter};
 use crate::config::{Identity, Protocol, ProxyConfig};
 use crate::dial::{DialConfig, Dialer};
 use crate::egress::Egress;
@@ -38,8 +38,11 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("cannot open the audit log: {0}")]
-    Audit(std::io::Error),
+    #[error("cannot open the audit log {}: {source}", path.display())]
+    Audit {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot set up DNS resolution: {0}")]
     Resolver(String),
     #[error("no listen address given")]
@@ -115,7 +118,13 @@ impl Proxy {
         let metrics = Arc::new(Metrics::new());
         dialer.set_metrics(metrics.clone());
         let (audit, writer) = AuditWriter::start(&config.audit, &config.audit_options, metrics.clone())
-            .map_err(StartError::Audit)?;
+            .map_err(|source| StartError::Audit {
+                path: match &config.audit {
+                    AuditDestination::File(path) => path.clone(),
+                    AuditDestination::Stdout => "(stdout)".into(),
+                },
+                source,
+            })?;
         let egress = Arc::new(Egress::new(config.rules, dialer, audit, config.limits, metrics));
         Ok(Proxy {
             listeners,

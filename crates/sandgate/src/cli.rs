@@ -23,12 +23,14 @@ pub enum LogFormat {
 pub enum Command {
     /// Run the egress proxy (HTTP forward proxy and CONNECT tunnels, default deny).
     Proxy(Box<ProxyArgs>),
-    /// Validate a policy file: exit 0, or 64 listing every error as file:line: message.
+    /// Validate a policy file without binding anything: exit 0 (warnings on stderr), or 64
+    /// listing every error as file:line: field: message.
     CheckConfig {
         /// The policy file.
         file: std::path::PathBuf,
     },
-    /// Say whether a destination would be allowed, and by which rule.
+    /// Say whether a destination would be allowed, and by which rule. Exit 0 allowed, 1
+    /// refused, 2 allowed but not resolvable (--resolve), 64 usage.
     Explain(ExplainArgs),
     /// Read the audit log: tail, export, summary.
     #[command(subcommand)]
@@ -198,7 +200,8 @@ pub enum AuditCommand {
         /// Input files, read in the order given.
         #[arg(long = "input", value_name = "FILE", required = true, num_args = 1..)]
         inputs: Vec<std::path::PathBuf>,
-        /// Only these event types (decision, close, policy_reload); repeatable.
+        /// Only these event types (decision, close, aggregate, policy_reload, exception_*);
+        /// repeatable.
         #[arg(long = "event-type", value_name = "TYPE")]
         event_types: Vec<String>,
         #[arg(long, value_enum)]
@@ -207,7 +210,8 @@ pub enum AuditCommand {
         #[arg(long, value_name = "F")]
         output_file: std::path::PathBuf,
     },
-    /// Top denied destinations, bytes by destination and by task.
+    /// Top denied and allowed destinations, bytes by destination and by task (aggregates
+    /// included).
     Summary {
         #[command(flatten)]
         filter: AuditFilterArgs,
@@ -236,7 +240,7 @@ pub struct AuditFilterArgs {
     /// Only lines containing this text.
     #[arg(long, value_name = "PATTERN")]
     pub grep: Option<String>,
-    /// Only events since: 90s, 30m, 1h, 2d, or an RFC 3339 time.
+    /// Only events since: 90s, 30m, 1h, 2d, a date (2026-11-22, UTC), or an RFC 3339 time.
     #[arg(long, value_name = "WHEN")]
     pub since: Option<String>,
     /// Only allow or deny decisions.

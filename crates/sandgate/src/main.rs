@@ -10,6 +10,7 @@ compile_error!(
 );
 
 mod audit_cmd;
+mod check;
 mod cli;
 mod control;
 mod exceptions_cmd;
@@ -46,7 +47,7 @@ fn main() -> ExitCode {
     init_logging(cli.log_format, if quiet_by_default { "warn" } else { "info" });
     match cli.command {
         Command::Proxy(args) => run_proxy(&args),
-        Command::CheckConfig { file } => check_config(&file),
+        Command::CheckConfig { file } => check::run(&file),
         Command::Explain(args) => explain::run(&args),
         Command::Audit(cmd) => audit_cmd::run(cmd),
         Command::Run(args) => run_sandbox(args),
@@ -124,6 +125,14 @@ fn run_mcp(config: &std::path::Path) -> ExitCode {
 /// `sandgate run`: exit with the command's status (128+N for a signal).
 fn run_sandbox(args: cli::RunArgs) -> ExitCode {
     use sandgate_sandbox::run::{RunError, RunOptions};
+    if let Some(Err(e)) = args
+        .audit_log
+        .as_deref()
+        .map(|p| settings::check_audit_log("--audit-log", p))
+    {
+        eprintln!("sandgate: {e}");
+        return ExitCode::from(EX_USAGE);
+    }
     let mut params = std::collections::BTreeMap::new();
     for p in &args.param {
         let Some((k, v)) = p.split_once('=') else {
@@ -167,27 +176,6 @@ fn run_sandbox(args: cli::RunArgs) -> ExitCode {
     }
 }
 
-/// `sandgate check-config FILE`.
-fn check_config(file: &std::path::Path) -> ExitCode {
-    match sandgate_proxy::reload::load_file(file) {
-        Ok((policy, _)) => {
-            println!(
-                "{}: ok: {} ({} allow, {} deny entries, {} listeners)",
-                file.display(),
-                policy.name,
-                policy.allow.len(),
-                policy.deny.len(),
-                policy.listeners.len()
-            );
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("{e}");
-            ExitCode::from(EX_USAGE)
-        }
-    }
-}
-
 fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
     let setup = match settings::proxy_setup(args, &settings::ProcessEnv) {
         Ok(c) => c,
@@ -215,7 +203,14 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let settings::ProxySetup { config, policy } = setup;
+    let settings::ProxySetup {
+        config,
+        policy,
+        warnings,
+    } = setup;
+    for w in &warnings {
+        tracing::warn!("{w}");
+    }
     runtime.block_on(async move {
         let (allow, deny) = config.rules.len();
         if allow == 0 {
@@ -252,15 +247,19 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
             tracing::warn!(%range, "address guard exemption");
         }
         // SIGHUP and changes of the file reload the policy; the watcher ends with the runtime.
+        // Without a policy file SIGHUP is still caught (and logged): its default action would
+        // end the proxy, and service managers send it to mean "reload".
+        let (hup_tx, hup_rx) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(forward_sighup(hup_tx));
         if let Some((source, file)) = policy {
-            let (hup_tx, hup_rx) = tokio::sync::mpsc::channel(1);
-            tokio::spawn(forward_sighup(hup_tx));
             tokio::spawn(sandgate_proxy::reload::watch(
                 source,
                 file,
                 proxy.policy_handle(),
                 hup_rx,
             ));
+        } else {
+            tokio::spawn(ignore_sighup(hup_rx));
         }
         match proxy.run(shutdown_signal()).await {
             Ok(_) => ExitCode::SUCCESS,
@@ -270,6 +269,13 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
             }
         }
     })
+}
+
+/// Without a policy file there is nothing to reload: each SIGHUP is only logged.
+async fn ignore_sighup(mut rx: tokio::sync::mpsc::Receiver<()>) {
+    while rx.recv().await.is_some() {
+        tracing::info!("SIGHUP: no policy file to reload (the rules come from flags)");
+    }
 }
 
 /// Passes each SIGHUP on to the policy watcher.

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ipnet::IpNet;
-use sandgate_policy::{AddressGuard, Pattern, PolicyFile, Ruleset};
+use sandgate_policy::{AddressGuard, Pattern, PolicyFile, Ruleset, binds_overlap};
 use sandgate_proxy::reload::{LoadError, PolicySource};
 use sandgate_proxy::{
     AuditDestination, AuditOptions, Identity, Limits, Listener, Nameservers, Protocol, ProxyConfig,
@@ -60,6 +60,9 @@ pub enum SettingsError {
 pub struct ProxySetup {
     pub config: ProxyConfig,
     pub policy: Option<(PolicySource, PolicyFile)>,
+    /// What starts but cannot work as meant (logged at start): the policy file's warnings,
+    /// allowed addresses the guard refuses, a listener open to every interface.
+    pub warnings: Vec<String>,
 }
 
 fn invalid(source_name: &str, value: &str, reason: impl ToString) -> SettingsError {
@@ -199,14 +202,16 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
             config.listen.push(default_listen()?);
         }
         config.listen.extend(socks);
-        return Ok(ProxySetup { config, policy: None });
+        check_binds(&config)?;
+        let warnings = start_warnings(&config, None, env);
+        return Ok(ProxySetup {
+            config,
+            policy: None,
+            warnings,
+        });
     };
-    let source = PolicySource {
-        path: path.clone(),
-        flag_allow,
-        flag_deny,
-    };
-    let (file, rules) = source.load()?;
+    let mut source = PolicySource::new(path.clone(), flag_allow, flag_deny);
+    let (file, rules) = source.load_first()?;
     config.rules = rules;
     for l in &file.listeners {
         let identity = Identity {
@@ -244,10 +249,71 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
             config.limits.dns_timeout = Duration::from_millis(ms);
         }
     }
+    check_binds(&config)?;
+    let warnings = start_warnings(&config, Some(&file), env);
     Ok(ProxySetup {
         config,
         policy: Some((source, file)),
+        warnings,
     })
+}
+
+/// What would start but cannot work as meant: the file's warnings; allowed IP literals the
+/// guard refuses (flags and file together, against every allow range); and listeners on
+/// every interface.
+fn start_warnings(config: &ProxyConfig, file: Option<&PolicyFile>, env: &dyn Env) -> Vec<String> {
+    let mut out = match file {
+        Some(f) => crate::check::warnings(f, &config.guard),
+        None => Vec::new(),
+    };
+    for (rule, class) in config.rules.guarded_literals(&config.guard) {
+        if &*rule.origin == "flag" {
+            out.push(format!(
+                "--allow {}: a {} address, which the address guard refuses: this allows nothing unless --allow-range covers it",
+                rule.pattern,
+                class.as_str()
+            ));
+        }
+    }
+    for l in config.listen.iter().filter(|l| l.addr.ip().is_unspecified()) {
+        let via_env = env.get("PROXY_PORT").is_some() && env.get("SANDGATE_LISTEN").is_none();
+        out.push(format!(
+            "listening on {}{}: every interface of this host can reach the proxy; unless other hosts or containers must use it, listen on 127.0.0.1:{} ({})",
+            l.addr,
+            if via_env { " (PROXY_PORT)" } else { "" },
+            l.addr.port(),
+            if via_env {
+                "SANDGATE_LISTEN=127.0.0.1:PORT instead of PROXY_PORT"
+            } else {
+                "--listen 127.0.0.1:PORT"
+            }
+        ));
+    }
+    out
+}
+
+/// Refuses two listeners (HTTP, SOCKS5, admin) that cannot both be bound, before any is:
+/// a configuration that passes here does not fail later with "address already in use"
+/// between its own listeners.
+fn check_binds(config: &ProxyConfig) -> Result<(), SettingsError> {
+    let all: Vec<SocketAddr> = config
+        .listen
+        .iter()
+        .map(|l| l.addr)
+        .chain(config.metrics_listen)
+        .collect();
+    for (i, addr) in all.iter().enumerate() {
+        if let Some(other) = all.iter().take(i).find(|o| binds_overlap(**o, *addr)) {
+            return Err(invalid(
+                "listen address",
+                &addr.to_string(),
+                format!(
+                    "overlaps {other}, also a listener of this proxy (--listen, --socks-listen, --admin-listen, spec.listeners, spec.admin.listen); give each its own address or port"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The allow and deny patterns from flags, or else from the environment.
@@ -391,6 +457,28 @@ fn proxy_config(
             ),
         },
     })
+}
+
+/// Opens (creating, appending) an audit log named on the command line, so that a path that
+/// cannot be written is a usage error naming it before anything starts.
+pub fn check_audit_log(flag: &str, path: &std::path::Path) -> Result<(), SettingsError> {
+    let shown = path.display().to_string();
+    if path.is_dir() {
+        return Err(invalid(flag, &shown, "is a directory; name a file in it"));
+    }
+    match std::fs::OpenOptions::new().append(true).create(true).open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(invalid(
+            flag,
+            &shown,
+            format!(
+                "its directory {} does not exist",
+                path.parent()
+                    .map_or_else(|| ".".to_owned(), |p| p.display().to_string())
+            ),
+        )),
+        Err(e) => Err(invalid(flag, &shown, format!("cannot be written: {e}"))),
+    }
 }
 
 /// Fits the connection cap to the open-file limit `nofile` (two descriptors a connection,

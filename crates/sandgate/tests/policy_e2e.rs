@@ -225,16 +225,24 @@ fn check_config_and_explain() {
     );
     assert!(stderr.contains("\"127.1\""), "every error is listed: {stderr}");
 
-    let explain = |args: &[&str]| {
+    // The exit status is the proxy's answer: 0 allowed, 1 refused.
+    let explain_exits = |code: i32, args: &[&str]| {
         let out = Command::new(bin)
             .arg("explain")
             .args(["--policy", good.to_str().unwrap()])
             .args(args)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
+    let explain = |args: &[&str]| explain_exits(0, args);
     let text = explain(&["--task", "t-123", "pypi.org"]);
     assert!(text.starts_with("allow connect pypi.org:443"), "{text}");
     assert!(
@@ -244,7 +252,7 @@ fn check_config_and_explain() {
     let text = explain(&["pypi.org"]);
     assert!(text.contains("from:    preset:python-packages"), "{text}");
     let json: serde_json::Value =
-        serde_json::from_str(&explain(&["--json", "https://x.evil.example/"])).unwrap();
+        serde_json::from_str(&explain_exits(1, &["--json", "https://x.evil.example/"])).unwrap();
     assert_eq!(json["decision"], "deny");
     assert_eq!(json["reason_code"], "denylisted");
     assert!(
@@ -252,14 +260,15 @@ fn check_config_and_explain() {
         "{json}"
     );
     let json: serde_json::Value =
-        serde_json::from_str(&explain(&["--json", "--allow", "10.0.0.1", "10.0.0.1"])).unwrap();
+        serde_json::from_str(&explain_exits(1, &["--json", "--allow", "10.0.0.1", "10.0.0.1"])).unwrap();
     assert_eq!(json["decision"], "allow");
+    assert_eq!(json["outcome"], "deny", "the guard refuses it: {json}");
     assert!(
         json["address_guard"].as_str().unwrap().contains("private"),
         "{json}"
     );
     let json: serde_json::Value =
-        serde_json::from_str(&explain(&["--json", "http://nowhere.example/"])).unwrap();
+        serde_json::from_str(&explain_exits(1, &["--json", "http://nowhere.example/"])).unwrap();
     assert_eq!(
         (json["decision"].as_str(), json["scheme"].as_str()),
         (Some("deny"), Some("http"))
@@ -367,9 +376,15 @@ fn explain_resolve_classifies_every_answer() {
         ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "one refused address refuses the name: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["decision"], "allow");
+    assert_eq!(json["outcome"], "deny");
     let resolved = json["resolved"].as_array().unwrap();
     assert_eq!(resolved.len(), 2, "{json}");
     assert!(

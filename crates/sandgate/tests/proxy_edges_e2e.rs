@@ -51,7 +51,7 @@ fn the_proxy_refuses_to_connect_to_itself() {
         format!("CONNECT {free} HTTP/1.1\r\nHost: {free}\r\n\r\n").as_bytes(),
     );
     assert_eq!(status_of(&reply), 403, "{reply}");
-    assert!(reply.contains("that is this proxy"), "{reply}");
+    assert!(reply.contains("is this proxy"), "{reply}");
 }
 
 /// A proxy on a given listen address (for the self-connection test only).
@@ -412,7 +412,7 @@ fn a_node_local_proxy_chains_through_a_central_one() {
         format!("CONNECT {other} HTTP/1.1\r\nHost: {other}\r\n\r\n").as_bytes(),
     );
     assert_eq!(status_of(&reply), 403, "{reply}");
-    assert!(reply.contains("the upstream proxy refused it"), "{reply}");
+    assert!(reply.contains("refused by the upstream proxy"), "{reply}");
     // The same for plain HTTP: the central proxy's 403 is relayed, and recorded as the
     // upstream's refusal (its Proxy-Status says so), not as an origin's answer.
     let (code, status, err) = curl(
@@ -460,4 +460,30 @@ fn a_node_local_proxy_chains_through_a_central_one() {
         5,
         "{local_events:#?}"
     );
+}
+
+/// SIGHUP is what service managers send to mean "reload" (the systemd unit's ExecReload):
+/// without a policy file there is nothing to reload, and the proxy must go on, not die of
+/// the signal's default action.
+#[test]
+fn sighup_without_a_policy_file_leaves_the_proxy_running() {
+    let w = World::new();
+    let origin = w.origin();
+    let dns = w.dns(Zone::new().with("web.test", &["127.0.0.1"]));
+    let web = format!("web.test:{}", origin.port());
+    let p = proxy(&dns, &["--allow", &web]);
+    for _ in 0..3 {
+        let sent = std::process::Command::new("kill")
+            .args(["-HUP", &p.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+    let logged = p.log_line("no policy file to reload").is_some();
+    assert!(logged, "the SIGHUP was not handled");
+    let (code, status, err) = curl(
+        &p.url(),
+        &["-o", "/dev/null", "-w", "%{http_code}", &format!("http://{web}/")],
+    );
+    assert_eq!((code, status.as_str()), (0, "200"), "{err}");
 }

@@ -68,8 +68,13 @@ pub struct Close {
 /// A policy file was reloaded, or a reload was rejected.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reload {
+    /// The generation in force after this event: the new one when applied, the one that
+    /// stays when rejected (a rejected file never gets a generation of its own).
     pub generation: u64,
     pub applied: bool,
+    /// For a rejection: how many reloads have been rejected since `generation` came into
+    /// force (1, 2, ...), so each rejection's request id is its own.
+    pub rejection: u64,
     pub detail: String,
 }
 
@@ -151,7 +156,8 @@ impl Event {
         match self {
             Event::Decision(d) => Cow::Borrowed(&d.party.request_id),
             Event::Close(c) => Cow::Borrowed(&c.party.request_id),
-            Event::PolicyReload(r) => Cow::Owned(format!("reload-{}", r.generation)),
+            Event::PolicyReload(r) if r.applied => Cow::Owned(format!("reload-{}", r.generation)),
+            Event::PolicyReload(r) => Cow::Owned(format!("reload-{}-rejected-{}", r.generation, r.rejection)),
             Event::Aggregate(a) => Cow::Owned(format!("aggregate-{}", a.id)),
             Event::Exception(x) => Cow::Borrowed(&x.exception.id),
             Event::AdminRefused(_) => Cow::Borrowed("-"),

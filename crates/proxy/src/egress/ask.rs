@@ -66,7 +66,7 @@ impl Egress {
             return None;
         }
         Some(format!(
-            "; to ask for an exception: sandgate exceptions request --task {task} --host {name} --port {} --ttl SECONDS --reason TEXT",
+            "to ask for an exception: sandgate exceptions request --task {task} --host {name} --port {} --ttl SECONDS --reason TEXT",
             target.port
         ))
     }

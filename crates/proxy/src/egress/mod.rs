@@ -208,7 +208,7 @@ impl Egress {
     ) -> Refused {
         let mut classified = refusal.classify(pending.party.method.as_deref().unwrap_or("-"));
         if let Some(hint) = self.how_to_ask(&pending, &refusal) {
-            classified.text.push_str(&hint);
+            classified.hints.push(hint);
         }
         let (resolved_ip, rule) = match &refusal {
             Refusal::Dial {

@@ -16,6 +16,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::{Buf, BytesMut};
+use sandgate_policy::{Access, Target, parse_connect_target, parse_http_target};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
@@ -140,7 +141,11 @@ async fn request_loop(
                 client.identity.clone(),
                 Some(head.method.clone().into()),
             );
-            let refused = egress.refuse(pending, None, refusal).await;
+            // Refused before any decision, but the record still names where it was going.
+            let dest = requested(&head);
+            let refused = egress
+                .refuse(pending, dest.as_ref().map(|(t, a)| (t, *a)), refusal)
+                .await;
             client.reply(&refused).await;
             return None;
         }
@@ -152,6 +157,20 @@ async fn request_loop(
         if Box::pin(forward::handle_http(egress, &mut client, head, &mut outbound)).await == Next::Close {
             return None;
         }
+    }
+}
+
+/// The destination a head asks for, when its target parses (for the record of a request
+/// refused before it was decided).
+fn requested(head: &RequestHead) -> Option<(Target, Access)> {
+    if head.is_connect() {
+        parse_connect_target(&head.target)
+            .ok()
+            .map(|t| (t, Access::Connect))
+    } else {
+        parse_http_target(&head.target)
+            .ok()
+            .map(|t| (t.target, Access::Http))
     }
 }
 

@@ -1,28 +1,44 @@
-//! HTTP/1 rendering of a refusal: the status line, an RFC 9209 `Proxy-Status` field, a
-//! challenge for 407, and a one-line body naming the destination and the request id. Bodies
-//! stay short; details go to the audit log under that request id.
+//! HTTP/1 rendering of a refusal: a status line whose reason phrase names the destination
+//! and why (`403 sandgate: example.org:443 not in allowlist`, which is what pip and
+//! Python's http.client print for a refused CONNECT, and curl shows with -v), an RFC 9209
+//! `Proxy-Status` field, a challenge for 407, and a short body: the same line, the request
+//! id to find it in the audit log, and what to do next. Details stay in the audit log.
 
 use std::fmt::Write as _;
 
 use crate::refusal::Classified;
 
-fn status_text(status: u16) -> &'static str {
-    match status {
-        400 => "Bad Request",
-        403 => "Forbidden",
-        407 => "Proxy Authentication Required",
-        408 => "Request Timeout",
-        431 => "Request Header Fields Too Large",
-        502 => "Bad Gateway",
-        503 => "Service Unavailable",
-        504 => "Gateway Timeout",
-        _ => "Error",
+/// Longest reason phrase written, in bytes: clients read status lines into small buffers
+/// and some log them whole.
+const MAX_PHRASE: usize = 160;
+
+/// The status line's reason phrase: `sandgate: ` and the refusal's phrase, printable ASCII
+/// only (RFC 9112 section 4 allows SP, HTAB, VCHAR and obs-text; CR and LF would end the
+/// line, so anything but SP and VCHAR becomes `?`), at most [`MAX_PHRASE`] bytes.
+fn reason_phrase(c: &Classified) -> String {
+    let mut out = String::with_capacity(MAX_PHRASE);
+    out.push_str("sandgate: ");
+    for ch in c.phrase.chars() {
+        if out.len() >= MAX_PHRASE {
+            out.truncate(MAX_PHRASE - 3);
+            out.push_str("...");
+            break;
+        }
+        out.push(if matches!(ch, ' '..='~') { ch } else { '?' });
     }
+    out
 }
 
 /// The whole response, ending with `Connection: close`.
 pub(crate) fn render(c: &Classified, request_id: &str) -> Vec<u8> {
-    let body = format!("sandgate: {} (request {request_id})\n", c.text);
+    let mut body = format!(
+        "sandgate: {}\nrequest id: {request_id} (sandgate audit tail --grep {request_id})\n",
+        c.text
+    );
+    for hint in &c.hints {
+        body.push_str(hint);
+        body.push('\n');
+    }
     let details = sf_string(&c.text);
     // RFC 9110 section 11.7.1: a 407 says how to authenticate.
     let challenge = if c.status == 407 {
@@ -30,13 +46,13 @@ pub(crate) fn render(c: &Classified, request_id: &str) -> Vec<u8> {
     } else {
         ""
     };
-    let mut head = String::with_capacity(160 + body.len());
+    let mut head = String::with_capacity(320 + body.len());
     let _ = write!(
         head,
         "HTTP/1.1 {} {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n\
          Proxy-Status: sandgate; error={}; details={details}\r\n{challenge}Connection: close\r\n\r\n{body}",
         c.status,
-        status_text(c.status),
+        reason_phrase(c),
         body.len(),
         c.error_type,
     );
@@ -77,9 +93,59 @@ mod tests {
         .classify("CONNECT");
         assert!(c.is_denial);
         let text = String::from_utf8(render(&c, "abc")).unwrap();
-        assert!(text.starts_with("HTTP/1.1 403 Forbidden\r\n"));
+        assert!(
+            text.starts_with("HTTP/1.1 403 sandgate: evil.test:443 not in allowlist\r\n"),
+            "{text}"
+        );
         assert!(text.contains("Proxy-Status: sandgate; error=http_request_denied; details=\"denied CONNECT evil.test:443: not in allowlist\"\r\n"));
-        assert!(text.ends_with("sandgate: denied CONNECT evil.test:443: not in allowlist (request abc)\n"));
+        assert!(
+            text.ends_with(
+                "\r\n\r\nsandgate: denied CONNECT evil.test:443: not in allowlist\n\
+             request id: abc (sandgate audit tail --grep abc)\n\
+             to allow it, add evil.test to the allowlist (spec.network.allowlist, or --allow evil.test)\n"
+            ),
+            "{text}"
+        );
+        let (_, body) = text.split_once("\r\n\r\n").unwrap();
+        let length: usize = text
+            .lines()
+            .find_map(|l| l.strip_prefix("Content-Length: "))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(length, body.len());
+    }
+
+    #[test]
+    fn an_unusual_port_is_named_in_the_entry_and_ip_literals_keep_theirs() {
+        let hint = |target: &str, method: &str| {
+            Refusal::Policy {
+                target: parse_connect_target(target).unwrap(),
+                reason: PolicyReason::NotAllowlisted,
+            }
+            .classify(method)
+            .hints
+            .join("\n")
+        };
+        assert!(hint("a.test:8443", "CONNECT").contains("--allow a.test:8443)"));
+        assert!(hint("a.test:80", "GET").contains("--allow a.test)"));
+        assert!(hint("a.test:443", "GET").contains("--allow a.test:443)"));
+        assert!(hint("[2001:db8::1]:443", "CONNECT").contains("--allow [2001:db8::1]:443)"));
+    }
+
+    #[test]
+    fn the_reason_phrase_stays_one_bounded_printable_line() {
+        let mut c = Refusal::HeadTimeout.classify("-");
+        c.phrase = format!("a\r\nInjected: yes\u{e9}{}", "x".repeat(500));
+        let phrase = reason_phrase(&c);
+        assert!(phrase.len() <= MAX_PHRASE, "{}", phrase.len());
+        assert!(phrase.starts_with("sandgate: a??Injected: yes?x"), "{phrase}");
+        assert!(phrase.ends_with("..."));
+        assert!(phrase.bytes().all(|b| (b' '..=b'~').contains(&b)));
+        let text = String::from_utf8(render(&c, "r")).unwrap();
+        assert_eq!(text.lines().next().unwrap(), format!("HTTP/1.1 408 {phrase}"));
+        assert!(!text.contains("Injected: yes\r\n"));
     }
 
     #[test]

@@ -1,0 +1,62 @@
+//! `sandgate check-config FILE`: everything about a policy file that can be known without
+//! binding a socket. Errors (exit 64) are what `sandgate proxy --policy FILE` would refuse
+//! at start: the document's own errors, secret files that cannot be read, listeners that
+//! cannot all be bound. Warnings (exit 0) are what would start but cannot be what was meant:
+//! an entry already expired, a CIDR with host bits, a host both allowed and denied, an
+//! allowed address the guard refuses, admin tokens with no admin listener.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use sandgate_policy::{AddressGuard, PolicyFile, Ruleset};
+
+use crate::EX_USAGE;
+
+pub fn run(file: &Path) -> ExitCode {
+    let policy = match sandgate_proxy::reload::load_file(file) {
+        Ok((policy, _)) => policy,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    if let Err(e) = sandgate_proxy::reload::admin_principals(&policy, file) {
+        eprintln!("{e}");
+        return ExitCode::from(EX_USAGE);
+    }
+    for w in warnings(&policy, &AddressGuard::new(policy.allow_ranges.clone())) {
+        eprintln!("{w}");
+    }
+    println!(
+        "{}: ok: {} ({} allow, {} deny entries, {} listeners)",
+        file.display(),
+        policy.name,
+        policy.allow.len(),
+        policy.deny.len(),
+        policy.listeners.len()
+    );
+    ExitCode::SUCCESS
+}
+
+/// The file's warnings and the allowed IP literals `guard` refuses, one line each as
+/// `file:line: warning: field: message`. The proxy prints the same at start, with the
+/// guard of its flags and file together.
+pub fn warnings(policy: &PolicyFile, guard: &AddressGuard) -> Vec<String> {
+    let mut out: Vec<String> = policy.warnings.iter().map(|w| w.as_warning()).collect();
+    let rules = Ruleset::from_parts(&[], &[], Some(policy));
+    for (rule, class) in rules.guarded_literals(guard) {
+        out.push(format!(
+            "{}: warning: spec.network.allowlist: {} is a {} address, which the address guard refuses: this entry allows nothing unless an allow range covers it (spec.network.allow_ranges, or --allow-range)",
+            rule.origin,
+            rule.pattern,
+            class.as_str()
+        ));
+    }
+    if let (Some(token), None) = (policy.admin.tokens.first(), policy.admin.listen) {
+        out.push(format!(
+            "{}: warning: spec.admin: tokens but no listen address: the proxy needs --admin-listen ADDR (or spec.admin.listen) to start",
+            token.origin
+        ));
+    }
+    out
+}
