@@ -234,6 +234,10 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         }
+        // Caught from before the first "listening" line: a SIGHUP sent as soon as the proxy
+        // is up must not meet the signal's default action (the end of the process).
+        let (hup_tx, hup_rx) = tokio::sync::mpsc::channel(1);
+        forward_sighup(hup_tx);
         for addr in proxy.local_addrs() {
             tracing::info!(%addr, allow_rules = allow, deny_rules = deny, "listening");
         }
@@ -249,8 +253,6 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
         // SIGHUP and changes of the file reload the policy; the watcher ends with the runtime.
         // Without a policy file SIGHUP is still caught (and logged): its default action would
         // end the proxy, and service managers send it to mean "reload".
-        let (hup_tx, hup_rx) = tokio::sync::mpsc::channel(1);
-        tokio::spawn(forward_sighup(hup_tx));
         if let Some((source, file)) = policy {
             tokio::spawn(sandgate_proxy::reload::watch(
                 source,
@@ -278,17 +280,19 @@ async fn ignore_sighup(mut rx: tokio::sync::mpsc::Receiver<()>) {
     }
 }
 
-/// Passes each SIGHUP on to the policy watcher.
-async fn forward_sighup(tx: tokio::sync::mpsc::Sender<()>) {
+/// Registers for SIGHUP now and passes each one on to the policy watcher from a task.
+fn forward_sighup(tx: tokio::sync::mpsc::Sender<()>) {
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut hup) = signal(SignalKind::hangup()) else {
         tracing::warn!("cannot watch SIGHUP; the policy reloads only when its file changes");
         return;
     };
-    while hup.recv().await.is_some() {
-        // A full channel means a reload is already pending.
-        let _ = tx.try_send(());
-    }
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            // A full channel means a reload is already pending.
+            let _ = tx.try_send(());
+        }
+    });
 }
 
 /// Completes on SIGTERM or SIGINT.
