@@ -222,7 +222,7 @@ struct RawUnshare {
 /// and `/ . _ - + = ~`, not starting with `-`. Anything else (a quote, a comma, a bracket,
 /// a newline, `#`, `:`) could end the scalar it stands in and add entries of its own, such as
 /// another writable path.
-fn safe_param(value: &str) -> bool {
+pub fn safe_param(value: &str) -> bool {
     !value.is_empty()
         && !value.starts_with('-')
         && value

@@ -78,6 +78,24 @@ pub fn load_policy(opts: &RunOptions) -> Result<SandboxPolicy, RunError> {
     Ok(p)
 }
 
+/// `--path-param NAME=PATH`: a parameter whose value is a host path in its canonical form
+/// (symlinks, `.` and `..` resolved by `resolve`; it must exist). A policy may then use it in
+/// `env.set` values, which are not paths the sandbox resolves: a Jupyter kernelspec passes
+/// `{resource_dir}/../..`, and inside the sandbox `..` would cross directories that are not
+/// there.
+pub fn path_param(spec: &str, resolve: crate::paths::Resolve<'_>) -> Result<(String, String), RunError> {
+    let (name, path) = spec
+        .split_once('=')
+        .filter(|(name, path)| !name.is_empty() && !path.is_empty())
+        .ok_or_else(|| RunError::Usage(format!("invalid --path-param {spec:?}: expected NAME=PATH")))?;
+    let canonical = resolve(std::path::Path::new(path))
+        .map_err(|e| RunError::Usage(format!("--path-param {name}: {path:?}: {e}")))?;
+    let value = canonical
+        .to_str()
+        .ok_or_else(|| RunError::Usage(format!("--path-param {name}: {path:?} is not UTF-8")))?;
+    Ok((name.to_owned(), value.to_owned()))
+}
+
 /// Checks that the sandbox can be built here, with a message that says what to do.
 fn preflight() -> Result<PathBuf, RunError> {
     if !cfg!(target_os = "linux") {
@@ -382,4 +400,35 @@ fn open_bridge(
         .map_err(|e| RunError::Unavailable(format!("cannot create the bridge {}: {e}", socket.display())))?;
     tokio::spawn(bridge::serve(unix, target, what, peers));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+
+    fn host(path: &Path) -> std::io::Result<PathBuf> {
+        match path.to_str() {
+            Some("/b/kernels/python3-low/../..") => Ok("/b".into()),
+            _ => Err(std::io::ErrorKind::NotFound.into()),
+        }
+    }
+
+    #[test]
+    fn a_path_param_is_canonical_and_must_exist() {
+        assert_eq!(
+            path_param("BUNDLE=/b/kernels/python3-low/../..", &host).unwrap(),
+            ("BUNDLE".to_owned(), "/b".to_owned())
+        );
+        for bad in ["BUNDLE", "=/b", "BUNDLE=", ""] {
+            let Err(RunError::Usage(m)) = path_param(bad, &host) else {
+                panic!("{bad:?} accepted");
+            };
+            assert!(m.contains("expected NAME=PATH"), "{m}");
+        }
+        let Err(RunError::Usage(m)) = path_param("B=/nope", &host) else {
+            panic!("a missing path accepted");
+        };
+        assert!(m.starts_with("--path-param B: \"/nope\": "), "{m}");
+    }
 }

@@ -46,6 +46,10 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         config: std::path::PathBuf,
     },
+    /// Jupyter kernels in sandboxes: compose a control bundle, launch Jupyter Server and
+    /// jupyter-mcp-server from it (docs/jupyter.md).
+    #[command(subcommand)]
+    Jupyter(JupyterCommand),
     /// (internal) The first process inside a proxied sandbox.
     #[command(hide = true)]
     SandboxInit {
@@ -61,6 +65,49 @@ pub enum Command {
         /// Let the command create AF_UNIX sockets (platform.seccomp.allow_unix_sockets).
         #[arg(long)]
         allow_unix_sockets: bool,
+        #[arg(last = true, required = true)]
+        command: Vec<std::ffi::OsString>,
+    },
+}
+
+/// `sandgate jupyter ...`
+#[derive(Debug, Subcommand)]
+pub enum JupyterCommand {
+    /// Write a relocatable control bundle: kernelspecs wrapped by `sandgate run`, their
+    /// policies, Jupyter Server's configuration and the launcher's.
+    Compose {
+        /// The bundle's directory (new, or empty).
+        #[arg(long, value_name = "DIR")]
+        out: std::path::PathBuf,
+        /// A profile: its kernel is python3-NAME under the sandbox policy FILE (repeatable)
+        /// [default: low (no network) and high (the python-packages preset)]
+        #[arg(long = "profile", value_name = "NAME=FILE")]
+        profiles: Vec<String>,
+        /// The Python that runs the kernels (and Jupyter Server) [default: python3 on PATH]
+        #[arg(long, value_name = "PATH")]
+        python: Option<std::path::PathBuf>,
+    },
+    /// Start Jupyter Server from a bundle on loopback, then jupyter-mcp-server on stdio;
+    /// stop everything when it ends or on a signal.
+    Launch {
+        /// The bundle written by `jupyter compose`.
+        #[arg(long, value_name = "DIR")]
+        bundle: std::path::PathBuf,
+        /// Jupyter Server's port on 127.0.0.1 [default: a free one]
+        #[arg(long, value_name = "P")]
+        port: Option<u16>,
+        /// Also write the server's random token here (mode 0600); it is never printed.
+        #[arg(long, value_name = "F")]
+        token_file: Option<std::path::PathBuf>,
+        /// Only Jupyter Server (needs --token-file); stop on SIGINT or SIGTERM.
+        #[arg(long)]
+        no_mcp: bool,
+    },
+    /// (internal) Exits with SIGTERM when the launcher PID dies, then runs the command.
+    #[command(hide = true)]
+    Guard {
+        #[arg(long, value_name = "PID")]
+        parent: u32,
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
     },
@@ -140,6 +187,9 @@ pub struct RunArgs {
     /// Fill ${NAME} in the policy.
     #[arg(long, value_name = "NAME=VALUE")]
     pub param: Vec<String>,
+    /// Fill ${NAME} with PATH in its canonical form (it must exist).
+    #[arg(long, value_name = "NAME=PATH")]
+    pub path_param: Vec<String>,
     /// Override net.mode: none, loopback, all, allowlist.
     #[arg(long, value_name = "MODE")]
     pub net: Option<String>,

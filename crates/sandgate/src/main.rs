@@ -15,6 +15,7 @@ mod cli;
 mod control;
 mod exceptions_cmd;
 mod explain;
+mod jupyter_cmd;
 mod settings;
 
 use std::io::IsTerminal;
@@ -53,6 +54,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run_sandbox(args),
         Command::Exceptions(args) => exceptions_cmd::run(&args),
         Command::Mcp { config } => run_mcp(&config),
+        Command::Jupyter(cmd) => jupyter_cmd::run(cmd),
         Command::SandboxInit { forwards, command } => {
             let parsed: Result<Vec<_>, String> = forwards
                 .iter()
@@ -140,6 +142,21 @@ fn run_sandbox(args: cli::RunArgs) -> ExitCode {
             return ExitCode::from(EX_USAGE);
         };
         params.insert(k.to_owned(), v.to_owned());
+    }
+    for p in &args.path_param {
+        match sandgate_sandbox::run::path_param(p, &|path| std::fs::canonicalize(path)) {
+            Ok((k, v)) if !params.contains_key(&k) => {
+                params.insert(k, v);
+            }
+            Ok((k, _)) => {
+                eprintln!("sandgate: ${{{k}}} is given twice (--param and --path-param)");
+                return ExitCode::from(EX_USAGE);
+            }
+            Err(RunError::Usage(m) | RunError::Unavailable(m)) => {
+                eprintln!("sandgate: {m}");
+                return ExitCode::from(EX_USAGE);
+            }
+        }
     }
     let net = match args.net.as_deref().map(sandgate_sandbox::policy::NetMode::parse) {
         None => None,
