@@ -433,5 +433,8 @@ fn the_second_client_hello_after_a_retry_request_is_checked_too() {
         .filter(|l| l.starts_with("sni "))
         .collect();
     // Only the allowed name ever reached the server.
-    assert!(seen.len() >= 2 && seen.iter().all(|l| l == "sni allowed.test"), "{seen:?}");
+    assert!(
+        seen.len() >= 2 && seen.iter().all(|l| l == "sni allowed.test"),
+        "{seen:?}"
+    );
 }
