@@ -40,14 +40,49 @@ fn report(skipped: &[q::Skipped]) {
 pub fn run(cmd: AuditCommand) -> ExitCode {
     match run_inner(cmd) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
+        // The reader went away (`| head`): not an error of ours.
+        Err(Failure::Closed) => ExitCode::SUCCESS,
+        Err(Failure::Usage(message)) => {
             eprintln!("sandgate: {message}");
             ExitCode::from(EX_USAGE)
         }
     }
 }
 
-fn run_inner(cmd: AuditCommand) -> Result<(), String> {
+/// Why a command stopped.
+enum Failure {
+    /// A bad flag, a missing or unreadable file.
+    Usage(String),
+    /// Whoever reads the output closed it.
+    Closed,
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Failure {
+        Failure::Usage(message)
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(e: std::io::Error) -> Failure {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            Failure::Closed
+        } else {
+            Failure::Usage(e.to_string())
+        }
+    }
+}
+
+/// What to say when the log is not where `--file` points.
+fn no_log(file: &std::path::Path) -> String {
+    format!(
+        "no audit log at {}: pass --file PATH (the proxy's --audit-log) or set SANDGATE_AUDIT_LOG; \
+         sandgate proxy writes to stdout unless --audit-log names a file",
+        file.display()
+    )
+}
+
+fn run_inner(cmd: AuditCommand) -> Result<(), Failure> {
     match cmd {
         AuditCommand::Tail {
             filter: f,
@@ -58,16 +93,17 @@ fn run_inner(cmd: AuditCommand) -> Result<(), String> {
             let filter = filter(&f, Vec::new())?;
             let files = q::log_files(&file);
             if files.is_empty() && !follow {
-                return Err(format!("no audit log at {}", file.display()));
+                return Err(no_log(&file).into());
             }
-            let (events, skipped) = q::read_events(&files).map_err(|e| e.to_string())?;
+            let (events, skipped) = q::read_lines(&files)?;
             report(&skipped);
-            let show = |e: &serde_json::Value| if json { e.to_string() } else { q::human(e) };
+            // --json passes each line through exactly as the proxy wrote it.
+            let show = |(raw, e): &(String, serde_json::Value)| if json { raw.clone() } else { q::human(e) };
             let mut out = std::io::stdout().lock();
-            for e in events.iter().filter(|e| filter.matches(e)) {
-                writeln!(out, "{}", show(e)).map_err(|e| e.to_string())?;
+            for e in events.iter().filter(|(_, e)| filter.matches(e)) {
+                writeln!(out, "{}", show(e))?;
             }
-            drop(out);
+            out.flush()?;
             if follow {
                 let mut offset = std::fs::metadata(&file).map_or(0, |m| m.len());
                 // Runs until interrupted, as `tail -f` does.
@@ -77,9 +113,10 @@ fn run_inner(cmd: AuditCommand) -> Result<(), String> {
                         continue;
                     };
                     offset = next;
-                    for e in new.iter().filter(|e| filter.matches(e)) {
-                        println!("{}", show(e));
+                    for e in new.iter().filter(|(_, e)| filter.matches(e)) {
+                        writeln!(out, "{}", show(e))?;
                     }
+                    out.flush()?;
                 }
             }
             Ok(())
@@ -92,28 +129,38 @@ fn run_inner(cmd: AuditCommand) -> Result<(), String> {
             output_file,
         } => {
             let filter = filter(&f, event_types)?;
-            let (events, skipped) = q::read_events(&inputs).map_err(|e| e.to_string())?;
+            let (events, skipped) = q::read_lines(&inputs)?;
             report(&skipped);
-            let mut out = std::io::BufWriter::new(
-                std::fs::File::create(&output_file)
-                    .map_err(|e| format!("cannot create {}: {e}", output_file.display()))?,
-            );
+            // `-` is stdout.
+            let to_stdout = output_file.as_os_str() == "-";
+            let sink: Box<dyn Write> = if to_stdout {
+                Box::new(std::io::stdout().lock())
+            } else {
+                Box::new(
+                    std::fs::File::create(&output_file)
+                        .map_err(|e| format!("cannot create {}: {e}", output_file.display()))?,
+                )
+            };
+            let mut out = std::io::BufWriter::new(sink);
             let mut n = 0usize;
             if format == ExportFormat::Csv {
-                writeln!(out, "{}", q::CSV_COLUMNS.join(",")).map_err(|e| e.to_string())?;
+                writeln!(out, "{}", q::CSV_COLUMNS.join(","))?;
             }
-            for e in events.iter().filter(|e| filter.matches(e)) {
-                let line = match format {
-                    ExportFormat::Jsonl => e.to_string(),
-                    ExportFormat::Csv => q::csv_row(e),
-                };
-                writeln!(out, "{line}").map_err(|e| e.to_string())?;
+            for (raw, e) in events.iter().filter(|(_, e)| filter.matches(e)) {
+                match format {
+                    ExportFormat::Jsonl => writeln!(out, "{raw}")?,
+                    ExportFormat::Csv => writeln!(out, "{}", q::csv_row(e))?,
+                }
                 n += 1;
             }
-            out.flush().map_err(|e| e.to_string())?;
+            out.flush()?;
             eprintln!(
                 "sandgate: exported {n} events to {} ({} lines skipped)",
-                output_file.display(),
+                if to_stdout {
+                    "stdout".to_owned()
+                } else {
+                    output_file.display().to_string()
+                },
                 skipped.len()
             );
             Ok(())
@@ -122,27 +169,28 @@ fn run_inner(cmd: AuditCommand) -> Result<(), String> {
             let filter = filter(&f, Vec::new())?;
             let files = q::log_files(&file);
             if files.is_empty() {
-                return Err(format!("no audit log at {}", file.display()));
+                return Err(no_log(&file).into());
             }
-            let (events, skipped) = q::read_events(&files).map_err(|e| e.to_string())?;
+            let (events, skipped) = q::read_events(&files)?;
             report(&skipped);
             let chosen: Vec<_> = events.into_iter().filter(|e| filter.matches(e)).collect();
             let s = q::summarize(&chosen);
-            println!("top denied destinations:");
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "top denied destinations:")?;
             for (dest, n) in s.denied.iter().take(top) {
-                println!("  {n:>8}  {dest}");
+                writeln!(out, "  {n:>8}  {dest}")?;
             }
-            println!("top allowed destinations (requests):");
+            writeln!(out, "top allowed destinations (requests):")?;
             for (dest, n) in s.allowed.iter().take(top) {
-                println!("  {n:>8}  {dest}");
+                writeln!(out, "  {n:>8}  {dest}")?;
             }
-            println!("bytes by destination (sent / received):");
+            writeln!(out, "bytes by destination (sent / received):")?;
             for (dest, sent, recv) in s.bytes_by_destination.iter().take(top) {
-                println!("  {sent:>12} / {recv:<12} {dest}");
+                writeln!(out, "  {sent:>12} / {recv:<12} {dest}")?;
             }
-            println!("bytes by task (sent / received):");
+            writeln!(out, "bytes by task (sent / received):")?;
             for (task, sent, recv) in s.bytes_by_task.iter().take(top) {
-                println!("  {sent:>12} / {recv:<12} {task}");
+                writeln!(out, "  {sent:>12} / {recv:<12} {task}")?;
             }
             Ok(())
         }

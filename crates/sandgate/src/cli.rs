@@ -29,6 +29,12 @@ pub enum Command {
         /// The policy file.
         file: std::path::PathBuf,
     },
+    /// List the presets a policy can name and the hosts each allows.
+    Presets {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Say whether a destination would be allowed, and by which rule. Exit 0 allowed, 1
     /// refused, 2 allowed but not resolvable (--resolve), 64 usage.
     Explain(ExplainArgs),
@@ -134,8 +140,10 @@ pub struct ExceptionsArgs {
 pub enum ExceptionsCommand {
     /// Ask for exact hosts for a task, for a bounded time.
     Request {
+        /// The task that needs the destinations.
         #[arg(long)]
         task: String,
+        /// The task's project, when the policy gives it one.
         #[arg(long)]
         project: Option<String>,
         /// An exact host name (repeatable).
@@ -147,15 +155,20 @@ pub enum ExceptionsCommand {
         /// Seconds the exception lasts once approved.
         #[arg(long, value_name = "SECS")]
         ttl: u32,
+        /// Why, for the person deciding (recorded in the audit log).
         #[arg(long)]
         reason: String,
     },
     /// List exceptions (a requester sees its tasks').
     List,
     /// Show one exception.
-    Show { id: String },
+    Show {
+        /// The exception's id (ex-...).
+        id: String,
+    },
     /// Approve a pending request, optionally narrowed.
     Approve {
+        /// The exception's id (ex-...).
         id: String,
         /// Approve only these of the requested hosts (repeatable).
         #[arg(long = "host")]
@@ -166,13 +179,17 @@ pub enum ExceptionsCommand {
     },
     /// Deny a pending request.
     Deny {
+        /// The exception's id (ex-...).
         id: String,
+        /// Why, for the requester and the audit log.
         #[arg(long)]
         note: Option<String>,
     },
     /// Revoke an active exception: its connections are cut.
     Revoke {
+        /// The exception's id (ex-...).
         id: String,
+        /// Why, for the requester and the audit log.
         #[arg(long)]
         note: Option<String>,
     },
@@ -190,7 +207,7 @@ pub struct RunArgs {
     /// Fill ${NAME} with PATH in its canonical form (it must exist).
     #[arg(long, value_name = "NAME=PATH")]
     pub path_param: Vec<String>,
-    /// Override net.mode: none, loopback, all, allowlist.
+    /// Override net.mode: none, loopback, all, allowlist, proxy.
     #[arg(long, value_name = "MODE")]
     pub net: Option<String>,
     /// Extra allowed destination (allowlist mode), same grammar as `proxy --allow`.
@@ -256,7 +273,7 @@ pub enum AuditCommand {
         event_types: Vec<String>,
         #[arg(long, value_enum)]
         format: ExportFormat,
-        /// Where to write (created or replaced).
+        /// Where to write (created or replaced); - for stdout.
         #[arg(long, value_name = "F")]
         output_file: std::path::PathBuf,
     },
@@ -380,8 +397,9 @@ pub struct ProxyArgs {
     /// SECS seconds (denies, failures and reloads stay individual)
     #[arg(long, value_name = "SECS")]
     pub audit_aggregate_window: Option<f64>,
-    /// Chain allowed traffic through this HTTP proxy (e.g. a central sandgate); no local DNS
-    #[arg(long, value_name = "IP:PORT")]
+    /// Chain allowed traffic through this HTTP proxy (e.g. a central sandgate): IP:PORT,
+    /// HOST:PORT or http://HOST:PORT (a name is resolved once, at start); no other local DNS
+    #[arg(long, value_name = "URL")]
     pub upstream_proxy: Option<String>,
     /// Serve Prometheus/OpenMetrics text on http://ADDR/metrics (e.g. 127.0.0.1:9090)
     #[arg(long, value_name = "ADDR", conflicts_with = "admin_listen")]

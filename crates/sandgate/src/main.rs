@@ -15,6 +15,7 @@ mod cli;
 mod control;
 mod exceptions_cmd;
 mod explain;
+mod presets_cmd;
 mod jupyter_cmd;
 mod settings;
 
@@ -50,6 +51,7 @@ fn main() -> ExitCode {
         Command::Proxy(args) => run_proxy(&args),
         Command::CheckConfig { file } => check::run(&file),
         Command::Explain(args) => explain::run(&args),
+        Command::Presets { json } => presets_cmd::run(json),
         Command::Audit(cmd) => audit_cmd::run(cmd),
         Command::Run(args) => run_sandbox(args),
         Command::Exceptions(args) => exceptions_cmd::run(&args),

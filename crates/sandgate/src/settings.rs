@@ -202,6 +202,7 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
             config.listen.push(default_listen()?);
         }
         config.listen.extend(socks);
+        config.upstream_proxy = upstream_proxy(args, &config)?;
         check_binds(&config)?;
         let warnings = start_warnings(&config, None, env);
         return Ok(ProxySetup {
@@ -249,6 +250,7 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
             config.limits.dns_timeout = Duration::from_millis(ms);
         }
     }
+    config.upstream_proxy = upstream_proxy(args, &config)?;
     check_binds(&config)?;
     let warnings = start_warnings(&config, Some(&file), env);
     Ok(ProxySetup {
@@ -290,6 +292,51 @@ fn start_warnings(config: &ProxyConfig, file: Option<&PolicyFile>, env: &dyn Env
         ));
     }
     out
+}
+
+/// `--upstream-proxy`: `IP:PORT`, `HOST:PORT` or `http://HOST:PORT[/]`. A name is resolved
+/// once, here, through the proxy's own resolver (`config.nameservers`; never getaddrinfo),
+/// and the first address is used for as long as the proxy runs.
+fn upstream_proxy(args: &ProxyArgs, config: &ProxyConfig) -> Result<Option<SocketAddr>, SettingsError> {
+    let Some(value) = args.upstream_proxy.as_deref() else {
+        return Ok(None);
+    };
+    let bad = |why: &str| invalid("--upstream-proxy", value, why);
+    let authority = match value.split_once("://") {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest.strip_suffix('/').unwrap_or(rest),
+        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
+            return Err(bad(
+                "TLS to the upstream proxy is not supported; use http://HOST:PORT",
+            ));
+        }
+        Some(_) => return Err(bad("expected IP:PORT, HOST:PORT or http://HOST:PORT")),
+        None => value,
+    };
+    if let Ok(addr) = authority.parse::<SocketAddr>() {
+        return Ok(Some(addr));
+    }
+    let target = sandgate_policy::parse_connect_target(authority)
+        .map_err(|e| bad(&format!("expected IP:PORT, HOST:PORT or http://HOST:PORT ({e})")))?;
+    let dial = sandgate_proxy::dial::DialConfig {
+        nameservers: config.nameservers.clone(),
+        dns_timeout: config.limits.dns_timeout,
+        connect_timeout: config.limits.connect_timeout,
+        guard: AddressGuard::new(Vec::new()),
+        upstream_proxy: None,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| bad(&format!("cannot start a resolver: {e}")))?;
+    let ips = runtime.block_on(async {
+        let dialer = sandgate_proxy::dial::Dialer::new(&dial, Vec::new()).map_err(|e| e.to_string())?;
+        dialer.lookup(&target).await.map_err(|e| e.to_string())
+    });
+    match ips.as_deref() {
+        Ok([first, ..]) => Ok(Some(SocketAddr::new(*first, target.port))),
+        Ok([]) => Err(bad("the name has no address")),
+        Err(e) => Err(bad(&format!("cannot resolve {}: {e}", target.host))),
+    }
 }
 
 /// Refuses two listeners (HTTP, SOCKS5, admin) that cannot both be bound, before any is:
@@ -449,13 +496,8 @@ fn proxy_config(
         limits,
         audit_options,
         metrics_listen,
-        upstream_proxy: match &args.upstream_proxy {
-            None => None,
-            Some(v) => Some(
-                v.parse::<SocketAddr>()
-                    .map_err(|_| invalid("--upstream-proxy", v, "expected IP:PORT"))?,
-            ),
-        },
+        // A name is resolved in `proxy_setup`, once the resolver is known.
+        upstream_proxy: None,
     })
 }
 

@@ -738,3 +738,159 @@ fn run_with_an_audit_log_that_cannot_be_written_names_it() {
     assert_eq!(code, 64, "{err}");
     assert!(err.contains("is a directory"), "{err}");
 }
+
+#[test]
+fn audit_readers_pass_lines_through_write_to_stdout_and_say_what_to_pass() {
+    let p = ProxyProcess::start(&["--allow", "allowed.test"]);
+    for host in ["a.test", "b.test", "c.test"] {
+        let req = format!("CONNECT {host}:443 HTTP/1.1\r\nHost: {host}\r\n\r\n");
+        assert_eq!(status_of(&common::raw(p.addr, req.as_bytes())), 403);
+    }
+    p.audit_events(3);
+    let log = p.audit_path.to_str().unwrap();
+    let written = std::fs::read_to_string(&p.audit_path).unwrap();
+    // --json: the lines exactly as written, field order included.
+    let (code, out, err) = sandgate(&["audit", "tail", "--json", "--file", log]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, written);
+    // export to stdout with `-`, as JSON lines (unchanged) and as CSV.
+    let (code, out, err) = sandgate(&[
+        "audit",
+        "export",
+        "--input",
+        log,
+        "--format",
+        "jsonl",
+        "--output-file",
+        "-",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, written);
+    assert!(err.contains("exported 3 events to stdout"), "{err}");
+    let (code, out, _) = sandgate(&[
+        "audit",
+        "export",
+        "--input",
+        log,
+        "--format",
+        "csv",
+        "--output-file",
+        "-",
+    ]);
+    assert_eq!((code, out.lines().count()), (0, 4), "{out}");
+    // A reader that stops early is no error.
+    let mut child = Command::new(sandgate_bin())
+        .args(["audit", "tail", "--file", log])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // No log where --file points: say what to pass.
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, err) = Command::new(sandgate_bin())
+        .args(["audit", "summary"])
+        .current_dir(dir.path())
+        .env_remove("SANDGATE_AUDIT_LOG")
+        .output()
+        .map(|o| {
+            (
+                o.status.code(),
+                o.stdout,
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            )
+        })
+        .unwrap();
+    assert_eq!(code, Some(64));
+    assert!(
+        err.contains("no audit log at audit.jsonl: pass --file PATH (the proxy's --audit-log) or set SANDGATE_AUDIT_LOG"),
+        "{err}"
+    );
+}
+
+#[test]
+fn presets_lists_what_docs_policy_md_documents() {
+    let (code, out, err) = sandgate(&["presets", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let presets: Value = serde_json::from_str(&out).unwrap();
+    let md = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/policy.md")).unwrap();
+    let table = md.split("\n## Presets\n").nth(1).unwrap();
+    let rows: Vec<&str> = table
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .collect();
+    assert_eq!(rows.len(), presets.as_object().unwrap().len(), "{rows:?}");
+    for row in rows {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let name = cells[1].trim_matches('`');
+        let documented: Vec<&str> = cells[2].split(", ").map(|h| h.trim_matches('`')).collect();
+        assert_eq!(presets[name]["hosts"], serde_json::json!(documented), "{name}");
+    }
+    let (_, text, _) = sandgate(&["presets"]);
+    assert!(
+        text.contains("python-packages  pypi.org, files.pythonhosted.org (443)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_upstream_proxy_may_be_a_name_or_a_url() {
+    let rt = runtime();
+    let echo = rt.block_on(EchoServer::start());
+    let dns = rt.block_on(DnsServer::start(
+        Zone::new()
+            .with("echo.test", &["127.0.0.1"])
+            .with("central.test", &["127.0.0.1"]),
+    ));
+    let dns_addr = dns.addr().to_string();
+    let tunnel_target = format!("echo.test:{}", echo.addr().port());
+    let central = ProxyProcess::start(&[
+        "--dns-server",
+        &dns_addr,
+        "--allow-range",
+        "127.0.0.0/8",
+        "--allow",
+        &tunnel_target,
+    ]);
+    for upstream in [
+        format!("http://central.test:{}/", central.addr.port()),
+        format!("central.test:{}", central.addr.port()),
+        format!("HTTP://{}", central.addr),
+    ] {
+        let node = ProxyProcess::start(&[
+            "--dns-server",
+            &dns_addr,
+            "--upstream-proxy",
+            &upstream,
+            "--allow",
+            &tunnel_target,
+        ]);
+        tunnel(node.addr, &tunnel_target, 50);
+    }
+    for (bad, why) in [
+        (
+            format!("https://central.test:{}", central.addr.port()),
+            "TLS to the upstream proxy is not supported",
+        ),
+        (
+            "socks5://central.test:1080".to_owned(),
+            "expected IP:PORT, HOST:PORT or http://HOST:PORT",
+        ),
+        (
+            "http://central.test".to_owned(),
+            "expected IP:PORT, HOST:PORT or http://HOST:PORT",
+        ),
+        ("nowhere.test:3128".to_owned(), "cannot resolve nowhere.test"),
+    ] {
+        let (code, _, err) = sandgate(&["proxy", "--dns-server", &dns_addr, "--upstream-proxy", &bad]);
+        assert_eq!(code, 64, "{bad}: {err}");
+        assert!(
+            err.contains(&format!("invalid --upstream-proxy value {bad:?}: {why}")),
+            "{err}"
+        );
+    }
+}

@@ -51,6 +51,16 @@ pub fn log_files(path: &Path) -> Vec<PathBuf> {
 
 /// Reads every event of `files` in order. Unreadable lines are skipped and reported.
 pub fn read_events(files: &[PathBuf]) -> std::io::Result<(Vec<Value>, Vec<Skipped>)> {
+    let (lines, skipped) = read_lines(files)?;
+    Ok((lines.into_iter().map(|(_, v)| v).collect(), skipped))
+}
+
+/// An event as written (its line, without the newline) and as parsed.
+pub type LineEvent = (String, Value);
+
+/// As [`read_events`], keeping each event's line as written (for `tail --json` and JSON
+/// lines exports, which pass lines through unchanged).
+pub fn read_lines(files: &[PathBuf]) -> std::io::Result<(Vec<LineEvent>, Vec<Skipped>)> {
     let mut events = Vec::new();
     let mut skipped = Vec::new();
     for file in files {
@@ -63,7 +73,7 @@ pub fn read_events(files: &[PathBuf]) -> std::io::Result<(Vec<Value>, Vec<Skippe
                 continue;
             }
             match serde_json::from_str::<Value>(line) {
-                Ok(v) if v.is_object() => events.push(v),
+                Ok(v) if v.is_object() => events.push((line.to_owned(), v)),
                 _ => skipped.push(Skipped {
                     file: file.clone(),
                     line: i + 1,
@@ -75,9 +85,10 @@ pub fn read_events(files: &[PathBuf]) -> std::io::Result<(Vec<Value>, Vec<Skippe
     Ok((events, skipped))
 }
 
-/// Reads complete lines appended to `file` after byte `offset`; returns the new offset. A
-/// partial last line is left for the next call. Used by `audit tail --follow`.
-pub fn read_appended(file: &Path, offset: u64) -> std::io::Result<(Vec<Value>, u64)> {
+/// Reads complete lines appended to `file` after byte `offset`, each as written and parsed;
+/// returns the new offset. A partial last line is left for the next call. Used by `audit
+/// tail --follow`.
+pub fn read_appended(file: &Path, offset: u64) -> std::io::Result<(Vec<LineEvent>, u64)> {
     let mut f = std::fs::File::open(file)?;
     let len = f.metadata()?.len();
     // The file was rotated or truncated: start again from its beginning.
@@ -95,7 +106,7 @@ pub fn read_appended(file: &Path, offset: u64) -> std::io::Result<(Vec<Value>, u
         }
         pos += n as u64;
         if let Ok(v) = serde_json::from_str::<Value>(&line) {
-            events.push(v);
+            events.push((line.trim_end().to_owned(), v));
         }
     }
     Ok((events, pos))
