@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use common::world::{World, events_of};
 use common::{ProxyProcess, curl, is_root};
 use deploy_support::{
-    find, flag_names, is_static_elf, kustomize, output, proxy_flags, repo, run_ok, script, tool,
-    unit_settings, venv_bin, yaml_docs,
+    find, flag_names, is_static_elf, kustomize, output, proxy_flags, python_kustomize, real_kustomize, repo,
+    run_ok, same_objects, script, tool, unit_settings, venv_bin, yaml_docs,
 };
 use sandgate_testkit::dns::Zone;
 use serde_json::Value;
@@ -36,6 +36,8 @@ const IMAGE_UID: u32 = 65532;
 /// Kubernetes versions the manifests are validated against: the oldest we claim, and the
 /// newest kubernetes-validate knows.
 const KUBERNETES_VERSIONS: [&str; 2] = ["1.30.0", "1.37.0"];
+/// The overlays in deploy/kubernetes, each one `kubectl apply -k` takes.
+const OVERLAYS: [&str; 4] = ["node-local", "node-local-chained", "central", "sandboxes"];
 
 /// podman with a private, throw-away storage (vfs: no overlay mounts, works anywhere).
 struct Podman {
@@ -476,7 +478,7 @@ fn kubernetes_overlays_validate_and_sandboxes_reach_only_the_node_local_proxy() 
     let validate = venv_bin("kubernetes-validate");
     let dir = tempfile::tempdir().unwrap();
     let mut rendered = Vec::new();
-    for overlay in ["node-local", "node-local-chained", "central", "sandboxes"] {
+    for overlay in OVERLAYS {
         let text = kustomize(overlay);
         let file = dir.path().join(format!("{overlay}.yaml"));
         std::fs::write(&file, &text).unwrap();
@@ -693,6 +695,223 @@ fn kubernetes_workloads_run_unprivileged_and_probe_the_admin_listener() {
         &service["spec"]["selector"],
         &deployment["spec"]["selector"]["matchLabels"]
     );
+}
+
+/// kustomize.py, which renders the overlays where there is no kubectl, renders what kubectl
+/// renders: its fixture (every feature it implements, in combinations) against kubectl's
+/// output stored beside it, everywhere; and, where kubectl exists, the fixture and every
+/// overlay against kubectl itself.
+#[test]
+fn the_fallback_kustomize_renders_what_kubectl_renders() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/deploy_support/kustomize_fixture");
+    let expected = yaml_docs(&std::fs::read_to_string(fixture.join("expected.yaml")).unwrap());
+    let rendered = yaml_docs(&run_ok(python_kustomize().arg(&fixture)));
+    if let Err(diff) = same_objects(
+        ("kustomize.py", &rendered),
+        ("kubectl (kustomize_fixture/expected.yaml)", &expected),
+    ) {
+        panic!(
+            "kustomize.py renders {} unlike kubectl:\n{diff}",
+            fixture.display()
+        );
+    }
+
+    let Some(mut real) = real_kustomize() else {
+        eprintln!(
+            "no kubectl or kustomize on PATH (or SANDGATE_TEST_NO_KUBECTL is set): kustomize.py was \
+             held to kubectl's stored rendering of its fixture, not to kubectl itself"
+        );
+        return;
+    };
+    let kubectl = yaml_docs(&run_ok(real.arg(&fixture)));
+    if let Err(diff) = same_objects(("kubectl", &kubectl), ("expected.yaml", &expected)) {
+        panic!(
+            "{}/expected.yaml is stale: regenerate it with `kubectl kustomize` (its README.md):\n{diff}",
+            fixture.display()
+        );
+    }
+    for overlay in OVERLAYS {
+        let dir = repo().join("deploy/kubernetes").join(overlay);
+        let theirs = yaml_docs(&run_ok(real_kustomize().unwrap().arg(&dir)));
+        let ours = yaml_docs(&run_ok(python_kustomize().arg(&dir)));
+        assert!(!theirs.is_empty(), "{overlay}: kubectl rendered nothing");
+        if let Err(diff) = same_objects(("kustomize.py", &ours), ("kubectl", &theirs)) {
+            panic!(
+                "deploy/kubernetes/{overlay}: kustomize.py renders it unlike kubectl, so machines \
+                 without kubectl would test other manifests; fix tests/deploy_support/kustomize.py:\n{diff}"
+            );
+        }
+    }
+}
+
+/// kustomize.py fails, naming what it lacks, on every kustomization field, option, patch or
+/// YAML form it does not implement exactly: it can never render something else quietly.
+#[test]
+fn the_fallback_kustomize_refuses_what_it_does_not_implement() {
+    const POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: { name: p, namespace: ns }\n\
+                       spec: { containers: [{ name: c, image: \"app:1\" }] }\n";
+    let patch = |ops: &str| {
+        format!("resources: [pod.yaml]\npatches:\n  - target: {{ kind: Pod, name: p }}\n    patch: |\n{ops}")
+    };
+    let cases: Vec<(&str, String, &str, &str)> = vec![
+        ("namePrefix", "resources: [pod.yaml]\nnamePrefix: x-\n".into(), POD, "namePrefix: not implemented"),
+        ("namespace", "resources: [pod.yaml]\nnamespace: other\n".into(), POD, "namespace: not implemented"),
+        (
+            "a hashed ConfigMap name",
+            "configMapGenerator: [{ name: c, files: [pod.yaml] }]\n".into(),
+            POD,
+            "options.disableNameSuffixHash: true is required",
+        ),
+        (
+            "configMapGenerator literals",
+            "configMapGenerator: [{ name: c, literals: [a=b], files: [], options: { disableNameSuffixHash: true } }]\n"
+                .into(),
+            POD,
+            "literals: not implemented",
+        ),
+        (
+            "a strategic merge patch",
+            patch("      metadata: { labels: { a: b } }\n"),
+            POD,
+            "not a strategic merge patch",
+        ),
+        (
+            "a move operation",
+            patch("      - { op: move, from: /spec, path: /x }\n"),
+            POD,
+            "op 'move' is not implemented",
+        ),
+        (
+            "a replace of a missing key",
+            patch("      - { op: replace, path: /metadata/labels, value: {} }\n"),
+            POD,
+            "no such key (kustomize would add it",
+        ),
+        (
+            "an index past the end",
+            patch("      - { op: add, path: /spec/containers/2, value: {} }\n"),
+            POD,
+            "index 2 is out of range",
+        ),
+        (
+            "a target matching nothing",
+            "resources: [pod.yaml]\npatches:\n  - target: { kind: Pod, name: q }\n    patch: '[]'\n".into(),
+            POD,
+            "matches nothing",
+        ),
+        (
+            "a regular expression in a target",
+            "resources: [pod.yaml]\npatches:\n  - target: { kind: Pod, name: \"p.*\" }\n    patch: '[]'\n".into(),
+            POD,
+            "only letters, digits and '-'",
+        ),
+        (
+            "a patch from a file",
+            "resources: [pod.yaml]\npatches:\n  - path: pod.yaml\n".into(),
+            POD,
+            "path: not implemented",
+        ),
+        (
+            "labels on selectors",
+            "resources: [pod.yaml]\nlabels: [{ pairs: { a: b }, includeSelectors: true }]\n".into(),
+            POD,
+            "includeSelectors: only false",
+        ),
+        (
+            "labels on templates",
+            "resources: [pod.yaml]\nlabels: [{ pairs: { a: b }, includeTemplates: true }]\n".into(),
+            POD,
+            "includeTemplates: only false",
+        ),
+        (
+            "an image digest",
+            "resources: [pod.yaml]\nimages: [{ name: app, digest: \"sha256:00\" }]\n".into(),
+            POD,
+            "digest: not implemented",
+        ),
+        (
+            "an image by digest",
+            "resources: [pod.yaml]\nimages: [{ name: app, newTag: \"2\" }]\n".into(),
+            "apiVersion: v1\nkind: Pod\nmetadata: { name: p }\nspec: { containers: [{ name: c, image: \"app@sha256:00\" }] }\n",
+            "matching it against 'app' is not implemented",
+        ),
+        (
+            "an unquoted tag YAML reads as a number",
+            "resources: [pod.yaml]\nimages: [{ name: app, newTag: 1.10 }]\n".into(),
+            POD,
+            "newTag: expected a string",
+        ),
+        (
+            "a YAML 1.1 boolean",
+            "resources: [pod.yaml]\n".into(),
+            "apiVersion: v1\nkind: Pod\nmetadata: { name: p, labels: { enabled: on } }\n",
+            "'on' means different things in YAML 1.1 and YAML 1.2",
+        ),
+        (
+            "a duplicate key",
+            "resources: [pod.yaml]\n".into(),
+            "apiVersion: v1\nkind: Pod\nmetadata: { name: p }\nmetadata: { name: q }\n",
+            "duplicate key 'metadata'",
+        ),
+        (
+            "a YAML alias",
+            "resources: [pod.yaml]\n".into(),
+            "apiVersion: v1\nkind: Pod\nmetadata: &m { name: p }\nspec: { x: *m }\n",
+            "anchors are not supported",
+        ),
+        (
+            "the same object twice",
+            "resources: [pod.yaml, again.yaml]\n".into(),
+            POD,
+            "Pod ns/p is already in the kustomization",
+        ),
+        (
+            "a file outside the kustomization",
+            "resources: [../outside.yaml]\n".into(),
+            POD,
+            "not in or below",
+        ),
+        (
+            "a remote resource",
+            "resources: [\"https://example.com/x.yaml\"]\n".into(),
+            POD,
+            "remote resources are not implemented",
+        ),
+    ];
+    // All at once: each is a Python start-up, and they are independent.
+    let runs: Vec<_> = cases
+        .iter()
+        .map(|(what, kustomization, pod, _)| {
+            let top = tempfile::tempdir().unwrap();
+            std::fs::write(top.path().join("outside.yaml"), POD).unwrap();
+            let dir = top.path().join("k");
+            std::fs::create_dir(&dir).unwrap();
+            std::fs::write(dir.join("kustomization.yaml"), kustomization).unwrap();
+            std::fs::write(dir.join("pod.yaml"), pod).unwrap();
+            std::fs::write(dir.join("again.yaml"), pod).unwrap();
+            let child = python_kustomize()
+                .arg(&dir)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("{what}: cannot run kustomize.py: {e}"));
+            (top, child)
+        })
+        .collect();
+    for ((what, kustomization, _, message), (_top, child)) in cases.iter().zip(runs) {
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "kustomize.py rendered {what} instead of refusing it:\n{kustomization}\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(
+            stderr.contains(message) && stderr.starts_with("kustomize.py: "),
+            "kustomize.py refused {what}, but not with {message:?}: {stderr}"
+        );
+    }
 }
 
 #[test]

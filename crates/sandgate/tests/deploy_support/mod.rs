@@ -1,7 +1,9 @@
 //! The tools behind the deployment tests (deploy_e2e.rs): finding each validator, running
 //! it, reading YAML through PyYAML, rendering kustomize overlays, reading the proxy's real
 //! flags, and telling a static ELF binary from a dynamic one. A missing tool fails the test
-//! with what installs it; nothing is skipped.
+//! with what installs it; nothing is skipped. The one tool that may be missing is kustomize
+//! (kubectl): the overlays are then rendered by kustomize.py, which is compared with kubectl
+//! wherever kubectl exists.
 
 #![allow(dead_code, reason = "each test uses a different part of the support")]
 
@@ -124,33 +126,80 @@ pub fn yaml_docs(text: &str) -> Vec<Value> {
     docs
 }
 
-/// The overlay in deploy/kubernetes/`name`, rendered by kustomize (kubectl's built-in, or a
-/// stand-alone kustomize).
-pub fn kustomize(name: &str) -> String {
-    let dir = repo().join("deploy/kubernetes").join(name);
+/// The real kustomize, when this machine has one: a stand-alone `kustomize build`, else
+/// `kubectl kustomize` (this project's VM image has kubectl, from google-cloud-sdk). None when
+/// neither is on PATH, or when SANDGATE_TEST_NO_KUBECTL is set (to run the fallback on a
+/// machine that has them). Debian has no kustomize new enough for deploy/kubernetes
+/// (kubernetes-client is 1.20: no `labels`, no `patches`), PyPI and npm none at all.
+pub fn real_kustomize() -> Option<Command> {
+    if std::env::var_os("SANDGATE_TEST_NO_KUBECTL").is_some_and(|v| !v.is_empty()) {
+        return None;
+    }
     let path = std::env::var_os("PATH").unwrap_or_default();
     let found = |n: &str| {
         std::env::split_paths(&path)
             .map(|d| d.join(n))
             .find(|p| p.is_file())
     };
-    let mut cmd = match (found("kustomize"), found("kubectl")) {
-        (Some(k), _) => {
-            let mut c = Command::new(k);
-            c.arg("build");
-            c
-        }
-        (None, Some(k)) => {
-            let mut c = Command::new(k);
-            c.arg("kustomize");
-            c
-        }
-        (None, None) => panic!(
-            "neither kustomize nor kubectl found: this project's machine image has kubectl; \
-             install either to render deploy/kubernetes"
-        ),
-    };
+    if let Some(k) = found("kustomize") {
+        let mut c = Command::new(k);
+        c.arg("build");
+        return Some(c);
+    }
+    found("kubectl").map(|k| {
+        let mut c = Command::new(k);
+        c.arg("kustomize");
+        c
+    })
+}
+
+/// deploy_support/kustomize.py, the renderer for machines without kubectl: exactly the
+/// kustomize features deploy/kubernetes uses, and an error for anything else. deploy_e2e.rs
+/// holds it to kubectl's output.
+pub fn python_kustomize() -> Command {
+    let mut c = Command::new(venv_bin("python"));
+    c.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/deploy_support/kustomize.py"));
+    c
+}
+
+/// The overlay in deploy/kubernetes/`name`, rendered by the real kustomize when there is one
+/// (real_kustomize), else by deploy_support/kustomize.py.
+pub fn kustomize(name: &str) -> String {
+    let dir = repo().join("deploy/kubernetes").join(name);
+    let mut cmd = real_kustomize().unwrap_or_else(python_kustomize);
     run_ok(cmd.arg(dir))
+}
+
+/// Whether two rendered streams hold the same objects, in any order; else what differs, object
+/// by object (kind, namespace, name), for a test's failure message.
+pub fn same_objects(left: (&str, &[Value]), right: (&str, &[Value])) -> Result<(), String> {
+    let id = |d: &Value| {
+        format!(
+            "{} {}/{}",
+            d["kind"].as_str().unwrap_or("?"),
+            d["metadata"]["namespace"].as_str().unwrap_or(""),
+            d["metadata"]["name"].as_str().unwrap_or("?")
+        )
+    };
+    let sorted = |docs: &[Value]| {
+        let mut v: Vec<(String, String)> = docs
+            .iter()
+            .map(|d| (id(d), serde_json::to_string(d).expect("JSON")))
+            .collect();
+        v.sort();
+        v
+    };
+    let (l, r) = (sorted(left.1), sorted(right.1));
+    if l == r {
+        return Ok(());
+    }
+    let mut report = String::new();
+    for (name, mine, theirs) in [(left.0, &l, &r), (right.0, &r, &l)] {
+        for (obj, json) in mine.iter().filter(|o| !theirs.contains(o)) {
+            report.push_str(&format!("only {name} renders this {obj}:\n  {json}\n"));
+        }
+    }
+    Err(report)
 }
 
 /// The one document of `kind` named `name`.
