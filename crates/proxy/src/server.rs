@@ -141,6 +141,15 @@ impl Proxy {
         let _ = self.egress.asker.set(asker);
     }
 
+    /// Report-only (learn) mode: requests the policy denies pass, recorded as
+    /// `reason_code: report_only` with `detail: would deny: REASON`; the address guard,
+    /// address deny entries and tunnel checks still refuse. Set before `run`.
+    pub fn set_report_only(&self, on: bool) {
+        self.egress
+            .report_only
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Adds routes (the control plane's API) to the admin listener. Without an admin
     /// listener they are not served.
     pub fn mount_admin(&mut self, routes: axum::Router) {

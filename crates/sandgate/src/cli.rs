@@ -38,6 +38,9 @@ pub enum Command {
     /// Say whether a destination would be allowed, and by which rule. Exit 0 allowed, 1
     /// refused, 2 allowed but not resolvable (--resolve), 64 usage.
     Explain(ExplainArgs),
+    /// Work with policies: suggest one from what an audit log saw.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
     /// Read the audit log: tail, export, summary.
     #[command(subcommand)]
     Audit(AuditCommand),
@@ -116,6 +119,31 @@ pub enum JupyterCommand {
         parent: u32,
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
+    },
+}
+
+/// `sandgate policy ...`
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Turn what the allowlist kept out (report_only decisions of `proxy --report-only`;
+    /// with --include-denied, not_allowlisted denies too) into an EgressPolicy: an exact
+    /// host entry with the ports seen and a reason naming the log, ready to review.
+    Suggest {
+        /// Audit logs to read (each with its rotated siblings), in order.
+        #[arg(long = "from", value_name = "AUDIT", required = true, num_args = 1..)]
+        from: Vec<std::path::PathBuf>,
+        /// Also suggest entries for plain not_allowlisted denies.
+        #[arg(long)]
+        include_denied: bool,
+        /// metadata.name of the policy written.
+        #[arg(long, default_value = "learned")]
+        name: String,
+        /// The entries' reason [default: learned from AUDIT]
+        #[arg(long)]
+        reason: Option<String>,
+        /// Write the policy here (created or replaced) instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        output: Option<std::path::PathBuf>,
     },
 }
 
@@ -449,4 +477,9 @@ pub struct ProxyArgs {
     /// Seconds in-flight work may take after SIGTERM/SIGINT [default: 10]
     #[arg(long, value_name = "SECS")]
     pub shutdown_grace: Option<f64>,
+    /// Learn mode: requests the policy denies pass and are recorded as report_only with what
+    /// the policy would have said (sandgate policy suggest turns them into entries); the
+    /// address guard, address deny entries and tunnel checks still refuse
+    #[arg(long)]
+    pub report_only: bool,
 }

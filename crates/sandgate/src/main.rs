@@ -15,8 +15,9 @@ mod cli;
 mod control;
 mod exceptions_cmd;
 mod explain;
-mod presets_cmd;
 mod jupyter_cmd;
+mod policy_cmd;
+mod presets_cmd;
 mod settings;
 
 use std::io::IsTerminal;
@@ -52,6 +53,7 @@ fn main() -> ExitCode {
         Command::CheckConfig { file } => check::run(&file),
         Command::Explain(args) => explain::run(&args),
         Command::Presets { json } => presets_cmd::run(json),
+        Command::Policy(cmd) => policy_cmd::run(cmd),
         Command::Audit(cmd) => audit_cmd::run(cmd),
         Command::Run(args) => run_sandbox(args),
         Command::Exceptions(args) => exceptions_cmd::run(&args),
@@ -242,6 +244,12 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        if args.report_only {
+            proxy.set_report_only(true);
+            tracing::warn!(
+                "report-only: requests the policy denies pass (recorded as report_only); the address guard still refuses"
+            );
+        }
         match control::mount(&mut proxy, args, policy.as_ref()).await {
             Ok(_) => {}
             Err(e @ control::ControlSetupError::Usage(_)) => {

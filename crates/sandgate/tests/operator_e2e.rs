@@ -894,3 +894,233 @@ fn the_upstream_proxy_may_be_a_name_or_a_url() {
         );
     }
 }
+
+/// A PEP 503 index of one wheel, served by Python's http.server on a free loopback port;
+/// killed when dropped.
+struct WheelIndex {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl WheelIndex {
+    fn start() -> WheelIndex {
+        let dir = tempfile::tempdir().unwrap();
+        let pkg = dir.path().join("simple/learned-pkg");
+        std::fs::create_dir_all(&pkg).unwrap();
+        let wheel = pkg.join("learned_pkg-1.0-py3-none-any.whl");
+        let make = r#"
+import sys, zipfile, hashlib, base64
+files = {
+    "learned_pkg/__init__.py": b"",
+    "learned_pkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: learned-pkg\nVersion: 1.0\n",
+    "learned_pkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+record = ""
+for name, data in files.items():
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    record += f"{name},sha256={digest},{len(data)}\n"
+record += "learned_pkg-1.0.dist-info/RECORD,,\n"
+with zipfile.ZipFile(sys.argv[1], "w") as z:
+    for name, data in files.items():
+        z.writestr(name, data)
+    z.writestr("learned_pkg-1.0.dist-info/RECORD", record)
+"#;
+        let out = Command::new(common::python())
+            .args(["-c", make])
+            .arg(&wheel)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let port = free_addr().port();
+        let child = Command::new(common::python())
+            .args([
+                "-m",
+                "http.server",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--directory",
+            ])
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "the index did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        WheelIndex {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for WheelIndex {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn learn_mode_round_trip_report_only_then_suggest_then_no_deny() {
+    let rt = runtime();
+    let ca = sandgate_testkit::tls::TestCa::new(&["web.test"]);
+    let web = rt.block_on(Origin::https(ca.server_config.clone()));
+    let api = rt.block_on(Origin::http());
+    let index = WheelIndex::start();
+    let dns = rt.block_on(DnsServer::start(
+        Zone::new()
+            .with("index.test", &["127.0.0.1"])
+            .with("web.test", &["127.0.0.1"])
+            .with("api.test", &["127.0.0.1"])
+            .with("inside.test", &["10.0.0.1"]),
+    ));
+    let dns_addr = dns.addr().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca.ca_pem).unwrap();
+
+    // Three real clients against three loopback origins: pip (plain HTTP index), curl
+    // (HTTPS through CONNECT) and Python's urllib (plain HTTP).
+    let clients = |proxy: &str| {
+        let work = tempfile::tempdir().unwrap();
+        let pip = Command::new(common::python())
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--isolated",
+                "--no-deps",
+                "--retries",
+                "0",
+                "--timeout",
+                "10",
+            ])
+            .arg("-d")
+            .arg(work.path())
+            .args(["--proxy", proxy, "--trusted-host", "index.test"])
+            .args([
+                "--index-url",
+                &format!("http://index.test:{}/simple/", index.port),
+                "learned-pkg",
+            ])
+            .env_remove("PIP_FIND_LINKS")
+            .env_remove("PIP_NO_INDEX")
+            .env_remove("PIP_INDEX_URL")
+            .output()
+            .unwrap();
+        assert!(
+            pip.status.success() && work.path().join("learned_pkg-1.0-py3-none-any.whl").exists(),
+            "pip: {}{}",
+            String::from_utf8_lossy(&pip.stdout),
+            String::from_utf8_lossy(&pip.stderr)
+        );
+        let url = format!("https://web.test:{}/learned", web.port());
+        let (code, body, err) = common::curl(proxy, &["--cacert", ca_file.to_str().unwrap(), &url]);
+        assert_eq!(code, 0, "curl: {err}");
+        assert!(body.contains("\"path\":\"/learned\""), "{body}");
+        let script = "import sys, urllib.request\nopener = urllib.request.build_opener(urllib.request.ProxyHandler({'http': sys.argv[1]}))\nprint(opener.open(sys.argv[2], timeout=10).read().decode())";
+        let py = Command::new(common::python())
+            .args(["-c", script, proxy, &format!("http://api.test:{}/py", api.port())])
+            .output()
+            .unwrap();
+        assert!(
+            py.status.success(),
+            "python: {}",
+            String::from_utf8_lossy(&py.stderr)
+        );
+    };
+
+    // 1. Learn: nothing is allowed, everything passes and is recorded as report_only.
+    let mut learn = ProxyProcess::start(&[
+        "--dns-server",
+        &dns_addr,
+        "--allow-range",
+        "127.0.0.0/8",
+        "--report-only",
+    ]);
+    clients(&learn.url());
+    // The address guard still refuses, report-only or not.
+    let inside = common::raw(
+        learn.addr,
+        b"CONNECT inside.test:443 HTTP/1.1\r\nHost: inside.test\r\n\r\n",
+    );
+    assert_eq!(status_of(&inside), 403, "{inside}");
+    assert!(learn.terminate().success());
+    let events = read_audit(&learn.audit_path);
+    let passed: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["reason_code"] == "report_only")
+        .collect();
+    assert!(passed.len() >= 3, "{events:#?}");
+    assert!(
+        passed
+            .iter()
+            .all(|e| e["decision"] == "allow" && e["detail"] == "would deny: not_allowlisted")
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["reason_code"] == "destination_ip_prohibited")
+    );
+
+    // 2. Suggest: a policy that check-config passes without a warning.
+    let suggested = dir.path().join("learned.yaml");
+    let (code, _, err) = sandgate(&[
+        "policy",
+        "suggest",
+        "--from",
+        learn.audit_path.to_str().unwrap(),
+        "--reason",
+        "learn run 1",
+        "--output",
+        suggested.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("wrote 3 entries"), "{err}");
+    let text = std::fs::read_to_string(&suggested).unwrap();
+    for host in ["index.test", "web.test", "api.test"] {
+        assert!(text.contains(&format!("- host: \"{host}\"")), "{text}");
+    }
+    assert!(text.contains("reason: \"learn run 1 ("), "{text}");
+    assert!(
+        !text.contains("inside.test"),
+        "the guard's refusal is no suggestion: {text}"
+    );
+    let (code, out, err) = sandgate(&["check-config", suggested.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("ok: learned (3 allow"), "{out}");
+    assert!(err.is_empty(), "no warning: {err}");
+
+    // 3. The same run under the suggested policy: everything passes, nothing is denied.
+    let mut enforce = ProxyProcess::start(&[
+        "--dns-server",
+        &dns_addr,
+        "--allow-range",
+        "127.0.0.0/8",
+        "--policy",
+        suggested.to_str().unwrap(),
+    ]);
+    clients(&enforce.url());
+    assert!(enforce.terminate().success());
+    let events = read_audit(&enforce.audit_path);
+    assert!(
+        events
+            .iter()
+            .all(|e| e["decision"] != "deny" && e["reason_code"] != "report_only"),
+        "{events:#?}"
+    );
+    assert!(
+        events
+            .iter()
+            .filter(|e| e["reason_code"] == "allowlisted")
+            .count()
+            >= 3
+    );
+}

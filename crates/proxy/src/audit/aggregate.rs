@@ -40,7 +40,10 @@ impl Aggregator {
     /// Folds `e` in if it is allowed traffic; false means it must be written on its own.
     pub fn absorb(&mut self, e: &Event) -> bool {
         let (party, dest) = match e {
-            Event::Decision(d) if d.verdict == Verdict::Allow => (&d.party, d.dest.clone()),
+            // A report-only pass stays its own event: it says what the policy would deny.
+            Event::Decision(d) if d.verdict == Verdict::Allow && d.detail.is_none() => {
+                (&d.party, d.dest.clone())
+            }
             Event::Close(c) if c.outcome == Outcome::Ok => (&c.party, Some(c.dest.clone())),
             _ => return false,
         };
@@ -123,6 +126,7 @@ mod tests {
                 rule: None,
                 status: None,
                 tls_server_name: None,
+                detail: None,
             })
         };
         let close = |outcome| {
@@ -148,6 +152,12 @@ mod tests {
             d.verdict = Verdict::Deny;
         }
         assert!(!agg.absorb(&deny));
+        let mut learned = allow("t1");
+        if let Event::Decision(d) = &mut learned {
+            d.reason_code = "report_only".into();
+            d.detail = Some("would deny: not_allowlisted".into());
+        }
+        assert!(!agg.absorb(&learned), "a report-only pass stays its own event");
         let out = agg.drain();
         assert_eq!(out.len(), 2);
         let Event::Aggregate(t1) = &out[0] else {

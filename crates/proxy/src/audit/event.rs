@@ -50,6 +50,9 @@ pub struct Decision {
     pub status: Option<u16>,
     /// The server name a tunnel's TLS ClientHello carried, when it was read.
     pub tls_server_name: Option<String>,
+    /// What the policy would have said of a request let through in report-only mode
+    /// (`would deny: not_allowlisted`).
+    pub detail: Option<String>,
 }
 
 /// An allowed request or tunnel ended (exactly one per allowed request).
@@ -377,6 +380,7 @@ impl<'a> Line<'a> {
                 line.rule = d.rule.as_deref();
                 line.status = d.status;
                 line.tls_server_name = d.tls_server_name.as_deref();
+                line.detail = d.detail.as_deref();
             }
             Event::Close(c) => {
                 line.event = EventKind::Close;

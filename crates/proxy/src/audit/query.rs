@@ -394,6 +394,68 @@ pub fn summarize(events: &[Value]) -> Summary {
     }
 }
 
+/// A destination the policy refused (or, in report-only mode, would have refused), as
+/// `sandgate policy suggest` turns it into an allowlist entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Learned {
+    /// As written in the audit log: a name, a dotted quad or `[v6]`.
+    pub host: String,
+    /// Every port it was asked for, ascending.
+    pub ports: Vec<u16>,
+    /// Requests seen.
+    pub count: u64,
+    /// The tasks that asked, sorted.
+    pub tasks: Vec<String>,
+    /// A deny entry refused it: an allow entry would change nothing.
+    pub denylisted: bool,
+}
+
+/// The destinations that only the allowlist kept out: decisions let through in report-only
+/// mode (`reason_code: report_only`), and with `include_denied` the plain
+/// `not_allowlisted` denies too. Sorted by host. Denylisted ones are kept, marked.
+pub fn learned(events: &[Value], include_denied: bool) -> Vec<Learned> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut by_host: BTreeMap<String, (BTreeSet<u16>, u64, BTreeSet<String>, bool)> = BTreeMap::new();
+    for e in events {
+        let str_of = |k: &str| e.get(k).and_then(Value::as_str);
+        if str_of("event") != Some("decision") {
+            continue;
+        }
+        let (code, detail) = (str_of("reason_code"), str_of("detail").unwrap_or(""));
+        let denylisted = match code {
+            Some("report_only") => detail.ends_with("denylisted"),
+            Some("not_allowlisted") if include_denied => false,
+            Some("denylisted") if include_denied => true,
+            _ => continue,
+        };
+        let (Some(host), Some(port)) = (
+            str_of("destination_host"),
+            e.get("destination_port")
+                .and_then(Value::as_u64)
+                .and_then(|p| u16::try_from(p).ok()),
+        ) else {
+            continue;
+        };
+        let entry = by_host.entry(host.to_owned()).or_default();
+        entry.0.insert(port);
+        entry.1 += 1;
+        if let Some(task) = str_of("task_id") {
+            entry.2.insert(task.to_owned());
+        }
+        entry.3 |= denylisted;
+    }
+    by_host
+        .into_iter()
+        .map(|(host, (ports, count, tasks, denylisted))| Learned {
+            host,
+            ports: ports.into_iter().collect(),
+            count,
+            tasks: tasks.into_iter().collect(),
+            denylisted,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -450,6 +512,66 @@ mod tests {
         assert_eq!(s.allowed, vec![("a.test:443".to_owned(), 4)]);
         assert_eq!(s.bytes_by_destination, vec![("a.test:443".to_owned(), 31, 302)]);
         assert_eq!(s.bytes_by_task, vec![("t-1".to_owned(), 31, 302)]);
+    }
+
+    #[test]
+    fn learned_destinations_are_what_only_the_allowlist_kept_out() {
+        let d = |host: &str, port: u16, code: &str, detail: Option<&str>, task: Option<&str>| {
+            serde_json::json!({
+                "event": "decision", "decision": if code == "report_only" { "allow" } else { "deny" },
+                "reason_code": code, "detail": detail, "destination_host": host,
+                "destination_port": port, "task_id": task,
+            })
+        };
+        let events = vec![
+            d(
+                "b.test",
+                443,
+                "report_only",
+                Some("would deny: not_allowlisted"),
+                Some("t-1"),
+            ),
+            d(
+                "b.test",
+                80,
+                "report_only",
+                Some("would deny: not_allowlisted"),
+                Some("t-2"),
+            ),
+            d(
+                "b.test",
+                443,
+                "report_only",
+                Some("would deny: not_allowlisted"),
+                Some("t-1"),
+            ),
+            d("a.test", 8443, "not_allowlisted", None, None),
+            d(
+                "evil.test",
+                443,
+                "report_only",
+                Some("would deny: denylisted"),
+                None,
+            ),
+            d("ok.test", 443, "allowlisted", None, None),
+            d("guarded.test", 443, "destination_ip_prohibited", None, None),
+        ];
+        let found = learned(&events, false);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert_eq!(
+            found[0],
+            Learned {
+                host: "b.test".into(),
+                ports: vec![80, 443],
+                count: 3,
+                tasks: vec!["t-1".into(), "t-2".into()],
+                denylisted: false,
+            }
+        );
+        assert!(found[1].denylisted && found[1].host == "evil.test");
+        let with_denied = learned(&events, true);
+        assert_eq!(with_denied[0].host, "a.test");
+        assert_eq!(with_denied.len(), 3);
     }
 
     #[test]

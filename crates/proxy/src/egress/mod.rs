@@ -71,6 +71,10 @@ pub(crate) struct Egress {
     pub stopping: CancellationToken,
     /// Asks a person before the allowlist refuses (`sandgate run --ask`).
     pub asker: std::sync::OnceLock<Arc<dyn Asker>>,
+    /// Report-only (learn) mode: a request the policy denies passes and is recorded as
+    /// `report_only` with what the policy would have said; the address guard, address deny
+    /// entries and tunnel checks still refuse.
+    pub report_only: std::sync::atomic::AtomicBool,
     pub metrics: Arc<Metrics>,
 }
 
@@ -90,6 +94,8 @@ pub(crate) struct Decided {
     target: Target,
     access: Access,
     rule: Option<Arc<str>>,
+    /// Let through in report-only mode: what the policy said instead.
+    would_deny: Option<sandgate_policy::PolicyReason>,
 }
 
 /// A request whose allow is on record; its close must be recorded too.
@@ -165,6 +171,7 @@ impl Egress {
             hard_stop: CancellationToken::new(),
             stopping: CancellationToken::new(),
             asker: std::sync::OnceLock::new(),
+            report_only: std::sync::atomic::AtomicBool::new(false),
             metrics,
         }
     }
@@ -231,6 +238,7 @@ impl Egress {
             status: Some(classified.status),
             tls_server_name,
             party: pending.party.clone(),
+            detail: None,
         });
         if matches!(refusal, Refusal::AuditUnavailable(_)) {
             // Must not wait behind a queue that cannot drain; the client is answered anyway.
@@ -263,6 +271,16 @@ impl Egress {
                 target: target.clone(),
                 access,
                 rule: Some(rule),
+                would_deny: None,
+            });
+        }
+        if decision.verdict == Verdict::Deny && self.report_only.load(Ordering::Relaxed) {
+            return Ok(Decided {
+                pending,
+                target: target.clone(),
+                access,
+                rule: decision.rule_label(),
+                would_deny: Some(decision.reason),
             });
         }
         if decision.verdict == Verdict::Deny {
@@ -277,6 +295,7 @@ impl Egress {
             target: target.clone(),
             access,
             rule: decision.rule_label(),
+            would_deny: None,
         })
     }
 
@@ -334,15 +353,20 @@ impl Egress {
         tls_server_name: Option<String>,
         stop: Option<(CancellationToken, Option<CutGuard>)>,
     ) -> Grant {
+        let (reason_code, detail) = match d.would_deny {
+            None => ("allowlisted", None),
+            Some(reason) => ("report_only", Some(format!("would deny: {}", reason.code()))),
+        };
         let e = Event::Decision(Decision {
             party: d.pending.party.clone(),
             dest: Some(dest_of(&d.target, d.access)),
             verdict: Verdict::Allow,
-            reason_code: "allowlisted".into(),
+            reason_code: reason_code.into(),
             resolved_ip: resolved,
             rule: d.rule.clone(),
             status: None,
             tls_server_name,
+            detail,
         });
         self.audit.record(e).await;
         let (stop, cut) = stop.unwrap_or_else(|| self.stop_for(d.rule.as_ref()));
