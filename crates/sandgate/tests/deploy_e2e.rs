@@ -180,11 +180,11 @@ fn the_image_runs_from_its_own_file_system_alone_as_its_user() {
     );
     assert_eq!(origin.connections(), 1, "the denied request reached the origin");
 
-    // The probes' path on the admin listener; /healthz is there only with the exceptions API,
-    // which is why the manifests probe /metrics.
+    // The probes' paths on the admin listener (no exceptions API here).
     let admin = admin_addr(&proxy);
     assert_eq!(http_code(&format!("http://{admin}/metrics")), "200");
-    assert_eq!(http_code(&format!("http://{admin}/healthz")), "404");
+    assert_eq!(http_code(&format!("http://{admin}/healthz")), "200");
+    assert_eq!(http_code(&format!("http://{admin}/readyz")), "200");
 
     // The proxy runs as the image's user with no capabilities and cannot gain any.
     let (pid, status) = proxy_status(proxy.child.id());
@@ -638,10 +638,14 @@ fn kubernetes_workloads_run_unprivileged_and_probe_the_admin_listener() {
             .find(|p| p["name"] == "admin")
             .unwrap();
         assert_eq!(admin_port["containerPort"], 9090);
-        for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        for (probe, path) in [
+            ("startupProbe", "/healthz"),
+            ("readinessProbe", "/readyz"),
+            ("livenessProbe", "/healthz"),
+        ] {
             assert_eq!(
                 c[probe]["httpGet"],
-                serde_json::json!({ "path": "/metrics", "port": "admin" }),
+                serde_json::json!({ "path": path, "port": "admin" }),
                 "{overlay} {probe}"
             );
         }
@@ -1005,7 +1009,7 @@ fn the_systemd_unit_verifies_clean_and_holds_no_privilege() {
     let args: Vec<&str> = exec.split_whitespace().collect();
     assert_eq!(&args[..2], ["/usr/local/bin/sandgate", "proxy"]);
     assert_real_flags("sandgate-proxy.service", &args);
-    // SIGHUP reloads only with a policy file; without one its default action ends the proxy.
+    // SIGHUP reloads the policy file the unit names.
     let at = |flag: &str| args.iter().position(|a| *a == flag).map(|i| args[i + 1]);
     assert_eq!(
         at("--policy"),

@@ -129,8 +129,6 @@ impl Egress {
             } else {
                 Outcome::Revoked
             }),
-            // Shutting down: a tunnel that has not started yet does not start.
-            () = self.stopping.cancelled() => Err(Outcome::Shutdown),
         };
         let (first, seen) = match read {
             Ok((first, Seen::Silent)) if idle <= first_bytes => {
