@@ -452,6 +452,42 @@ fn nothing_happens_unrecorded() {
     );
 }
 
+/// An allowlist sandbox: a destination its policy does not list is refused by the run's own
+/// proxy, and the run's report names it as blocked.
+#[test]
+fn an_allowlist_run_reports_what_was_blocked() {
+    let dir = tempfile::tempdir().unwrap();
+    sandbox_policy(
+        dir.path(),
+        "web",
+        "net:\n  mode: allowlist\n  allow_domains: [ \"pypi.org\" ]\n",
+    );
+    let config = write_config(
+        dir.path(),
+        "  task: t-1\n  audit_log: audit.jsonl\n  sandboxes:\n\
+         \x20   - name: web\n      policy: web.yaml\n      gates: { commands: [ curl ], max_seconds: 30, network: true }\n",
+    );
+    let mut d = Driver::start(&config, "legacy");
+    let listed = d.call("list_sandboxes", json!({}));
+    assert_eq!(
+        listed["structured"]["sandboxes"][0]["network_mode"], "allowlist",
+        "{listed}"
+    );
+    let r = d.run(json!({"sandbox": "web", "command":
+        ["curl", "-sS", "-m", "10", "-o", "/dev/null", "-w", "%{http_code}", "http://denied.test/"]}));
+    assert_eq!(r["structured"]["stdout"], "403", "{r}");
+    assert_eq!(
+        r["structured"]["blocked"],
+        json!([{"host": "denied.test", "port": 80, "reason": "not_allowlisted"}]),
+        "{r}"
+    );
+    let events = tool_events(dir.path());
+    assert!(
+        events.iter().any(|e| e["tool"] == "run" && e["blocked"] == 1),
+        "{events:#?}"
+    );
+}
+
 #[test]
 fn the_documented_example_starts_and_runs() {
     let dir = tempfile::tempdir().unwrap();

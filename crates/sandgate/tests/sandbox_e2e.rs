@@ -14,7 +14,7 @@
 mod common;
 mod sandbox_support;
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sandgate_testkit::dns::{DnsServer, Zone};
@@ -198,9 +198,14 @@ fn exit_codes_signals_and_teardown() {
         .unwrap();
     let status = wait_bounded(&mut child);
     assert_eq!(status.code(), Some(42));
-    // kill -9 of sandgate leaves nothing running.
+    // kill -9 of sandgate leaves nothing running. Its state directory lives under a TMPDIR of
+    // this test's own: any run of the same user sweeps dead runs' directories, and runs of
+    // other tests must not sweep this one before it is looked at.
+    let private_tmp = dir.path().join("tmp");
+    std::fs::create_dir(&private_tmp).unwrap();
     let marker = format!("sleep 3{}", std::process::id() % 1000);
     let mut child = Command::new(common::sandgate_bin())
+        .env("TMPDIR", &private_tmp)
         .args([
             "run",
             "--policy",
@@ -229,7 +234,20 @@ fn exit_codes_signals_and_teardown() {
     // The dead process could not remove its state directory; its lock died with it, and the
     // next run sweeps it.
     assert!(state.is_dir(), "kill -9 leaves the run's state directory");
-    assert_eq!(run(&policy, &[], &["true"]).status.code(), Some(0));
+    let next = Command::new(common::sandgate_bin())
+        .env("TMPDIR", &private_tmp)
+        .args([
+            "run",
+            "--quiet",
+            "--policy",
+            policy.to_str().unwrap(),
+            "--",
+            "true",
+        ])
+        .stdin(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(next.code(), Some(0));
     assert!(!state.exists(), "the next run swept {}", state.display());
 }
 
