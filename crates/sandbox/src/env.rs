@@ -126,9 +126,12 @@ pub fn environment(
         // `socks5h`: the name goes to the proxy unresolved (there is no DNS inside).
         // Clients read it only for schemes without a variable of their own (curl: not
         // http/https while the two above are set). Without a SOCKS5 port, the HTTP proxy.
-        let all = policy
-            .socks_port
-            .map_or(proxy, |port| format!("socks5h://127.0.0.1:{port}"));
+        // `net.proxy.all_proxy: http` keeps it the HTTP proxy, for clients that read it but
+        // cannot speak SOCKS5 (httpx without socksio).
+        let all = match policy.socks_port {
+            Some(port) if !policy.all_proxy_http => format!("socks5h://127.0.0.1:{port}"),
+            _ => proxy,
+        };
         for k in ["ALL_PROXY", "all_proxy"] {
             out.insert(k.to_owned(), all.clone());
         }
@@ -286,6 +289,16 @@ mod tests {
             Some("socks5h://127.0.0.1:1080"),
             "chained, the SOCKS5 port is there too"
         );
+        // `all_proxy: http`: the HTTP proxy for every variable (the SOCKS5 port stays).
+        let http = "net:\n  mode: allowlist\n  proxy: { all_proxy: http }\n";
+        let p = crate::policy::parse(http, &BTreeMap::new(), &|p| Ok(PathBuf::from(p)), None).unwrap();
+        assert_eq!(p.socks_port, Some(1080));
+        let (env, _) = environment(&p, &[]);
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("ALL_PROXY"), Some("http://127.0.0.1:3128"));
+        let bad = "net:\n  mode: allowlist\n  proxy: { all_proxy: socks4 }\n";
+        let err = crate::policy::parse(bad, &BTreeMap::new(), &|p| Ok(PathBuf::from(p)), None).unwrap_err();
+        assert!(err.0.contains("net.proxy.all_proxy: \"socks4\""), "{}", err.0);
         let (env, _) = environment(&policy(&[], &[], false), &[]);
         assert!(
             env.iter()

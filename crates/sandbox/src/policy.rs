@@ -83,9 +83,13 @@ pub struct SandboxPolicy {
     pub loopback_ports: Vec<u16>,
     /// Port the proxy listens on inside the sandbox.
     pub proxy_port: u16,
-    /// Port the proxy's SOCKS5 front end listens on inside the sandbox (`ALL_PROXY`):
-    /// `allowlist` mode only (see [`proxy_ports`]).
+    /// Port the proxy's SOCKS5 front end listens on inside the sandbox, in the proxied
+    /// modes (see [`proxy_ports`]).
     pub socks_port: Option<u16>,
+    /// `ALL_PROXY` names the HTTP proxy instead of the SOCKS5 port (`net.proxy.all_proxy:
+    /// http`), for clients that cannot speak SOCKS5 yet read `ALL_PROXY` (httpx without
+    /// `socksio`, and so the OpenAI and Anthropic Python SDKs).
+    pub all_proxy_http: bool,
     pub allow_ranges: Vec<String>,
     pub resolver_servers: Vec<String>,
     pub unshare_pid: bool,
@@ -167,6 +171,8 @@ struct RawProxy {
     socks_listen: Option<String>,
     #[serde(default)]
     upstream: Option<String>,
+    #[serde(default)]
+    all_proxy: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -351,6 +357,7 @@ pub fn parse(
         upstream_proxy: network.upstream_proxy,
         proxy_port: network.proxy_port,
         socks_port: network.socks_port,
+        all_proxy_http: network.all_proxy_http,
         allow_ranges: raw.net.allow_ranges,
         resolver_servers: raw.net.resolver.map(|r| r.servers).unwrap_or_default(),
         unshare_pid: unshare.pid.unwrap_or(true),
@@ -380,6 +387,7 @@ struct Network {
     upstream_proxy: Option<SocketAddr>,
     proxy_port: u16,
     socks_port: Option<u16>,
+    all_proxy_http: bool,
 }
 
 fn network(raw: &RawNet, net: NetMode) -> Result<Network, PolicyError> {
@@ -424,6 +432,15 @@ fn network(raw: &RawNet, net: NetMode) -> Result<Network, PolicyError> {
         (_, None) => None,
     };
     let (proxy_port, socks_port) = proxy_ports(raw, net)?;
+    let all_proxy_http = match proxy.and_then(|p| p.all_proxy.as_deref()) {
+        None | Some("socks5") => false,
+        Some("http") => true,
+        Some(other) => {
+            return Err(PolicyError(format!(
+                "net.proxy.all_proxy: {other:?}: use socks5 (the default) or http"
+            )));
+        }
+    };
     if !net.proxied() && (!allow.is_empty() || !raw.allow_ranges.is_empty()) {
         return Err(PolicyError(
             "net.allow_domains/presets/allow_ranges need net.mode allowlist".to_owned(),
@@ -434,6 +451,7 @@ fn network(raw: &RawNet, net: NetMode) -> Result<Network, PolicyError> {
         upstream_proxy,
         proxy_port,
         socks_port,
+        all_proxy_http,
     })
 }
 
