@@ -184,10 +184,10 @@ pub(crate) async fn read_first(
 }
 
 /// One non-blocking read of at most `room` bytes, appended to `buf`.
-fn read_some(client: &TcpStream, buf: &mut Vec<u8>, room: usize) -> io::Result<usize> {
+fn read_some(stream: &TcpStream, buf: &mut Vec<u8>, room: usize) -> io::Result<usize> {
     let start = buf.len();
     buf.resize(start + room, 0);
-    let result = client.try_read(buf.get_mut(start..).unwrap_or_default());
+    let result = stream.try_read(buf.get_mut(start..).unwrap_or_default());
     buf.truncate(start + *result.as_ref().unwrap_or(&0));
     result
 }

@@ -22,13 +22,12 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::world::{World, base_args, events_of, free_addr, policy_doc, strs};
 use common::{ProxyProcess, curl};
 use sandgate_testkit::dns::{DnsServer, Zone};
-use sandgate_testkit::tls::TestCa;
+use sandgate_testkit::tls::{TestCa, client_hello, split_record};
 use serde_json::Value;
 
 /// A proxy with a policy file allowing `allow` (host:port entries) and `tunnels` as the
@@ -247,36 +246,6 @@ fn tls_only_tunnels_refuse_plain_bytes_and_silence_and_other_ports_carry_anythin
     assert_eq!(close["bytes_received"], 14, "{close}");
 }
 
-/// A real ClientHello for `name` (rustls's client), as one record.
-fn client_hello(name: &str) -> Vec<u8> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth();
-    let server = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
-    let mut conn = rustls::ClientConnection::new(Arc::new(config), server).unwrap();
-    let mut out = Vec::new();
-    while conn.wants_write() {
-        conn.write_tls(&mut out).unwrap();
-    }
-    out
-}
-
-/// The same handshake split over two records.
-fn split_records(record: &[u8], at: usize) -> Vec<u8> {
-    let (head, payload) = record.split_at(5);
-    let (a, b) = payload.split_at(at);
-    let mut out = Vec::new();
-    for part in [a, b] {
-        out.extend_from_slice(&head[..3]);
-        out.extend_from_slice(&(part.len() as u16).to_be_bytes());
-        out.extend_from_slice(part);
-    }
-    out
-}
-
 #[test]
 fn split_unreadable_and_pipelined_hellos_get_the_same_check() {
     let w = World::new();
@@ -288,7 +257,7 @@ fn split_unreadable_and_pipelined_hellos_get_the_same_check() {
     let (p, _) = proxy_with(&dns, dir.path(), std::slice::from_ref(&target), "");
 
     // 1. The name split across two records, the second sent a moment later.
-    let hello = split_records(&client_hello("evil.example"), 30);
+    let hello = split_record(&client_hello("evil.example"), 30);
     let mut s = tunnel(p.addr, &target, b"");
     s.write_all(&hello[..20]).unwrap();
     std::thread::sleep(Duration::from_millis(100));
@@ -313,7 +282,7 @@ fn split_unreadable_and_pipelined_hellos_get_the_same_check() {
         "echoed back"
     );
     // 4. The matching name, split, is echoed back whole (the bytes forwarded unchanged).
-    let good = split_records(&client_hello("echo.test"), 50);
+    let good = split_record(&client_hello("echo.test"), 50);
     let mut s = tunnel(p.addr, &target, &good[..10]);
     s.write_all(&good[10..]).unwrap();
     s.shutdown(std::net::Shutdown::Write).unwrap();

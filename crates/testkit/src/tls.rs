@@ -46,3 +46,35 @@ impl TestCa {
         }
     }
 }
+
+/// A real TLS ClientHello for `name` (a DNS name, or an IP address: then it carries no
+/// server name), as rustls's client writes it: one handshake record.
+pub fn client_hello(name: &str) -> Vec<u8> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+    let server = rustls::pki_types::ServerName::try_from(name.to_owned()).expect("server name");
+    let mut conn = rustls::ClientConnection::new(Arc::new(config), server).expect("client");
+    let mut out = Vec::new();
+    while conn.wants_write() {
+        conn.write_tls(&mut out).expect("write to a Vec");
+    }
+    out
+}
+
+/// The same handshake bytes as the single record `record`, split over two records `at`
+/// bytes into its payload (as a client may send them, or an attacker may to hide a name).
+pub fn split_record(record: &[u8], at: usize) -> Vec<u8> {
+    let (head, payload) = record.split_at(5);
+    let (a, b) = payload.split_at(at);
+    let mut out = Vec::new();
+    for part in [a, b] {
+        out.extend_from_slice(&head[..3]);
+        out.extend_from_slice(&(part.len() as u16).to_be_bytes());
+        out.extend_from_slice(part);
+    }
+    out
+}

@@ -78,32 +78,20 @@ impl Egress {
     /// Records a dialled tunnel whose client went away before it could be carried (the
     /// front end could not answer it).
     pub(crate) async fn abandon(&self, dialed: Dialed, status: Option<u16>) {
+        self.end_unstarted(dialed, status, Outcome::ClientFailure).await;
+    }
+
+    /// Records a tunnel that ended (`outcome`) before any byte was carried: nothing was
+    /// refused, so an allow and its close.
+    async fn end_unstarted(&self, dialed: Dialed, status: Option<u16>, outcome: Outcome) {
         let opened = dialed.admit(self, None).await;
         let end = End {
             sent: 0,
             received: 0,
             status,
-            outcome: Outcome::ClientFailure,
-        };
-        self.close(opened.grant, end).await;
-    }
-
-    /// Records a tunnel that ended (`outcome`) before any byte was read: nothing was
-    /// carried, so nothing is refused; an allow and its close.
-    async fn end_unstarted(
-        &self,
-        dialed: Dialed,
-        outcome: Outcome,
-    ) -> Option<(Opened, Vec<u8>, Option<TunnelRules>)> {
-        let opened = dialed.admit(self, None).await;
-        let end = End {
-            sent: 0,
-            received: 0,
-            status: None,
             outcome,
         };
         self.close(opened.grant, end).await;
-        None
     }
 
     /// Reads and judges the first bytes where the rules ask for it, and records the
@@ -133,10 +121,14 @@ impl Egress {
         let (first, seen) = match read {
             Ok((first, Seen::Silent)) if idle <= first_bytes => {
                 let _ = first;
-                return self.end_unstarted(dialed, Outcome::IdleTimeout).await;
+                self.end_unstarted(dialed, None, Outcome::IdleTimeout).await;
+                return None;
             }
             Ok(read) => read,
-            Err(outcome) => return self.end_unstarted(dialed, outcome).await,
+            Err(outcome) => {
+                self.end_unstarted(dialed, None, outcome).await;
+                return None;
+            }
         };
         match rules.check(dialed.target(), &seen.as_first_bytes()) {
             Ok(()) => {

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 
-use super::{MAX_FIRST_BYTES, Seen, examine};
+use super::{MAX_FIRST_BYTES, Seen, examine, read_some};
 
 /// The random of a HelloRetryRequest: SHA-256 of "HelloRetryRequest".
 const HRR_RANDOM: [u8; 32] = [
@@ -64,10 +64,9 @@ pub(crate) async fn read_server_first(upstream: &TcpStream, limit: Duration) -> 
         if !matches!(ready, Ok(Ok(()))) {
             return ServerFirst::Done(buf);
         }
-        let mut chunk = [0u8; 4096];
-        match upstream.try_read(&mut chunk) {
+        match read_some(upstream, &mut buf, 4096) {
             Ok(0) => return ServerFirst::Done(buf),
-            Ok(n) => buf.extend_from_slice(chunk.get(..n).unwrap_or_default()),
+            Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(_) => return ServerFirst::Done(buf),
         }
@@ -110,10 +109,9 @@ pub(crate) async fn read_second(client: &TcpStream, limit: Duration) -> (Vec<u8>
         if !matches!(ready, Ok(Ok(()))) {
             return (buf, Seen::Unreadable);
         }
-        let mut chunk = [0u8; 4096];
-        match client.try_read(&mut chunk) {
+        match read_some(client, &mut buf, 4096) {
             Ok(0) => return (buf, Seen::Closed),
-            Ok(n) => buf.extend_from_slice(chunk.get(..n).unwrap_or_default()),
+            Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(_) => return (buf, Seen::Closed),
         }

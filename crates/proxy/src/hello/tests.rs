@@ -5,41 +5,10 @@
     reason = "tests; they connect to their own loopback listeners"
 )]
 
-use std::sync::Arc;
-
 use proptest::prelude::*;
+use sandgate_testkit::tls::{client_hello, split_record};
 
 use super::*;
-
-/// A real ClientHello, as rustls's client writes it, for `name` (a DNS name or an IP).
-fn client_hello(name: &str) -> Vec<u8> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth();
-    let server = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
-    let mut conn = rustls::ClientConnection::new(Arc::new(config), server).unwrap();
-    let mut out = Vec::new();
-    while conn.wants_write() {
-        conn.write_tls(&mut out).unwrap();
-    }
-    out
-}
-
-/// The same handshake bytes split over two records at `at` bytes into the payload.
-fn fragmented(record: &[u8], at: usize) -> Vec<u8> {
-    let (head, payload) = record.split_at(5);
-    let (a, b) = payload.split_at(at);
-    let mut out = Vec::new();
-    for part in [a, b] {
-        out.extend_from_slice(&head[..3]);
-        out.extend_from_slice(&(part.len() as u16).to_be_bytes());
-        out.extend_from_slice(part);
-    }
-    out
-}
 
 #[test]
 fn a_client_hello_is_read_with_its_server_name() {
@@ -67,7 +36,7 @@ fn every_prefix_asks_for_more_and_a_split_hello_is_reassembled() {
     let mut more = hello.clone();
     more.extend_from_slice(b"\x17\x03\x03\x00\x01x");
     assert_eq!(examine(&more), examine(&hello));
-    let split = fragmented(&hello, 40);
+    let split = split_record(&hello, 40);
     assert_eq!(examine(&split[..split.len() - 1]), None);
     assert_eq!(
         examine(&split),
@@ -185,7 +154,7 @@ fn forwarded_equals_sent(sent: Vec<u8>, chunk: usize) -> Result<(), TestCaseErro
 /// every prefix short of a record boundary is judged without rustls.
 #[test]
 fn only_complete_records_are_parsed() {
-    let hello = fragmented(&client_hello("a.example"), 100);
+    let hello = split_record(&client_hello("a.example"), 100);
     let first_record = 5 + 100;
     assert!(complete_records(&hello[..first_record]));
     assert!(!complete_records(&hello[..first_record - 1]));
