@@ -27,8 +27,7 @@ use serde_json::Value;
 /// without reloading, approve it with a TTL choice, watch the countdown, revoke.
 #[test]
 fn the_approvals_page_in_a_real_browser() {
-    let python = std::env::var("SANDGATE_TEST_PYTHON")
-        .expect("run ./scripts/test: it installs selenium into target/venv");
+    let python = common::python();
     let rt = runtime();
     let origin = rt.block_on(Origin::http());
     let dns = rt.block_on(DnsServer::start(Zone::new().with("web.test", &["127.0.0.1"])));

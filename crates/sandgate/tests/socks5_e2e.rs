@@ -184,8 +184,7 @@ fn python_pysocks_with_an_rfc1929_login_as_task_credentials() {
     if std::env::var_os("SANDGATE_AS_NOBODY").is_some() {
         return;
     }
-    let python = std::env::var("SANDGATE_TEST_PYTHON")
-        .expect("run ./scripts/test: it installs PySocks into target/venv");
+    let python = common::python();
     let rt = runtime();
     let origin = rt.block_on(Origin::http());
     let dns = rt.block_on(DnsServer::start(Zone::new().with("web.test", &["127.0.0.1"])));
