@@ -60,6 +60,7 @@ fn config(dns: &DnsServer, allow: &[&str], limits: Limits) -> ProxyConfig {
         audit_options: AuditOptions::default(),
         metrics_listen: None,
         upstream_proxy: None,
+        central: None,
     }
 }
 

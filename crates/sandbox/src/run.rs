@@ -364,6 +364,7 @@ fn proxy_config(
         require_auth: false,
         peers: Some(peers.clone()),
         protocol,
+        node: None,
     };
     let socks = policy.socks_port.map(|_| listener(Protocol::Socks5));
     Ok(ProxyConfig {
@@ -383,6 +384,7 @@ fn proxy_config(
         audit_options: AuditOptions::default(),
         metrics_listen: None,
         upstream_proxy: policy.upstream_proxy,
+        central: None,
     })
 }
 

@@ -193,12 +193,24 @@ impl Egress {
         identity: Arc<Identity>,
         method: Option<Cow<'static, str>>,
     ) -> Pending {
+        self.begin_via(peer, identity, method, None)
+    }
+
+    /// As [`Egress::begin`], for a request a node-local proxy forwarded (`node`: its name).
+    pub fn begin_via(
+        &self,
+        peer: SocketAddr,
+        identity: Arc<Identity>,
+        method: Option<Cow<'static, str>>,
+        node: Option<Arc<str>>,
+    ) -> Pending {
         Pending {
             party: Party {
                 request_id: self.ids.next(),
                 client_addr: peer,
                 identity,
                 method,
+                node,
             },
             started: Instant::now(),
         }

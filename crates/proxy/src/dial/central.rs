@@ -1,0 +1,289 @@
+//! The node-local side of the node-to-central transport: one mutual-TLS HTTP/2 connection
+//! to each central proxy (`--upstream https://HOST:PORT`), made when first needed and kept;
+//! each tunnel or request is one CONNECT stream on it (RFC 9113 section 8.5), carrying the
+//! request's attribution. Centrals are tried in the order given: one that cannot be reached
+//! is left alone for a back-off (1 s, doubling to 30 s) while the next is tried; with none
+//! left the request fails (502, naming the last hop tried), and it never goes direct. A
+//! central that answers (200, or a refusal) is not failed over: its answer is the answer.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Empty;
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::pki_types::ServerName;
+use sandgate_policy::{Access, Identity, Target};
+use tokio::net::TcpStream;
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use super::DialError;
+use crate::node::tls::{ClientFiles, Reloadable, TlsError};
+use crate::node::{ACCESS_FIELD, attribution, bridge, serve};
+
+const BACKOFF_FIRST: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Why an `--upstream` URL is not usable.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamUrlError {
+    #[error("a central proxy is https://HOST:PORT")]
+    NotHttps(String),
+    #[error("{1}")]
+    Bad(String, String),
+}
+
+/// One central proxy as configured: where it is and the name its certificate must carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hop {
+    /// As given, for messages (`central-a:3130`).
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+}
+
+impl Hop {
+    /// Parses `https://HOST:PORT` (an IPv6 host in brackets; the port defaults to 443).
+    pub fn parse(url: &str) -> Result<Hop, UpstreamUrlError> {
+        let rest = url
+            .strip_prefix("https://")
+            .ok_or_else(|| UpstreamUrlError::NotHttps(url.to_owned()))?;
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        if rest.contains(['/', '@', '?', '#']) {
+            return Err(UpstreamUrlError::Bad(
+                url.to_owned(),
+                "only a host and a port".into(),
+            ));
+        }
+        let with_port = if rest.starts_with('[') {
+            rest.contains("]:")
+        } else {
+            rest.contains(':')
+        };
+        let authority = if with_port {
+            rest.to_owned()
+        } else {
+            format!("{rest}:443")
+        };
+        let target = sandgate_policy::target::parse_connect_target(&authority)
+            .map_err(|e| UpstreamUrlError::Bad(url.to_owned(), e.to_string()))?;
+        Ok(Hop {
+            name: target.to_string(),
+            host: target.host.to_string(),
+            port: target.port,
+        })
+    }
+}
+
+/// The connection to one central, with its back-off.
+#[derive(Debug, Default)]
+struct HopState {
+    /// The kept connection and the address it went to.
+    conn: Option<(SendRequest<Empty<Bytes>>, SocketAddr)>,
+    /// Not tried again before this (after a failure).
+    down_until: Option<Instant>,
+    backoff: Duration,
+}
+
+/// The central proxies of a node-local proxy.
+#[derive(Debug)]
+pub struct Centrals {
+    hops: Vec<(Hop, Mutex<HopState>)>,
+    tls: Reloadable<rustls::ClientConfig, ClientFiles>,
+}
+
+/// Why one central could not carry a request.
+enum HopError {
+    /// Unreachable, or the connection broke: try the next.
+    Unavailable(String),
+    /// It answered with this status: the request's answer.
+    Refused(u16),
+}
+
+impl Centrals {
+    /// Reads the TLS files; connections are made when first needed.
+    pub fn new(hops: Vec<Hop>, files: ClientFiles) -> Result<Centrals, TlsError> {
+        Ok(Centrals {
+            hops: hops
+                .into_iter()
+                .map(|h| (h, Mutex::new(HopState::default())))
+                .collect(),
+            tls: Reloadable::new(files)?,
+        })
+    }
+
+    /// Reads the TLS files again: new connections use them, open ones carry on.
+    pub fn reload_tls(&self) -> Result<(), TlsError> {
+        self.tls.reload()
+    }
+
+    /// The first central's name, for messages.
+    pub fn first(&self) -> Option<&Hop> {
+        self.hops.first().map(|(h, _)| h)
+    }
+
+    /// Opens a stream to `target` on a central, attributed to `identity`; returns the core's
+    /// end of it and the central's address.
+    pub(super) async fn open(
+        &self,
+        dialer: &super::Dialer,
+        target: &Target,
+        access: Access,
+        identity: &Identity,
+        timeout: Duration,
+    ) -> Result<(TcpStream, SocketAddr), DialError> {
+        let mut last = String::from("no central proxy configured");
+        for (hop, state) in &self.hops {
+            let attempt = match self.sender(dialer, hop, state).await {
+                Ok(Some((sender, addr))) => stream(sender, target, access, identity, timeout)
+                    .await
+                    .map(|core| (core, addr)),
+                Ok(None) => {
+                    last = format!("{}: unreachable, retried after a back-off", hop.name);
+                    continue;
+                }
+                Err(e) => Err(e),
+            };
+            match attempt {
+                Ok(opened) => return Ok(opened),
+                Err(HopError::Refused(status)) => return Err(DialError::UpstreamRefused(status)),
+                Err(HopError::Unavailable(why)) => {
+                    tracing::warn!(central = %hop.name, error = %why, "central proxy unavailable; trying the next");
+                    let mut state = state.lock().await;
+                    state.conn = None;
+                    state.backoff = (state.backoff * 2).clamp(BACKOFF_FIRST, BACKOFF_MAX);
+                    state.down_until = Some(Instant::now() + state.backoff);
+                    last = format!("{}: {why}", hop.name);
+                }
+            }
+        }
+        Err(DialError::CentralUnavailable(last))
+    }
+
+    /// The hop's connection, made now if there is none or it closed; `None` while the hop
+    /// is backing off. The lock is held only while connecting, so one connection is made
+    /// and streams are opened on it concurrently.
+    async fn sender(
+        &self,
+        dialer: &super::Dialer,
+        hop: &Hop,
+        state: &Mutex<HopState>,
+    ) -> Result<Option<(SendRequest<Empty<Bytes>>, SocketAddr)>, HopError> {
+        let mut state = state.lock().await;
+        if let Some((c, addr)) = &state.conn
+            && !c.is_closed()
+        {
+            return Ok(Some((c.clone(), *addr)));
+        }
+        if state.down_until.is_some_and(|at| Instant::now() < at) {
+            return Ok(None);
+        }
+        let (c, addr) = self.connect(dialer, hop).await?;
+        state.conn = Some((c.clone(), addr));
+        state.backoff = Duration::ZERO;
+        state.down_until = None;
+        Ok(Some((c, addr)))
+    }
+
+    /// A new mutual-TLS HTTP/2 connection to `hop`.
+    async fn connect(
+        &self,
+        dialer: &super::Dialer,
+        hop: &Hop,
+    ) -> Result<(SendRequest<Empty<Bytes>>, SocketAddr), HopError> {
+        let addr = dialer
+            .central_addr(hop)
+            .await
+            .map_err(|e| HopError::Unavailable(e.to_string()))?;
+        let tcp = dialer
+            .connect_central(addr)
+            .await
+            .map_err(|e| HopError::Unavailable(e.to_string()))?;
+        let server_name = ServerName::try_from(hop.host.clone())
+            .map_err(|e| HopError::Unavailable(format!("{}: {e}", hop.host)))?;
+        let connector = tokio_rustls::TlsConnector::from(self.tls.get());
+        let tls = tokio::time::timeout(dialer.connect_timeout, connector.connect(server_name, tcp))
+            .await
+            .map_err(|_| HopError::Unavailable("TLS handshake timed out".into()))?
+            .map_err(|e| HopError::Unavailable(format!("TLS: {e}")))?;
+        let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+        builder
+            .timer(TokioTimer::new())
+            .initial_stream_window_size(serve::STREAM_WINDOW)
+            .initial_connection_window_size(serve::CONNECTION_WINDOW)
+            .keep_alive_interval(Some(serve::KEEPALIVE))
+            .keep_alive_timeout(serve::KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
+        let (sender, connection) = builder
+            .handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| HopError::Unavailable(format!("HTTP/2: {e}")))?;
+        let name = hop.name.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::warn!(central = %name, error = %e, "connection to the central proxy ended");
+            }
+        });
+        Ok((sender, addr))
+    }
+}
+
+/// Opens one CONNECT stream on `sender` and bridges it: the core's end.
+async fn stream(
+    mut sender: SendRequest<Empty<Bytes>>,
+    target: &Target,
+    access: Access,
+    identity: &Identity,
+    timeout: Duration,
+) -> Result<TcpStream, HopError> {
+    let mut request = hyper::Request::connect(target.to_string());
+    for (k, v) in attribution::fields(identity) {
+        request = request.header(k, v);
+    }
+    if access == Access::Http {
+        request = request.header(ACCESS_FIELD, "http");
+    }
+    let request = request
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| HopError::Unavailable(e.to_string()))?;
+    let exchange = async {
+        sender.ready().await?;
+        sender.send_request(request).await
+    };
+    let response = match tokio::time::timeout(timeout, exchange).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(HopError::Unavailable(e.to_string())),
+        Err(_) => return Err(HopError::Unavailable("no answer in time".into())),
+    };
+    if !response.status().is_success() {
+        return Err(HopError::Refused(response.status().as_u16()));
+    }
+    let upgraded = hyper::upgrade::on(response)
+        .await
+        .map_err(|e| HopError::Unavailable(e.to_string()))?;
+    let (core, pump) = bridge::pair().map_err(|e| HopError::Unavailable(e.to_string()))?;
+    tokio::spawn(bridge::pump(upgraded, pump));
+    Ok(core)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_urls() {
+        let h = Hop::parse("https://central.example:3130").unwrap();
+        assert_eq!((h.host.as_str(), h.port), ("central.example", 3130));
+        assert_eq!(Hop::parse("https://10.0.0.1/").unwrap().port, 443);
+        assert_eq!(Hop::parse("https://[::1]:9").unwrap().host, "::1");
+        assert!(matches!(
+            Hop::parse("http://c:1"),
+            Err(UpstreamUrlError::NotHttps(_))
+        ));
+        assert!(Hop::parse("https://c:1/path").is_err());
+        assert!(Hop::parse("https://u@c:1").is_err());
+        assert!(Hop::parse("https://c:99999").is_err());
+    }
+}
