@@ -79,7 +79,13 @@ mod tests {
     }
 
     /// Projects listed, tasks listed, task claimed, project claimed, vouched for.
-    type Case<'a> = (&'a [&'a str], &'a [&'a str], Option<&'a str>, Option<&'a str>, bool);
+    type Case<'a> = (
+        &'a [&'a str],
+        &'a [&'a str],
+        Option<&'a str>,
+        Option<&'a str>,
+        bool,
+    );
 
     #[test]
     fn vouching() {

@@ -71,7 +71,10 @@ impl Hop {
             .map_err(|e| UpstreamUrlError::Bad(url.to_owned(), e.to_string()))?;
         Ok(Hop {
             name: target.to_string(),
-            host: target.host.to_string(),
+            host: match &target.host {
+                sandgate_policy::Host::Ip(ip) => ip.to_string(),
+                sandgate_policy::Host::Name(n) => n.as_str().to_owned(),
+            },
             port: target.port,
         })
     }

@@ -250,7 +250,8 @@ impl Egress {
             status: Some(classified.status),
             tls_server_name,
             party: pending.party.clone(),
-            detail: None,
+            // A refused node: which certificate problem or which claim, for the operator.
+            detail: matches!(refusal, Refusal::Node(_)).then(|| classified.text.clone()),
         });
         if matches!(refusal, Refusal::AuditUnavailable(_)) {
             // Must not wait behind a queue that cannot drain; the client is answered anyway.

@@ -10,9 +10,6 @@ pub const TASK: &str = "sandgate-task";
 pub const PROJECT: &str = "sandgate-project";
 pub const JOB: &str = "sandgate-job";
 
-/// Every attribution field name.
-pub const FIELDS: [&str; 3] = [TASK, PROJECT, JOB];
-
 /// The fields for `identity`.
 pub fn fields(identity: &Identity) -> impl Iterator<Item = (&'static str, &str)> {
     [

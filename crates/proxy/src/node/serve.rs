@@ -25,13 +25,16 @@ use super::{ACCESS_FIELD, NodeListener, attribution, bridge, tls};
 use crate::egress::{Egress, Refused};
 use crate::refusal::{NodeRefusal, Refusal};
 
-/// Window sizes: each stream may have this much in flight unread, so one slow tunnel holds
-/// at most its own window; the connection's window covers many streams at once, so a slow
-/// one cannot starve the others of connection credit.
-pub(crate) const STREAM_WINDOW: u32 = 1024 * 1024;
-pub(crate) const CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
-/// Streams one node connection may have open at once.
-pub(crate) const MAX_STREAMS: u32 = 1024;
+/// Flow control (RFC 9113 section 5.2). Each stream may have `STREAM_WINDOW` bytes in
+/// flight that its reader has not taken, and the connection's window is that times the
+/// most streams a connection may have open: so streams whose readers stop (a client that
+/// never reads, whether slow or hostile) can hold at most their own windows, never the
+/// connection's, and cannot stall the other tunnels on it. The product is also the most a
+/// connection can buffer (128 MiB, reached only when every stream is stalled).
+pub(crate) const STREAM_WINDOW: u32 = 256 * 1024;
+/// Streams one node connection may have open at once (more wait for a free one).
+pub(crate) const MAX_STREAMS: u32 = 512;
+pub(crate) const CONNECTION_WINDOW: u32 = STREAM_WINDOW * MAX_STREAMS;
 /// PING a quiet connection this often; no answer within the timeout ends it.
 pub(crate) const KEEPALIVE: Duration = Duration::from_secs(10);
 pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
