@@ -300,20 +300,27 @@ fn start_warnings(config: &ProxyConfig, file: Option<&PolicyFile>, env: &dyn Env
     out
 }
 
-/// A `role: node` listener: its TLS files (relative to the policy file) read now, so a
-/// missing or mismatched file stops the start with its name.
+/// A `role: node` listener's TLS files, relative to the policy file.
+pub(crate) fn node_tls_files(
+    policy: &std::path::Path,
+    tls: &sandgate_policy::document::TlsSpec,
+) -> sandgate_proxy::node::ServerFiles {
+    let dir = policy.parent().unwrap_or(std::path::Path::new("."));
+    sandgate_proxy::node::ServerFiles {
+        cert: dir.join(&tls.cert),
+        key: dir.join(&tls.key),
+        client_ca: dir.join(&tls.client_ca),
+    }
+}
+
+/// A `role: node` listener: its TLS files read now, so a missing or mismatched file stops
+/// the start with its name.
 fn node_listener(
     policy: &std::path::Path,
     tls: &sandgate_policy::document::TlsSpec,
     file: &PolicyFile,
 ) -> Result<std::sync::Arc<sandgate_proxy::node::NodeListener>, SettingsError> {
-    let dir = policy.parent().unwrap_or(std::path::Path::new("."));
-    let files = sandgate_proxy::node::ServerFiles {
-        cert: dir.join(&tls.cert),
-        key: dir.join(&tls.key),
-        client_ca: dir.join(&tls.client_ca),
-    };
-    sandgate_proxy::node::NodeListener::new(files, file.nodes.clone())
+    sandgate_proxy::node::NodeListener::new(node_tls_files(policy, tls), file.nodes.clone())
         .map(std::sync::Arc::new)
         .map_err(|e| invalid("spec.listeners.tls", &policy.display().to_string(), e))
 }

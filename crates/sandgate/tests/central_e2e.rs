@@ -14,6 +14,7 @@
 
 mod central;
 mod common;
+mod sandbox_support;
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
@@ -554,4 +555,144 @@ fn pki_refuses_bad_input() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o077, 0, "the CA key is private");
+}
+
+/// `sandgate run` in `proxy` mode with `https://` upstreams: the run's own proxy is a
+/// node-local proxy of two central ones. The command inside (curl) reaches what the
+/// central allows, is refused what it does not, and every request is on record at the
+/// central under the run's task and the node's name; with the first central gone, the
+/// second carries the run.
+#[test]
+fn a_sandboxed_run_is_a_node_of_the_central_proxies() {
+    let w = World::new();
+    let origin = w.origin();
+    let dns = w.dns(
+        Zone::new()
+            .with("ok.test", &["127.0.0.1"])
+            .with("no.test", &["127.0.0.1"]),
+    );
+    let pki = Pki::new();
+    // Runs get fresh task ids, so this node may vouch for any task (and no project).
+    let body = format!(
+        "  network:\n    allowlist:\n      - host: ok.test\n        ports: [{}]\n  nodes:\n    - name: node-a\n      tasks: [\"*\"]\n",
+        origin.port()
+    );
+    let a = central(&pki, dns.addr(), &body, &[]);
+    let b = central(&pki, dns.addr(), &body, &[]);
+    let cert = pki.node("node-a", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let port = origin.port();
+    let policy = sandbox_support::write_policy(
+        dir.path(),
+        &format!(
+            "net:\n  mode: proxy\n  allow_domains: [ \"ok.test:{port}\", \"no.test:{port}\" ]\n  proxy:\n    upstream: [ \"https://{}\", \"https://{}\" ]\n    tls: {{ ca: {}, cert: {}, key: {} }}\n",
+            a.node_addr,
+            b.node_addr,
+            cert.ca.display(),
+            cert.cert.display(),
+            cert.key.display()
+        ),
+    );
+    let script = format!(
+        "curl -sS -o /dev/null -w '%{{http_code}} ' http://ok.test:{port}/; curl -sS -o /dev/null -w '%{{http_code}}' http://no.test:{port}/"
+    );
+    let out = sandbox_support::run(&policy, &[], &["sh", "-c", &script]);
+    let (stdout, stderr) = sandbox_support::text(&out);
+    assert_eq!(stdout, "200 403", "{stderr}");
+    let events = events_where(&a.proxy.audit_path, 2, |e| e["event"] == "decision");
+    assert_eq!(events.len(), 2, "{events:#?}");
+    let task = events[0]["task_id"].as_str().expect("the run's task").to_owned();
+    for e in &events {
+        assert_eq!(
+            (e["node"].as_str(), e["task_id"].as_str()),
+            (Some("node-a"), Some(task.as_str())),
+            "{e}"
+        );
+    }
+    assert_eq!(events[0]["decision"], "allow");
+    assert_eq!(
+        (
+            events[1]["decision"].as_str(),
+            events[1]["destination_host"].as_str()
+        ),
+        (Some("deny"), Some("no.test"))
+    );
+
+    // Central A gone: the next run goes through B.
+    drop(a);
+    let out = sandbox_support::run(&policy, &[], &["sh", "-c", &script]);
+    let (stdout, stderr) = sandbox_support::text(&out);
+    assert_eq!(stdout, "200 403", "{stderr}");
+    let on_b = events_where(&b.proxy.audit_path, 2, |e| e["event"] == "decision");
+    assert_eq!(on_b.len(), 2, "{on_b:#?}");
+    assert!(on_b.iter().all(|e| e["node"] == "node-a"));
+}
+
+/// The whole central suite again as `nobody` (tests run as root in CI): certificates,
+/// central and node-local proxies and sandboxed runs all work for an ordinary user.
+#[test]
+fn the_central_suite_passes_as_an_ordinary_user() {
+    common::rerun_as_nobody("central_e2e", "the_central_suite_passes_as_an_ordinary_user", 8);
+}
+
+/// `check-config` refuses what would stop a central from starting: a node listener with no
+/// nodes, one with a task of its own, TLS files that cannot be read or do not match.
+#[test]
+fn check_config_refuses_node_listeners_that_cannot_work() {
+    let pki = Pki::new();
+    let check = |spec: &str| {
+        let p = pki.path("check.yaml");
+        std::fs::write(
+            &p,
+            format!(
+                "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: c }}\nspec:\n{spec}"
+            ),
+        )
+        .unwrap();
+        let out = std::process::Command::new(common::sandgate_bin())
+            .args(["check-config", p.to_str().unwrap()])
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let listener = |tls: &str, extra: &str| {
+        format!("  listeners:\n    - listen: 127.0.0.1:0\n      role: node\n{extra}      tls: {{ {tls} }}\n")
+    };
+    let good_tls = "cert: central-127.0.0.1.pem, key: central-127.0.0.1.key, client_ca: ca.pem";
+    let nodes = "  nodes:\n    - name: node-a\n      projects: [p1]\n";
+    assert_eq!(check(&format!("{}{nodes}", listener(good_tls, ""))).0, 0);
+    let (code, err) = check(&listener(good_tls, ""));
+    assert_eq!(code, 64);
+    assert!(err.contains("spec.nodes"), "{err}");
+    let (code, err) = check(&format!("{}{nodes}", listener(good_tls, "      task: t1\n")));
+    assert_eq!(code, 64);
+    assert!(err.contains("spec.listeners.task"), "{err}");
+    let (code, err) = check(&format!(
+        "{}{nodes}",
+        listener(
+            "cert: missing.pem, key: central-127.0.0.1.key, client_ca: ca.pem",
+            ""
+        )
+    ));
+    assert_eq!(code, 64);
+    assert!(err.contains("missing.pem"), "{err}");
+    // A key that is not the certificate's.
+    let (code, err) = check(&format!(
+        "{}{nodes}",
+        listener(
+            "cert: central-127.0.0.1.pem, key: node-node-a.key, client_ca: ca.pem",
+            ""
+        )
+    ));
+    assert_eq!(code, 64);
+    assert!(err.contains("does not match"), "{err}");
+    let (code, err) = check(&format!(
+        "{}{nodes}",
+        listener("cert: central-127.0.0.1.pem, key: central-127.0.0.1.key", "")
+    ));
+    assert_eq!(code, 64, "client_ca is required");
+    assert!(err.contains("client_ca"), "{err}");
 }
