@@ -46,7 +46,8 @@ struct Args {
     idle: usize,
     /// Targets, comma-separated: direct, sandgate, sandgate-nopeek (no first-bytes check
     /// on tunnels), sandgate-central (a node-local proxy and a central one, both on the
-    /// proxies' core), squid, tinyproxy.
+    /// proxies' core; sandgate-central-http1: a TLS connection per tunnel instead of HTTP/2
+    /// streams), squid, tinyproxy.
     #[arg(
         long,
         default_value = "direct,sandgate,squid,tinyproxy",
@@ -187,7 +188,9 @@ async fn run_target(
         // The same, reading no tunnel's first bytes: the cost of the ClientHello check.
         "sandgate-nopeek" => Some(proxies::sandgate(sandgate_bin, s, core, false)?),
         // A node-local proxy forwarding to a central one (mutual TLS, HTTP/2 streams).
-        "sandgate-central" => Some(proxies::sandgate_central(sandgate_bin, s, core)?),
+        "sandgate-central" => Some(proxies::sandgate_central(sandgate_bin, s, core, false)?),
+        // The same with a TLS connection per tunnel (HTTP/1.1 CONNECT), for comparison.
+        "sandgate-central-http1" => Some(proxies::sandgate_central(sandgate_bin, s, core, true)?),
         "squid" => Some(proxies::squid(s, core)?),
         "tinyproxy" => Some(proxies::tinyproxy(s, core)?),
         other => return Err(format!("unknown target {other}").into()),

@@ -127,8 +127,14 @@ pub fn sandgate(
 /// A node-local sandgate forwarding to a central one over mutual TLS and HTTP/2 (one
 /// connection, a stream per request), both on the proxies' core: the central holds the
 /// allowlist and dials; the node allows the same and dials nothing itself. Certificates
-/// from `sandgate pki`.
-pub fn sandgate_central(binary: &Path, s: &Servers, core: Option<usize>) -> Result<RunningProxy, BoxError> {
+/// from `sandgate pki`. `http1`: a TLS connection per tunnel with HTTP/1.1 CONNECT instead,
+/// to show what multiplexing buys.
+pub fn sandgate_central(
+    binary: &Path,
+    s: &Servers,
+    core: Option<usize>,
+    http1: bool,
+) -> Result<RunningProxy, BoxError> {
     let dir = world_writable_dir()?;
     let d = dir.path();
     for args in [
@@ -157,7 +163,13 @@ pub fn sandgate_central(binary: &Path, s: &Servers, core: Option<usize>) -> Resu
     )?;
     let plain: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
     let mut central = pinned(binary, core);
-    central.args(["proxy", "--listen", &plain.to_string(), "--allow-range", "127.0.0.1/32"]);
+    central.args([
+        "proxy",
+        "--listen",
+        &plain.to_string(),
+        "--allow-range",
+        "127.0.0.1/32",
+    ]);
     central.arg("--policy").arg(&policy);
     central.arg("--audit-log").arg(d.join("central.jsonl"));
     central.args(["--dns-server", "127.0.0.1:9", "--max-connections", "8000"]);
@@ -179,6 +191,9 @@ pub fn sandgate_central(binary: &Path, s: &Servers, core: Option<usize>) -> Resu
     node.arg("--client-cert").arg(d.join("pki/node-bench-node.pem"));
     node.arg("--client-key").arg(d.join("pki/node-bench-node.key"));
     node.arg("--audit-log").arg(d.join("node.jsonl"));
+    if http1 {
+        node.args(["--upstream-transport", "http1"]);
+    }
     node.args(["--dns-server", "127.0.0.1:9", "--max-connections", "8000"]);
     node.args(["--max-connections-per-client", "8000"]);
     for a in allowed(s) {

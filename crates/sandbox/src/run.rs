@@ -408,6 +408,7 @@ fn centrals(
         ca: spec.ca.clone(),
         cert: spec.cert.clone(),
         key: spec.key.clone(),
+        http1: false,
     };
     sandgate_proxy::dial::Centrals::new(hops, files)
         .map(std::sync::Arc::new)

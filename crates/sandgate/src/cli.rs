@@ -498,6 +498,10 @@ pub struct ProxyArgs {
     /// The key (PEM) of --client-cert
     #[arg(long, value_name = "FILE", requires = "upstream")]
     pub client_key: Option<std::path::PathBuf>,
+    /// How requests travel to the central proxies: h2 (streams of one connection) or http1
+    /// (a TLS connection per tunnel; for comparison) [default: h2]
+    #[arg(long, value_name = "h2|http1", value_parser = ["h2", "http1"], requires = "upstream")]
+    pub upstream_transport: Option<String>,
     /// Serve Prometheus/OpenMetrics text on http://ADDR/metrics (e.g. 127.0.0.1:9090)
     #[arg(long, value_name = "ADDR", conflicts_with = "admin_listen")]
     pub metrics_listen: Option<String>,

@@ -348,6 +348,7 @@ fn centrals(
         ca: ca.clone(),
         cert: cert.clone(),
         key: key.clone(),
+        http1: args.upstream_transport.as_deref() == Some("http1"),
     };
     sandgate_proxy::dial::Centrals::new(hops, files)
         .map(|c| Some(std::sync::Arc::new(c)))

@@ -696,3 +696,35 @@ fn check_config_refuses_node_listeners_that_cannot_work() {
     assert_eq!(code, 64, "client_ca is required");
     assert!(err.contains("client_ca"), "{err}");
 }
+
+/// `--upstream-transport http1`: the same checks, one TLS connection per tunnel (the
+/// comparison the benchmark makes); the central sees a new connection for each.
+#[test]
+fn the_http1_transport_opens_a_connection_per_tunnel() {
+    let w = World::new();
+    let origin = w.origin();
+    let dns = w.dns(Zone::new().with("ok.test", &["127.0.0.1"]));
+    let pki = Pki::new();
+    let c = central(&pki, dns.addr(), &spec(origin.port()), &[]);
+    let cert = pki.node("node-a", &[]);
+    let mut args = central::upstream_args(&cert, &[c.node_addr]);
+    args.extend(["--upstream-transport", "http1", "--dns-server", "127.0.0.1:9"].map(String::from));
+    let allow = format!("ok.test:{}", origin.port());
+    args.extend(["--allow".to_owned(), allow]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let n = common::ProxyProcess::start(&refs);
+    let url = format!("http://ok.test:{}/", origin.port());
+    for flags in [&[][..], &["-p"]] {
+        let mut a = vec!["-sS", "-o", "/dev/null", "-w", "%{http_code}"];
+        a.extend_from_slice(flags);
+        a.push(&url);
+        assert_eq!(curl(&n.url(), &a).1, "200");
+    }
+    let decisions = events_where(&c.proxy.audit_path, 2, |e| e["decision"] == "allow");
+    assert_eq!(decisions.len(), 2);
+    assert!(decisions.iter().all(|e| e["node"] == "node-a"));
+    assert_ne!(
+        decisions[0]["client_addr"], decisions[1]["client_addr"],
+        "a connection per tunnel"
+    );
+}

@@ -95,6 +95,8 @@ struct HopState {
 pub struct Centrals {
     hops: Vec<(Hop, Mutex<HopState>)>,
     tls: Reloadable<rustls::ClientConfig, ClientFiles>,
+    /// A TLS connection per tunnel with HTTP/1.1 CONNECT, instead of HTTP/2 streams.
+    http1: bool,
 }
 
 /// Why one central could not carry a request.
@@ -108,7 +110,9 @@ enum HopError {
 impl Centrals {
     /// Reads the TLS files; connections are made when first needed.
     pub fn new(hops: Vec<Hop>, files: ClientFiles) -> Result<Centrals, TlsError> {
+        let http1 = files.http1;
         Ok(Centrals {
+            http1,
             hops: hops
                 .into_iter()
                 .map(|h| (h, Mutex::new(HopState::default())))
@@ -137,20 +141,23 @@ impl Centrals {
         identity: &Identity,
         timeout: Duration,
     ) -> Result<(TcpStream, SocketAddr), DialError> {
+        let request = || connect_request(target, access, identity);
         let mut last = String::from("no central proxy configured");
         for (hop, state) in &self.hops {
-            let attempt = match self.sender(dialer, hop, state).await {
-                Ok(Some((sender, addr))) => stream(sender, target, access, identity, timeout)
-                    .await
-                    .map(|core| (core, addr)),
-                Ok(None) => {
-                    last = format!("{}: unreachable, retried after a back-off", hop.name);
-                    continue;
+            let attempt = if self.http1 {
+                self.tunnel_http1(dialer, hop, state, request, timeout).await
+            } else {
+                match self.sender(dialer, hop, state).await {
+                    Ok(Some((sender, addr))) => exchange(sender, request, timeout)
+                        .await
+                        .map(|core| Some((core, addr))),
+                    Ok(None) => Ok(None),
+                    Err(e) => Err(e),
                 }
-                Err(e) => Err(e),
             };
             match attempt {
-                Ok(opened) => return Ok(opened),
+                Ok(Some(opened)) => return Ok(opened),
+                Ok(None) => last = format!("{}: unreachable, retried after a back-off", hop.name),
                 Err(HopError::Refused(status)) => return Err(DialError::UpstreamRefused(status)),
                 Err(HopError::Unavailable(why)) => {
                     tracing::warn!(central = %hop.name, error = %why, "central proxy unavailable; trying the next");
@@ -183,19 +190,65 @@ impl Centrals {
         if state.down_until.is_some_and(|at| Instant::now() < at) {
             return Ok(None);
         }
-        let (c, addr) = self.connect(dialer, hop).await?;
-        state.conn = Some((c.clone(), addr));
+        let (tls, addr) = self.tls_connect(dialer, hop).await?;
+        let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+        builder
+            .timer(TokioTimer::new())
+            .initial_stream_window_size(serve::STREAM_WINDOW)
+            .initial_connection_window_size(serve::CONNECTION_WINDOW)
+            .max_frame_size(serve::MAX_FRAME)
+            .keep_alive_interval(Some(serve::KEEPALIVE))
+            .keep_alive_timeout(serve::KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
+        let (sender, connection) = builder
+            .handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| HopError::Unavailable(format!("HTTP/2: {e}")))?;
+        let name = hop.name.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::warn!(central = %name, error = %e, "connection to the central proxy ended");
+            }
+        });
+        state.conn = Some((sender.clone(), addr));
         state.backoff = Duration::ZERO;
         state.down_until = None;
-        Ok(Some((c, addr)))
+        Ok(Some((sender, addr)))
     }
 
-    /// A new mutual-TLS HTTP/2 connection to `hop`.
-    async fn connect(
+    /// `--upstream-transport http1`: a new mutual-TLS connection for this one tunnel, with
+    /// an HTTP/1.1 CONNECT on it (what multiplexing saves, for comparison).
+    async fn tunnel_http1(
         &self,
         dialer: &super::Dialer,
         hop: &Hop,
-    ) -> Result<(SendRequest<Empty<Bytes>>, SocketAddr), HopError> {
+        state: &Mutex<HopState>,
+        request: impl FnOnce() -> Result<hyper::Request<Empty<Bytes>>, HopError>,
+        timeout: Duration,
+    ) -> Result<Option<(TcpStream, SocketAddr)>, HopError> {
+        if state
+            .lock()
+            .await
+            .down_until
+            .is_some_and(|at| Instant::now() < at)
+        {
+            return Ok(None);
+        }
+        let (tls, addr) = self.tls_connect(dialer, hop).await?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| HopError::Unavailable(format!("HTTP/1.1: {e}")))?;
+        tokio::spawn(connection.with_upgrades());
+        let core = exchange(sender, request, timeout).await?;
+        Ok(Some((core, addr)))
+    }
+
+    /// A TCP connection to `hop` and the mutual-TLS handshake on it.
+    async fn tls_connect(
+        &self,
+        dialer: &super::Dialer,
+        hop: &Hop,
+    ) -> Result<(tokio_rustls::client::TlsStream<TcpStream>, SocketAddr), HopError> {
         let addr = dialer
             .central_addr(hop)
             .await
@@ -211,51 +264,66 @@ impl Centrals {
             .await
             .map_err(|_| HopError::Unavailable("TLS handshake timed out".into()))?
             .map_err(|e| HopError::Unavailable(format!("TLS: {e}")))?;
-        let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
-        builder
-            .timer(TokioTimer::new())
-            .initial_stream_window_size(serve::STREAM_WINDOW)
-            .initial_connection_window_size(serve::CONNECTION_WINDOW)
-            .keep_alive_interval(Some(serve::KEEPALIVE))
-            .keep_alive_timeout(serve::KEEPALIVE_TIMEOUT)
-            .keep_alive_while_idle(true);
-        let (sender, connection) = builder
-            .handshake(TokioIo::new(tls))
-            .await
-            .map_err(|e| HopError::Unavailable(format!("HTTP/2: {e}")))?;
-        let name = hop.name.clone();
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!(central = %name, error = %e, "connection to the central proxy ended");
-            }
-        });
-        Ok((sender, addr))
+        Ok((tls, addr))
     }
 }
 
-/// Opens one CONNECT stream on `sender` and bridges it: the core's end.
-async fn stream(
-    mut sender: SendRequest<Empty<Bytes>>,
+/// The CONNECT request for `target` with the request's attribution.
+fn connect_request(
     target: &Target,
     access: Access,
     identity: &Identity,
-    timeout: Duration,
-) -> Result<TcpStream, HopError> {
-    let mut request = hyper::Request::connect(target.to_string());
+) -> Result<hyper::Request<Empty<Bytes>>, HopError> {
+    let authority = target.to_string();
+    let mut request =
+        hyper::Request::connect(authority.as_str()).header(hyper::header::HOST, authority.as_str());
     for (k, v) in attribution::fields(identity) {
         request = request.header(k, v);
     }
     if access == Access::Http {
         request = request.header(ACCESS_FIELD, "http");
     }
-    let request = request
+    request
         .body(Empty::<Bytes>::new())
-        .map_err(|e| HopError::Unavailable(e.to_string()))?;
-    let exchange = async {
-        sender.ready().await?;
-        sender.send_request(request).await
-    };
-    let response = match tokio::time::timeout(timeout, exchange).await {
+        .map_err(|e| HopError::Unavailable(e.to_string()))
+}
+
+/// Either transport's request sender.
+trait Sender {
+    async fn send(
+        &mut self,
+        request: hyper::Request<Empty<Bytes>>,
+    ) -> hyper::Result<hyper::Response<hyper::body::Incoming>>;
+}
+
+impl Sender for SendRequest<Empty<Bytes>> {
+    async fn send(
+        &mut self,
+        request: hyper::Request<Empty<Bytes>>,
+    ) -> hyper::Result<hyper::Response<hyper::body::Incoming>> {
+        self.ready().await?;
+        self.send_request(request).await
+    }
+}
+
+impl Sender for hyper::client::conn::http1::SendRequest<Empty<Bytes>> {
+    async fn send(
+        &mut self,
+        request: hyper::Request<Empty<Bytes>>,
+    ) -> hyper::Result<hyper::Response<hyper::body::Incoming>> {
+        self.ready().await?;
+        self.send_request(request).await
+    }
+}
+
+/// Sends the CONNECT, and on a 2xx bridges the stream: the core's end.
+async fn exchange(
+    mut sender: impl Sender,
+    request: impl FnOnce() -> Result<hyper::Request<Empty<Bytes>>, HopError>,
+    timeout: Duration,
+) -> Result<TcpStream, HopError> {
+    let request = request()?;
+    let response = match tokio::time::timeout(timeout, sender.send(request)).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => return Err(HopError::Unavailable(e.to_string())),
         Err(_) => return Err(HopError::Unavailable("no answer in time".into())),

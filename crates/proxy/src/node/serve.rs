@@ -35,6 +35,8 @@ pub(crate) const STREAM_WINDOW: u32 = 256 * 1024;
 /// Streams one node connection may have open at once (more wait for a free one).
 pub(crate) const MAX_STREAMS: u32 = 512;
 pub(crate) const CONNECTION_WINDOW: u32 = STREAM_WINDOW * MAX_STREAMS;
+/// The largest DATA frame either side accepts: bulk tunnels move in fewer frames.
+pub(crate) const MAX_FRAME: u32 = 64 * 1024;
 /// PING a quiet connection this often; no answer within the timeout ends it.
 pub(crate) const KEEPALIVE: Duration = Duration::from_secs(10);
 pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -59,10 +61,14 @@ pub(crate) async fn serve(
         }
     };
     let (_, conn) = tls.get_ref();
-    if conn.alpn_protocol() != Some(b"h2") {
-        let why = NodeRefusal::Handshake("the node did not offer HTTP/2 (ALPN h2)".into());
-        return refuse_connection(&egress, peer, why).await;
-    }
+    let h2 = match conn.alpn_protocol() {
+        Some(b"h2") => true,
+        Some(b"http/1.1") => false,
+        _ => {
+            let why = NodeRefusal::Handshake("the node offered neither h2 nor http/1.1 (ALPN)".into());
+            return refuse_connection(&egress, peer, why).await;
+        }
+    };
     let names = conn
         .peer_certificates()
         .and_then(|c| c.first())
@@ -82,12 +88,29 @@ pub(crate) async fn serve(
             async move { Ok::<_, Infallible>(stream_request(egress, peer, &node, name, tracker, req).await) }
         })
     };
+    if !h2 {
+        // HTTP/1.1: one tunnel per connection (`--upstream-transport http1`, for comparison).
+        let connection = hyper::server::conn::http1::Builder::new()
+            .max_buf_size(16 * 1024)
+            .serve_connection(TokioIo::new(tls), service)
+            .with_upgrades();
+        tokio::pin!(connection);
+        tokio::select! {
+            _ = connection.as_mut() => {}
+            () = stop.cancelled() => {
+                connection.as_mut().graceful_shutdown();
+                let _ = connection.await;
+            }
+        }
+        return;
+    }
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_concurrent_streams(MAX_STREAMS)
+        .max_frame_size(MAX_FRAME)
         .keep_alive_interval(Some(KEEPALIVE))
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .max_header_list_size(16 * 1024);

@@ -57,8 +57,10 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// The HTTP/2 ALPN identifier: the transport is HTTP/2 only.
+/// ALPN identifiers: HTTP/2 (the transport), HTTP/1.1 (one tunnel per connection, for
+/// comparison).
 const H2: &[u8] = b"h2";
+const HTTP1: &[u8] = b"http/1.1";
 
 /// The files of a central's node listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,7 +84,7 @@ impl ServerFiles {
             .with_client_cert_verifier(verifier)
             .with_single_cert(load_certs(&self.cert)?, load_key(&self.key)?)
             .map_err(|e| file_error(&self.key, format!("does not match {}: {e}", self.cert.display())))?;
-        config.alpn_protocols = vec![H2.to_vec()];
+        config.alpn_protocols = vec![H2.to_vec(), HTTP1.to_vec()];
         Ok(Arc::new(config))
     }
 }
@@ -94,6 +96,8 @@ pub struct ClientFiles {
     pub ca: PathBuf,
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// Offer HTTP/1.1 instead of HTTP/2 (a TLS connection per tunnel, for comparison).
+    pub http1: bool,
 }
 
 impl ClientFiles {
@@ -105,7 +109,7 @@ impl ClientFiles {
             .with_root_certificates(roots(&self.ca)?)
             .with_client_auth_cert(load_certs(&self.cert)?, load_key(&self.key)?)
             .map_err(|e| file_error(&self.key, format!("does not match {}: {e}", self.cert.display())))?;
-        config.alpn_protocols = vec![H2.to_vec()];
+        config.alpn_protocols = vec![if self.http1 { HTTP1 } else { H2 }.to_vec()];
         Ok(Arc::new(config))
     }
 }
