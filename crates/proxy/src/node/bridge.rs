@@ -11,8 +11,9 @@ use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpStream, UnixStream};
 
-/// Bytes buffered per direction while a stream moves data.
-const PUMP_BUFFER: usize = 64 * 1024;
+/// The pump never ends a quiet stream itself: the core's relay on the other end of the
+/// socket pair keeps the tunnel's idle timer and closes its end, which ends the pump.
+const NO_IDLE_LIMIT: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
 
 /// A connected pair: the core's end (a stream socket the core drives like an accepted TCP
 /// connection: reads, writes, shutdown and splice all work on it) and the pump's end.
@@ -27,8 +28,9 @@ pub(crate) fn pair() -> io::Result<(TcpStream, UnixStream)> {
     Ok((TcpStream::from_std(core)?, UnixStream::from_std(pump)?))
 }
 
-/// Moves bytes between `stream` and `pump` until both directions end or either fails.
-pub(crate) async fn pump(stream: Upgraded, mut pump: UnixStream) {
-    let mut stream = TokioIo::new(stream);
-    let _ = tokio::io::copy_bidirectional_with_sizes(&mut stream, &mut pump, PUMP_BUFFER, PUMP_BUFFER).await;
+/// Moves bytes between `stream` and `pump` (the relay for any two streams) until both
+/// directions end or either fails.
+pub(crate) async fn pump(stream: Upgraded, pump: UnixStream) {
+    let never = tokio_util::sync::CancellationToken::new();
+    let _ = crate::relay::relay_streams(TokioIo::new(stream), pump, NO_IDLE_LIMIT, &never).await;
 }
