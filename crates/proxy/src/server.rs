@@ -211,6 +211,11 @@ impl Proxy {
             stopping: self.egress.stopping.clone(),
             audit: self.egress.audit.downgrade(),
             metrics: self.egress.metrics.clone(),
+            node_listeners: self
+                .listeners
+                .iter()
+                .filter_map(|(_, m)| m.node.clone())
+                .collect(),
         }
     }
 

@@ -728,3 +728,43 @@ fn the_http1_transport_opens_a_connection_per_tunnel() {
         "a connection per tunnel"
     );
 }
+
+/// The operator drops a node from `spec.nodes` (a compromised machine): after the reload,
+/// its next stream is refused even on the connection it already holds, and on record.
+#[test]
+fn a_node_dropped_from_the_policy_loses_its_open_connection_at_the_next_stream() {
+    let w = World::new();
+    let origin = w.origin();
+    let dns = w.dns(Zone::new().with("ok.test", &["127.0.0.1"]));
+    let pki = Pki::new();
+    let c = central(&pki, dns.addr(), &spec(origin.port()), &[]);
+    let cert = pki.node("node-a", &[]);
+    let ok_p = format!("ok.test:{}", origin.port());
+    let n = node(&cert, &[c.node_addr], &[&ok_p], Some(("t1", "p1")));
+    let url = format!("http://ok.test:{}/", origin.port());
+    let get = || {
+        curl(
+            &format!("http://{}", n.addr),
+            &["-sS", "-o", "/dev/null", "-w", "%{http_code}", &url],
+        )
+        .1
+    };
+    assert_eq!(get(), "200");
+    let text = std::fs::read_to_string(&c.policy)
+        .unwrap()
+        .replace("name: node-a", "name: node-z");
+    std::fs::write(&c.policy, text).unwrap();
+    std::process::Command::new("kill")
+        .args(["-HUP", &c.proxy.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(c.proxy.log_line("nodes reloaded").is_some());
+    assert_eq!(get(), "403");
+    let refused = events_where(&c.proxy.audit_path, 1, |e| e["reason_code"] == "node_unknown");
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+    let allowed = events_where(&c.proxy.audit_path, 1, |e| e["decision"] == "allow");
+    assert_eq!(
+        refused[0]["client_addr"], allowed[0]["client_addr"],
+        "refused on the connection it already held"
+    );
+}

@@ -78,14 +78,21 @@ pub(crate) async fn serve(
         return refuse_connection(&egress, peer, NodeRefusal::Unknown(names.join(", "))).await;
     };
     tracing::debug!(%peer, node = %node.name, "node connected");
-    let node = Arc::new(node);
-    let name: Arc<str> = Arc::from(node.name.as_str());
+    let names: Arc<[String]> = Arc::from(names);
     let service = {
         let egress = egress.clone();
         let tracker = tracker.clone();
+        let listener = listener.clone();
         hyper::service::service_fn(move |req| {
-            let (egress, node, name, tracker) = (egress.clone(), node.clone(), name.clone(), tracker.clone());
-            async move { Ok::<_, Infallible>(stream_request(egress, peer, &node, name, tracker, req).await) }
+            let (egress, tracker, listener, names) =
+                (egress.clone(), tracker.clone(), listener.clone(), names.clone());
+            async move {
+                // The node's entry as it stands now: a reload that drops or narrows it
+                // applies to the next stream of a connection already up.
+                let nodes = listener.nodes();
+                let node = nodes.find(names.iter().map(String::as_str));
+                Ok::<_, Infallible>(stream_request(egress, peer, node, &names, tracker, req).await)
+            }
         })
     };
     if !h2 {
@@ -138,15 +145,20 @@ async fn refuse_connection(egress: &Egress, peer: SocketAddr, why: NodeRefusal) 
 async fn stream_request(
     egress: Arc<Egress>,
     peer: SocketAddr,
-    node: &NodeSpec,
-    name: Arc<str>,
+    node: Option<&NodeSpec>,
+    cert_names: &[String],
     tracker: TaskTracker,
     mut req: Request<hyper::body::Incoming>,
 ) -> Response<Full<Bytes>> {
     let method = Cow::Owned(req.method().as_str().to_owned());
     let claimed = attribution::read(req.headers());
     let identity = Arc::new(claimed.clone().unwrap_or_default());
-    let pending = egress.begin_via(peer, identity.clone(), Some(method), Some(name));
+    let name = node.map(|n| Arc::<str>::from(n.name.as_str()));
+    let pending = egress.begin_via(peer, identity.clone(), Some(method), name);
+    let Some(node) = node else {
+        let why = NodeRefusal::Unknown(cert_names.join(", "));
+        return refused(egress.refuse(pending, None, Refusal::Node(why)).await);
+    };
     if req.method() != Method::CONNECT {
         let why = NodeRefusal::NotConnect(req.method().to_string());
         return refused(egress.refuse(pending, None, Refusal::Node(why)).await);

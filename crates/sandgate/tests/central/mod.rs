@@ -97,6 +97,8 @@ pub struct NodeCert {
 pub struct Central {
     pub proxy: ProxyProcess,
     pub node_addr: SocketAddr,
+    /// Its policy file (rewrite it and send SIGHUP to reload).
+    pub policy: PathBuf,
 }
 
 /// The address of the listener logged with `role=ROLE`.
@@ -134,7 +136,11 @@ pub fn central(pki: &Pki, dns: SocketAddr, spec: &str, extra: &[&str]) -> Centra
     args.extend_from_slice(extra);
     let proxy = ProxyProcess::start(&args);
     let node_addr = listener_with_role(&proxy, "node");
-    Central { proxy, node_addr }
+    Central {
+        proxy,
+        node_addr,
+        policy,
+    }
 }
 
 fn rand_suffix() -> String {
