@@ -35,6 +35,11 @@ pub struct RunOptions {
     pub net: Option<NetMode>,
     pub allow_domains: Vec<String>,
     pub audit_log: Option<PathBuf>,
+    /// `--no-audit-log`: the run's audit log lives in its state directory and goes with it.
+    pub no_audit_log: bool,
+    /// `--learn`: the run's proxy lets what the policy denies pass, recorded as
+    /// `report_only` (the address guard still refuses).
+    pub learn: bool,
     pub print_argv: bool,
     /// `seatbelt`: print the macOS profile instead of running.
     pub print_profile: Option<String>,
@@ -67,6 +72,9 @@ pub fn load_policy(opts: &RunOptions) -> Result<SandboxPolicy, RunError> {
         .map_err(|e| RunError::Usage(format!("cannot read {}: {e}", opts.policy_path.display())))?;
     let mut p = policy::parse(&text, &opts.params, &|path| std::fs::canonicalize(path), opts.net)
         .map_err(|e| RunError::Usage(format!("{}: {e}", opts.policy_path.display())))?;
+    for w in &p.warnings {
+        eprintln!("sandgate: {}: {w}", opts.policy_path.display());
+    }
     for d in &opts.allow_domains {
         let pattern = sandgate_policy::Pattern::parse(d)
             .map_err(|e| RunError::Usage(format!("invalid --allow-domain {d:?}: {e}")))?;
@@ -74,6 +82,16 @@ pub fn load_policy(opts: &RunOptions) -> Result<SandboxPolicy, RunError> {
     }
     if !p.net.proxied() && !opts.allow_domains.is_empty() {
         return Err(RunError::Usage("--allow-domain needs net mode allowlist".into()));
+    }
+    if !p.net.proxied() && opts.learn {
+        return Err(RunError::Usage(format!(
+            "--learn needs net mode allowlist or proxy (here {}): only the run's proxy can learn",
+            p.net.name()
+        )));
+    }
+    if let Some(written) = &p.egress_policy {
+        let dir = opts.policy_path.parent().unwrap_or(std::path::Path::new("."));
+        p.egress = Some(Box::new(crate::egress::load(&dir.join(written))?));
     }
     Ok(p)
 }
@@ -226,9 +244,21 @@ async fn supervise(
     let state = RunState::create(&tmp).map_err(|e| {
         RunError::Unavailable(format!("cannot create the run's state in {}: {e}", tmp.display()))
     })?;
-    let audit_path = opts.audit_log.clone().unwrap_or_else(|| state.audit_path());
+    let run = run_id();
+    let kept = match (&opts.audit_log, opts.no_audit_log || !policy.net.proxied()) {
+        (Some(path), _) => Some(path.clone()),
+        (None, true) => None,
+        (None, false) => crate::runlog::keep(&run),
+    };
+    let audit_path = kept.clone().unwrap_or_else(|| state.audit_path());
     let proxy = if policy.net.proxied() {
-        Some(start_proxy(&policy, &audit_path, &state, opts.ask).await?)
+        let how = ProxyRun {
+            task: run.clone(),
+            ask: opts.ask,
+            learn: opts.learn,
+            live: !opts.quiet,
+        };
+        Some(start_proxy(&policy, &audit_path, &state, how).await?)
     } else {
         None
     };
@@ -273,21 +303,44 @@ async fn supervise(
     if !policy.unshare_pid {
         let _ = tokio::task::spawn_blocking(processes::kill_leftovers).await;
     }
-    if let Some((stop, task)) = proxy {
-        let _ = stop.send(());
-        let _ = task.await;
+    if let Some(running) = proxy {
+        running.stop().await;
         if !opts.quiet {
-            summary::print(&audit_path);
+            summary::print(&audit_path, kept.as_deref(), opts.learn);
         }
     }
     drop(state);
     Ok(code)
 }
 
-type ProxyRun = (
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<std::io::Result<u64>>,
-);
+/// How the run's proxy serves this run.
+struct ProxyRun {
+    /// The run's task id (`run-PID-XXXXXXXX`), on every audit event.
+    task: String,
+    ask: Option<std::time::Duration>,
+    learn: bool,
+    /// Print each deny on stderr as it happens.
+    live: bool,
+}
+
+/// The run's proxy while it serves, with its live deny printer.
+struct RunningProxy {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<u64>>,
+    live: Option<crate::live::Printer>,
+}
+
+impl RunningProxy {
+    /// Stops the proxy (its audit log drained), then the live printer (what it was sent
+    /// printed).
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+        if let Some(live) = self.live {
+            live.finish().await;
+        }
+    }
+}
 
 /// Starts the run's proxy on host loopback (port 0: an HTTP listener, and a SOCKS5 one when
 /// the policy has a SOCKS5 port), serving only this run's bridges, and a bridge socket in
@@ -296,19 +349,23 @@ async fn start_proxy(
     policy: &SandboxPolicy,
     audit_path: &std::path::Path,
     state: &RunState,
-    ask: Option<std::time::Duration>,
-) -> Result<ProxyRun, RunError> {
+    how: ProxyRun,
+) -> Result<RunningProxy, RunError> {
     // Only this run's bridges may talk to its proxy: the listeners share one filter, and
     // one task identity, so HTTP and SOCKS5 requests are the same run's in the audit log.
     let peers = PeerFilter::new();
-    let config = proxy_config(policy, audit_path, &peers)?;
+    let config = proxy_config(policy, audit_path, &peers, &how.task)?;
     let listeners = config.listen.len();
     let proxy = Proxy::bind(config)
         .await
         .map_err(|e| RunError::Unavailable(format!("cannot start the proxy: {e}")))?;
-    if let Some(timeout) = ask {
+    if let Some(timeout) = how.ask {
         proxy.set_asker(std::sync::Arc::new(crate::ask::TerminalAsker::new(timeout)));
     }
+    proxy.set_report_only(how.learn);
+    let live = how
+        .live
+        .then(|| crate::live::Printer::start(proxy.policy_handle().subscribe()));
     // In the order of the configuration's listeners: HTTP, then SOCKS5 when there is one.
     let addrs = proxy.local_addrs();
     if addrs.len() != listeners {
@@ -325,7 +382,11 @@ async fn start_proxy(
     let task = tokio::spawn(proxy.run(async move {
         let _ = stop_rx.await;
     }));
-    Ok((stop_tx, task))
+    Ok(RunningProxy {
+        stop: stop_tx,
+        task,
+        live,
+    })
 }
 
 /// The run's proxy: the policy's rules, ranges and resolver, and its listeners on host
@@ -334,10 +395,11 @@ fn proxy_config(
     policy: &SandboxPolicy,
     audit_path: &std::path::Path,
     peers: &PeerFilter,
+    task: &str,
 ) -> Result<ProxyConfig, RunError> {
-    let mut rules = Ruleset::new();
-    policy.allow.iter().cloned().for_each(|p| rules.allow(p));
-    let ranges = policy
+    let egress = policy.egress.as_deref();
+    let rules = Ruleset::from_parts(&policy.allow, &[], egress);
+    let mut ranges = policy
         .allow_ranges
         .iter()
         .map(|r| {
@@ -345,7 +407,8 @@ fn proxy_config(
                 .map_err(|_| RunError::Usage(format!("net.allow_ranges: {r:?} is not a CIDR")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let servers = policy
+    ranges.extend(egress.iter().flat_map(|f| f.allow_ranges.iter().copied()));
+    let mut servers = policy
         .resolver_servers
         .iter()
         .map(|s| {
@@ -353,7 +416,15 @@ fn proxy_config(
                 .map_err(|_| RunError::Usage(format!("net.resolver.servers: {s:?} is not IP:PORT")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let task = run_id();
+    if servers.is_empty() {
+        servers.extend(
+            egress
+                .and_then(|f| f.resolver.as_ref())
+                .iter()
+                .flat_map(|r| r.servers.iter().copied()),
+        );
+    }
+    let task = task.to_owned();
     let listener = |protocol| Listener {
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         identity: Identity {

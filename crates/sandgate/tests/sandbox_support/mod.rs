@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 
-const BASE: &str = "env:\n  set: { HOME: /tmp, PATH: /usr/bin:/bin, LANG: C.UTF-8 }\nfs:\n  read_paths: [ /usr, /lib, /bin, /etc/ssl, /etc/alternatives ]\n";
+const BASE: &str = "apiVersion: sandgate.dev/v1\nkind: SandboxPolicy\nenv:\n  set: { HOME: /tmp, PATH: /usr/bin:/bin, LANG: C.UTF-8 }\nfs:\n  read_paths: [ /usr, /lib, /bin, /etc/ssl, /etc/alternatives ]\n";
 
 fn lib64() -> &'static str {
     if Path::new("/lib64").exists() {
