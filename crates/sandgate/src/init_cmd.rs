@@ -104,11 +104,12 @@ pub fn quote(s: &str) -> String {
         .replace('\u{2029}', "\\u2029")
 }
 
-/// `s` for a comment line: control characters and line separators escaped.
+/// `s` for a comment line: control characters and line separators escaped, and `$` (the
+/// sandbox policy substitutes `${NAME}` in comments too).
 fn comment(s: &str) -> String {
     s.chars()
         .map(|c| {
-            if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') {
+            if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '$') {
                 c.escape_unicode().to_string()
             } else {
                 c.to_string()
@@ -259,7 +260,7 @@ mod tests {
             let back: String = serde_json::from_str(&q.replace("\\u0024", "$")).unwrap();
             assert_eq!(back, s);
         }
-        assert_eq!(comment("a\nb\u{2028}"), "a\\u{a}b\\u{2028}");
+        assert_eq!(comment("a\nb\u{2028}${X}"), "a\\u{a}b\\u{2028}\\u{24}{X}");
     }
 
     #[test]
