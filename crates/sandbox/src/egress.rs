@@ -18,7 +18,7 @@ pub fn load(path: &Path) -> Result<PolicyFile, RunError> {
     let (file, _) = sandgate_proxy::reload::load_file(path)
         .map_err(|e| RunError::Usage(format!("net.egress_policy: {e}")))?;
     for warning in &file.warnings {
-        eprintln!("sandgate: {}", warning.as_warning());
+        eprintln!("{}", warning.as_warning());
     }
     let shared_only = [
         ("spec.listeners", !file.listeners.is_empty()),

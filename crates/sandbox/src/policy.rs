@@ -32,7 +32,8 @@ pub const DEPRECATED_FORM: &str = "warning: no apiVersion and kind: read as a Sa
 pub struct SandboxPolicy {
     /// `metadata.name`, when the policy has one.
     pub name: Option<String>,
-    /// What parses but should change (the deprecated form without `apiVersion`/`kind`).
+    /// What parses but should change, one line each as `file[:line]: warning: ...` (the
+    /// deprecated form without `apiVersion`/`kind`, an entry already expired).
     pub warnings: Vec<String>,
     pub env_set: BTreeMap<String, String>,
     pub env_passthrough: Vec<String>,
@@ -46,6 +47,9 @@ pub struct SandboxPolicy {
     pub private_tmp: bool,
     pub net: NetMode,
     pub allow: Vec<Pattern>,
+    /// `net.allowlist` and `net.denylist`: entries of the same model as an EgressPolicy's.
+    pub allow_entries: Vec<sandgate_policy::Entry>,
+    pub deny_entries: Vec<sandgate_policy::Entry>,
     /// `net.egress_policy`: an `EgressPolicy` file whose network section the run's proxy
     /// enforces too, as written (relative to the sandbox policy's directory).
     pub egress_policy: Option<PathBuf>,
@@ -237,27 +241,47 @@ fn bind_list(field: &str, list: &[String], resolve: Resolve<'_>) -> Result<Bound
 }
 
 /// Parses and validates a policy. `resolve` answers what a host path's canonical form is;
-/// `net_override` is the command line's `--net`, applied before any check.
+/// `net_override` is the command line's `--net`, applied before any check. Entries with
+/// `ttl_seconds` are anchored at the current time; [`parse_at`] takes the time and the
+/// file's name for messages.
 pub fn parse(
     text: &str,
     params: &BTreeMap<String, String>,
     resolve: Resolve<'_>,
     net_override: Option<NetMode>,
 ) -> Result<SandboxPolicy, PolicyError> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    parse_at(text, params, resolve, net_override, "policy", now)
+}
+
+/// As [`parse`], with `file` naming the policy in messages (`file:line: field: message`)
+/// and entries' origins, and `now` (Unix seconds) anchoring `ttl_seconds`.
+pub fn parse_at(
+    text: &str,
+    params: &BTreeMap<String, String>,
+    resolve: Resolve<'_>,
+    net_override: Option<NetMode>,
+    file: &str,
+    now: i64,
+) -> Result<SandboxPolicy, PolicyError> {
     let text = substitute(text, params)?;
-    let raw: Raw = serde_saphyr::from_str(&text).map_err(|e| {
-        let line = e.location().map_or(0, |l| l.line());
-        PolicyError(format!(
-            "line {line}: {}",
-            e.to_string().lines().next().unwrap_or("invalid YAML")
-        ))
-    })?;
-    let warnings = header(&raw)?;
+    if serde_saphyr::from_str::<Peek>(&text).is_ok_and(|p| p.kind.as_deref() == Some("EgressPolicy")) {
+        return Err(PolicyError(EGRESS_KIND.to_owned()));
+    }
+    let raw: Raw = serde_saphyr::from_str(&text)
+        .map_err(|e| PolicyError(sandgate_policy::document::yaml_error(&e, &text, file).to_string()))?;
+    let mut warnings: Vec<String> = header(&raw)?
+        .into_iter()
+        .map(|w| format!("{file}: {w}"))
+        .collect();
     let net = match net_override {
         Some(mode) => mode,
         None => NetMode::parse(raw.net.mode.as_deref().unwrap_or("none"))?,
     };
-    let network = network(&raw.net, net)?;
+    let network = network(&raw.net, net, file, now)?;
+    warnings.extend(network.entries.warnings.iter().map(|w| w.as_warning()));
     check_env(&raw.env)?;
     check_platform(&raw.platform, net)?;
     let fields = [
@@ -308,6 +332,8 @@ pub fn parse(
         private_tmp,
         net,
         allow: network.allow,
+        allow_entries: network.entries.allow,
+        deny_entries: network.entries.deny,
         egress_policy: raw.net.egress_policy.as_ref().map(PathBuf::from),
         egress: None,
         loopback_ports: raw.net.loopback_ports,
@@ -325,6 +351,9 @@ pub fn parse(
         extra_tmpfs: raw.platform.bwrap.tmpfs.iter().map(PathBuf::from).collect(),
     })
 }
+
+/// What a run given the proxy's policy is told.
+const EGRESS_KIND: &str = "kind: EgressPolicy is the proxy's policy (sandgate proxy --policy); sandgate run takes a SandboxPolicy, whose net.egress_policy may name this file (sandgate init --kind sandbox writes one)";
 
 /// Just enough of any policy document to say which kind it is.
 #[derive(Deserialize)]
@@ -357,14 +386,14 @@ fn header(raw: &Raw) -> Result<Vec<String>, PolicyError> {
     match (raw.api_version.as_deref(), raw.kind.as_deref()) {
         (None, None) => Ok(vec![DEPRECATED_FORM.to_owned()]),
         (Some(API_VERSION), Some(KIND)) => Ok(Vec::new()),
-        (Some(API_VERSION), Some("EgressPolicy")) => Err(PolicyError(
-            "kind: EgressPolicy is the proxy's policy (sandgate proxy --policy); sandgate run takes a SandboxPolicy, whose net.egress_policy may name this file".to_owned(),
-        )),
+        (_, Some("EgressPolicy")) => Err(PolicyError(EGRESS_KIND.to_owned())),
         (Some(API_VERSION), Some(other)) => Err(PolicyError(format!("kind: {other:?}: expected {KIND:?}"))),
         (Some(other), Some(_)) => Err(PolicyError(format!(
             "apiVersion: {other:?}: expected {API_VERSION:?}"
         ))),
-        (None, Some(_)) => Err(PolicyError(format!("apiVersion: missing: add `apiVersion: {API_VERSION}`"))),
+        (None, Some(_)) => Err(PolicyError(format!(
+            "apiVersion: missing: add `apiVersion: {API_VERSION}`"
+        ))),
         (Some(_), None) => Err(PolicyError(format!("kind: missing: add `kind: {KIND}`"))),
     }
 }

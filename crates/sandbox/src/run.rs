@@ -70,10 +70,26 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
 pub fn load_policy(opts: &RunOptions) -> Result<SandboxPolicy, RunError> {
     let text = std::fs::read_to_string(&opts.policy_path)
         .map_err(|e| RunError::Usage(format!("cannot read {}: {e}", opts.policy_path.display())))?;
-    let mut p = policy::parse(&text, &opts.params, &|path| std::fs::canonicalize(path), opts.net)
-        .map_err(|e| RunError::Usage(format!("{}: {e}", opts.policy_path.display())))?;
+    let file = opts.policy_path.display().to_string();
+    let resolve = |path: &std::path::Path| std::fs::canonicalize(path);
+    let mut p = policy::parse_at(
+        &text,
+        &opts.params,
+        &resolve,
+        opts.net,
+        &file,
+        sandgate_proxy::unix_now(),
+    )
+    .map_err(|e| {
+        // Errors of the YAML layer and of entries name the file and line already.
+        if e.0.starts_with(&format!("{file}:")) {
+            RunError::Usage(e.0)
+        } else {
+            RunError::Usage(format!("{file}: {e}"))
+        }
+    })?;
     for w in &p.warnings {
-        eprintln!("sandgate: {}: {w}", opts.policy_path.display());
+        eprintln!("{w}");
     }
     for d in &opts.allow_domains {
         let pattern = sandgate_policy::Pattern::parse(d)
@@ -398,7 +414,17 @@ fn proxy_config(
     task: &str,
 ) -> Result<ProxyConfig, RunError> {
     let egress = policy.egress.as_deref();
-    let rules = Ruleset::from_parts(&policy.allow, &[], egress);
+    let mut rules = Ruleset::from_parts(&policy.allow, &[], egress);
+    policy
+        .allow_entries
+        .iter()
+        .cloned()
+        .for_each(|e| rules.allow_entry(e));
+    policy
+        .deny_entries
+        .iter()
+        .cloned()
+        .for_each(|e| rules.deny_entry(e));
     let mut ranges = policy
         .allow_ranges
         .iter()

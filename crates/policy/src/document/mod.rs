@@ -14,10 +14,19 @@ use ipnet::IpNet;
 
 mod checker;
 mod control;
+mod embedded;
 mod raw;
 mod syntax;
 
 use checker::Checker;
+pub use embedded::{Entries, EntryList, entries};
+
+/// The `file:line: field: message` error for a document the YAML layer refused, for any
+/// policy document (the sandbox policy's too): a tab in the indentation named as such, the
+/// field's dotted path, the parser's message in the file's terms.
+pub fn yaml_error(e: &serde_saphyr::Error, text: &str, file: &str) -> DocError {
+    syntax::parse_error(e, text, file)
+}
 
 use raw::*;
 
@@ -247,7 +256,7 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
         .iter()
         .filter_map(|e| c.entry(e, "spec.network.denylist", now))
         .collect();
-    checker::shadowed(&mut c, &allow, &deny);
+    checker::shadowed(&mut c, "spec.network.allowlist", &allow, &deny);
     let mut allow = allow;
     for name in &net.presets {
         match preset::hosts(&name.value) {

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 
+use sandgate_policy::document::{Entries, EntryList};
 use sandgate_policy::{Pattern, preset};
 use serde::Deserialize;
 
@@ -65,6 +66,10 @@ pub(super) struct RawNet {
     #[serde(default)]
     pub(super) egress_policy: Option<String>,
     #[serde(default)]
+    pub(super) allowlist: EntryList,
+    #[serde(default)]
+    pub(super) denylist: EntryList,
+    #[serde(default)]
     pub(super) presets: Vec<String>,
     #[serde(default)]
     pub(super) loopback_ports: Vec<u16>,
@@ -103,9 +108,13 @@ pub(super) struct Network {
     pub(super) proxy_port: u16,
     pub(super) socks_port: Option<u16>,
     pub(super) all_proxy_http: bool,
+    /// `net.allowlist` and `net.denylist`, validated.
+    pub(super) entries: Entries,
 }
 
-pub(super) fn network(raw: &RawNet, net: NetMode) -> Result<Network, PolicyError> {
+pub(super) fn network(raw: &RawNet, net: NetMode, file: &str, now: i64) -> Result<Network, PolicyError> {
+    let entries = sandgate_policy::document::entries(&raw.allowlist, &raw.denylist, "net", file, now)
+        .map_err(|e| PolicyError(e.to_string()))?;
     let mut allow = Vec::new();
     for d in &raw.allow_domains {
         allow.push(Pattern::parse(d).map_err(|e| PolicyError(format!("net.allow_domains: {d:?}: {e}")))?);
@@ -156,9 +165,11 @@ pub(super) fn network(raw: &RawNet, net: NetMode) -> Result<Network, PolicyError
             )));
         }
     };
-    if !net.proxied() && (!allow.is_empty() || !raw.allow_ranges.is_empty() || raw.egress_policy.is_some()) {
+    let lists = !allow.is_empty() || !raw.allowlist.is_empty() || !raw.denylist.is_empty();
+    if !net.proxied() && (lists || !raw.allow_ranges.is_empty() || raw.egress_policy.is_some()) {
         return Err(PolicyError(
-            "net.allow_domains/presets/allow_ranges/egress_policy need net.mode allowlist".to_owned(),
+            "net.allow_domains/allowlist/denylist/presets/allow_ranges/egress_policy need net.mode allowlist"
+                .to_owned(),
         ));
     }
     if raw.egress_policy.as_deref().is_some_and(str::is_empty) {
@@ -170,6 +181,7 @@ pub(super) fn network(raw: &RawNet, net: NetMode) -> Result<Network, PolicyError
         proxy_port,
         socks_port,
         all_proxy_http,
+        entries,
     })
 }
 
