@@ -370,13 +370,18 @@ struct Peek {
     platform: Option<serde::de::IgnoredAny>,
 }
 
-/// Whether `text` is a sandbox policy: `kind: SandboxPolicy`, or no `kind` and a section
-/// only a sandbox policy has (the first form). `check-config` dispatches on it.
-pub fn is_sandbox_document(text: &str) -> bool {
-    serde_saphyr::from_str::<Peek>(text).is_ok_and(|k| match k.kind.as_deref() {
-        Some(kind) => kind == KIND,
-        None => k.env.is_some() || k.fs.is_some() || k.net.is_some() || k.platform.is_some(),
-    })
+/// The `kind` a policy document names: its `kind`, or [`KIND`] for a document without one
+/// but with a section only a sandbox policy has (the first form); `None` when it names none
+/// (or is not YAML). `check-config` dispatches on it.
+pub fn document_kind(text: &str) -> Option<String> {
+    let k = serde_saphyr::from_str::<Peek>(text).ok()?;
+    match k.kind {
+        Some(kind) => Some(kind),
+        None if k.env.is_some() || k.fs.is_some() || k.net.is_some() || k.platform.is_some() => {
+            Some(KIND.to_owned())
+        }
+        None => None,
+    }
 }
 
 /// Checks `apiVersion` and `kind`: both, naming a sandbox policy, or neither (the first

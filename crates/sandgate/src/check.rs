@@ -18,10 +18,17 @@ use crate::EX_USAGE;
 /// read as an EgressPolicy, whose errors then say what is wrong.
 pub fn run(file: &Path, params: &[String]) -> ExitCode {
     let text = std::fs::read_to_string(file).unwrap_or_default();
-    if sandgate_sandbox::policy::is_sandbox_document(&text) {
-        return sandbox_check(file, params);
+    match sandgate_sandbox::policy::document_kind(&text).as_deref() {
+        Some(sandgate_sandbox::policy::KIND) => sandbox_check(file, params),
+        None | Some(sandgate_policy::document::KIND) => egress_check(file),
+        Some(other) => {
+            eprintln!(
+                "{}: kind: {other:?}: check-config reads EgressPolicy (sandgate proxy) and SandboxPolicy (sandgate run)",
+                file.display()
+            );
+            ExitCode::from(EX_USAGE)
+        }
     }
-    egress_check(file)
 }
 
 /// A SandboxPolicy: everything `sandgate run` checks before it starts anything (paths

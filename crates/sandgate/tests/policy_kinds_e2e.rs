@@ -1,0 +1,282 @@
+//! One policy language (issue 11): `apiVersion`/`kind` on both documents, one
+//! `check-config` for either kind with errors as `file:line: field: message`, the first
+//! sandbox form still read with a warning that says what to add, a sandbox policy's network
+//! section taking the EgressPolicy entry model (ports, expiry, deny entries, reasons) in a
+//! real run with curl, or naming an EgressPolicy file (refused when it configures what only
+//! a shared proxy has), and every example in docs/ passing the check.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::disallowed_methods,
+    reason = "integration tests: a failed setup step should fail loudly, and tests connect to their own loopback fixtures"
+)]
+
+mod common;
+mod sandbox_support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use sandgate_testkit::dns::{DnsServer, Zone};
+use sandgate_testkit::origin::Origin;
+
+use common::{read_audit, runtime, sandgate_bin};
+use sandbox_support::{base, text};
+
+/// `sandgate ARGS`: (exit code, stdout, stderr).
+fn sandgate(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(sandgate_bin())
+        .args(args)
+        .env("XDG_STATE_HOME", std::env::temp_dir())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+const HEADER: &str = "apiVersion: sandgate.dev/v1\nkind: SandboxPolicy\n";
+
+#[test]
+fn check_config_reads_either_kind_and_says_what_to_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let egress = write(
+        d,
+        "egress.yaml",
+        "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: { name: e }\nspec:\n  network:\n    allowlist: [ pypi.org ]\n",
+    );
+    let (code, out, err) = sandgate(&["check-config", &egress]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("ok: e (1 allow, 0 deny entries"), "{out}");
+
+    let body = base().replacen(HEADER, "", 1);
+    let new = write(d, "new.yaml", &format!("{HEADER}metadata: {{ name: s }}\n{body}"));
+    let (code, out, err) = sandgate(&["check-config", &new]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("ok: s (SandboxPolicy: net mode none"), "{out}");
+    assert!(err.is_empty(), "{err}");
+
+    // The first form: read, with a warning naming the two lines to add; adding them is all
+    // it takes.
+    let old = write(d, "old.yaml", &body);
+    let (code, _, err) = sandgate(&["check-config", &old]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!("{old}: warning: no apiVersion and kind: read as a SandboxPolicy; this form is deprecated: add the two lines `apiVersion: sandgate.dev/v1` and `kind: SandboxPolicy` at the top")),
+        "{err}"
+    );
+    let fixed = write(d, "fixed.yaml", &format!("{HEADER}{body}"));
+    let (code, _, err) = sandgate(&["check-config", &fixed]);
+    assert_eq!((code, err.as_str()), (0, ""));
+    let (code, _, err) = sandgate(&["run", "--policy", &old, "--", "true"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("this form is deprecated"), "{err}");
+
+    // Errors in the one style, each on its line.
+    let cases = [
+        ("fs:\n\tread_paths: []\n", 4, "fs: a tab in the indentation"),
+        (
+            "net:\n  mdoe: none\n",
+            4,
+            "net.mdoe: unknown field; this map takes mode,",
+        ),
+        (
+            "net:\n  mode: allowlist\n  allowlist:\n    - host: https://x.test\n",
+            6,
+            "net.allowlist.host: \"https://x.test\": a host, not a URL: write 'x.test'",
+        ),
+        (
+            "net:\n  mode: allowlist\n  allowlist:\n    - host: x.test\n      ports: [ 0 ]\n",
+            6,
+            "net.allowlist.ports: port 0 out of range 1-65535",
+        ),
+    ];
+    for (i, (text, line, want)) in cases.into_iter().enumerate() {
+        let f = write(d, &format!("bad{i}.yaml"), &format!("{HEADER}{text}"));
+        let (code, _, err) = sandgate(&["check-config", &f]);
+        assert_eq!(code, 64, "{text}: {err}");
+        assert!(err.contains(&format!("{f}:{line}: {want}")), "{text}: {err}");
+    }
+    let other = write(
+        d,
+        "other.yaml",
+        "apiVersion: sandgate.dev/v1\nkind: NetworkPolicy\n",
+    );
+    let (code, _, err) = sandgate(&["check-config", &other]);
+    assert_eq!(code, 64);
+    assert!(
+        err.contains(&format!("{other}: kind: \"NetworkPolicy\": check-config reads EgressPolicy (sandgate proxy) and SandboxPolicy (sandgate run)")),
+        "{err}"
+    );
+    // A parameter is given to check-config as to run.
+    let param = write(
+        d,
+        "param.yaml",
+        &format!("{HEADER}{body}  write_paths: [ \"${{OUT}}\" ]\n"),
+    );
+    let (code, _, err) = sandgate(&["check-config", &param]);
+    assert_eq!(code, 64);
+    assert!(
+        err.contains("parameter ${OUT} is not set (use --param OUT=VALUE)"),
+        "{err}"
+    );
+    let out_dir = d.join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let (code, _, err) = sandgate(&[
+        "check-config",
+        &param,
+        "--param",
+        &format!("OUT={}", out_dir.display()),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    // run refuses the proxy's document and says what to do.
+    let (code, _, err) = sandgate(&["run", "--policy", &egress, "--", "true"]);
+    assert_eq!(code, 64);
+    assert!(err.contains("kind: EgressPolicy is the proxy's policy (sandgate proxy --policy); sandgate run takes a SandboxPolicy, whose net.egress_policy may name this file"), "{err}");
+}
+
+#[test]
+fn a_sandbox_network_section_takes_the_egress_entry_model() {
+    let rt = runtime();
+    let a = rt.block_on(Origin::http());
+    let b = rt.block_on(Origin::http());
+    let dns = rt.block_on(DnsServer::start(
+        Zone::new()
+            .with("api.test", &["127.0.0.1"])
+            .with("old.test", &["127.0.0.1"])
+            .with("bad.api.test", &["127.0.0.1"]),
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb) = (a.port(), b.port());
+    let policy = write(
+        dir.path(),
+        "p.yaml",
+        &format!(
+            "{}net:\n  mode: allowlist\n  allow_ranges: [ 127.0.0.1/32 ]\n  resolver: {{ servers: [ \"{}\" ] }}\n  allowlist:\n    - host: api.test\n      ports: [ {pa} ]\n      reason: the model API\n      created_by: platform-team\n      expires_at: 2099-01-01T00:00:00Z\n    - host: \"*.api.test\"\n      ports: [ {pa} ]\n    - host: old.test\n      ports: [ {pa} ]\n      expires_at: 2001-01-01T00:00:00Z\n  denylist: [ bad.api.test ]\n",
+            base(),
+            dns.addr()
+        ),
+    );
+    let audit = dir.path().join("audit.jsonl");
+    let script = format!(
+        "for u in http://api.test:{pa}/ http://api.test:{pb}/ http://old.test:{pa}/ http://bad.api.test:{pa}/; do curl -s -o /dev/null -w \"$u %{{http_code}}\\n\" $u; done"
+    );
+    let out = Command::new(sandgate_bin())
+        .args([
+            "run",
+            "--policy",
+            &policy,
+            "--audit-log",
+            audit.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for want in [
+        format!("http://api.test:{pa}/ 200"),
+        format!("http://api.test:{pb}/ 403"),
+        format!("http://old.test:{pa}/ 403"),
+        format!("http://bad.api.test:{pa}/ 403"),
+    ] {
+        assert!(stdout.contains(&want), "missing {want}:\n{stdout}\n{stderr}");
+    }
+    assert!(
+        stderr.contains(&format!(
+            "{policy}:19: warning: net.allowlist.expires_at: 2001-01-01T00:00:00Z has passed"
+        )),
+        "{stderr}"
+    );
+    let events = read_audit(&audit);
+    let allowed = events.iter().find(|e| e["decision"] == "allow").unwrap();
+    assert!(
+        allowed["rule"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("{policy}:12")),
+        "{allowed}"
+    );
+    assert!(
+        events.iter().any(|e| e["reason_code"] == "denylisted"),
+        "{events:#?}"
+    );
+}
+
+#[test]
+fn a_named_egress_policy_must_be_a_network_section_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write(
+        d,
+        "shared.yaml",
+        "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: { name: s }\nspec:\n  network:\n    allowlist: [ pypi.org ]\n  listeners:\n    - listen: 127.0.0.1:3128\n",
+    );
+    let body = base();
+    let sandbox = write(
+        d,
+        "sandbox.yaml",
+        &format!("{body}net:\n  mode: allowlist\n  egress_policy: shared.yaml\n"),
+    );
+    let (code, _, err) = sandgate(&["check-config", &sandbox]);
+    assert_eq!(code, 64);
+    assert!(
+        err.contains("spec.listeners configures a shared proxy and means nothing to a run's own proxy"),
+        "{err}"
+    );
+    let (code, _, err) = sandgate(&["run", "--policy", &sandbox, "--", "true"]);
+    assert_eq!(code, 64, "{err}");
+    let missing = write(
+        d,
+        "missing.yaml",
+        &format!("{body}net:\n  mode: allowlist\n  egress_policy: nope.yaml\n"),
+    );
+    let (code, _, err) = sandgate(&["check-config", &missing]);
+    assert_eq!(code, 64);
+    assert!(err.contains("net.egress_policy: cannot read"), "{err}");
+    let offline = write(
+        d,
+        "offline.yaml",
+        &format!("{body}net:\n  mode: none\n  egress_policy: shared.yaml\n"),
+    );
+    let (code, _, err) = sandgate(&["check-config", &offline]);
+    assert_eq!(code, 64);
+    assert!(err.contains("need net.mode allowlist"), "{err}");
+}
+
+#[test]
+fn every_example_in_docs_passes_check_config_without_a_warning() {
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/examples/sandboxes");
+    let workspace = tempfile::tempdir().unwrap();
+    let mut seen = 0;
+    for entry in std::fs::read_dir(examples).unwrap() {
+        let path = entry.unwrap().path();
+        let (code, out, err) = sandgate(&[
+            "check-config",
+            path.to_str().unwrap(),
+            "--param",
+            &format!("WORKSPACE={}", workspace.path().display()),
+        ]);
+        assert_eq!((code, err.as_str()), (0, ""), "{}: {out}", path.display());
+        assert!(out.contains("(SandboxPolicy:"), "{out}");
+        seen += 1;
+    }
+    assert!(seen >= 2);
+}
