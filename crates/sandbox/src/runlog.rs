@@ -60,7 +60,7 @@ pub fn prune(dir: &Path, keep: usize) {
         })
         .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
         .collect();
-    logs.sort_by(|a, b| b.0.cmp(&a.0));
+    logs.sort_by_key(|l| std::cmp::Reverse(l.0));
     for (_, path) in logs.iter().skip(keep) {
         let _ = std::fs::remove_file(path);
     }
