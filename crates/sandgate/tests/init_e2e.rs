@@ -17,24 +17,18 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use common::{ProxyProcess, sandgate_bin, status_of};
 
 /// `sandgate ARGS` in `cwd` with PATH `path`: (exit code, stdout, stderr).
 fn sandgate_in(cwd: &Path, path: &str, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(sandgate_bin())
-        .args(args)
-        .current_dir(cwd)
-        .env("PATH", path)
-        .env("XDG_STATE_HOME", cwd)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+    common::outcome(
+        Command::new(sandgate_bin())
+            .args(args)
+            .current_dir(cwd)
+            .env("PATH", path)
+            .env("XDG_STATE_HOME", cwd),
     )
 }
 

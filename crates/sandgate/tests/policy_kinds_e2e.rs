@@ -28,16 +28,10 @@ use sandbox_support::{base, text};
 
 /// `sandgate ARGS`: (exit code, stdout, stderr).
 fn sandgate(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(sandgate_bin())
-        .args(args)
-        .env("XDG_STATE_HOME", std::env::temp_dir())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+    common::outcome(
+        Command::new(sandgate_bin())
+            .args(args)
+            .env("XDG_STATE_HOME", std::env::temp_dir()),
     )
 }
 
