@@ -4,7 +4,7 @@ use clap::{Args, Parser, Subcommand};
 
 /// sandgate: run untrusted code so it reaches only the network destinations a policy allows.
 #[derive(Debug, Parser)]
-#[command(name = "sandgate", version, about)]
+#[command(name = "sandgate", version)]
 pub struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -266,7 +266,8 @@ pub enum ExceptionsCommand {
 /// `sandgate run` flags.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The sandbox policy (YAML; see docs/sandbox.md).
+    /// The SandboxPolicy (YAML; see docs/sandbox.md; `sandgate init --kind sandbox` writes
+    /// one).
     #[arg(long, value_name = "FILE")]
     pub policy: std::path::PathBuf,
     /// Fill ${NAME} in the policy.
