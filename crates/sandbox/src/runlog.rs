@@ -46,6 +46,19 @@ pub fn keep(run: &str) -> Option<PathBuf> {
     Some(dir.join(format!("{run}.jsonl")))
 }
 
+/// The newest kept run log, if there is one (for readers that were given no file).
+pub fn latest() -> Option<PathBuf> {
+    let env = |name| std::env::var(name).ok();
+    let dir = runs_dir(env("XDG_STATE_HOME").as_deref(), env("HOME").as_deref())?;
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("run-"))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .max()
+        .map(|(_, p)| p)
+}
+
 /// Removes all but the newest `keep` run logs (`run-*.jsonl`) in `dir`.
 pub fn prune(dir: &Path, keep: usize) {
     let Ok(entries) = std::fs::read_dir(dir) else {

@@ -368,6 +368,21 @@ fn the_audit_log_is_kept_under_the_state_directory_unless_no_audit_log() {
     );
     assert_eq!(kept_log(&text(&out).1), Some(mine.clone()));
     assert!(mine.exists());
+    // audit tail with no log where --file points names the latest kept run's.
+    let out = Command::new(sandgate_bin())
+        .args(["audit", "tail"])
+        .current_dir(w.dir.path())
+        .env("XDG_STATE_HOME", state.path())
+        .env_remove("SANDGATE_AUDIT_LOG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains(&format!("; the latest sandgate run's log is {}", log.display())),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The whole file again as `nobody` (the tests run as root here): learning, the lines and
