@@ -7,7 +7,8 @@
     clippy::expect_used,
     clippy::panic,
     clippy::indexing_slicing,
-    reason = "integration tests: a failed setup step should fail loudly"
+    clippy::disallowed_methods,
+    reason = "integration tests: a failed setup step should fail loudly, and the shared harness connects to its own loopback fixtures"
 )]
 
 mod common;
