@@ -66,6 +66,8 @@ pub struct Limiter {
     window_start: Instant,
     shown: usize,
     held: usize,
+    /// Events the broadcast dropped before this printer read them (of any kind).
+    skipped: u64,
 }
 
 impl Limiter {
@@ -74,6 +76,7 @@ impl Limiter {
             window_start: now,
             shown: 0,
             held: 0,
+            skipped: 0,
         }
     }
 
@@ -95,10 +98,19 @@ impl Limiter {
         out
     }
 
-    /// The count of lines held back and not yet said.
+    /// The count of lines held back (and of events skipped) not yet said.
     pub fn flush(&mut self) -> Option<String> {
         let held = std::mem::take(&mut self.held);
-        (held > 0).then(|| format!("sandgate: ... and {held} more (not shown; the audit log has each)"))
+        let skipped = std::mem::take(&mut self.skipped);
+        match (held, skipped) {
+            (0, 0) => None,
+            (held, 0) => Some(format!(
+                "sandgate: ... and {held} more (not shown; the audit log has each)"
+            )),
+            (held, skipped) => Some(format!(
+                "sandgate: ... and {held} more, and {skipped} events not read in time (the audit log has each)"
+            )),
+        }
     }
 }
 
@@ -129,7 +141,7 @@ impl Printer {
                 };
                 match event {
                     Ok(e) => show(&mut limiter, &e.event),
-                    Err(RecvError::Lagged(n)) => limiter.held += n as usize,
+                    Err(RecvError::Lagged(n)) => limiter.skipped += n,
                     Err(RecvError::Closed) => break,
                 }
             }

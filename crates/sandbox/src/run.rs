@@ -266,6 +266,11 @@ async fn supervise(
         (None, true) => None,
         (None, false) => crate::runlog::keep(&run),
     };
+    if opts.learn && kept.is_none() {
+        return Err(RunError::Usage(
+            "--learn keeps what it learned in the run's audit log, and there is no state directory to keep it in: pass --audit-log PATH".into(),
+        ));
+    }
     let audit_path = kept.clone().unwrap_or_else(|| state.audit_path());
     let proxy = if policy.net.proxied() {
         let how = ProxyRun {

@@ -244,6 +244,24 @@ fn learning_never_opens_the_address_guard() {
         "{:?}",
         text(&out)
     );
+    // Nowhere to keep what it learns: said, and nothing runs.
+    let out = Command::new(sandgate_bin())
+        .args(["run", "--learn", "--policy"])
+        .arg(&policy)
+        .args(["--", "sh", "-c", "echo ran"])
+        .env_remove("XDG_STATE_HOME")
+        .env_remove("HOME")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{:?}", text(&out));
+    assert!(
+        text(&out)
+            .1
+            .contains("--learn keeps what it learned in the run's audit log"),
+        "{:?}",
+        text(&out)
+    );
+    assert!(text(&out).0.is_empty());
     for conflicting in ["--no-audit-log", "--ask"] {
         let out = run_in(state.path(), &policy, &["--learn", conflicting], "true");
         assert_eq!(out.status.code(), Some(64), "{conflicting}: {:?}", text(&out));
