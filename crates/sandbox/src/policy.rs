@@ -27,6 +27,14 @@ pub const KIND: &str = "SandboxPolicy";
 /// What a file of the first form (no `apiVersion` and `kind`) is told.
 pub const DEPRECATED_FORM: &str = "warning: no apiVersion and kind: read as a SandboxPolicy; this form is deprecated: add the two lines `apiVersion: sandgate.dev/v1` and `kind: SandboxPolicy` at the top";
 
+/// The deprecation warning for `file`, with the one command that fixes it.
+fn deprecated(file: &str) -> String {
+    let quoted = format!("'{}'", file.replace('\'', "'\\''"));
+    format!(
+        "{file}: {DEPRECATED_FORM}: sed -i '1i apiVersion: sandgate.dev/v1\\nkind: SandboxPolicy' {quoted}"
+    )
+}
+
 /// A validated sandbox policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxPolicy {
@@ -272,10 +280,7 @@ pub fn parse_at(
     }
     let raw: Raw = serde_saphyr::from_str(&text)
         .map_err(|e| PolicyError(sandgate_policy::document::yaml_error(&e, &text, file).to_string()))?;
-    let mut warnings: Vec<String> = header(&raw)?
-        .into_iter()
-        .map(|w| format!("{file}: {w}"))
-        .collect();
+    let mut warnings: Vec<String> = header(&raw)?.into_iter().map(|_| deprecated(file)).collect();
     let net = match net_override {
         Some(mode) => mode,
         None => NetMode::parse(raw.net.mode.as_deref().unwrap_or("none"))?,

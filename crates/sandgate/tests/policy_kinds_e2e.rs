@@ -72,9 +72,19 @@ fn check_config_reads_either_kind_and_says_what_to_change() {
         err.contains(&format!("{old}: warning: no apiVersion and kind: read as a SandboxPolicy; this form is deprecated: add the two lines `apiVersion: sandgate.dev/v1` and `kind: SandboxPolicy` at the top")),
         "{err}"
     );
-    let fixed = write(d, "fixed.yaml", &format!("{HEADER}{body}"));
-    let (code, _, err) = sandgate(&["check-config", &fixed]);
-    assert_eq!((code, err.as_str()), (0, ""));
+    // The warning ends with the one command that fixes the file; after it, no warning.
+    let fix = err.lines().find_map(|l| l.split_once("at the top: ")).unwrap().1;
+    assert!(fix.starts_with("sed -i '1i "), "{fix}");
+    let fixed = d.join("fixed.yaml");
+    std::fs::copy(&old, &fixed).unwrap();
+    let fix = fix.replace(&old, fixed.to_str().unwrap());
+    assert!(
+        Command::new("sh").args(["-c", &fix]).status().unwrap().success(),
+        "{fix}"
+    );
+    let (code, _, err) = sandgate(&["check-config", fixed.to_str().unwrap()]);
+    assert_eq!((code, err.as_str()), (0, ""), "{fix}");
+    assert!(std::fs::read_to_string(&fixed).unwrap().starts_with(HEADER));
     let (code, _, err) = sandgate(&["run", "--policy", &old, "--", "true"]);
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("this form is deprecated"), "{err}");
