@@ -28,6 +28,12 @@ pub fn yaml_error(e: &serde_saphyr::Error, text: &str, file: &str) -> DocError {
     syntax::parse_error(e, text, file)
 }
 
+/// The line (1-based) where the key at dotted path `field` is written in a block-style
+/// YAML document, so a check made after parsing can say `file:line: field: message` too.
+pub fn line_of(text: &str, field: &str) -> Option<u64> {
+    syntax::line_of(text, field)
+}
+
 use raw::*;
 
 use crate::pattern::Pattern;
