@@ -107,6 +107,17 @@ fn check_config_reads_either_kind_and_says_what_to_change() {
             6,
             "net.allowlist.ports: port 0 out of range 1-65535",
         ),
+        // Checks made after parsing find their field's line too.
+        (
+            "fs:\n  read_paths: [ /usr ]\n  tmp: shared\n",
+            5,
+            "fs.tmp: \"shared\": use private or none",
+        ),
+        (
+            "fs:\n  read_paths:\n    - /usr\n    - /no/such/dir\n",
+            4,
+            "fs.read_paths: \"/no/such/dir\"",
+        ),
     ];
     for (i, (text, line, want)) in cases.into_iter().enumerate() {
         let f = write(d, &format!("bad{i}.yaml"), &format!("{HEADER}{text}"));
@@ -283,4 +294,33 @@ fn every_example_in_docs_passes_check_config_without_a_warning() {
         seen += 1;
     }
     assert!(seen >= 2);
+}
+
+#[test]
+fn the_sandbox_policy_documented_in_docs_sandbox_md_passes_check_config() {
+    let md = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/sandbox.md")).unwrap();
+    let section = md.split("\n## The policy\n").nth(1).unwrap();
+    let start = section.find("```yaml\n").unwrap() + "```yaml\n".len();
+    let example = &section[start..start + section[start..].find("```").unwrap()];
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("project");
+    std::fs::create_dir_all(project.join("out")).unwrap();
+    // The EgressPolicy it names, beside it.
+    write(
+        dir.path(),
+        "agents.yaml",
+        "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: { name: agents }\nspec:\n  network:\n    allowlist: [ api.openai.com ]\n",
+    );
+    let policy = write(dir.path(), "sandbox.yaml", example);
+    let (code, out, err) = sandgate(&[
+        "check-config",
+        &policy,
+        "--param",
+        &format!("PROJECT={}", project.display()),
+    ]);
+    assert_eq!((code, err.as_str()), (0, ""), "{out}\n{example}");
+    assert!(
+        out.contains("ok: agent (SandboxPolicy: net mode allowlist"),
+        "{out}"
+    );
 }
