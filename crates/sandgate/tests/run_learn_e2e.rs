@@ -268,6 +268,73 @@ fn learning_never_opens_the_address_guard() {
     }
 }
 
+/// The ports `pid` listens on (`ss`), waiting up to 5 s for `n` of them.
+fn listening_ports(pid: u32, n: usize) -> Vec<u16> {
+    let owner = format!("pid={pid},");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let out = Command::new("ss").args(["-ltnpH"]).output().unwrap();
+        let ports: Vec<u16> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains(&owner))
+            .filter_map(|l| l.split_whitespace().nth(3)?.rsplit(':').next()?.parse().ok())
+            .collect();
+        if ports.len() >= n || std::time::Instant::now() > deadline {
+            return ports;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Attacker: under --learn, a command that learns where its run's proxy listens on the host
+/// (here the test tells it) and asks that proxy for its own ports is refused (the loop
+/// guard), although 127.0.0.1 is in the run's allow ranges and learning waives the policy.
+#[test]
+fn learning_never_reaches_the_runs_own_proxy() {
+    let w = World::new();
+    let state = tempfile::tempdir().unwrap();
+    let policy = w.policy("learn.yaml", "");
+    let ports_file = w.dir.path().join("ports.txt");
+    let script = format!(
+        r#"
+for i in $(seq 1 100); do [ -s {f} ] && break; sleep 0.1; done
+for p in $(cat {f}); do
+  curl -s --noproxy '' -x http://127.0.0.1:3128 -o /dev/null -w "own=%{{http_code}}\n" http://127.0.0.1:$p/
+done
+"#,
+        f = ports_file.display()
+    );
+    let mut child = Command::new(sandgate_bin())
+        .args(["run", "--learn", "--policy"])
+        .arg(&policy)
+        .args(["--", "sh", "-c", &script])
+        .env("XDG_STATE_HOME", state.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The run's proxy: an HTTP and a SOCKS5 listener on host loopback.
+    let ports = listening_ports(child.id(), 2);
+    assert_eq!(ports.len(), 2, "{ports:?}");
+    let list: Vec<String> = ports.iter().map(u16::to_string).collect();
+    std::fs::write(&ports_file, list.join(" ")).unwrap();
+    sandbox_support::wait_bounded(&mut child);
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(stdout.matches("own=403").count(), 2, "{stdout}\n{stderr}");
+    let events = read_audit(&kept_log(&stderr).unwrap());
+    let loops = events
+        .iter()
+        .filter(|e| e["decision"] == "deny" && e["reason_code"] == "proxy_loop")
+        .count();
+    assert_eq!(loops, 2, "{events:#?}");
+    assert!(
+        !events.iter().any(|e| e["reason_code"] == "report_only"),
+        "{events:#?}"
+    );
+}
+
 #[test]
 fn refusals_show_as_they_happen_rate_limited_and_quiet_silences_them() {
     let w = World::new();
@@ -407,5 +474,5 @@ fn the_audit_log_is_kept_under_the_state_directory_unless_no_audit_log() {
 /// the kept log work for an ordinary user.
 #[test]
 fn the_learn_suite_passes_as_an_ordinary_user() {
-    common::rerun_as_nobody("run_learn_e2e", "the_learn_suite_passes_as_an_ordinary_user", 4);
+    common::rerun_as_nobody("run_learn_e2e", "the_learn_suite_passes_as_an_ordinary_user", 5);
 }
