@@ -98,8 +98,9 @@ pub struct InitArgs {
     /// makes the network mode allowlist.
     #[arg(long, value_name = "NAME")]
     pub preset: Vec<String>,
-    /// The command the sandbox is for, as one string ('python3 agent.py'): its program is
-    /// found on PATH and its interpreter, libraries and Python paths become read_paths.
+    /// The command the sandbox is for, as one string ('python3 agent.py'; quotes keep
+    /// blanks): its program is found on PATH and its interpreter, libraries and Python paths
+    /// become read_paths.
     #[arg(long = "for", value_name = "COMMAND")]
     pub for_command: Option<String>,
     /// metadata.name of the policy.

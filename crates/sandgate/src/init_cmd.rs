@@ -47,15 +47,49 @@ fn render(args: &InitArgs) -> Result<(String, PathBuf), String> {
         }
         InitKind::Egress => (egress(&args.name, &args.preset), "policy.yaml"),
         InitKind::Sandbox => {
-            let command: Vec<String> = args
-                .for_command
-                .as_deref()
-                .map(|c| c.split_whitespace().map(str::to_owned).collect())
-                .unwrap_or_default();
+            let command = match args.for_command.as_deref() {
+                Some(c) => words(c)?,
+                None => Vec::new(),
+            };
             (sandbox(&args.name, &args.preset, &command)?, "sandbox.yaml")
         }
     };
     Ok((text, args.output.clone().unwrap_or_else(|| default.into())))
+}
+
+/// `--for`'s words, split as a shell splits a simple command line: on blanks, with '...'
+/// keeping what it encloses, "..." too (where a backslash escapes `"`, `\`, `$` and a
+/// backquote), and a backslash outside quotes escaping the next character. Nothing is
+/// expanded. An unclosed quote or a trailing backslash is an error.
+fn words(line: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut word: Option<String> = None;
+    let mut quote: Option<char> = None;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some('"'), '\\') if chars.peek().is_some_and(|n| matches!(n, '"' | '\\' | '$' | '`')) => {
+                word.get_or_insert_with(String::new).extend(chars.next());
+            }
+            (Some(_), c) => word.get_or_insert_with(String::new).push(c),
+            (None, '\\') => match chars.next() {
+                Some(n) => word.get_or_insert_with(String::new).push(n),
+                None => return Err(format!("--for {line:?}: a backslash at the end escapes nothing")),
+            },
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                word.get_or_insert_with(String::new);
+            }
+            (None, c) if c.is_whitespace() => out.extend(word.take()),
+            (None, c) => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    if quote.is_some() {
+        return Err(format!("--for {line:?}: a quote is not closed"));
+    }
+    out.extend(word);
+    Ok(out)
 }
 
 fn write(text: &str, path: &Path, force: bool) -> Result<(), String> {
@@ -261,6 +295,22 @@ mod tests {
             assert_eq!(back, s);
         }
         assert_eq!(comment("a\nb\u{2028}${X}"), "a\\u{a}b\\u{2028}\\u{24}{X}");
+    }
+
+    #[test]
+    fn for_splits_like_a_simple_shell_command_line() {
+        assert_eq!(
+            words("python3  agent.py --x").unwrap(),
+            ["python3", "agent.py", "--x"]
+        );
+        assert_eq!(
+            words("'/opt/my tools/run' \"a b\" ''").unwrap(),
+            ["/opt/my tools/run", "a b", ""]
+        );
+        assert_eq!(words("a'b c'd").unwrap(), ["ab cd"]);
+        assert_eq!(words(r#"a\ b "c\"d\x" 'e\'"#).unwrap(), ["a b", "c\"d\\x", "e\\"]);
+        assert!(words("python3 'agent.py").is_err());
+        assert!(words("x \\").is_err());
     }
 
     #[test]

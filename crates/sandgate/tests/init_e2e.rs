@@ -32,6 +32,11 @@ fn sandgate_in(cwd: &Path, path: &str, args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// `s` in single quotes, as a shell reads it back.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
 const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 #[test]
@@ -219,7 +224,7 @@ fn odd_characters_in_the_program_path_cannot_add_to_the_policy() {
     let program = odd.join("agent");
     std::fs::write(&program, "#!/bin/sh\necho agent ran\n").unwrap();
     std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let for_command = format!("{} --flag", program.display());
+    let for_command = format!("{} --flag", shell_quote(program.to_str().unwrap()));
     let (code, out, err) = sandgate_in(
         dir.path(),
         PATH,
@@ -278,4 +283,33 @@ fn odd_characters_in_the_program_path_cannot_add_to_the_policy() {
         ],
     );
     assert!(!stdout.contains("secret.txt"), "{stdout}");
+
+    // Quoted in --for, a path may hold blanks and a line break: still one read path.
+    let broken = dir.path().join("two words\nnet: {mode: all}\n#");
+    std::fs::create_dir(&broken).unwrap();
+    let program = broken.join("agent");
+    std::fs::write(&program, "#!/bin/sh\necho agent ran\n").unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let for_command = shell_quote(program.to_str().unwrap());
+    let (code, out, err) = sandgate_in(
+        dir.path(),
+        PATH,
+        &["init", "--for", &for_command, "-o", "broken.yaml"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let text = std::fs::read_to_string(dir.path().join("broken.yaml")).unwrap();
+    assert!(!text.lines().any(|l| l.starts_with("net: {")), "{text}");
+    let (code, stdout, err) = sandgate_in(dir.path(), PATH, &["check-config", "broken.yaml"]);
+    assert_eq!(code, 0, "{err}\n{text}");
+    assert!(stdout.contains("(SandboxPolicy: net mode none"), "{stdout}");
+    let (code, stdout, err) = sandgate_in(
+        dir.path(),
+        PATH,
+        &["run", "--policy", "broken.yaml", "--", program.to_str().unwrap()],
+    );
+    assert_eq!(
+        (code, stdout.as_str()),
+        (0, "agent ran\n"),
+        "{err}\n{out}\n{text}"
+    );
 }
