@@ -170,6 +170,9 @@ pub fn default_policy(
          # Written by `sandgate jupyter compose`; kernels/{kernel}/kernel.json fills\n\
          # ${{{BUNDLE_PARAM}}} (the bundle) and ${{{CONNECTION_FILE_PARAM}}}. See docs/jupyter.md before\n\
          # editing: `sandgate jupyter launch` checks it again.\n\
+         apiVersion: sandgate.dev/v1\n\
+         kind: SandboxPolicy\n\
+         metadata: {{ name: jupyter-{name} }}\n\
          env:\n  set:\n",
         kernel = name.kernel_name()
     );

@@ -167,7 +167,7 @@ fn every_hole_in_a_kernel_policy_is_refused_naming_it() {
             "does not exist",
         ),
         (format!("{base}bogus: 1\n"), "unknown field"),
-        ("fs: [".to_owned(), "line"),
+        ("fs: [".to_owned(), "policy:1: fs:"),
     ];
     for (text, want) in cases {
         let e = check_text(&text).unwrap_err();

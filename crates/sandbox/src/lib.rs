@@ -4,18 +4,25 @@
 //! before the command ([`exec`]), the init that runs first inside proxied sandboxes
 //! ([`init`]) and the bridges it talks to ([`bridge`]), and the supervisor that starts the
 //! proxy, the bridges and bwrap ([`run`], with [`state`], [`processes`] and [`summary`]),
-//! and the question asked at the terminal for `--ask` ([`ask`]).
+//! and the question asked at the terminal for `--ask` ([`ask`]); what a run says while it
+//! runs ([`live`]) and where its audit log is kept ([`runlog`]); the `EgressPolicy` a
+//! sandbox policy may name for its network ([`egress`]); what a command needs to read, for
+//! `sandgate init --for` ([`needs`]).
 
 pub mod argv;
 pub mod ask;
 pub mod bridge;
+pub mod egress;
 pub mod env;
 pub mod exec;
 pub mod init;
+pub mod live;
+pub mod needs;
 pub mod paths;
 pub mod policy;
 pub mod processes;
 pub mod run;
+pub mod runlog;
 pub mod seatbelt;
 pub mod seccomp;
 pub mod state;

@@ -10,56 +10,29 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use sandgate_policy::{Pattern, preset};
+use sandgate_policy::Pattern;
 use serde::Deserialize;
 
 use crate::paths::{self, Alias, Resolve};
 
-/// How the sandbox reaches the network.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum NetMode {
-    /// A private network namespace with nothing in it.
-    None,
-    /// The sandbox's own loopback only.
-    Loopback,
-    /// The host's network, unfiltered.
-    All,
-    /// Only through sandgate's proxy, enforcing `allow_domains` and `presets`.
-    Allowlist,
-    /// As allowlist, forwarding allowed traffic to an upstream proxy.
-    Proxy,
-}
+mod net;
 
-impl NetMode {
-    pub fn parse(text: &str) -> Result<NetMode, PolicyError> {
-        match text {
-            "none" => Ok(NetMode::None),
-            "loopback" => Ok(NetMode::Loopback),
-            "all" => Ok(NetMode::All),
-            "allowlist" => Ok(NetMode::Allowlist),
-            "proxy" => Ok(NetMode::Proxy),
-            other => Err(PolicyError(format!(
-                "net mode {other:?}: use none, loopback, all, allowlist or proxy"
-            ))),
-        }
-    }
+pub use net::NetMode;
+use net::{RawNet, network};
 
-    /// The mode as the policy spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            NetMode::None => "none",
-            NetMode::Loopback => "loopback",
-            NetMode::All => "all",
-            NetMode::Allowlist => "allowlist",
-            NetMode::Proxy => "proxy",
-        }
-    }
+/// The `apiVersion` a sandbox policy names (the same as an `EgressPolicy`'s).
+pub const API_VERSION: &str = sandgate_policy::document::API_VERSION;
+/// The `kind` of a sandbox policy.
+pub const KIND: &str = "SandboxPolicy";
+/// What a file of the first form (no `apiVersion` and `kind`) is told.
+pub const DEPRECATED_FORM: &str = "warning: no apiVersion and kind: read as a SandboxPolicy; this form is deprecated: add the two lines `apiVersion: sandgate.dev/v1` and `kind: SandboxPolicy` at the top";
 
-    /// Modes whose only way out is the proxy.
-    pub fn proxied(self) -> bool {
-        matches!(self, NetMode::Allowlist | NetMode::Proxy)
-    }
+/// The deprecation warning for `file`, with the one command that fixes it.
+fn deprecated(file: &str) -> String {
+    let quoted = format!("'{}'", file.replace('\'', "'\\''"));
+    format!(
+        "{file}: {DEPRECATED_FORM}: sed -i '1i apiVersion: sandgate.dev/v1\\nkind: SandboxPolicy' {quoted}"
+    )
 }
 
 /// `net.proxy.upstream: [https://HOST:PORT, ...]` with `net.proxy.tls`: the run's proxy is
@@ -77,6 +50,11 @@ pub struct CentralSpec {
 /// A validated sandbox policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxPolicy {
+    /// `metadata.name`, when the policy has one.
+    pub name: Option<String>,
+    /// What parses but should change, one line each as `file[:line]: warning: ...` (the
+    /// deprecated form without `apiVersion`/`kind`, an entry already expired).
+    pub warnings: Vec<String>,
     pub env_set: BTreeMap<String, String>,
     pub env_passthrough: Vec<String>,
     pub allow_read_all: bool,
@@ -89,6 +67,14 @@ pub struct SandboxPolicy {
     pub private_tmp: bool,
     pub net: NetMode,
     pub allow: Vec<Pattern>,
+    /// `net.allowlist` and `net.denylist`: entries of the same model as an EgressPolicy's.
+    pub allow_entries: Vec<sandgate_policy::Entry>,
+    pub deny_entries: Vec<sandgate_policy::Entry>,
+    /// `net.egress_policy`: an `EgressPolicy` file whose network section the run's proxy
+    /// enforces too, as written (relative to the sandbox policy's directory).
+    pub egress_policy: Option<PathBuf>,
+    /// That file, parsed (filled in by [`crate::run::load_policy`], which reads files).
+    pub egress: Option<Box<sandgate_policy::PolicyFile>>,
     /// `proxy` mode: the HTTP proxy that allowed traffic is chained through.
     pub upstream_proxy: Option<SocketAddr>,
     /// `proxy` mode with `https://` upstreams: the central proxies, over mutual TLS.
@@ -123,6 +109,12 @@ pub struct PolicyError(pub String);
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Raw {
+    #[serde(default, rename = "apiVersion")]
+    api_version: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    metadata: Option<RawMetadata>,
     #[serde(default)]
     env: RawEnv,
     #[serde(default)]
@@ -131,6 +123,17 @@ struct Raw {
     net: RawNet,
     #[serde(default)]
     platform: RawPlatform,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetadata {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    version: Option<String>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -155,64 +158,6 @@ struct RawFs {
     write_paths: Vec<String>,
     #[serde(default)]
     tmp: Option<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawNet {
-    #[serde(default)]
-    mode: Option<String>,
-    #[serde(default)]
-    allow_domains: Vec<String>,
-    #[serde(default)]
-    presets: Vec<String>,
-    #[serde(default)]
-    loopback_ports: Vec<u16>,
-    #[serde(default)]
-    proxy: Option<RawProxy>,
-    #[serde(default)]
-    allow_ranges: Vec<String>,
-    #[serde(default)]
-    resolver: Option<RawResolver>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawProxy {
-    #[serde(default)]
-    listen: Option<String>,
-    #[serde(default)]
-    socks_listen: Option<String>,
-    #[serde(default)]
-    upstream: Option<Upstreams>,
-    #[serde(default)]
-    all_proxy: Option<String>,
-    /// For `https://` upstreams: the node's TLS files.
-    #[serde(default)]
-    tls: Option<RawNodeTls>,
-}
-
-/// `net.proxy.upstream`: one, or a list (central proxies tried in order).
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum Upstreams {
-    One(String),
-    Many(Vec<String>),
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawNodeTls {
-    ca: PathBuf,
-    cert: PathBuf,
-    key: PathBuf,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawResolver {
-    #[serde(default)]
-    servers: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -318,26 +263,44 @@ fn bind_list(field: &str, list: &[String], resolve: Resolve<'_>) -> Result<Bound
 }
 
 /// Parses and validates a policy. `resolve` answers what a host path's canonical form is;
-/// `net_override` is the command line's `--net`, applied before any check.
+/// `net_override` is the command line's `--net`, applied before any check. Entries with
+/// `ttl_seconds` are anchored at the current time; [`parse_at`] takes the time and the
+/// file's name for messages.
 pub fn parse(
     text: &str,
     params: &BTreeMap<String, String>,
     resolve: Resolve<'_>,
     net_override: Option<NetMode>,
 ) -> Result<SandboxPolicy, PolicyError> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    parse_at(text, params, resolve, net_override, "policy", now)
+}
+
+/// As [`parse`], with `file` naming the policy in messages (`file:line: field: message`)
+/// and entries' origins, and `now` (Unix seconds) anchoring `ttl_seconds`.
+pub fn parse_at(
+    text: &str,
+    params: &BTreeMap<String, String>,
+    resolve: Resolve<'_>,
+    net_override: Option<NetMode>,
+    file: &str,
+    now: i64,
+) -> Result<SandboxPolicy, PolicyError> {
     let text = substitute(text, params)?;
-    let raw: Raw = serde_saphyr::from_str(&text).map_err(|e| {
-        let line = e.location().map_or(0, |l| l.line());
-        PolicyError(format!(
-            "line {line}: {}",
-            e.to_string().lines().next().unwrap_or("invalid YAML")
-        ))
-    })?;
+    if serde_saphyr::from_str::<Peek>(&text).is_ok_and(|p| p.kind.as_deref() == Some("EgressPolicy")) {
+        return Err(PolicyError(EGRESS_KIND.to_owned()));
+    }
+    let raw: Raw = serde_saphyr::from_str(&text)
+        .map_err(|e| PolicyError(sandgate_policy::document::yaml_error(&e, &text, file).to_string()))?;
+    let mut warnings: Vec<String> = header(&raw)?.into_iter().map(|_| deprecated(file)).collect();
     let net = match net_override {
         Some(mode) => mode,
         None => NetMode::parse(raw.net.mode.as_deref().unwrap_or("none"))?,
     };
-    let network = network(&raw.net, net)?;
+    let network = network(&raw.net, net, file, now)?;
+    warnings.extend(network.entries.warnings.iter().map(|w| w.as_warning()));
     check_env(&raw.env)?;
     check_platform(&raw.platform, net)?;
     let fields = [
@@ -376,6 +339,8 @@ pub fn parse(
         .flat_map(|b| b.aliases.iter().cloned())
         .collect();
     Ok(SandboxPolicy {
+        name: raw.metadata.and_then(|m| m.name),
+        warnings,
         env_set: raw.env.set,
         env_passthrough: raw.env.passthrough,
         allow_read_all: raw.fs.allow_read_all,
@@ -386,6 +351,10 @@ pub fn parse(
         private_tmp,
         net,
         allow: network.allow,
+        allow_entries: network.entries.allow,
+        deny_entries: network.entries.deny,
+        egress_policy: raw.net.egress_policy.as_ref().map(PathBuf::from),
+        egress: None,
         loopback_ports: raw.net.loopback_ports,
         upstream_proxy: network.upstream_proxy,
         central: network.central,
@@ -403,6 +372,57 @@ pub fn parse(
     })
 }
 
+/// What a run given the proxy's policy is told.
+const EGRESS_KIND: &str = "kind: EgressPolicy is the proxy's policy (sandgate proxy --policy); sandgate run takes a SandboxPolicy, whose net.egress_policy may name this file (sandgate init --kind sandbox writes one)";
+
+/// Just enough of any policy document to say which kind it is.
+#[derive(Deserialize)]
+struct Peek {
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    env: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    fs: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    net: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    platform: Option<serde::de::IgnoredAny>,
+}
+
+/// The `kind` a policy document names: its `kind`, or [`KIND`] for a document without one
+/// but with a section only a sandbox policy has (the first form); `None` when it names none
+/// (or is not YAML). `check-config` dispatches on it.
+pub fn document_kind(text: &str) -> Option<String> {
+    let k = serde_saphyr::from_str::<Peek>(text).ok()?;
+    match k.kind {
+        Some(kind) => Some(kind),
+        None if k.env.is_some() || k.fs.is_some() || k.net.is_some() || k.platform.is_some() => {
+            Some(KIND.to_owned())
+        }
+        None => None,
+    }
+}
+
+/// Checks `apiVersion` and `kind`: both, naming a sandbox policy, or neither (the first
+/// form, still read, with a warning saying what to add).
+fn header(raw: &Raw) -> Result<Vec<String>, PolicyError> {
+    let _ = raw.metadata.as_ref().map(|m| (&m.version, &m.labels));
+    match (raw.api_version.as_deref(), raw.kind.as_deref()) {
+        (None, None) => Ok(vec![DEPRECATED_FORM.to_owned()]),
+        (Some(API_VERSION), Some(KIND)) => Ok(Vec::new()),
+        (_, Some("EgressPolicy")) => Err(PolicyError(EGRESS_KIND.to_owned())),
+        (Some(API_VERSION), Some(other)) => Err(PolicyError(format!("kind: {other:?}: expected {KIND:?}"))),
+        (Some(other), Some(_)) => Err(PolicyError(format!(
+            "apiVersion: {other:?}: expected {API_VERSION:?}"
+        ))),
+        (None, Some(_)) => Err(PolicyError(format!(
+            "apiVersion: missing: add `apiVersion: {API_VERSION}`"
+        ))),
+        (Some(_), None) => Err(PolicyError(format!("kind: missing: add `kind: {KIND}`"))),
+    }
+}
+
 fn refuse_socket_dirs(field: &str, written: &[String], canonical: &[PathBuf]) -> Result<(), PolicyError> {
     for (value, path) in written.iter().zip(canonical) {
         if paths::may_hold_host_sockets(path) {
@@ -413,164 +433,6 @@ fn refuse_socket_dirs(field: &str, written: &[String], canonical: &[PathBuf]) ->
         }
     }
     Ok(())
-}
-
-/// The validated `net` section.
-struct Network {
-    allow: Vec<Pattern>,
-    upstream_proxy: Option<SocketAddr>,
-    central: Option<CentralSpec>,
-    proxy_port: u16,
-    socks_port: Option<u16>,
-    all_proxy_http: bool,
-}
-
-fn network(raw: &RawNet, net: NetMode) -> Result<Network, PolicyError> {
-    let mut allow = Vec::new();
-    for d in &raw.allow_domains {
-        allow.push(Pattern::parse(d).map_err(|e| PolicyError(format!("net.allow_domains: {d:?}: {e}")))?);
-    }
-    for name in &raw.presets {
-        let hosts = preset::hosts(name).ok_or_else(|| {
-            PolicyError(format!(
-                "net.presets: unknown preset {name:?} (known: {})",
-                preset::NAMES.join(", ")
-            ))
-        })?;
-        for h in hosts {
-            allow.push(
-                Pattern::parse(&format!("{h}:443"))
-                    .map_err(|e| PolicyError(format!("preset {name}: {e}")))?,
-            );
-        }
-    }
-    if !raw.loopback_ports.is_empty() && !matches!(net, NetMode::Loopback | NetMode::Allowlist) {
-        return Err(PolicyError(
-            "net.loopback_ports needs net.mode loopback or allowlist".to_owned(),
-        ));
-    }
-    if raw.loopback_ports.contains(&0) {
-        return Err(PolicyError("net.loopback_ports: port 0".to_owned()));
-    }
-    let proxy = raw.proxy.as_ref();
-    let upstreams: Vec<&str> = match proxy.and_then(|p| p.upstream.as_ref()) {
-        None => Vec::new(),
-        Some(Upstreams::One(u)) => vec![u.as_str()],
-        Some(Upstreams::Many(list)) => list.iter().map(String::as_str).collect(),
-    };
-    let tls = proxy.and_then(|p| p.tls.as_ref());
-    let (upstream_proxy, central) = match (net, upstreams.as_slice()) {
-        (NetMode::Proxy, []) => {
-            return Err(PolicyError(
-                "net.mode proxy needs net.proxy.upstream (IP:PORT of an HTTP proxy, or https://HOST:PORT of central sandgate proxies)".to_owned(),
-            ));
-        }
-        (NetMode::Proxy, list) if list.iter().all(|u| u.starts_with("https://")) => {
-            let Some(tls) = tls else {
-                return Err(PolicyError(
-                    "net.proxy.upstream https://...: give net.proxy.tls: { ca, cert, key } (the central proxies' CA, this node's certificate and key)".to_owned(),
-                ));
-            };
-            let central = CentralSpec {
-                upstreams: list.iter().map(|u| (*u).to_owned()).collect(),
-                ca: tls.ca.clone(),
-                cert: tls.cert.clone(),
-                key: tls.key.clone(),
-            };
-            (None, Some(central))
-        }
-        (NetMode::Proxy, [u]) => {
-            let addr = u.parse::<SocketAddr>().map_err(|_| {
-                PolicyError(format!(
-                    "net.proxy.upstream: {u:?} is not IP:PORT or https://HOST:PORT"
-                ))
-            })?;
-            (Some(addr), None)
-        }
-        (NetMode::Proxy, _) => {
-            return Err(PolicyError(
-                "net.proxy.upstream: a list is for central proxies, each https://HOST:PORT".to_owned(),
-            ));
-        }
-        (_, []) => (None, None),
-        (_, _) => return Err(PolicyError("net.proxy.upstream needs net.mode proxy".to_owned())),
-    };
-    if tls.is_some() && central.is_none() {
-        return Err(PolicyError(
-            "net.proxy.tls is for https:// upstreams (central proxies)".to_owned(),
-        ));
-    }
-    let (proxy_port, socks_port) = proxy_ports(raw, net)?;
-    let all_proxy_http = match proxy.and_then(|p| p.all_proxy.as_deref()) {
-        None | Some("socks5") => false,
-        Some("http") => true,
-        Some(other) => {
-            return Err(PolicyError(format!(
-                "net.proxy.all_proxy: {other:?}: use socks5 (the default) or http"
-            )));
-        }
-    };
-    if !net.proxied() && (!allow.is_empty() || !raw.allow_ranges.is_empty()) {
-        return Err(PolicyError(
-            "net.allow_domains/presets/allow_ranges need net.mode allowlist".to_owned(),
-        ));
-    }
-    Ok(Network {
-        allow,
-        upstream_proxy,
-        central,
-        proxy_port,
-        socks_port,
-        all_proxy_http,
-    })
-}
-
-/// The ports of the run's proxy inside the sandbox: HTTP (`net.proxy.listen`) and, in
-/// `allowlist` mode, SOCKS5 (`net.proxy.socks_listen`), distinct from each other and from
-/// `net.loopback_ports`.
-///
-/// `net.mode: proxy` gets no SOCKS5 port: the chained dialer asks the upstream proxy for a
-/// tunnel only for HTTP CONNECT, so a SOCKS5 tunnel would reach the upstream proxy itself,
-/// and through it destinations the run's allowlist refuses.
-fn proxy_ports(raw: &RawNet, net: NetMode) -> Result<(u16, Option<u16>), PolicyError> {
-    let proxy = raw.proxy.as_ref();
-    let proxy_port = loopback_port("net.proxy.listen", proxy.and_then(|p| p.listen.as_deref()), 3128)?;
-    let socks_listen = proxy.and_then(|p| p.socks_listen.as_deref());
-    let socks_port = loopback_port("net.proxy.socks_listen", socks_listen, 1080)?;
-    if !net.proxied() {
-        return Ok((proxy_port, None));
-    }
-    if socks_port == proxy_port {
-        return Err(PolicyError(format!(
-            "net.proxy.socks_listen: port {socks_port} is also the HTTP proxy's (net.proxy.listen); give each its own port"
-        )));
-    }
-    for (port, what) in [
-        (proxy_port, "the HTTP proxy's port (net.proxy.listen)"),
-        (socks_port, "the SOCKS5 port (net.proxy.socks_listen)"),
-    ] {
-        if raw.loopback_ports.contains(&port) {
-            return Err(PolicyError(format!(
-                "net.loopback_ports: {port} is {what}; move one of them"
-            )));
-        }
-    }
-    Ok((proxy_port, Some(socks_port)))
-}
-
-/// A proxy port inside the sandbox from `field` (loopback `IP:PORT`; port 0 or no value
-/// means `default`). Only the port is used: the init listens on `127.0.0.1`.
-fn loopback_port(field: &str, value: Option<&str>, default: u16) -> Result<u16, PolicyError> {
-    let Some(l) = value else {
-        return Ok(default);
-    };
-    let addr: SocketAddr = l
-        .parse()
-        .map_err(|_| PolicyError(format!("{field}: {l:?} is not IP:PORT")))?;
-    if !addr.ip().is_loopback() {
-        return Err(PolicyError(format!("{field}: {l:?} must be a loopback address")));
-    }
-    Ok(if addr.port() == 0 { default } else { addr.port() })
 }
 
 fn check_env(raw: &RawEnv) -> Result<(), PolicyError> {

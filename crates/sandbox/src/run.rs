@@ -15,17 +15,14 @@ use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 
-use sandgate_policy::{AddressGuard, Ruleset};
-use sandgate_proxy::{
-    AuditDestination, AuditOptions, Identity, Limits, Listener, Nameservers, PeerFilter, Protocol, Proxy,
-    ProxyConfig,
-};
-use tokio::net::UnixListener;
-
-use crate::argv::{DNS_FILES, PROXY_SOCKET, RunFacts, SOCKS_SOCKET, bwrap_argv, needs_init};
+use crate::argv::{DNS_FILES, RunFacts, bwrap_argv, needs_init};
 use crate::policy::{self, NetMode, SandboxPolicy};
 use crate::state::{RunState, sweep_stale_state};
-use crate::{bridge, env, processes, summary};
+use crate::{env, processes, summary};
+
+mod proxy;
+
+use proxy::{ProxyRun, open_bridge, start_proxy};
 
 /// How `sandgate run` was asked to run.
 #[derive(Debug, Clone)]
@@ -35,6 +32,11 @@ pub struct RunOptions {
     pub net: Option<NetMode>,
     pub allow_domains: Vec<String>,
     pub audit_log: Option<PathBuf>,
+    /// `--no-audit-log`: the run's audit log lives in its state directory and goes with it.
+    pub no_audit_log: bool,
+    /// `--learn`: the run's proxy lets what the policy denies pass, recorded as
+    /// `report_only` (the address guard still refuses).
+    pub learn: bool,
     pub print_argv: bool,
     /// `seatbelt`: print the macOS profile instead of running.
     pub print_profile: Option<String>,
@@ -65,8 +67,20 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
 pub fn load_policy(opts: &RunOptions) -> Result<SandboxPolicy, RunError> {
     let text = std::fs::read_to_string(&opts.policy_path)
         .map_err(|e| RunError::Usage(format!("cannot read {}: {e}", opts.policy_path.display())))?;
-    let mut p = policy::parse(&text, &opts.params, &|path| std::fs::canonicalize(path), opts.net)
-        .map_err(|e| RunError::Usage(format!("{}: {e}", opts.policy_path.display())))?;
+    let file = opts.policy_path.display().to_string();
+    let resolve = |path: &std::path::Path| std::fs::canonicalize(path);
+    let mut p = policy::parse_at(
+        &text,
+        &opts.params,
+        &resolve,
+        opts.net,
+        &file,
+        sandgate_proxy::unix_now(),
+    )
+    .map_err(|e| RunError::Usage(locate(&e.0, &text, &file)))?;
+    for w in &p.warnings {
+        eprintln!("{w}");
+    }
     for d in &opts.allow_domains {
         let pattern = sandgate_policy::Pattern::parse(d)
             .map_err(|e| RunError::Usage(format!("invalid --allow-domain {d:?}: {e}")))?;
@@ -75,7 +89,35 @@ pub fn load_policy(opts: &RunOptions) -> Result<SandboxPolicy, RunError> {
     if !p.net.proxied() && !opts.allow_domains.is_empty() {
         return Err(RunError::Usage("--allow-domain needs net mode allowlist".into()));
     }
+    if !p.net.proxied() && opts.learn {
+        return Err(RunError::Usage(format!(
+            "--learn needs net mode allowlist or proxy (here {}): only the run's proxy can learn",
+            p.net.name()
+        )));
+    }
+    if let Some(written) = &p.egress_policy {
+        let dir = opts.policy_path.parent().unwrap_or(std::path::Path::new("."));
+        p.egress = Some(Box::new(crate::egress::load(&dir.join(written))?));
+    }
     Ok(p)
+}
+
+/// A policy error as `file:line: field: message`: errors of the YAML layer and of entries
+/// name the file and line already; for the others (`field: message`), the line where that
+/// field is written, when it can be found.
+fn locate(message: &str, text: &str, file: &str) -> String {
+    if message.starts_with(&format!("{file}:")) {
+        return message.to_owned();
+    }
+    let field = message.split_once(": ").map(|(f, _)| f).filter(|f| {
+        !f.is_empty()
+            && f.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+    });
+    match field.and_then(|f| sandgate_policy::document::line_of(text, f)) {
+        Some(line) => format!("{file}:{line}: {message}"),
+        None => format!("{file}: {message}"),
+    }
 }
 
 /// `--path-param NAME=PATH`: a parameter whose value is a host path in its canonical form
@@ -226,9 +268,26 @@ async fn supervise(
     let state = RunState::create(&tmp).map_err(|e| {
         RunError::Unavailable(format!("cannot create the run's state in {}: {e}", tmp.display()))
     })?;
-    let audit_path = opts.audit_log.clone().unwrap_or_else(|| state.audit_path());
+    let run = run_id();
+    let kept = match (&opts.audit_log, opts.no_audit_log || !policy.net.proxied()) {
+        (Some(path), _) => Some(path.clone()),
+        (None, true) => None,
+        (None, false) => crate::runlog::keep(&run),
+    };
+    if opts.learn && kept.is_none() {
+        return Err(RunError::Usage(
+            "--learn keeps what it learned in the run's audit log, and there is no state directory to keep it in: pass --audit-log PATH".into(),
+        ));
+    }
+    let audit_path = kept.clone().unwrap_or_else(|| state.audit_path());
     let proxy = if policy.net.proxied() {
-        Some(start_proxy(&policy, &audit_path, &state, opts.ask).await?)
+        let how = ProxyRun {
+            task: run.clone(),
+            ask: opts.ask,
+            learn: opts.learn,
+            live: !opts.quiet,
+        };
+        Some(start_proxy(&policy, &audit_path, &state, how).await?)
     } else {
         None
     };
@@ -273,162 +332,14 @@ async fn supervise(
     if !policy.unshare_pid {
         let _ = tokio::task::spawn_blocking(processes::kill_leftovers).await;
     }
-    if let Some((stop, task)) = proxy {
-        let _ = stop.send(());
-        let _ = task.await;
+    if let Some(running) = proxy {
+        running.stop().await;
         if !opts.quiet {
-            summary::print(&audit_path);
+            summary::print(&audit_path, kept.as_deref(), opts.learn);
         }
     }
     drop(state);
     Ok(code)
-}
-
-type ProxyRun = (
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<std::io::Result<u64>>,
-);
-
-/// Starts the run's proxy on host loopback (port 0: an HTTP listener, and a SOCKS5 one when
-/// the policy has a SOCKS5 port), serving only this run's bridges, and a bridge socket in
-/// front of each listener.
-async fn start_proxy(
-    policy: &SandboxPolicy,
-    audit_path: &std::path::Path,
-    state: &RunState,
-    ask: Option<std::time::Duration>,
-) -> Result<ProxyRun, RunError> {
-    // Only this run's bridges may talk to its proxy: the listeners share one filter, and
-    // one task identity, so HTTP and SOCKS5 requests are the same run's in the audit log.
-    let peers = PeerFilter::new();
-    let config = proxy_config(policy, audit_path, &peers)?;
-    let listeners = config.listen.len();
-    let proxy = Proxy::bind(config)
-        .await
-        .map_err(|e| RunError::Unavailable(format!("cannot start the proxy: {e}")))?;
-    if let Some(timeout) = ask {
-        proxy.set_asker(std::sync::Arc::new(crate::ask::TerminalAsker::new(timeout)));
-    }
-    // In the order of the configuration's listeners: HTTP, then SOCKS5 when there is one.
-    let addrs = proxy.local_addrs();
-    if addrs.len() != listeners {
-        return Err(RunError::Unavailable("the proxy lacks a listener".into()));
-    }
-    let bridges = [
-        (PROXY_SOCKET, "the run's proxy"),
-        (SOCKS_SOCKET, "the run's SOCKS5 proxy"),
-    ];
-    for (addr, (socket, what)) in addrs.into_iter().zip(bridges) {
-        open_bridge(state, socket, addr, what.to_owned(), Some(peers.clone()))?;
-    }
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(proxy.run(async move {
-        let _ = stop_rx.await;
-    }));
-    Ok((stop_tx, task))
-}
-
-/// The run's proxy: the policy's rules, ranges and resolver, and its listeners on host
-/// loopback port 0 under the run's task, served only to `peers`.
-fn proxy_config(
-    policy: &SandboxPolicy,
-    audit_path: &std::path::Path,
-    peers: &PeerFilter,
-) -> Result<ProxyConfig, RunError> {
-    let mut rules = Ruleset::new();
-    policy.allow.iter().cloned().for_each(|p| rules.allow(p));
-    let ranges = policy
-        .allow_ranges
-        .iter()
-        .map(|r| {
-            r.parse()
-                .map_err(|_| RunError::Usage(format!("net.allow_ranges: {r:?} is not a CIDR")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let servers = policy
-        .resolver_servers
-        .iter()
-        .map(|s| {
-            s.parse::<SocketAddr>()
-                .map_err(|_| RunError::Usage(format!("net.resolver.servers: {s:?} is not IP:PORT")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let task = run_id();
-    let listener = |protocol| Listener {
-        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        identity: Identity {
-            task: Some(task.clone()),
-            project: None,
-            job: None,
-        },
-        require_auth: false,
-        peers: Some(peers.clone()),
-        protocol,
-        node: None,
-    };
-    let socks = policy.socks_port.map(|_| listener(Protocol::Socks5));
-    Ok(ProxyConfig {
-        listen: std::iter::once(listener(Protocol::Http)).chain(socks).collect(),
-        rules,
-        guard: AddressGuard::new(ranges),
-        nameservers: if servers.is_empty() {
-            Nameservers::System
-        } else {
-            Nameservers::Explicit(servers)
-        },
-        audit: AuditDestination::File(audit_path.to_path_buf()),
-        limits: Limits {
-            shutdown_grace: std::time::Duration::from_secs(2),
-            ..Limits::default()
-        },
-        audit_options: AuditOptions::default(),
-        metrics_listen: None,
-        upstream_proxy: policy.upstream_proxy,
-        central: match &policy.central {
-            Some(spec) => Some(centrals(spec)?),
-            None => None,
-        },
-    })
-}
-
-/// The run's proxy as a node-local proxy of central ones: the upstreams parsed and the TLS
-/// files read now, so a bad one stops the run before the command starts.
-fn centrals(
-    spec: &crate::policy::CentralSpec,
-) -> Result<std::sync::Arc<sandgate_proxy::dial::Centrals>, RunError> {
-    let hops = spec
-        .upstreams
-        .iter()
-        .map(|u| {
-            sandgate_proxy::dial::Hop::parse(u)
-                .map_err(|e| RunError::Usage(format!("net.proxy.upstream: {u:?}: {e}")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let files = sandgate_proxy::node::ClientFiles {
-        ca: spec.ca.clone(),
-        cert: spec.cert.clone(),
-        key: spec.key.clone(),
-        http1: false,
-    };
-    sandgate_proxy::dial::Centrals::new(hops, files)
-        .map(std::sync::Arc::new)
-        .map_err(|e| RunError::Usage(format!("net.proxy.tls: {e}")))
-}
-
-/// Binds `name` in the run's bridge directory and relays its connections to `target`
-/// (see [`bridge::serve`]).
-fn open_bridge(
-    state: &RunState,
-    name: &str,
-    target: SocketAddr,
-    what: String,
-    peers: Option<PeerFilter>,
-) -> Result<(), RunError> {
-    let socket = state.bridge_dir().join(name);
-    let unix = UnixListener::bind(&socket)
-        .map_err(|e| RunError::Unavailable(format!("cannot create the bridge {}: {e}", socket.display())))?;
-    tokio::spawn(bridge::serve(unix, target, what, peers));
-    Ok(())
 }
 
 #[cfg(test)]
@@ -441,6 +352,25 @@ mod tests {
             Some("/b/kernels/python3-low/../..") => Ok("/b".into()),
             _ => Err(std::io::ErrorKind::NotFound.into()),
         }
+    }
+
+    #[test]
+    fn errors_name_the_line_of_their_field() {
+        let text =
+            "apiVersion: sandgate.dev/v1\nkind: SandboxPolicy\nfs:\n  read_paths: [ /nope ]\n  tmp: shared\n";
+        assert_eq!(
+            locate("fs.tmp: \"shared\": use private or none", text, "p.yaml"),
+            "p.yaml:5: fs.tmp: \"shared\": use private or none"
+        );
+        assert_eq!(
+            locate("fs.read_paths: \"/nope\": does not exist", text, "p.yaml"),
+            "p.yaml:4: fs.read_paths: \"/nope\": does not exist"
+        );
+        assert_eq!(
+            locate("net mode \"x\": use none", text, "p.yaml"),
+            "p.yaml: net mode \"x\": use none"
+        );
+        assert_eq!(locate("p.yaml:3: fs: bad", text, "p.yaml"), "p.yaml:3: fs: bad");
     }
 
     #[test]

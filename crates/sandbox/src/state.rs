@@ -28,12 +28,20 @@ impl RunState {
         let mut last = None;
         // A sweeper may take the lock of a directory in the instant between its creation
         // and our lock, and remove it; then we try again with a new one.
-        for _ in 0..3 {
+        for _ in 0..8 {
             let dir = tempfile::Builder::new()
                 .prefix(PREFIX)
                 .rand_bytes(10)
                 .tempdir_in(tmp)?;
-            let lock = File::open(dir.path())?;
+            // A sweeper may also remove it before we open it.
+            let lock = match File::open(dir.path()) {
+                Ok(lock) => lock,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    last = Some(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if let Err(e) = lock.try_lock() {
                 last = Some(std::io::Error::other(e.to_string()));
                 continue;

@@ -5,6 +5,9 @@
 //! an upstream proxy's (`upstream_failure:upstream_denied`); `failed:` lines are allowed
 //! requests that failed upstream (close events with another `upstream_failure:*` outcome:
 //! DNS, connect, response).
+//!
+//! Then one line for the whole run: requests allowed (and of those, let through by
+//! `--learn`) and denied, bytes each way, and where the audit log is kept.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -55,13 +58,68 @@ pub fn lines(events: &[Value]) -> Vec<String> {
     blocked.chain(failed).collect()
 }
 
-/// Prints the summary of the audit log at `audit` on stderr.
-pub fn print(audit: &Path) {
+/// The run's totals: decisions allowed (`learned` of them let through by `--learn`) and
+/// denied, bytes the command sent and received through allowed requests.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub allowed: u64,
+    pub learned: u64,
+    pub denied: u64,
+    pub sent: u64,
+    pub received: u64,
+}
+
+pub fn totals(events: &[Value]) -> Totals {
+    let mut t = Totals::default();
+    for e in events {
+        match (e["event"].as_str(), e["decision"].as_str()) {
+            (Some("decision"), Some("allow")) => {
+                t.allowed += 1;
+                t.learned += u64::from(e["reason_code"] == "report_only");
+            }
+            (Some("decision"), Some("deny")) => t.denied += 1,
+            (Some("close" | "aggregate"), _) => {
+                t.sent += e["bytes_sent"].as_u64().unwrap_or(0);
+                t.received += e["bytes_received"].as_u64().unwrap_or(0);
+            }
+            _ => {}
+        }
+    }
+    t
+}
+
+/// The run's one closing line. `kept`: where the audit log stays, if it does.
+pub fn total_line(t: &Totals, kept: Option<&Path>) -> String {
+    let learned = if t.learned > 0 {
+        format!(" ({} only because of --learn)", t.learned)
+    } else {
+        String::new()
+    };
+    let log = match kept {
+        Some(p) => format!("audit log: {}", p.display()),
+        None => "audit log: not kept".to_owned(),
+    };
+    format!(
+        "sandgate: {} allowed{learned}, {} denied, {} bytes sent, {} bytes received; {log}",
+        t.allowed, t.denied, t.sent, t.received
+    )
+}
+
+/// Prints the summary of the audit log at `audit` on stderr. `kept`: where it stays after
+/// the run (`None`: it goes with the run's state); `learn`: say how to turn it into a policy.
+pub fn print(audit: &Path, kept: Option<&Path>, learn: bool) {
     let Ok((events, _)) = sandgate_proxy::audit_query::read_events(&[audit.to_path_buf()]) else {
         return;
     };
     for line in lines(&events) {
         eprintln!("{line}");
+    }
+    eprintln!("{}", total_line(&totals(&events), kept));
+    if let (true, Some(kept)) = (learn, kept) {
+        eprintln!(
+            "sandgate: learn: sandgate policy suggest --from {} --output learned.yaml (then net.egress_policy: learned.yaml)",
+            kept.display()
+        );
     }
 }
 
@@ -91,6 +149,27 @@ mod tests {
                 "failed: down.test:80 (connection refused), once",
                 "failed: gone.test:443 (dns), once",
             ]
+        );
+        let t = totals(&events);
+        assert_eq!((t.allowed, t.learned, t.denied), (1, 0, 3));
+    }
+
+    #[test]
+    fn the_total_line_counts_decisions_and_bytes() {
+        let events = [
+            json!({"event": "decision", "decision": "allow", "reason_code": "allowlisted"}),
+            json!({"event": "decision", "decision": "allow", "reason_code": "report_only"}),
+            json!({"event": "decision", "decision": "deny", "reason_code": "not_allowlisted"}),
+            json!({"event": "close", "bytes_sent": 10, "bytes_received": 200}),
+            json!({"event": "close", "bytes_sent": 5, "bytes_received": null}),
+        ];
+        assert_eq!(
+            total_line(&totals(&events), Some(Path::new("/s/run-1.jsonl"))),
+            "sandgate: 2 allowed (1 only because of --learn), 1 denied, 15 bytes sent, 200 bytes received; audit log: /s/run-1.jsonl"
+        );
+        assert_eq!(
+            total_line(&Totals::default(), None),
+            "sandgate: 0 allowed, 0 denied, 0 bytes sent, 0 bytes received; audit log: not kept"
         );
     }
 }

@@ -75,9 +75,12 @@ impl From<std::io::Error> for Failure {
 
 /// What to say when the log is not where `--file` points.
 fn no_log(file: &std::path::Path) -> String {
+    let latest_run = sandgate_sandbox::runlog::latest()
+        .map(|p| format!("; the latest sandgate run's log is {}", p.display()))
+        .unwrap_or_default();
     format!(
         "no audit log at {}: pass --file PATH (the proxy's --audit-log) or set SANDGATE_AUDIT_LOG; \
-         sandgate proxy writes to stdout unless --audit-log names a file",
+         sandgate proxy writes to stdout unless --audit-log names a file{latest_run}",
         file.display()
     )
 }

@@ -1,5 +1,6 @@
 //! `sandgate check-config FILE`: everything about a policy file that can be known without
-//! binding a socket. Errors (exit 64) are what `sandgate proxy --policy FILE` would refuse
+//! binding a socket, for either kind: a SandboxPolicy is checked as `sandgate run` would
+//! load it; for an EgressPolicy, see below. Errors (exit 64) are what `sandgate proxy --policy FILE` would refuse
 //! at start: the document's own errors, secret files that cannot be read, listeners that
 //! cannot all be bound, a node listener's TLS files that cannot be used. Warnings (exit 0) are what would start but cannot be what was meant:
 //! an entry already expired, a CIDR with host bits, a host both allowed and denied, an
@@ -12,7 +13,70 @@ use sandgate_policy::{AddressGuard, PolicyFile, Ruleset};
 
 use crate::EX_USAGE;
 
-pub fn run(file: &Path) -> ExitCode {
+/// `check-config FILE`: dispatches on the document's `kind` (a file of the first sandbox
+/// form, with no `kind` but sandbox sections, is a SandboxPolicy too); anything else is
+/// read as an EgressPolicy, whose errors then say what is wrong.
+pub fn run(file: &Path, params: &[String]) -> ExitCode {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    match sandgate_sandbox::policy::document_kind(&text).as_deref() {
+        Some(sandgate_sandbox::policy::KIND) => sandbox_check(file, params),
+        None | Some(sandgate_policy::document::KIND) => egress_check(file),
+        Some(other) => {
+            eprintln!(
+                "{}: kind: {other:?}: check-config reads EgressPolicy (sandgate proxy) and SandboxPolicy (sandgate run)",
+                file.display()
+            );
+            ExitCode::from(EX_USAGE)
+        }
+    }
+}
+
+/// A SandboxPolicy: everything `sandgate run` checks before it starts anything (paths
+/// resolved on this machine, a named EgressPolicy read and checked).
+fn sandbox_check(file: &Path, params: &[String]) -> ExitCode {
+    use sandgate_sandbox::run::{RunError, RunOptions};
+    let mut values = std::collections::BTreeMap::new();
+    for p in params {
+        let Some((k, v)) = p.split_once('=') else {
+            eprintln!("sandgate: invalid --param {p:?}: expected NAME=VALUE");
+            return ExitCode::from(EX_USAGE);
+        };
+        values.insert(k.to_owned(), v.to_owned());
+    }
+    let opts = RunOptions {
+        policy_path: file.to_path_buf(),
+        params: values,
+        net: None,
+        allow_domains: Vec::new(),
+        audit_log: None,
+        no_audit_log: false,
+        learn: false,
+        print_argv: false,
+        print_profile: None,
+        quiet: false,
+        ask: None,
+        command: Vec::new(),
+    };
+    match sandgate_sandbox::run::load_policy(&opts) {
+        Ok(p) => {
+            println!(
+                "{}: ok: {} (SandboxPolicy: net mode {}, {} read paths, {} write paths)",
+                file.display(),
+                p.name.as_deref().unwrap_or("unnamed"),
+                p.net.name(),
+                p.read_paths.len(),
+                p.write_paths.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(RunError::Usage(m) | RunError::Unavailable(m)) => {
+            eprintln!("{m}");
+            ExitCode::from(EX_USAGE)
+        }
+    }
+}
+
+fn egress_check(file: &Path) -> ExitCode {
     let policy = match sandgate_proxy::reload::load_file(file) {
         Ok((policy, _)) => policy,
         Err(e) => {

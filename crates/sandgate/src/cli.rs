@@ -4,7 +4,7 @@ use clap::{Args, Parser, Subcommand};
 
 /// sandgate: run untrusted code so it reaches only the network destinations a policy allows.
 #[derive(Debug, Parser)]
-#[command(name = "sandgate", version, about)]
+#[command(name = "sandgate", version)]
 pub struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -23,12 +23,20 @@ pub enum LogFormat {
 pub enum Command {
     /// Run the egress proxy (HTTP forward proxy and CONNECT tunnels, default deny).
     Proxy(Box<ProxyArgs>),
-    /// Validate a policy file without binding anything: exit 0 (warnings on stderr), or 64
-    /// listing every error as file:line: field: message.
+    /// Validate a policy file of any kind (EgressPolicy, SandboxPolicy) without binding
+    /// anything: exit 0 (warnings on stderr), or 64 with the errors (file:line: field:
+    /// message).
     CheckConfig {
         /// The policy file.
         file: std::path::PathBuf,
+        /// Fill ${NAME} in a SandboxPolicy, as `sandgate run --param`.
+        #[arg(long, value_name = "NAME=VALUE")]
+        param: Vec<String>,
     },
+    /// Write a commented starter policy that check-config passes: an EgressPolicy for
+    /// `sandgate proxy`, or a SandboxPolicy for `sandgate run` (with --for, the read paths
+    /// that command needs on this machine).
+    Init(InitArgs),
     /// List the presets a policy can name and the hosts each allows.
     Presets {
         /// Print JSON.
@@ -130,6 +138,39 @@ pub enum PkiCommand {
         #[arg(long)]
         force: bool,
     },
+}
+
+/// `sandgate init` flags.
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// What to write: egress (an EgressPolicy for `sandgate proxy --policy`) or sandbox (a
+    /// SandboxPolicy for `sandgate run --policy`) [default: sandbox with --for, else egress]
+    #[arg(long, value_enum)]
+    pub kind: Option<InitKind>,
+    /// A preset to allow (repeatable; `sandgate presets` lists them). In a sandbox policy it
+    /// makes the network mode allowlist.
+    #[arg(long, value_name = "NAME")]
+    pub preset: Vec<String>,
+    /// The command the sandbox is for, as one string ('python3 agent.py'; quotes keep
+    /// blanks): its program is found on PATH and its interpreter, libraries and Python paths
+    /// become read_paths.
+    #[arg(long = "for", value_name = "COMMAND")]
+    pub for_command: Option<String>,
+    /// metadata.name of the policy.
+    #[arg(long, default_value = "starter")]
+    pub name: String,
+    /// Where to write; - for stdout [default: policy.yaml (egress) or sandbox.yaml]
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<std::path::PathBuf>,
+    /// Replace the file if it exists (without it, an existing file is an error).
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum InitKind {
+    Egress,
+    Sandbox,
 }
 
 /// `sandgate jupyter ...`
@@ -279,7 +320,8 @@ pub enum ExceptionsCommand {
 /// `sandgate run` flags.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The sandbox policy (YAML; see docs/sandbox.md).
+    /// The SandboxPolicy (YAML; see docs/sandbox.md; `sandgate init --kind sandbox` writes
+    /// one).
     #[arg(long, value_name = "FILE")]
     pub policy: std::path::PathBuf,
     /// Fill ${NAME} in the policy.
@@ -294,9 +336,18 @@ pub struct RunArgs {
     /// Extra allowed destination (allowlist mode), same grammar as `proxy --allow`.
     #[arg(long, value_name = "D")]
     pub allow_domain: Vec<String>,
-    /// Keep the run's audit log here (JSON lines).
+    /// Keep the run's audit log here (JSON lines) [default:
+    /// $XDG_STATE_HOME/sandgate/runs/RUN.jsonl, or ~/.local/state/...; the newest 100 kept]
     #[arg(long, value_name = "PATH")]
     pub audit_log: Option<std::path::PathBuf>,
+    /// Keep no audit log after the run (the run's proxy still writes one while it runs).
+    #[arg(long, conflicts_with = "audit_log")]
+    pub no_audit_log: bool,
+    /// Learn mode: requests the policy denies pass and are recorded as report_only (the
+    /// address guard still refuses); `sandgate policy suggest --from` the run's audit log
+    /// turns them into an EgressPolicy for net.egress_policy
+    #[arg(long, conflicts_with_all = ["ask", "no_audit_log"])]
+    pub learn: bool,
     /// Print the bubblewrap command line and exit.
     #[arg(long)]
     pub print_argv: bool,
@@ -304,7 +355,8 @@ pub struct RunArgs {
     /// sandbox-exec).
     #[arg(long, value_name = "KIND")]
     pub print_profile: Option<String>,
-    /// No blocked-destinations summary on exit.
+    /// Nothing on stderr from sandgate itself: no line per refused request as it happens,
+    /// no blocked-destinations summary and no totals line on exit.
     #[arg(long)]
     pub quiet: bool,
     /// When only the allowlist refuses a destination, ask at the terminal: allow once, for

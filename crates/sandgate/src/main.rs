@@ -15,6 +15,7 @@ mod cli;
 mod control;
 mod exceptions_cmd;
 mod explain;
+mod init_cmd;
 mod jupyter_cmd;
 mod pki_cmd;
 mod policy_cmd;
@@ -51,8 +52,9 @@ fn main() -> ExitCode {
     init_logging(cli.log_format, if quiet_by_default { "warn" } else { "info" });
     match cli.command {
         Command::Proxy(args) => run_proxy(&args),
-        Command::CheckConfig { file } => check::run(&file),
+        Command::CheckConfig { file, param } => check::run(&file, &param),
         Command::Explain(args) => explain::run(&args),
+        Command::Init(args) => init_cmd::run(&args),
         Command::Presets { json } => presets_cmd::run(json),
         Command::Policy(cmd) => policy_cmd::run(cmd),
         Command::Audit(cmd) => audit_cmd::run(cmd),
@@ -178,6 +180,8 @@ fn run_sandbox(args: cli::RunArgs) -> ExitCode {
         net,
         allow_domains: args.allow_domain,
         audit_log: args.audit_log,
+        no_audit_log: args.no_audit_log,
+        learn: args.learn,
         print_argv: args.print_argv,
         print_profile: args.print_profile,
         quiet: args.quiet,

@@ -147,7 +147,7 @@ impl Checker<'_> {
 
 /// Warns about each allow entry that a deny entry of the same or a wider scope covers on
 /// every port it allows: deny entries always win, so it allows nothing there.
-pub(super) fn shadowed(c: &mut Checker<'_>, allow: &[Entry], deny: &[Entry]) {
+pub(super) fn shadowed(c: &mut Checker<'_>, field: &str, allow: &[Entry], deny: &[Entry]) {
     for a in allow {
         let Some(d) = deny.iter().find(|d| covers(d, a)) else {
             continue;
@@ -160,7 +160,7 @@ pub(super) fn shadowed(c: &mut Checker<'_>, allow: &[Entry], deny: &[Entry]) {
         };
         c.warn(
             line(a),
-            "spec.network.allowlist",
+            field,
             format!(
                 "{} is also denied (deny entry {}, line {}); deny entries always win, so this entry allows nothing",
                 a.pattern,

@@ -14,12 +14,27 @@ use ipnet::IpNet;
 
 mod checker;
 mod control;
+mod embedded;
 mod nodes;
 mod raw;
 mod syntax;
 
 use checker::Checker;
+pub use embedded::{Entries, EntryList, entries};
 pub use nodes::TlsSpec;
+
+/// The `file:line: field: message` error for a document the YAML layer refused, for any
+/// policy document (the sandbox policy's too): a tab in the indentation named as such, the
+/// field's dotted path, the parser's message in the file's terms.
+pub fn yaml_error(e: &serde_saphyr::Error, text: &str, file: &str) -> DocError {
+    syntax::parse_error(e, text, file)
+}
+
+/// The line (1-based) where the key at dotted path `field` is written in a block-style
+/// YAML document, so a check made after parsing can say `file:line: field: message` too.
+pub fn line_of(text: &str, field: &str) -> Option<u64> {
+    syntax::line_of(text, field)
+}
 
 use raw::*;
 
@@ -254,7 +269,7 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
         .iter()
         .filter_map(|e| c.entry(e, "spec.network.denylist", now))
         .collect();
-    checker::shadowed(&mut c, &allow, &deny);
+    checker::shadowed(&mut c, "spec.network.allowlist", &allow, &deny);
     let mut allow = allow;
     for name in &net.presets {
         match preset::hosts(&name.value) {

@@ -133,6 +133,16 @@ pub(super) fn field_at(text: &str, line: u64) -> String {
     path.join(".")
 }
 
+/// The first line (1-based) whose key is `field` (a dotted path as [`field_at`] reads it),
+/// looking at the first [`LINE_OF_LIMIT`] lines only.
+pub(super) fn line_of(text: &str, field: &str) -> Option<u64> {
+    let lines = text.lines().count().min(LINE_OF_LIMIT) as u64;
+    (1..=lines).find(|&line| field_at(text, line) == field)
+}
+
+/// How far [`line_of`] looks (each step reads the lines above it).
+const LINE_OF_LIMIT: usize = 2000;
+
 /// The path of the block a line (one whose indentation cannot be read, a tab's) belongs
 /// to, judged by the line before it: the key that line opens, or else that line's map.
 fn enclosing(text: &str, line: u64) -> String {

@@ -337,3 +337,28 @@ pub fn python() -> String {
     );
     venv.to_owned()
 }
+
+/// Runs `cmd` (a sandgate command line) with no input: (exit code, stdout, stderr).
+pub fn outcome(cmd: &mut Command) -> (i32, String, String) {
+    let out = cmd.stdin(Stdio::null()).output().expect("run sandgate");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Checks that a learned policy's run saw no deny and nothing let through by learning;
+/// returns how many requests its entries allowed.
+pub fn allowlisted_without_deny(events: &[Value]) -> usize {
+    assert!(
+        events
+            .iter()
+            .all(|e| e["decision"] != "deny" && e["reason_code"] != "report_only"),
+        "{events:#?}"
+    );
+    events
+        .iter()
+        .filter(|e| e["reason_code"] == "allowlisted")
+        .count()
+}

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 
-const BASE: &str = "env:\n  set: { HOME: /tmp, PATH: /usr/bin:/bin, LANG: C.UTF-8 }\nfs:\n  read_paths: [ /usr, /lib, /bin, /etc/ssl, /etc/alternatives ]\n";
+const BASE: &str = "apiVersion: sandgate.dev/v1\nkind: SandboxPolicy\nenv:\n  set: { HOME: /tmp, PATH: /usr/bin:/bin, LANG: C.UTF-8 }\nfs:\n  read_paths: [ /usr, /lib, /bin, /etc/ssl, /etc/alternatives ]\n";
 
 fn lib64() -> &'static str {
     if Path::new("/lib64").exists() {
@@ -43,9 +43,17 @@ pub fn run(policy: &Path, extra_args: &[&str], command: &[&str]) -> Output {
         .args(command)
         .env("SECRET_TOKEN", "do-not-leak")
         .env("PASS_ME", "visible")
+        .env("XDG_STATE_HOME", state_home())
         .stdin(Stdio::null())
         .output()
         .unwrap()
+}
+
+/// Where the runs of these tests keep their audit logs: under the temporary directory, one
+/// per user (the suite reruns itself as nobody), not in the real home.
+pub fn state_home() -> PathBuf {
+    let user = std::env::var("SANDGATE_AS_NOBODY").map_or("root-or-user", |_| "nobody");
+    std::env::temp_dir().join(format!("sandgate-test-state-{user}"))
 }
 
 pub fn text(o: &Output) -> (String, String) {

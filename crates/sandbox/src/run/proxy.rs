@@ -1,0 +1,218 @@
+//! The run's own proxy: started on host loopback (port 0) before bwrap, serving only this
+//! run's bridges under the run's task identity, with the policy's rules (its patterns and
+//! entries, and a named EgressPolicy's), ranges and resolver; `--ask`, `--learn` (the
+//! proxy's report-only mode) and the live refusal lines are set up here.
+
+use std::net::SocketAddr;
+
+use sandgate_policy::{AddressGuard, Ruleset};
+use sandgate_proxy::{
+    AuditDestination, AuditOptions, Identity, Limits, Listener, Nameservers, PeerFilter, Protocol, Proxy,
+    ProxyConfig,
+};
+use tokio::net::UnixListener;
+
+use super::RunError;
+use crate::argv::{PROXY_SOCKET, SOCKS_SOCKET};
+use crate::bridge;
+use crate::policy::SandboxPolicy;
+use crate::state::RunState;
+
+/// How the run's proxy serves this run.
+pub(super) struct ProxyRun {
+    /// The run's task id (`run-PID-XXXXXXXX`), on every audit event.
+    pub(super) task: String,
+    pub(super) ask: Option<std::time::Duration>,
+    pub(super) learn: bool,
+    /// Print each deny on stderr as it happens.
+    pub(super) live: bool,
+}
+
+/// The run's proxy while it serves, with its live deny printer.
+pub(super) struct RunningProxy {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<u64>>,
+    live: Option<crate::live::Printer>,
+}
+
+impl RunningProxy {
+    /// Stops the proxy (its audit log drained), then the live printer (what it was sent
+    /// printed).
+    pub(super) async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+        if let Some(live) = self.live {
+            live.finish().await;
+        }
+    }
+}
+
+/// Starts the run's proxy on host loopback (port 0: an HTTP listener, and a SOCKS5 one when
+/// the policy has a SOCKS5 port), serving only this run's bridges, and a bridge socket in
+/// front of each listener.
+pub(super) async fn start_proxy(
+    policy: &SandboxPolicy,
+    audit_path: &std::path::Path,
+    state: &RunState,
+    how: ProxyRun,
+) -> Result<RunningProxy, RunError> {
+    // Only this run's bridges may talk to its proxy: the listeners share one filter, and
+    // one task identity, so HTTP and SOCKS5 requests are the same run's in the audit log.
+    let peers = PeerFilter::new();
+    let config = proxy_config(policy, audit_path, &peers, &how.task)?;
+    let listeners = config.listen.len();
+    let proxy = Proxy::bind(config)
+        .await
+        .map_err(|e| RunError::Unavailable(format!("cannot start the proxy: {e}")))?;
+    if let Some(timeout) = how.ask {
+        proxy.set_asker(std::sync::Arc::new(crate::ask::TerminalAsker::new(timeout)));
+    }
+    proxy.set_report_only(how.learn);
+    let live = how
+        .live
+        .then(|| crate::live::Printer::start(proxy.policy_handle().subscribe()));
+    // In the order of the configuration's listeners: HTTP, then SOCKS5 when there is one.
+    let addrs = proxy.local_addrs();
+    if addrs.len() != listeners {
+        return Err(RunError::Unavailable("the proxy lacks a listener".into()));
+    }
+    let bridges = [
+        (PROXY_SOCKET, "the run's proxy"),
+        (SOCKS_SOCKET, "the run's SOCKS5 proxy"),
+    ];
+    for (addr, (socket, what)) in addrs.into_iter().zip(bridges) {
+        open_bridge(state, socket, addr, what.to_owned(), Some(peers.clone()))?;
+    }
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(proxy.run(async move {
+        let _ = stop_rx.await;
+    }));
+    Ok(RunningProxy {
+        stop: stop_tx,
+        task,
+        live,
+    })
+}
+
+/// The run's proxy: the policy's rules, ranges and resolver, and its listeners on host
+/// loopback port 0 under the run's task, served only to `peers`.
+fn proxy_config(
+    policy: &SandboxPolicy,
+    audit_path: &std::path::Path,
+    peers: &PeerFilter,
+    task: &str,
+) -> Result<ProxyConfig, RunError> {
+    let egress = policy.egress.as_deref();
+    let mut rules = Ruleset::from_parts(&policy.allow, &[], egress);
+    policy
+        .allow_entries
+        .iter()
+        .cloned()
+        .for_each(|e| rules.allow_entry(e));
+    policy
+        .deny_entries
+        .iter()
+        .cloned()
+        .for_each(|e| rules.deny_entry(e));
+    let mut ranges = policy
+        .allow_ranges
+        .iter()
+        .map(|r| {
+            r.parse()
+                .map_err(|_| RunError::Usage(format!("net.allow_ranges: {r:?} is not a CIDR")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    ranges.extend(egress.iter().flat_map(|f| f.allow_ranges.iter().copied()));
+    let mut servers = policy
+        .resolver_servers
+        .iter()
+        .map(|s| {
+            s.parse::<SocketAddr>()
+                .map_err(|_| RunError::Usage(format!("net.resolver.servers: {s:?} is not IP:PORT")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if servers.is_empty() {
+        servers.extend(
+            egress
+                .and_then(|f| f.resolver.as_ref())
+                .iter()
+                .flat_map(|r| r.servers.iter().copied()),
+        );
+    }
+    let task = task.to_owned();
+    let listener = |protocol| Listener {
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        identity: Identity {
+            task: Some(task.clone()),
+            project: None,
+            job: None,
+        },
+        require_auth: false,
+        peers: Some(peers.clone()),
+        protocol,
+        node: None,
+    };
+    let socks = policy.socks_port.map(|_| listener(Protocol::Socks5));
+    Ok(ProxyConfig {
+        listen: std::iter::once(listener(Protocol::Http)).chain(socks).collect(),
+        rules,
+        guard: AddressGuard::new(ranges),
+        nameservers: if servers.is_empty() {
+            Nameservers::System
+        } else {
+            Nameservers::Explicit(servers)
+        },
+        audit: AuditDestination::File(audit_path.to_path_buf()),
+        limits: Limits {
+            shutdown_grace: std::time::Duration::from_secs(2),
+            ..Limits::default()
+        },
+        audit_options: AuditOptions::default(),
+        metrics_listen: None,
+        upstream_proxy: policy.upstream_proxy,
+        central: match &policy.central {
+            Some(spec) => Some(centrals(spec)?),
+            None => None,
+        },
+    })
+}
+
+/// The run's proxy as a node-local proxy of central ones: the upstreams parsed and the TLS
+/// files read now, so a bad one stops the run before the command starts.
+fn centrals(
+    spec: &crate::policy::CentralSpec,
+) -> Result<std::sync::Arc<sandgate_proxy::dial::Centrals>, RunError> {
+    let hops = spec
+        .upstreams
+        .iter()
+        .map(|u| {
+            sandgate_proxy::dial::Hop::parse(u)
+                .map_err(|e| RunError::Usage(format!("net.proxy.upstream: {u:?}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let files = sandgate_proxy::node::ClientFiles {
+        ca: spec.ca.clone(),
+        cert: spec.cert.clone(),
+        key: spec.key.clone(),
+        http1: false,
+    };
+    sandgate_proxy::dial::Centrals::new(hops, files)
+        .map(std::sync::Arc::new)
+        .map_err(|e| RunError::Usage(format!("net.proxy.tls: {e}")))
+}
+
+/// Binds `name` in the run's bridge directory and relays its connections to `target`
+/// (see [`bridge::serve`]).
+pub(super) fn open_bridge(
+    state: &RunState,
+    name: &str,
+    target: SocketAddr,
+    what: String,
+    peers: Option<PeerFilter>,
+) -> Result<(), RunError> {
+    let socket = state.bridge_dir().join(name);
+    let unix = UnixListener::bind(&socket)
+        .map_err(|e| RunError::Unavailable(format!("cannot create the bridge {}: {e}", socket.display())))?;
+    tokio::spawn(bridge::serve(unix, target, what, peers));
+    Ok(())
+}
