@@ -8,9 +8,9 @@
 pub struct NodeSpec {
     /// The name its certificate carries (a DNS or IP subject alternative name).
     pub name: String,
-    /// Projects whose tasks it may attribute traffic to (`*`: any).
+    /// Projects whose tasks it may attribute traffic to (`*`: any; `prefix*`).
     pub projects: Vec<String>,
-    /// Tasks it may attribute traffic to, with or without a project (`*`: any).
+    /// Tasks it may attribute traffic to without a project (`*`: any; `prefix*`).
     pub tasks: Vec<String>,
 }
 
@@ -23,27 +23,32 @@ pub enum VouchError {
     Task { node: String, task: String },
 }
 
+/// Whether `value` is in `list`: an exact id, `*` (any), or a prefix ending in `*`
+/// (`run-node-a-*`).
 fn listed(list: &[String], value: &str) -> bool {
-    list.iter().any(|v| v == "*" || v == value)
+    list.iter().any(|v| match v.strip_suffix('*') {
+        Some(prefix) => value.starts_with(prefix),
+        None => v == value,
+    })
 }
 
 impl NodeSpec {
-    /// Whether this node may attribute a request to `task` in `project`: a project it
-    /// names must be one of its projects; a task must be one of its tasks, or carry one of
-    /// its projects. A request with neither has no task (system entries only).
+    /// Whether this node may attribute a request to `task` in `project`. A project it names
+    /// must always be one of its projects (a task it may vouch for never widens that: a
+    /// project's scoped entries are that project's). A task must be one of its tasks, or
+    /// come with one of its projects. A request with neither has no task (system entries
+    /// only). The job is recorded, never decided on.
     pub fn vouches(&self, task: Option<&str>, project: Option<&str>) -> Result<(), VouchError> {
-        let project_ok = match project {
-            Some(p) if listed(&self.projects, p) => true,
-            Some(p) if task.is_none_or(|t| !listed(&self.tasks, t)) => {
-                return Err(VouchError::Project {
-                    node: self.name.clone(),
-                    project: p.to_owned(),
-                });
-            }
-            _ => false,
-        };
+        if let Some(p) = project
+            && !listed(&self.projects, p)
+        {
+            return Err(VouchError::Project {
+                node: self.name.clone(),
+                project: p.to_owned(),
+            });
+        }
         match task {
-            Some(t) if !project_ok && !listed(&self.tasks, t) => Err(VouchError::Task {
+            Some(t) if project.is_none() && !listed(&self.tasks, t) => Err(VouchError::Task {
                 node: self.name.clone(),
                 task: t.to_owned(),
             }),
@@ -101,13 +106,18 @@ mod tests {
             // by task
             (&[], &["t1"], Some("t1"), None, true),
             (&[], &["t1"], Some("t2"), None, false),
-            // a listed task may name any project: the task is what the node is trusted with
-            (&[], &["t1"], Some("t1"), Some("p9"), true),
+            // a listed task never widens the projects: p9's entries are p9's (review finding)
+            (&[], &["t1"], Some("t1"), Some("p9"), false),
+            (&[], &["*"], Some("other-tenant"), Some("p-secret"), false),
             // an unlisted project with an unlisted task
             (&[], &["t1"], Some("t2"), Some("p9"), false),
             // wildcards
             (&["*"], &[], Some("t"), Some("any"), true),
             (&[], &["*"], Some("t"), None, true),
+            // prefixes
+            (&[], &["run-node-a-*"], Some("run-node-a-17"), None, true),
+            (&[], &["run-node-a-*"], Some("run-node-b-17"), None, false),
+            (&["team-*"], &[], Some("t"), Some("team-x"), true),
         ];
         for (projects, tasks, task, project, ok) in cases {
             let n = node(projects, tasks);

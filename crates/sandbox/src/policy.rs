@@ -334,6 +334,9 @@ pub fn parse_at(
     let unshare = raw.platform.bwrap.unshare.unwrap_or_default();
     let [read, write, ro, rw] =
         <[Bound; 4]>::try_from(bound).map_err(|_| PolicyError("internal: path fields".to_owned()))?;
+    if let Some(central) = &network.central {
+        refuse_bound_key(&central.key, [&read, &write, &ro, &rw], resolve)?;
+    }
     let aliases = [&read, &write, &ro, &rw]
         .iter()
         .flat_map(|b| b.aliases.iter().cloned())
@@ -370,6 +373,34 @@ pub fn parse_at(
         extra_rw_binds: rw.canonical,
         extra_tmpfs: raw.platform.bwrap.tmpfs.iter().map(PathBuf::from).collect(),
     })
+}
+
+/// The node's private key (`net.proxy.tls.key`) must not be readable inside the sandbox:
+/// with it, the command could be the node and attribute traffic as it likes. The run's
+/// proxy reads it before the sandbox starts; no bound path may cover it.
+fn refuse_bound_key(
+    key: &std::path::Path,
+    bound: [&Bound; 4],
+    resolve: Resolve<'_>,
+) -> Result<(), PolicyError> {
+    let canonical =
+        resolve(key).map_err(|e| PolicyError(format!("net.proxy.tls.key: {}: {e}", key.display())))?;
+    let fields = [
+        "fs.read_paths",
+        "fs.write_paths",
+        "platform.bwrap.ro_bind",
+        "platform.bwrap.rw_bind",
+    ];
+    for (b, field) in bound.iter().zip(fields) {
+        if let Some(p) = b.canonical.iter().find(|p| canonical.starts_with(p)) {
+            return Err(PolicyError(format!(
+                "net.proxy.tls.key: {} is inside {} ({field}): the command could read the node's key; keep it in a directory the sandbox does not bind",
+                canonical.display(),
+                p.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// What a run given the proxy's policy is told.

@@ -170,6 +170,23 @@ fn run_id() -> String {
     format!("run-{}-{nanos:08x}", std::process::id())
 }
 
+/// A run that is a node of central proxies is named under its node (`node-a:run-PID-X`),
+/// so a central can let each node vouch only for its own runs (`tasks: ["node-a:*"]`).
+fn node_run_id(spec: &crate::policy::CentralSpec) -> Result<String, RunError> {
+    let certs = sandgate_proxy::node::tls::load_certs(&spec.cert)
+        .map_err(|e| RunError::Usage(format!("net.proxy.tls.cert: {e}")))?;
+    let name = certs
+        .first()
+        .and_then(|c| sandgate_proxy::node::tls::cert_names(c).into_iter().next())
+        .ok_or_else(|| {
+            RunError::Usage(format!(
+                "net.proxy.tls.cert: {} names no node (no DNS or IP subject alternative name)",
+                spec.cert.display()
+            ))
+        })?;
+    Ok(format!("{name}:{}", run_id()))
+}
+
 fn shell_quote(s: &OsString) -> String {
     let s = s.to_string_lossy();
     if !s.is_empty()
@@ -268,7 +285,10 @@ async fn supervise(
     let state = RunState::create(&tmp).map_err(|e| {
         RunError::Unavailable(format!("cannot create the run's state in {}: {e}", tmp.display()))
     })?;
-    let run = run_id();
+    let run = match &policy.central {
+        Some(spec) => node_run_id(spec)?,
+        None => run_id(),
+    };
     let kept = match (&opts.audit_log, opts.no_audit_log || !policy.net.proxied()) {
         (Some(path), _) => Some(path.clone()),
         (None, true) => None,

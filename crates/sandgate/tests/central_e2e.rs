@@ -572,9 +572,9 @@ fn a_sandboxed_run_is_a_node_of_the_central_proxies() {
             .with("no.test", &["127.0.0.1"]),
     );
     let pki = Pki::new();
-    // Runs get fresh task ids, so this node may vouch for any task (and no project).
+    // A node's runs are named under it (node-a:run-...): it may vouch for those only.
     let body = format!(
-        "  network:\n    allowlist:\n      - host: ok.test\n        ports: [{}]\n  nodes:\n    - name: node-a\n      tasks: [\"*\"]\n",
+        "  network:\n    allowlist:\n      - host: ok.test\n        ports: [{}]\n  nodes:\n    - name: node-a\n      tasks: [\"node-a:*\"]\n",
         origin.port()
     );
     let a = central(&pki, dns.addr(), &body, &[]);
@@ -602,6 +602,7 @@ fn a_sandboxed_run_is_a_node_of_the_central_proxies() {
     let events = events_where(&a.proxy.audit_path, 2, |e| e["event"] == "decision");
     assert_eq!(events.len(), 2, "{events:#?}");
     let task = events[0]["task_id"].as_str().expect("the run's task").to_owned();
+    assert!(task.starts_with("node-a:run-"), "{task}");
     for e in &events {
         assert_eq!(
             (e["node"].as_str(), e["task_id"].as_str()),
@@ -767,4 +768,87 @@ fn a_node_dropped_from_the_policy_loses_its_open_connection_at_the_next_stream()
         refused[0]["client_addr"], allowed[0]["client_addr"],
         "refused on the connection it already held"
     );
+}
+
+/// A node trusted with any task still cannot claim a project it is not given: a project's
+/// scoped entries stay that project's (review finding: `tasks: ["*"]` used to widen to any
+/// project).
+#[test]
+fn a_node_trusted_with_any_task_cannot_claim_another_project() {
+    let w = World::new();
+    let origin = w.origin();
+    let dns = w.dns(
+        Zone::new()
+            .with("ok.test", &["127.0.0.1"])
+            .with("secret.test", &["127.0.0.1"]),
+    );
+    let pki = Pki::new();
+    let port = origin.port();
+    let body = format!(
+        "  network:\n    allowlist:\n      - host: ok.test\n        ports: [{port}]\n      - host: secret.test\n        ports: [{port}]\n        scope: {{ project: p-secret }}\n  nodes:\n    - name: node-a\n      tasks: [\"*\"]\n"
+    );
+    let c = central(&pki, dns.addr(), &body, &[]);
+    let cert = pki.node("node-a", &[]);
+    let allow = [format!("ok.test:{port}"), format!("secret.test:{port}")];
+    let refs: Vec<&str> = allow.iter().map(String::as_str).collect();
+    let get = |n: &central::Node, host: &str| {
+        curl(
+            &format!("http://{}", n.addr),
+            &[
+                "-sS",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                &format!("http://{host}:{port}/"),
+            ],
+        )
+        .1
+    };
+    // Any task, no project: fine, and p-secret's entry does not apply.
+    let n = node(&cert, &[c.node_addr], &refs, Some(("someone", "p-none")));
+    assert_eq!(get(&n, "ok.test"), "403", "p-none is not node-a's project");
+    drop(n);
+    let n = node(&cert, &[c.node_addr], &refs, Some(("someone", "p-secret")));
+    assert_eq!(get(&n, "secret.test"), "403", "nor is p-secret");
+    let refused = events_where(&c.proxy.audit_path, 2, |e| e["reason_code"] == "node_not_vouched");
+    assert_eq!(refused.len(), 2, "{refused:#?}");
+    assert!(
+        read_audit(&c.proxy.audit_path)
+            .iter()
+            .all(|e| e["decision"] != "allow")
+    );
+}
+
+/// The node's private key stays out of the sandbox: a policy binding the directory that
+/// holds it is refused before anything runs (review finding: the command could read it and
+/// become the node).
+#[test]
+fn a_sandbox_policy_that_would_expose_the_node_key_is_refused() {
+    let pki = Pki::new();
+    let cert = pki.node("node-a", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let pki_dir = pki.dir.path().display().to_string();
+    let policy = sandbox_support::write_policy(
+        dir.path(),
+        &format!(
+            "net:\n  mode: proxy\n  allow_domains: [ \"ok.test:1\" ]\n  proxy:\n    upstream: [ \"https://127.0.0.1:9\" ]\n    tls: {{ ca: {}, cert: {}, key: {} }}\n",
+            cert.ca.display(),
+            cert.cert.display(),
+            cert.key.display()
+        ),
+    );
+    let text = std::fs::read_to_string(&policy)
+        .unwrap()
+        .replace("read_paths: [ /usr", &format!("read_paths: [ {pki_dir}, /usr"));
+    assert!(
+        text.contains(&pki_dir),
+        "the policy binds the key's directory: {text}"
+    );
+    std::fs::write(&policy, text).unwrap();
+    let out = sandbox_support::run(&policy, &[], &["cat", cert.key.to_str().unwrap()]);
+    let (stdout, stderr) = sandbox_support::text(&out);
+    assert_eq!(out.status.code(), Some(64), "{stdout}{stderr}");
+    assert!(!stdout.contains("PRIVATE KEY"));
+    assert!(stderr.contains("net.proxy.tls.key"), "{stderr}");
 }
