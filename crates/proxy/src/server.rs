@@ -432,13 +432,18 @@ async fn accept_loop(
         let protocol = meta.protocol;
         let node = meta.node.clone();
         let tunnels = tracker.clone();
+        let streams = crate::node::serve::StreamGate {
+            admission: gate.admission.clone(),
+            slots: gate.slots.clone(),
+        };
         egress.metrics.connections.inc();
         egress.metrics.connections_active.inc();
         tracker.spawn(async move {
             match protocol {
                 _ if node.is_some() => {
                     if let Some(node) = node {
-                        crate::node::serve::serve(egress.clone(), stream, peer, node, tunnels, stop).await;
+                        crate::node::serve::serve(egress.clone(), stream, peer, node, streams, tunnels, stop)
+                            .await;
                     }
                 }
                 Protocol::Http => {

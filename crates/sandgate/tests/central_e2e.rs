@@ -852,3 +852,121 @@ fn a_sandbox_policy_that_would_expose_the_node_key_is_refused() {
     assert!(!stdout.contains("PRIVATE KEY"));
     assert!(stderr.contains("net.proxy.tls.key"), "{stderr}");
 }
+
+/// One client holding more tunnels open than a connection to the central carries streams
+/// (512) cannot make another client of the same node wait: the node opens another
+/// connection (review finding: the victim waited for the response timeout, then got 502).
+#[test]
+fn a_client_holding_every_stream_of_a_connection_does_not_block_the_others() {
+    let w = World::new();
+    let echo = w.echo();
+    let origin = w.origin();
+    let dns = w.dns(
+        Zone::new()
+            .with("echo.test", &["127.0.0.1"])
+            .with("ok.test", &["127.0.0.1"]),
+    );
+    let pki = Pki::new();
+    let body = format!(
+        "  network:\n    allowlist:\n      - host: echo.test\n        ports: [{}]\n      - host: ok.test\n        ports: [{}]\n    tunnels: {{ tls_only: false }}\n  nodes:\n    - name: node-a\n      projects: [p1]\n",
+        echo.addr().port(),
+        origin.port()
+    );
+    let c = central(&pki, dns.addr(), &body, &[]);
+    let cert = pki.node("node-a", &[]);
+    let allow = [
+        format!("echo.test:{}", echo.addr().port()),
+        format!("ok.test:{}", origin.port()),
+    ];
+    let refs: Vec<&str> = allow.iter().map(String::as_str).collect();
+    let n = node(&cert, &[c.node_addr], &refs, Some(("t1", "p1")));
+    let target = format!("echo.test:{}", echo.addr().port());
+    let mut held = Vec::new();
+    for i in 0..520 {
+        let mut t = std::net::TcpStream::connect(n.addr).unwrap();
+        t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        t.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut head = [0u8; 64];
+        let k = t.read(&mut head).unwrap_or(0);
+        assert!(
+            head[..k].starts_with(b"HTTP/1.1 200"),
+            "tunnel {i}: {:?}",
+            String::from_utf8_lossy(&head[..k])
+        );
+        held.push(t);
+    }
+    let started = Instant::now();
+    let url = format!("http://ok.test:{}/", origin.port());
+    let (_, code, _) = curl(
+        &format!("http://{}", n.addr),
+        &["-sS", "-o", "/dev/null", "-w", "%{http_code}", &url],
+    );
+    assert_eq!(code, "200");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // The held tunnels still work.
+    held[0].write_all(b"ok").unwrap();
+    let mut two = [0u8; 2];
+    held[0].read_exact(&mut two).unwrap();
+    assert_eq!(&two, b"ok");
+}
+
+/// Streams count against the central's connection limits like connections (two slots each:
+/// a tunnel holds three descriptors), so one node multiplexing many tunnels on one
+/// connection cannot use up the central's descriptors (review finding); beyond its share a
+/// stream is refused, and on record.
+#[test]
+fn a_nodes_streams_count_against_the_centrals_connection_limits() {
+    let w = World::new();
+    let echo = w.echo();
+    let dns = w.dns(Zone::new().with("echo.test", &["127.0.0.1"]));
+    let pki = Pki::new();
+    let body = format!(
+        "  network:\n    allowlist:\n      - host: echo.test\n        ports: [{}]\n    tunnels: {{ tls_only: false }}\n  nodes:\n    - name: node-a\n      projects: [p1]\n",
+        echo.addr().port()
+    );
+    // 21 slots for the node's address: its connection (1) and ten streams (2 each).
+    let c = central(&pki, dns.addr(), &body, &["--max-connections-per-client", "21"]);
+    let cert = pki.node("node-a", &[]);
+    let allow = format!("echo.test:{}", echo.addr().port());
+    let n = node(&cert, &[c.node_addr], &[&allow], Some(("t1", "p1")));
+    let target = format!("echo.test:{}", echo.addr().port());
+    let mut statuses = Vec::new();
+    let mut held = Vec::new();
+    for _ in 0..12 {
+        let mut t = std::net::TcpStream::connect(n.addr).unwrap();
+        t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        t.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut head = [0u8; 64];
+        let k = t.read(&mut head).unwrap_or(0);
+        statuses.push(String::from_utf8_lossy(&head[..k.min(12)]).into_owned());
+        held.push(t);
+    }
+    let ok = statuses.iter().filter(|s| s.starts_with("HTTP/1.1 200")).count();
+    assert_eq!(ok, 10, "{statuses:?}");
+    assert!(
+        statuses[10..].iter().all(|s| s.starts_with("HTTP/1.1 502")),
+        "{statuses:?}"
+    );
+    let refused = events_where(&c.proxy.audit_path, 2, |e| {
+        e["reason_code"] == "connection_limit:client"
+    });
+    assert_eq!(refused.len(), 2, "{refused:#?}");
+    assert!(refused.iter().all(|e| e["node"] == "node-a"));
+    // Closing tunnels gives the slots back.
+    drop(held);
+    assert!(wait_for(5, || {
+        let mut t = std::net::TcpStream::connect(n.addr).unwrap();
+        t.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        t.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut head = [0u8; 12];
+        t.read(&mut head)
+            .is_ok_and(|k| head[..k].starts_with(b"HTTP/1.1 200"))
+    }));
+}

@@ -7,6 +7,8 @@
 //! central that answers (200, or a refusal) is not failed over: its answer is the answer.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -80,11 +82,30 @@ impl Hop {
     }
 }
 
-/// The connection to one central, with its back-off.
+/// One kept connection to a central, and how many of its streams are open.
+#[derive(Debug)]
+struct Conn {
+    sender: SendRequest<Empty<Bytes>>,
+    addr: SocketAddr,
+    open: Arc<AtomicUsize>,
+}
+
+/// A stream's place on a connection, given back when the stream ends.
+#[derive(Debug)]
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The connections to one central, with its back-off. A connection carries at most as
+/// many streams as the central allows; when every one is full another is opened, so
+/// clients holding many tunnels open cannot make the others wait for a stream.
 #[derive(Debug, Default)]
 struct HopState {
-    /// The kept connection and the address it went to.
-    conn: Option<(SendRequest<Empty<Bytes>>, SocketAddr)>,
+    conns: Vec<Conn>,
     /// Not tried again before this (after a failure).
     down_until: Option<Instant>,
     backoff: Duration,
@@ -148,7 +169,7 @@ impl Centrals {
                 self.tunnel_http1(dialer, hop, state, request, timeout).await
             } else {
                 match self.sender(dialer, hop, state).await {
-                    Ok(Some((sender, addr))) => exchange(sender, request, timeout)
+                    Ok(Some((sender, addr, slot))) => exchange(sender, request, timeout, Some(slot))
                         .await
                         .map(|core| Some((core, addr))),
                     Ok(None) => Ok(None),
@@ -162,7 +183,7 @@ impl Centrals {
                 Err(HopError::Unavailable(why)) => {
                     tracing::warn!(central = %hop.name, error = %why, "central proxy unavailable; trying the next");
                     let mut state = state.lock().await;
-                    state.conn = None;
+                    state.conns.clear();
                     state.backoff = (state.backoff * 2).clamp(BACKOFF_FIRST, BACKOFF_MAX);
                     state.down_until = Some(Instant::now() + state.backoff);
                     last = format!("{}: {why}", hop.name);
@@ -172,20 +193,24 @@ impl Centrals {
         Err(DialError::CentralUnavailable(last))
     }
 
-    /// The hop's connection, made now if there is none or it closed; `None` while the hop
-    /// is backing off. The lock is held only while connecting, so one connection is made
-    /// and streams are opened on it concurrently.
+    /// A connection to the hop with room for one more stream, and that stream's slot: a
+    /// kept one, or one made now; `None` while the hop is backing off. The lock is held only
+    /// while connecting, so streams are opened on the connections concurrently.
     async fn sender(
         &self,
         dialer: &super::Dialer,
         hop: &Hop,
         state: &Mutex<HopState>,
-    ) -> Result<Option<(SendRequest<Empty<Bytes>>, SocketAddr)>, HopError> {
+    ) -> Result<Option<(SendRequest<Empty<Bytes>>, SocketAddr, Slot)>, HopError> {
         let mut state = state.lock().await;
-        if let Some((c, addr)) = &state.conn
-            && !c.is_closed()
-        {
-            return Ok(Some((c.clone(), *addr)));
+        state.conns.retain(|c| !c.sender.is_closed());
+        let room = state
+            .conns
+            .iter()
+            .find(|c| c.open.load(Ordering::Relaxed) < serve::MAX_STREAMS as usize);
+        if let Some(c) = room {
+            c.open.fetch_add(1, Ordering::Relaxed);
+            return Ok(Some((c.sender.clone(), c.addr, Slot(c.open.clone()))));
         }
         if state.down_until.is_some_and(|at| Instant::now() < at) {
             return Ok(None);
@@ -210,10 +235,15 @@ impl Centrals {
                 tracing::warn!(central = %name, error = %e, "connection to the central proxy ended");
             }
         });
-        state.conn = Some((sender.clone(), addr));
+        let open = Arc::new(AtomicUsize::new(1));
+        state.conns.push(Conn {
+            sender: sender.clone(),
+            addr,
+            open: open.clone(),
+        });
         state.backoff = Duration::ZERO;
         state.down_until = None;
-        Ok(Some((sender, addr)))
+        Ok(Some((sender, addr, Slot(open))))
     }
 
     /// `--upstream-transport http1`: a new mutual-TLS connection for this one tunnel, with
@@ -239,7 +269,7 @@ impl Centrals {
             .await
             .map_err(|e| HopError::Unavailable(format!("HTTP/1.1: {e}")))?;
         tokio::spawn(connection.with_upgrades());
-        let core = exchange(sender, request, timeout).await?;
+        let core = exchange(sender, request, timeout, None).await?;
         Ok(Some((core, addr)))
     }
 
@@ -321,6 +351,7 @@ async fn exchange(
     mut sender: impl Sender,
     request: impl FnOnce() -> Result<hyper::Request<Empty<Bytes>>, HopError>,
     timeout: Duration,
+    slot: Option<Slot>,
 ) -> Result<TcpStream, HopError> {
     let request = request()?;
     let response = match tokio::time::timeout(timeout, sender.send(request)).await {
@@ -335,7 +366,10 @@ async fn exchange(
         .await
         .map_err(|e| HopError::Unavailable(e.to_string()))?;
     let (core, pump) = bridge::pair().map_err(|e| HopError::Unavailable(e.to_string()))?;
-    tokio::spawn(bridge::pump(upgraded, pump));
+    tokio::spawn(async move {
+        bridge::pump(upgraded, pump).await;
+        drop(slot);
+    });
     Ok(core)
 }
 

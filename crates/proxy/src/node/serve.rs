@@ -41,12 +41,33 @@ pub(crate) const MAX_FRAME: u32 = 64 * 1024;
 pub(crate) const KEEPALIVE: Duration = Duration::from_secs(10);
 pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The connection limits each stream counts against, like a connection of its own: a
+/// stream's tunnel holds descriptors (the upstream socket and the bridge's pair) and memory
+/// on the central whichever connection it came on, so one node cannot use up the
+/// descriptors by multiplexing. Each stream takes two slots (its three descriptors, where a
+/// connection's slot stands for two).
+#[derive(Debug, Clone)]
+pub(crate) struct StreamGate {
+    pub admission: Arc<crate::admission::Admission>,
+    pub slots: crate::admission::ListenerSlots,
+}
+
+impl StreamGate {
+    fn admit(&self, peer: SocketAddr) -> Result<[crate::admission::Permit; 2], crate::refusal::LimitKind> {
+        Ok([
+            self.admission.admit(&self.slots, peer.ip())?,
+            self.admission.admit(&self.slots, peer.ip())?,
+        ])
+    }
+}
+
 /// Serves one node connection until it ends or the proxy stops.
 pub(crate) async fn serve(
     egress: Arc<Egress>,
     stream: TcpStream,
     peer: SocketAddr,
     listener: Arc<NodeListener>,
+    gate: StreamGate,
     tracker: TaskTracker,
     stop: CancellationToken,
 ) {
@@ -84,14 +105,25 @@ pub(crate) async fn serve(
         let tracker = tracker.clone();
         let listener = listener.clone();
         hyper::service::service_fn(move |req| {
-            let (egress, tracker, listener, names) =
-                (egress.clone(), tracker.clone(), listener.clone(), names.clone());
+            let (egress, tracker, listener, names, gate) = (
+                egress.clone(),
+                tracker.clone(),
+                listener.clone(),
+                names.clone(),
+                gate.clone(),
+            );
             async move {
                 // The node's entry as it stands now: a reload that drops or narrows it
                 // applies to the next stream of a connection already up.
-                let nodes = listener.nodes();
-                let node = nodes.find(names.iter().map(String::as_str));
-                Ok::<_, Infallible>(stream_request(egress, peer, node, &names, tracker, req).await)
+                let node = listener.nodes().find(names.iter().map(String::as_str)).cloned();
+                // In a task of its own: a stream the node resets mid-decision (hyper then
+                // drops this future) is still decided, dialled and recorded to the end.
+                let work = tokio::spawn(stream_request(egress, peer, node, names, gate, tracker, req));
+                Ok::<_, Infallible>(work.await.unwrap_or_else(|_| {
+                    let mut r = Response::new(Full::new(Bytes::new()));
+                    *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                    r
+                }))
             }
         })
     };
@@ -145,16 +177,21 @@ async fn refuse_connection(egress: &Egress, peer: SocketAddr, why: NodeRefusal) 
 async fn stream_request(
     egress: Arc<Egress>,
     peer: SocketAddr,
-    node: Option<&NodeSpec>,
-    cert_names: &[String],
+    node: Option<NodeSpec>,
+    cert_names: Arc<[String]>,
+    gate: StreamGate,
     tracker: TaskTracker,
     mut req: Request<hyper::body::Incoming>,
 ) -> Response<Full<Bytes>> {
     let method = Cow::Owned(req.method().as_str().to_owned());
     let claimed = attribution::read(req.headers());
     let identity = Arc::new(claimed.clone().unwrap_or_default());
-    let name = node.map(|n| Arc::<str>::from(n.name.as_str()));
+    let name = node.as_ref().map(|n| Arc::<str>::from(n.name.as_str()));
     let pending = egress.begin_via(peer, identity.clone(), Some(method), name);
+    let permits = match gate.admit(peer) {
+        Ok(p) => p,
+        Err(kind) => return refused(egress.refuse(pending, None, Refusal::ConnectionLimit(kind)).await),
+    };
     let Some(node) = node else {
         let why = NodeRefusal::Unknown(cert_names.join(", "));
         return refused(egress.refuse(pending, None, Refusal::Node(why)).await);
@@ -190,18 +227,21 @@ async fn stream_request(
         Ok(d) => d,
         Err(r) => return refused(r),
     };
+    // The bridge before the answer: a 200 promises a tunnel.
+    let (core, pump) = match bridge::pair() {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot bridge a node stream");
+            let refusal = Refusal::ConnectionLimit(crate::refusal::LimitKind::Proxy);
+            return refused(dialed.refuse(&egress, refusal).await);
+        }
+    };
     let upgrade = hyper::upgrade::on(&mut req);
     tracker.spawn(async move {
+        let _permits = permits;
         let stream = match upgrade.await {
             Ok(s) => s,
             Err(_) => return egress.abandon(dialed, Some(200)).await,
-        };
-        let (core, pump) = match bridge::pair() {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot bridge a node stream");
-                return egress.abandon(dialed, Some(200)).await;
-            }
         };
         let carry = async move {
             egress.carry(&core, dialed, Vec::new(), Some(200)).await;
