@@ -1,47 +1,22 @@
-//! Where exceptions live: one small interface, [`ExceptionStore`], with the embedded SQLite
-//! store behind it today (a shared PostgreSQL store for several proxies comes next).
+//! The embedded store: one SQLite file under the state directory, written by one proxy.
 //!
-//! An exception is stored whole (its JSON) beside the columns queries select on, in one
-//! table; every change is one transaction, and SQLite runs with `synchronous = FULL` in WAL
-//! mode, so a change the API answered is on disk and survives a crash or a restart.
+//! Every change is one transaction, and SQLite runs with `synchronous = FULL` in WAL mode,
+//! so a change the API answered is on disk and survives a crash or a restart. Calls are
+//! short and local, so they run inline under one mutex rather than on a blocking thread.
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use sandgate_policy::{Exception, ExceptionState};
 
-/// Why the store failed.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("exception store: {0}")]
-    Sqlite(#[from] rusqlite::Error),
-    #[error("exception store: a stored exception cannot be read: {0}")]
-    Corrupt(#[from] serde_json::Error),
-    #[error("exception store: {0} already exists")]
-    Duplicate(String),
-}
-
-/// The store's interface.
-pub trait ExceptionStore: Send + Sync + std::fmt::Debug {
-    /// Adds a new exception; an id that exists is an error.
-    fn insert(&self, ex: &Exception) -> Result<(), StoreError>;
-    /// Replaces an exception's record.
-    fn update(&self, ex: &Exception) -> Result<(), StoreError>;
-    fn get(&self, id: &str) -> Result<Option<Exception>, StoreError>;
-    /// Every exception, oldest first.
-    fn list(&self) -> Result<Vec<Exception>, StoreError>;
-    /// The exceptions in `state`, oldest first (what the expiry timer and publication need,
-    /// without reading every decided exception ever stored).
-    fn list_in(&self, state: ExceptionState) -> Result<Vec<Exception>, StoreError>;
-    /// Whether the store answers (for `/readyz`).
-    fn ping(&self) -> Result<(), StoreError>;
-}
+use super::{ExceptionStore, StoreError, StoreFuture};
 
 /// The embedded store: one SQLite file under the state directory.
 #[derive(Debug)]
 pub struct SqliteStore {
     conn: Mutex<Connection>,
+    path: String,
 }
 
 impl SqliteStore {
@@ -63,6 +38,7 @@ impl SqliteStore {
         )?;
         Ok(SqliteStore {
             conn: Mutex::new(conn),
+            path: path.display().to_string(),
         })
     }
 
@@ -75,7 +51,49 @@ impl SqliteStore {
 }
 
 impl ExceptionStore for SqliteStore {
-    fn insert(&self, ex: &Exception) -> Result<(), StoreError> {
+    fn insert<'a>(&'a self, ex: &'a Exception) -> StoreFuture<'a, ()> {
+        Box::pin(async move { self.insert_now(ex) })
+    }
+
+    fn transition<'a>(&'a self, ex: &'a Exception, from: ExceptionState) -> StoreFuture<'a, ()> {
+        Box::pin(async move { self.transition_now(ex, from) })
+    }
+
+    fn get<'a>(&'a self, id: &'a str) -> StoreFuture<'a, Option<Exception>> {
+        Box::pin(async move { self.get_now(id) })
+    }
+
+    fn list(&self) -> StoreFuture<'_, Vec<Exception>> {
+        Box::pin(async move { self.select("SELECT body FROM exceptions ORDER BY requested_at, id", None) })
+    }
+
+    fn list_in(&self, state: ExceptionState) -> StoreFuture<'_, Vec<Exception>> {
+        Box::pin(async move {
+            self.select(
+                "SELECT body FROM exceptions WHERE state = ?1 ORDER BY requested_at, id",
+                Some(state.as_str()),
+            )
+        })
+    }
+
+    fn ping(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            self.conn().query_row("SELECT 1", [], |_| Ok(()))?;
+            Ok(())
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!("sqlite {}", self.path)
+    }
+
+    fn changed(&self) -> Option<Arc<tokio::sync::Notify>> {
+        None
+    }
+}
+
+impl SqliteStore {
+    fn insert_now(&self, ex: &Exception) -> Result<(), StoreError> {
         let body = serde_json::to_string(ex)?;
         let done = self.conn().execute(
             "INSERT OR IGNORE INTO exceptions (id, task_id, state, requested_at, body) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -87,16 +105,22 @@ impl ExceptionStore for SqliteStore {
         Ok(())
     }
 
-    fn update(&self, ex: &Exception) -> Result<(), StoreError> {
+    fn transition_now(&self, ex: &Exception, from: ExceptionState) -> Result<(), StoreError> {
         let body = serde_json::to_string(ex)?;
-        self.conn().execute(
-            "UPDATE exceptions SET state = ?2, body = ?3 WHERE id = ?1",
-            params![ex.id, ex.state.as_str(), body],
+        let done = self.conn().execute(
+            "UPDATE exceptions SET state = ?2, body = ?3 WHERE id = ?1 AND state = ?4",
+            params![ex.id, ex.state.as_str(), body, from.as_str()],
         )?;
+        if done == 0 {
+            return Err(StoreError::Conflict {
+                id: ex.id.clone(),
+                expected: from.as_str(),
+            });
+        }
         Ok(())
     }
 
-    fn get(&self, id: &str) -> Result<Option<Exception>, StoreError> {
+    fn get_now(&self, id: &str) -> Result<Option<Exception>, StoreError> {
         let body: Option<String> = self
             .conn()
             .query_row("SELECT body FROM exceptions WHERE id = ?1", params![id], |r| {
@@ -105,25 +129,6 @@ impl ExceptionStore for SqliteStore {
             .optional()?;
         Ok(body.map(|b| serde_json::from_str(&b)).transpose()?)
     }
-
-    fn list(&self) -> Result<Vec<Exception>, StoreError> {
-        self.select("SELECT body FROM exceptions ORDER BY requested_at, id", None)
-    }
-
-    fn list_in(&self, state: ExceptionState) -> Result<Vec<Exception>, StoreError> {
-        self.select(
-            "SELECT body FROM exceptions WHERE state = ?1 ORDER BY requested_at, id",
-            Some(state.as_str()),
-        )
-    }
-
-    fn ping(&self) -> Result<(), StoreError> {
-        self.conn().query_row("SELECT 1", [], |_| Ok(()))?;
-        Ok(())
-    }
-}
-
-impl SqliteStore {
     /// The exceptions a query selects (its one parameter, if any, bound to `?1`).
     fn select(&self, sql: &str, param: Option<&str>) -> Result<Vec<Exception>, StoreError> {
         let conn = self.conn();
@@ -131,18 +136,7 @@ impl SqliteStore {
         let bodies = stmt
             .query_map(rusqlite::params_from_iter(param), |r| r.get::<_, String>(0))?
             .collect::<Result<Vec<_>, _>>()?;
-        // A row that cannot be read is reported and left out: it can then allow nothing
-        // (fail closed) and the rest still works.
-        Ok(bodies
-            .iter()
-            .filter_map(|b| match serde_json::from_str(b) {
-                Ok(e) => Some(e),
-                Err(e) => {
-                    tracing::error!(error = %e, "an exception row cannot be read; it is ignored");
-                    None
-                }
-            })
-            .collect())
+        Ok(super::parse_rows(bodies.iter().map(String::as_str)))
     }
 }
 
@@ -170,33 +164,34 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_reopened_store_has_every_change() {
+    #[tokio::test]
+    async fn a_reopened_store_has_every_change() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("exceptions.sqlite3");
         {
             let store = SqliteStore::open(&path).unwrap();
-            store.insert(&ex("a")).unwrap();
-            store.insert(&ex("b")).unwrap();
-            assert!(matches!(store.insert(&ex("a")), Err(StoreError::Duplicate(_))));
+            store.insert(&ex("a")).await.unwrap();
+            store.insert(&ex("b")).await.unwrap();
+            assert!(matches!(store.insert(&ex("a")).await, Err(StoreError::Duplicate(_))));
             let mut b = ex("b");
             b.state = ExceptionState::Approved;
             b.expires_at = Some(65);
-            store.update(&b).unwrap();
+            store.transition(&b, ExceptionState::Pending).await.unwrap();
         }
         let store = SqliteStore::open(&path).unwrap();
-        let all = store.list().unwrap();
+        let all = store.list().await.unwrap();
         assert_eq!(all.len(), 2);
-        assert_eq!(store.get("b").unwrap().unwrap().expires_at, Some(65));
-        assert!(store.get("zzz").unwrap().is_none());
+        assert_eq!(store.get("b").await.unwrap().unwrap().expires_at, Some(65));
+        assert!(store.get("zzz").await.unwrap().is_none());
         let approved: Vec<String> = store
             .list_in(ExceptionState::Approved)
+            .await
             .unwrap()
             .into_iter()
             .map(|e| e.id)
             .collect();
         assert_eq!(approved, ["b"]);
-        assert_eq!(store.list_in(ExceptionState::Pending).unwrap().len(), 1);
-        store.ping().unwrap();
+        assert_eq!(store.list_in(ExceptionState::Pending).await.unwrap().len(), 1);
+        store.ping().await.unwrap();
     }
 }
