@@ -133,3 +133,33 @@ pub fn within(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
     }
     cond()
 }
+
+/// The proxy with its exceptions in the shared PostgreSQL database `url` (`--state`), and
+/// `extra` arguments.
+pub fn start_shared(dns: &DnsServer, policy: &Path, url: &str, extra: &[&str]) -> ProxyProcess {
+    let dns_addr = dns.addr().to_string();
+    let mut args = vec![
+        "--dns-server",
+        &dns_addr,
+        "--allow-range",
+        "127.0.0.0/8",
+        "--policy",
+        policy.to_str().expect("test setup"),
+        "--state",
+        url,
+    ];
+    args.extend_from_slice(extra);
+    ProxyProcess::start(&args)
+}
+
+/// A plain HTTP GET of `path` on the admin listener with curl: (status, body).
+pub fn admin_get(admin: SocketAddr, path: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--noproxy", "*", "-o", "-", "-w", "\n%{http_code}"])
+        .arg(format!("http://{admin}{path}"))
+        .output()
+        .expect("test setup");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (status.parse().unwrap_or(0), body.to_owned())
+}
