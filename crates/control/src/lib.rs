@@ -14,4 +14,3 @@ pub mod ui;
 pub use api::{ApiState, router};
 pub use service::{Clock, Control, ControlError, expire_loop, sync_loop};
 pub use store::{ExceptionStore, PgStore, SqliteStore, StoreError};
-

@@ -80,7 +80,11 @@ async fn postgres_keeps_the_contract() {
     let db = TestDb::create(&shared_host());
     let store = PgStore::connect(&db.url()).await.unwrap();
     contract(&store).await;
-    assert!(store.describe().starts_with("postgresql host="), "{}", store.describe());
+    assert!(
+        store.describe().starts_with("postgresql host="),
+        "{}",
+        store.describe()
+    );
     assert!(!store.describe().contains("password"));
 }
 
@@ -140,7 +144,9 @@ async fn migrations_applied_by_proxies_starting_at_once_do_not_fail() {
     for s in starts {
         s.await.unwrap().unwrap();
     }
-    let versions = db.sql("SELECT count(*), max(version) FROM sandgate_schema_version").unwrap();
+    let versions = db
+        .sql("SELECT count(*), max(version) FROM sandgate_schema_version")
+        .unwrap();
     assert_eq!(versions, format!("{}|{}", migrate::latest(), migrate::latest()));
 }
 
@@ -151,10 +157,7 @@ async fn a_database_with_a_newer_schema_is_refused() {
     db.sql("INSERT INTO sandgate_schema_version (version) VALUES (999)")
         .unwrap();
     let err = PgStore::connect(&db.url()).await.unwrap_err();
-    assert!(
-        matches!(err, StoreError::NewerSchema { found: 999, .. }),
-        "{err}"
-    );
+    assert!(matches!(err, StoreError::NewerSchema { found: 999, .. }), "{err}");
     assert!(err.to_string().contains("upgrade sandgate"), "{err}");
 }
 
@@ -176,8 +179,10 @@ async fn a_change_wakes_the_other_stores_and_a_forged_notification_is_only_a_wak
     tokio::time::timeout(Duration::from_secs(1), woken.notified())
         .await
         .expect("woken within a second");
-    let forged = r#"{"id":"evil","state":"approved","hosts":["evil.test"],"ports":[443],"expires_at":4102444800}"#;
-    db.sql(&format!("NOTIFY sandgate_exceptions, '{forged}'")).unwrap();
+    let forged =
+        r#"{"id":"evil","state":"approved","hosts":["evil.test"],"ports":[443],"expires_at":4102444800}"#;
+    db.sql(&format!("NOTIFY sandgate_exceptions, '{forged}'"))
+        .unwrap();
     tokio::time::timeout(Duration::from_secs(1), woken.notified())
         .await
         .expect("a forged notification wakes, nothing more");

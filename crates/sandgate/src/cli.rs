@@ -445,7 +445,12 @@ pub struct ProxyArgs {
     /// Keep exceptions in a PostgreSQL database shared with other proxies instead of SQLite
     /// under the state directory: postgres://USER@HOST/DB, or postgresql:///DB?host=/SOCKET/DIR
     /// (prefer the environment variable for a URL with a password)
-    #[arg(long, value_name = "URL", env = "SANDGATE_STATE", conflicts_with = "state_dir")]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "SANDGATE_STATE",
+        conflicts_with = "state_dir"
+    )]
     pub state: Option<String>,
     /// With --state postgres://: seconds between full re-reads of the shared store, beside
     /// its change notifications [default: 5]

@@ -94,7 +94,8 @@ async fn open_store(args: &ProxyArgs) -> Result<Arc<dyn ExceptionStore>, Control
     if let Some(url) = &args.state {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             return Err(ControlSetupError::Usage(
-                "--state: only postgres:// or postgresql:// URLs (SQLite is the default, under --state-dir)".into(),
+                "--state: only postgres:// or postgresql:// URLs (SQLite is the default, under --state-dir)"
+                    .into(),
             ));
         }
         return match PgStore::connect(url).await {

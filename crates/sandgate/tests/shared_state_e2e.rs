@@ -97,7 +97,11 @@ fn tunnel(listener: SocketAddr, target: &str) -> TcpStream {
         s.read_exact(&mut byte).unwrap();
         head.push(byte[0]);
     }
-    assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
     s.write_all(b"ping").unwrap();
     let mut pong = [0u8; 4];
     s.read_exact(&mut pong).unwrap();
@@ -232,7 +236,11 @@ fn postgres_down_decisions_go_on_on_what_was_known_and_everything_resumes_when_i
     cluster.stop();
     let stopped = Instant::now();
     // Decisions go on with what was known.
-    assert_eq!(get_status(a.listener, &web), "200", "the last known exception holds");
+    assert_eq!(
+        get_status(a.listener, &web),
+        "200",
+        "the last known exception holds"
+    );
     // The API answers 503, saying why; readiness names the store.
     let (status, err) = api(
         a.admin,
@@ -243,11 +251,17 @@ fn postgres_down_decisions_go_on_on_what_was_known_and_everything_resumes_when_i
     );
     assert_eq!(status, 503, "{err}");
     let text = err["error"].as_str().unwrap_or("");
-    assert!(text.contains("unavailable") && text.contains("postgresql"), "{err}");
+    assert!(
+        text.contains("unavailable") && text.contains("postgresql"),
+        "{err}"
+    );
     assert_eq!(decide(a.admin, &pending, "approve", "tok-alice").0, 503);
     let (status, body) = admin_get(a.admin, "/readyz");
     assert_eq!(status, 503, "{body}");
-    assert!(body.contains("not ready") && body.contains("postgresql host="), "{body}");
+    assert!(
+        body.contains("not ready") && body.contains("postgresql host="),
+        "{body}"
+    );
     // Each known exception still ends at its own expiry, with no database to say so.
     assert!(
         within(8, || get_status(a.listener, &short_url) == "403"),
@@ -367,7 +381,8 @@ fn a_forged_notification_or_an_out_of_bounds_row_allows_nothing() {
         r#"{{"id":"ex-forged","task_id":"t-1","project_id":"p-1","hosts":["web.test"],"ports":[{}],"ttl_seconds":600,"reason":"r","requested_by":"agent-7","requested_at":1,"state":"approved","decided_by":"alice","decided_at":1,"note":null,"expires_at":4102444800}}"#,
         origin.port()
     );
-    db.sql(&format!("NOTIFY sandgate_exceptions, '{forged}'")).unwrap();
+    db.sql(&format!("NOTIFY sandgate_exceptions, '{forged}'"))
+        .unwrap();
     std::thread::sleep(Duration::from_millis(1000));
     assert_eq!(get_status(b.listener, &url), "403", "a notification is not data");
     db.sql(&format!(

@@ -172,7 +172,10 @@ mod tests {
             let store = SqliteStore::open(&path).unwrap();
             store.insert(&ex("a")).await.unwrap();
             store.insert(&ex("b")).await.unwrap();
-            assert!(matches!(store.insert(&ex("a")).await, Err(StoreError::Duplicate(_))));
+            assert!(matches!(
+                store.insert(&ex("a")).await,
+                Err(StoreError::Duplicate(_))
+            ));
             let mut b = ex("b");
             b.state = ExceptionState::Approved;
             b.expires_at = Some(65);

@@ -155,7 +155,17 @@ pub fn start_shared(dns: &DnsServer, policy: &Path, url: &str, extra: &[&str]) -
 /// A plain HTTP GET of `path` on the admin listener with curl: (status, body).
 pub fn admin_get(admin: SocketAddr, path: &str) -> (u16, String) {
     let out = Command::new("curl")
-        .args(["-sS", "--max-time", "10", "--noproxy", "*", "-o", "-", "-w", "\n%{http_code}"])
+        .args([
+            "-sS",
+            "--max-time",
+            "10",
+            "--noproxy",
+            "*",
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}",
+        ])
         .arg(format!("http://{admin}{path}"))
         .output()
         .expect("test setup");

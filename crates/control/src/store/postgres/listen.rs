@@ -30,8 +30,12 @@ pub(super) async fn run(config: Config, changed: Arc<Notify>, name: String) {
         }
         if !down {
             match &error {
-                Some(e) => tracing::warn!(store = %name, error = %e, "exception store: listening for changes failed; retrying"),
-                None => tracing::warn!(store = %name, "exception store: the listening connection ended; retrying"),
+                Some(e) => {
+                    tracing::warn!(store = %name, error = %e, "exception store: listening for changes failed; retrying")
+                }
+                None => {
+                    tracing::warn!(store = %name, "exception store: the listening connection ended; retrying")
+                }
             }
         }
         down = !listened;

@@ -74,7 +74,12 @@ pub async fn apply(client: &mut Client, name: &str) -> Result<usize, StoreError>
     }
     tx.commit().await.map_err(err)?;
     if applied > 0 {
-        tracing::info!(store = name, from = found, to = latest(), "exception store schema migrated");
+        tracing::info!(
+            store = name,
+            from = found,
+            to = latest(),
+            "exception store schema migrated"
+        );
     }
     Ok(applied)
 }

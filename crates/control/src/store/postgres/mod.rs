@@ -45,7 +45,9 @@ pub struct PgStore {
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgStore").field("name", &self.name).finish_non_exhaustive()
+        f.debug_struct("PgStore")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
     }
 }
 
@@ -189,7 +191,10 @@ impl ExceptionStore for PgStore {
     fn list(&self) -> StoreFuture<'_, Vec<Exception>> {
         Box::pin(bounded(
             &self.name,
-            self.select("SELECT body FROM sandgate_exceptions ORDER BY requested_at, id", None),
+            self.select(
+                "SELECT body FROM sandgate_exceptions ORDER BY requested_at, id",
+                None,
+            ),
         ))
     }
 
