@@ -261,7 +261,11 @@ async fn act(
     match result {
         Ok(_) => Redirect::to("/ui").into_response(),
         Err(e) => (
-            StatusCode::CONFLICT,
+            if e.is_store() {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::CONFLICT
+            },
             Html(format!(
                 "<p>{}</p><p><a href=\"/ui\">back</a></p>",
                 escape(&e.to_string())

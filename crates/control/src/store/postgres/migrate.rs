@@ -40,14 +40,23 @@ pub async fn apply(client: &mut Client, name: &str) -> Result<usize, StoreError>
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_KEY])
         .await
         .map_err(err)?;
-    tx.batch_execute(
-        "CREATE TABLE IF NOT EXISTS sandgate_schema_version (
-             version INTEGER PRIMARY KEY,
-             applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
-         )",
-    )
-    .await
-    .map_err(err)?;
+    // Created only when missing, so a user without CREATE can run a migrated database.
+    let exists: bool = tx
+        .query_one("SELECT to_regclass('sandgate_schema_version') IS NOT NULL", &[])
+        .await
+        .map_err(err)?
+        .try_get(0)
+        .map_err(err)?;
+    if !exists {
+        tx.batch_execute(
+            "CREATE TABLE sandgate_schema_version (
+                 version INTEGER PRIMARY KEY,
+                 applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+             )",
+        )
+        .await
+        .map_err(err)?;
+    }
     let found: Option<i32> = tx
         .query_one("SELECT max(version) FROM sandgate_schema_version", &[])
         .await
