@@ -70,9 +70,15 @@ async fn contract(store: &dyn ExceptionStore) {
 #[tokio::test]
 async fn sqlite_keeps_the_contract() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(&dir.path().join("x.sqlite3")).unwrap();
+    let path = dir.path().join("x.sqlite3");
+    let store = SqliteStore::open(&path).unwrap();
     contract(&store).await;
     assert!(store.changed().is_none(), "one proxy's own store needs no wake");
+    drop(store);
+    // Every change is on disk: a reopened store has it.
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(store.list().await.unwrap().len(), 2);
+    assert_eq!(store.get("a").await.unwrap().unwrap().expires_at, Some(61));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

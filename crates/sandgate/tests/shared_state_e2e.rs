@@ -308,7 +308,7 @@ fn a_database_with_a_newer_schema_is_refused_at_start_with_a_usage_error() {
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let policy = write_policy(dir.path(), free_addr(), free_addr(), &[443]);
-    let mut child = std::process::Command::new(common::sandgate_bin())
+    let child = std::process::Command::new(common::sandgate_bin())
         .args(["proxy", "--listen", "127.0.0.1:0", "--dns-server"])
         .arg(dns.addr().to_string())
         .arg("--audit-log")
@@ -320,19 +320,11 @@ fn a_database_with_a_newer_schema_is_refused_at_start_with_a_usage_error() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the proxy started on a database newer than itself");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut stderr = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    let (status, stderr) = common::exit_of(
+        child,
+        Duration::from_secs(20),
+        "the proxy started on a database newer than itself",
+    );
     assert_eq!(status.code(), Some(64), "{stderr}");
     assert!(
         stderr.contains("version 999") && stderr.contains("newer"),
