@@ -333,7 +333,7 @@ fn a_database_with_a_newer_schema_is_refused_at_start_with_a_usage_error() {
 }
 
 #[test]
-fn proxies_starting_at_once_on_a_fresh_database_both_start_and_act_as_one() {
+fn proxies_starting_at_once_on_a_fresh_database_both_start_and_record_an_expiry_once() {
     let rt = runtime();
     let origin = rt.block_on(Origin::http());
     let dns = rt.block_on(DnsServer::start(Zone::new().with("web.test", &["127.0.0.1"])));
@@ -345,13 +345,37 @@ fn proxies_starting_at_once_on_a_fresh_database_both_start_and_act_as_one() {
         (a.join().unwrap(), b.join().unwrap())
     });
     let id = request(b.admin, "web.test", port, 60);
-    assert_eq!(decide(a.admin, &id, "approve", "tok-alice").0, 200);
+    let (status, ex) = api(
+        a.admin,
+        "POST",
+        &format!("/v1/exceptions/{id}/approve"),
+        Some("tok-alice"),
+        Some(r#"{"ttl_seconds":2}"#),
+    );
+    assert_eq!(status, 200, "{ex}");
     let url = format!("http://web.test:{port}/");
     assert!(within(1, || get_status(b.listener, &url) == "200"));
     assert_eq!(
         db.sql("SELECT count(*) FROM sandgate_schema_version").unwrap(),
         "1"
     );
+    // Both proxies expire it at its second; the expiry is stored and recorded once in all.
+    assert!(within(4, || get_status(a.listener, &url) == "403"
+        && get_status(b.listener, &url) == "403"));
+    assert!(within(3, || db
+        .sql(&format!(
+            "SELECT state FROM sandgate_exceptions WHERE id = '{id}'"
+        ))
+        .unwrap()
+        == "expired"));
+    std::thread::sleep(Duration::from_millis(600));
+    let expired = |p: &ProxyProcess| {
+        common::read_audit(&p.audit_path)
+            .iter()
+            .filter(|e| e["event"] == "exception_expired")
+            .count()
+    };
+    assert_eq!(expired(&a.p) + expired(&b.p), 1, "the expiry is recorded once");
 }
 
 /// Someone with access to the database (not to the admin API) tries to open a way out: a
