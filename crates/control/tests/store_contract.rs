@@ -195,3 +195,16 @@ async fn a_change_wakes_the_other_stores_and_a_forged_notification_is_only_a_wak
     assert!(b.list_in(ExceptionState::Approved).await.unwrap().is_empty());
     assert!(b.get("evil").await.unwrap().is_none());
 }
+
+/// sandgate resolves no name with the system resolver, so a database host must be an
+/// address or a socket directory (or carry `hostaddr`); a name is a configuration error.
+#[tokio::test]
+async fn a_database_host_name_is_refused_without_a_lookup() {
+    let err = PgStore::connect("postgres://sandgate@db.example/sandgate")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Config(_)), "{err}");
+    assert!(err.to_string().contains("hostaddr"), "{err}");
+    let err = PgStore::connect("not a url ===").await.unwrap_err();
+    assert!(matches!(err, StoreError::Config(_)), "{err}");
+}

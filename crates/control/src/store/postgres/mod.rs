@@ -70,6 +70,7 @@ impl PgStore {
             .connect_timeout(CONNECT_TIMEOUT)
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(30));
+        no_names(&config)?;
         if config.get_application_name().is_none() {
             config.application_name("sandgate");
         }
@@ -261,6 +262,25 @@ fn pg_error(name: &str, e: tokio_postgres::Error) -> StoreError {
     } else {
         StoreError::Postgres(e)
     }
+}
+
+/// Refuses a host name without `hostaddr`: the driver would resolve it with the system
+/// resolver, which sandgate never uses (and a static binary cannot). A Unix socket directory
+/// or an IP address needs no name; `host=NAME&hostaddr=IP` names the address outright.
+fn no_names(config: &Config) -> Result<(), StoreError> {
+    if !config.get_hostaddrs().is_empty() {
+        return Ok(());
+    }
+    for host in config.get_hosts() {
+        if let Host::Tcp(name) = host
+            && name.trim_matches(['[', ']']).parse::<std::net::IpAddr>().is_err()
+        {
+            return Err(StoreError::Config(format!(
+                "the database host {name:?} is a name: give an IP address, a Unix socket directory (host=/run/postgresql), or hostaddr=IP beside it; sandgate does not resolve names with the system resolver"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `postgresql host=... port=... dbname=... user=...`, never the password.
