@@ -52,7 +52,9 @@ impl Control {
         };
         for gone in known.iter().filter(|k| !active.iter().any(|a| a.id == k.id)) {
             let cut = self.proxy.cut(&gone.rule_label());
-            tracing::info!(exception = %gone.id, connections = cut, "exception no longer active; its connections were cut");
+            if cut > 0 {
+                tracing::info!(exception = %gone.id, connections = cut, "exception no longer active; its connections were cut");
+            }
         }
         self.proxy
             .set_exceptions(active.iter().flat_map(Exception::entries).collect());
@@ -162,6 +164,9 @@ pub async fn expire_loop(state: Arc<ApiState>) {
     }
 }
 
+/// The least time between two re-reads of a shared store.
+const MIN_SYNC_GAP: Duration = Duration::from_millis(100);
+
 /// With a shared store: reads it again on every notification of a change and at least every
 /// `every`, so a missed notification cannot leave this proxy stale for longer. Returns at
 /// once for a store only this proxy writes.
@@ -176,5 +181,8 @@ pub async fn sync_loop(state: Arc<ApiState>, every: Duration) {
         }
         // Logged (once per outage) inside; the next wake or period tries again.
         let _ = state.control.sync().await;
+        // At most ten re-reads a second, however many notifications come (a flood of
+        // them, sent by anyone who may connect to the database, coalesces meanwhile).
+        tokio::time::sleep(MIN_SYNC_GAP).await;
     }
 }
