@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use common::ProxyProcess;
 use common::control::{admin_get, api, get_status, start_shared, within, write_policy};
 use common::runtime;
-use common::world::free_addr;
+use common::world::{free_addr, status_from};
 use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::echo::EchoServer;
 use sandgate_testkit::origin::Origin;
@@ -206,6 +206,62 @@ fn approved_on_a_applies_through_b_within_a_second_and_revoked_on_b_cuts_as_tunn
             .iter()
             .any(|e| e["event"] == "close" && e["outcome"] == "revoked"),
         "A records the tunnel's close as revoked"
+    );
+}
+
+/// A missed notification cannot leave a proxy stale: a change stored with none (as if it
+/// was lost) reaches the proxy by the periodic resync, cutting the tunnel it carried; and a
+/// listening connection the database ended is made again, so notifications resume.
+#[test]
+fn a_missed_notification_is_caught_by_the_resync_and_a_lost_listener_comes_back() {
+    let rt = runtime();
+    let origin = rt.block_on(Origin::http());
+    let echo = rt.block_on(EchoServer::start());
+    let dns = rt.block_on(DnsServer::start(
+        Zone::new()
+            .with("web.test", &["127.0.0.1"])
+            .with("echo.test", &["127.0.0.1"]),
+    ));
+    let db = TestDb::create(&shared_host());
+    let ports = [origin.port(), echo.addr().port()];
+    let a = node(&dns, &db.url(), &ports, &[]);
+    let b = node(&dns, &db.url(), &ports, &["--state-resync", "1"]);
+    let target = format!("echo.test:{}", echo.addr().port());
+    let id = request(a.admin, "echo.test", echo.addr().port(), 300);
+    assert_eq!(decide(a.admin, &id, "approve", "tok-alice").0, 200);
+    let connect = |p: SocketAddr| status_from("127.0.0.1", p, &target).0;
+    assert!(within(1, || connect(b.listener) == 200));
+    let mut carried = tunnel(b.listener, &target);
+    // Revoked in the table with no NOTIFY.
+    db.sql(&format!(
+        "UPDATE sandgate_exceptions SET state = 'revoked', body = jsonb_set(body::jsonb, '{{state}}', '\"revoked\"')::text WHERE id = '{id}'"
+    ))
+    .unwrap();
+    let changed = Instant::now();
+    let mut rest = Vec::new();
+    let _ = carried.read_to_end(&mut rest);
+    assert!(
+        changed.elapsed() < Duration::from_secs(3),
+        "the resync did not end the tunnel within its period: {:?}",
+        changed.elapsed()
+    );
+    assert_eq!(connect(b.listener), 403);
+
+    // The database ends every listening connection; they come back by themselves.
+    let ended = db
+        .sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query LIKE 'LISTEN%'")
+        .unwrap();
+    assert_eq!(ended, "2", "one listening connection per proxy");
+    assert!(within(5, || db
+        .sql("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%'")
+        .unwrap()
+        == "2"));
+    let web = request(b.admin, "web.test", origin.port(), 300);
+    assert_eq!(decide(b.admin, &web, "approve", "tok-alice").0, 200);
+    let url = format!("http://web.test:{}/", origin.port());
+    assert!(
+        within(1, || get_status(a.listener, &url) == "200"),
+        "notifications did not resume after the listening connection was lost"
     );
 }
 
