@@ -249,13 +249,15 @@ fn a_missed_notification_is_caught_by_the_resync_and_a_lost_listener_comes_back(
 
     // The database ends every listening connection; they come back by themselves.
     let ended = db
-        .sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query LIKE 'LISTEN%'")
+        .sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'")
         .unwrap();
     assert_eq!(ended, "2", "one listening connection per proxy");
-    assert!(within(5, || db
-        .sql("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%'")
+    assert!(within(5, || {
+        db
+        .sql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'")
         .unwrap()
-        == "2"));
+        == "2"
+    }));
     let web = request(b.admin, "web.test", origin.port(), 300);
     assert_eq!(decide(b.admin, &web, "approve", "tok-alice").0, 200);
     let url = format!("http://web.test:{}/", origin.port());
