@@ -37,7 +37,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// The shared PostgreSQL store.
 pub struct PgStore {
     pool: Pool,
-    /// `postgresql host=... dbname=...`: no password, for logs and readiness.
+    /// `postgresql host=... dbname=...`: no user or password, for logs and readiness.
     name: String,
     changed: Arc<tokio::sync::Notify>,
     listener: tokio::task::AbortHandle,
@@ -283,7 +283,7 @@ fn no_names(config: &Config) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// `postgresql host=... port=... dbname=... user=...`, never the password.
+/// `postgresql host=... dbname=...` (what `/readyz` may say to anyone: no user, no password).
 fn describe(config: &Config) -> String {
     let hosts: Vec<String> = config
         .get_hosts()
@@ -296,9 +296,6 @@ fn describe(config: &Config) -> String {
     let mut out = format!("postgresql host={}", hosts.join(","));
     if let Some(db) = config.get_dbname() {
         out.push_str(&format!(" dbname={db}"));
-    }
-    if let Some(user) = config.get_user() {
-        out.push_str(&format!(" user={user}"));
     }
     out
 }
