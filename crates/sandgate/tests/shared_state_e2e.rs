@@ -354,10 +354,30 @@ fn postgres_down_decisions_go_on_on_what_was_known_and_everything_resumes_when_i
     }));
 }
 
+/// Starts `sandgate proxy` with `policy` and `args`, expecting it to refuse at start:
+/// returns its exit code and stderr.
+fn refused_start(policy: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
+    let child = std::process::Command::new(common::sandgate_bin())
+        .args(["proxy", "--listen", "127.0.0.1:0", "--dns-server", "127.0.0.1:9"])
+        .arg("--audit-log")
+        .arg(policy.with_file_name("audit.jsonl"))
+        .arg("--policy")
+        .arg(policy)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (status, stderr) = common::exit_of(
+        child,
+        Duration::from_secs(20),
+        &format!("the proxy started with {args:?}"),
+    );
+    (status.code(), stderr)
+}
+
 #[test]
-fn a_database_with_a_newer_schema_is_refused_at_start_with_a_usage_error() {
-    let rt = runtime();
-    let dns = rt.block_on(DnsServer::start(Zone::new()));
+fn a_newer_schema_and_other_state_mistakes_are_refused_at_start_with_a_usage_error() {
     let db = TestDb::create(&shared_host());
     db.sql(
         "CREATE TABLE sandgate_schema_version (version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now());
@@ -366,28 +386,22 @@ fn a_database_with_a_newer_schema_is_refused_at_start_with_a_usage_error() {
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let policy = write_policy(dir.path(), free_addr(), free_addr(), &[443]);
-    let child = std::process::Command::new(common::sandgate_bin())
-        .args(["proxy", "--listen", "127.0.0.1:0", "--dns-server"])
-        .arg(dns.addr().to_string())
-        .arg("--audit-log")
-        .arg(dir.path().join("audit.jsonl"))
-        .arg("--policy")
-        .arg(&policy)
-        .args(["--state", &db.url()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (status, stderr) = common::exit_of(
-        child,
-        Duration::from_secs(20),
-        "the proxy started on a database newer than itself",
-    );
-    assert_eq!(status.code(), Some(64), "{stderr}");
+    let (code, stderr) = refused_start(&policy, &["--state", &db.url()]);
+    assert_eq!(code, Some(64), "{stderr}");
     assert!(
         stderr.contains("version 999") && stderr.contains("newer"),
         "{stderr}"
     );
+    // Other --state mistakes are usage errors too, each saying what to give instead.
+    for (args, says) in [
+        (vec!["--state", "sqlite:///var/lib/x"], "postgres://"),
+        (vec!["--state", "postgres://sandgate@db.example/x"], "hostaddr"),
+        (vec!["--state", &db.url(), "--state-resync", "0"], "between 0.1"),
+    ] {
+        let (code, stderr) = refused_start(&policy, &args);
+        assert_eq!(code, Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
 }
 
 #[test]
