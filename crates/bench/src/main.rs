@@ -45,7 +45,9 @@ struct Args {
     #[arg(long, default_value_t = 5000)]
     idle: usize,
     /// Targets, comma-separated: direct, sandgate, sandgate-nopeek (no first-bytes check
-    /// on tunnels), squid, tinyproxy.
+    /// on tunnels), sandgate-central (a node-local proxy and a central one, both on the
+    /// proxies' core; sandgate-central-http1: a TLS connection per tunnel instead of HTTP/2
+    /// streams), squid, tinyproxy.
     #[arg(
         long,
         default_value = "direct,sandgate,squid,tinyproxy",
@@ -185,6 +187,10 @@ async fn run_target(
         "sandgate" => Some(proxies::sandgate(sandgate_bin, s, core, true)?),
         // The same, reading no tunnel's first bytes: the cost of the ClientHello check.
         "sandgate-nopeek" => Some(proxies::sandgate(sandgate_bin, s, core, false)?),
+        // A node-local proxy forwarding to a central one (mutual TLS, HTTP/2 streams).
+        "sandgate-central" => Some(proxies::sandgate_central(sandgate_bin, s, core, false)?),
+        // The same with a TLS connection per tunnel (HTTP/1.1 CONNECT), for comparison.
+        "sandgate-central-http1" => Some(proxies::sandgate_central(sandgate_bin, s, core, true)?),
         "squid" => Some(proxies::squid(s, core)?),
         "tinyproxy" => Some(proxies::tinyproxy(s, core)?),
         other => return Err(format!("unknown target {other}").into()),

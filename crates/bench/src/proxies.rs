@@ -14,6 +14,8 @@ use crate::servers::Servers;
 pub struct RunningProxy {
     pub addr: SocketAddr,
     child: Child,
+    /// A second process the target needs (the central proxy behind a node-local one).
+    companion: Option<Child>,
     _dir: tempfile::TempDir,
 }
 
@@ -27,6 +29,10 @@ impl Drop for RunningProxy {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(c) = &mut self.companion {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 
@@ -113,6 +119,96 @@ pub fn sandgate(
     Ok(RunningProxy {
         addr,
         child,
+        companion: None,
+        _dir: dir,
+    })
+}
+
+/// A node-local sandgate forwarding to a central one over mutual TLS and HTTP/2 (one
+/// connection, a stream per request), both on the proxies' core: the central holds the
+/// allowlist and dials; the node allows the same and dials nothing itself. Certificates
+/// from `sandgate pki`. `http1`: a TLS connection per tunnel with HTTP/1.1 CONNECT instead,
+/// to show what multiplexing buys.
+pub fn sandgate_central(
+    binary: &Path,
+    s: &Servers,
+    core: Option<usize>,
+    http1: bool,
+) -> Result<RunningProxy, BoxError> {
+    let dir = world_writable_dir()?;
+    let d = dir.path();
+    for args in [
+        &["init"][..],
+        &["issue", "--central", "127.0.0.1"],
+        &["issue", "--node", "bench-node"],
+    ] {
+        let status = Command::new(binary)
+            .arg("pki")
+            .args(args)
+            .arg("--dir")
+            .arg(d.join("pki"))
+            .stdout(Stdio::null())
+            .status()?;
+        if !status.success() {
+            return Err(format!("sandgate pki {args:?} failed").into());
+        }
+    }
+    let central_addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let policy = d.join("central.yaml");
+    std::fs::write(
+        &policy,
+        format!(
+            "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{name: central}}\nspec:\n  listeners:\n    - listen: {central_addr}\n      role: node\n      tls: {{cert: pki/central-127.0.0.1.pem, key: pki/central-127.0.0.1.key, client_ca: pki/ca.pem}}\n  nodes:\n    - name: bench-node\n      tasks: [\"*\"]\n"
+        ),
+    )?;
+    let plain: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let mut central = pinned(binary, core);
+    central.args([
+        "proxy",
+        "--listen",
+        &plain.to_string(),
+        "--allow-range",
+        "127.0.0.1/32",
+    ]);
+    central.arg("--policy").arg(&policy);
+    central.arg("--audit-log").arg(d.join("central.jsonl"));
+    central.args(["--dns-server", "127.0.0.1:9", "--max-connections", "8000"]);
+    central.args(["--max-connections-per-client", "8000"]);
+    for a in allowed(s) {
+        central.args(["--allow", &a.to_string()]);
+    }
+    let mut central = central
+        .env("SANDGATE_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    wait_listening(central_addr, &mut central, "sandgate central")?;
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let mut node = pinned(binary, core);
+    node.args(["proxy", "--listen", &addr.to_string()]);
+    node.args(["--upstream", &format!("https://{central_addr}")]);
+    node.arg("--upstream-ca").arg(d.join("pki/ca.pem"));
+    node.arg("--client-cert").arg(d.join("pki/node-bench-node.pem"));
+    node.arg("--client-key").arg(d.join("pki/node-bench-node.key"));
+    node.arg("--audit-log").arg(d.join("node.jsonl"));
+    if http1 {
+        node.args(["--upstream-transport", "http1"]);
+    }
+    node.args(["--dns-server", "127.0.0.1:9", "--max-connections", "8000"]);
+    node.args(["--max-connections-per-client", "8000"]);
+    for a in allowed(s) {
+        node.args(["--allow", &a.to_string()]);
+    }
+    let mut child = node
+        .env("SANDGATE_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    wait_listening(addr, &mut child, "sandgate node")?;
+    Ok(RunningProxy {
+        addr,
+        child,
+        companion: Some(central),
         _dir: dir,
     })
 }
@@ -143,6 +239,7 @@ pub fn squid(s: &Servers, core: Option<usize>) -> Result<RunningProxy, BoxError>
     Ok(RunningProxy {
         addr,
         child,
+        companion: None,
         _dir: dir,
     })
 }
@@ -174,6 +271,7 @@ pub fn tinyproxy(s: &Servers, core: Option<usize>) -> Result<RunningProxy, BoxEr
     Ok(RunningProxy {
         addr,
         child,
+        companion: None,
         _dir: dir,
     })
 }

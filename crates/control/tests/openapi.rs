@@ -31,6 +31,7 @@ async fn state(dir: &std::path::Path) -> Arc<ApiState> {
         audit_options: AuditOptions::default(),
         metrics_listen: None,
         upstream_proxy: None,
+        central: None,
     })
     .await
     .unwrap();

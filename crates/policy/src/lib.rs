@@ -12,6 +12,7 @@ pub mod decision;
 pub mod document;
 pub mod exception;
 pub mod host;
+pub mod node;
 pub mod pattern;
 pub mod preset;
 pub mod target;
@@ -28,6 +29,7 @@ pub use exception::{
     Exception, ExceptionPolicy, NewRequest, RequestError, State as ExceptionState, TransitionError,
 };
 pub use host::{DomainName, Host, HostError};
+pub use node::{NodeSpec, Nodes, VouchError};
 pub use pattern::{HostPattern, Pattern, PatternError};
 pub use target::{
     Access, HttpTarget, Target, TargetError, parse_connect_target, parse_host_field, parse_http_target,

@@ -135,6 +135,9 @@ pub struct Listener {
     /// When set, only these peers are served (the sandbox runner's bridge).
     pub peers: Option<PeerFilter>,
     pub protocol: Protocol,
+    /// A central proxy's listener for node-local proxies (`role: node`): mutual TLS and
+    /// HTTP/2 streams instead of `protocol`; the identity comes from each stream.
+    pub node: Option<Arc<crate::node::NodeListener>>,
 }
 
 impl Listener {
@@ -146,6 +149,7 @@ impl Listener {
             require_auth: false,
             peers: None,
             protocol: Protocol::Http,
+            node: None,
         }
     }
 }
@@ -163,6 +167,8 @@ pub struct ProxyConfig {
     pub audit_options: crate::audit::AuditOptions,
     /// Chain allowed traffic through this HTTP proxy (e.g. a central sandgate).
     pub upstream_proxy: Option<SocketAddr>,
+    /// Forward allowed traffic to central proxies (`--upstream https://...`).
+    pub central: Option<Arc<crate::dial::Centrals>>,
     /// The admin listener serving `/metrics`, if any.
     pub metrics_listen: Option<SocketAddr>,
 }

@@ -67,6 +67,40 @@ pub enum Refusal {
         target: Target,
         refusal: sandgate_policy::TunnelRefusal,
     },
+    /// A node-local proxy (on a `role: node` listener) was refused: its certificate, its
+    /// name, or what it claimed about a stream.
+    Node(NodeRefusal),
+}
+
+/// Why a central proxy refused a node or one of its streams.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeRefusal {
+    /// The TLS handshake failed: no client certificate, one from another CA, an expired
+    /// one, or no HTTP/2.
+    #[error("node TLS handshake failed: {0}")]
+    Handshake(String),
+    /// The certificate is valid but names no node of `spec.nodes`.
+    #[error("certificate names no listed node ({0})")]
+    Unknown(String),
+    #[error("bad attribution: {0}")]
+    Attribution(#[from] crate::node::attribution::AttributionError),
+    #[error(transparent)]
+    NotVouched(#[from] sandgate_policy::VouchError),
+    /// A stream that is not a CONNECT.
+    #[error("a node stream must be a CONNECT, not {0}")]
+    NotConnect(String),
+}
+
+impl NodeRefusal {
+    fn code(&self) -> &'static str {
+        match self {
+            NodeRefusal::Handshake(_) => "node_tls_refused",
+            NodeRefusal::Unknown(_) => "node_unknown",
+            NodeRefusal::Attribution(_) => "node_attribution_invalid",
+            NodeRefusal::NotVouched(_) => "node_not_vouched",
+            NodeRefusal::NotConnect(_) => "node_stream_not_connect",
+        }
+    }
 }
 
 /// Which connection limit was full.
@@ -230,6 +264,14 @@ impl Refusal {
                     Code::Failed(F::UpstreamDenied),
                     Text::Denied(target, "refused by the upstream proxy".into()),
                 ),
+                D::CentralUnavailable(hop) => (
+                    502,
+                    "destination_unavailable",
+                    Code::Failed(F::UpstreamProxy),
+                    Text::Plain(format!(
+                        "no central proxy is reachable for {target} (next hop {hop})"
+                    )),
+                ),
                 D::UpstreamRefused(_) | D::UpstreamBroken => (
                     502,
                     "destination_unavailable",
@@ -256,6 +298,16 @@ impl Refusal {
                 "http_request_denied",
                 Code::Reason(refusal.reason_code().into()),
                 Text::Denied(target, refusal.to_string().into()),
+            ),
+            Refusal::Node(n) => (
+                match n {
+                    NodeRefusal::Attribution(_) => 400,
+                    NodeRefusal::NotConnect(_) => 405,
+                    _ => 403,
+                },
+                "http_request_denied",
+                Code::Reason(n.code().into()),
+                Text::Plain(n.to_string()),
             ),
             Refusal::ConnectionLimit(kind) => (
                 503,

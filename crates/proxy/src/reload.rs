@@ -215,6 +215,10 @@ pub async fn watch(
                         format!("{}: {allow} allow, {deny} deny rules", source.path.display()),
                     )
                     .await;
+                if file.nodes != in_force.nodes {
+                    handle.set_nodes(&file.nodes);
+                    tracing::info!(path = %source.path.display(), nodes = file.nodes.0.len(), "nodes reloaded");
+                }
                 in_force = file;
             }
             Err(e) => {

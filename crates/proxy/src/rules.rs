@@ -158,9 +158,19 @@ pub struct PolicyHandle {
     pub(crate) stopping: CancellationToken,
     pub(crate) audit: WeakAudit,
     pub(crate) metrics: Arc<Metrics>,
+    /// The node listeners, whose `spec.nodes` follow the file.
+    pub(crate) node_listeners: Vec<Arc<crate::node::NodeListener>>,
 }
 
 impl PolicyHandle {
+    /// Replaces the nodes every node listener serves (`spec.nodes` of a reloaded file):
+    /// each new stream is checked against them, on connections already up too.
+    pub fn set_nodes(&self, nodes: &sandgate_policy::Nodes) {
+        for l in &self.node_listeners {
+            l.set_nodes(nodes.clone());
+        }
+    }
+
     /// Replaces the base layer (file and flags) atomically and records the reload.
     pub async fn replace(&self, rules: Ruleset, generation: u64, detail: String) {
         self.change(|layers| layers.base = rules);

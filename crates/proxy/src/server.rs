@@ -82,6 +82,7 @@ impl Proxy {
                     require_auth: spec.require_auth,
                     protocol: spec.protocol,
                     peers: spec.peers.clone(),
+                    node: spec.node.clone(),
                     refused_peers: AtomicU64::new(0),
                     last_peer_warning: std::sync::Mutex::new(None),
                 },
@@ -108,6 +109,7 @@ impl Proxy {
             connect_timeout: config.limits.connect_timeout,
             guard: config.guard.clone(),
             upstream_proxy: config.upstream_proxy,
+            central: config.central.clone(),
         };
         if let Some(up) = config.upstream_proxy
             && own.contains(&up)
@@ -172,6 +174,34 @@ impl Proxy {
             .collect()
     }
 
+    /// Each bound address with its role: `proxy`, `socks5` or `node`.
+    pub fn listener_roles(&self) -> Vec<(SocketAddr, &'static str)> {
+        self.listeners
+            .iter()
+            .filter_map(|(l, meta)| {
+                let role = match (&meta.node, meta.protocol) {
+                    (Some(_), _) => "node",
+                    (None, Protocol::Socks5) => "socks5",
+                    (None, Protocol::Http) => "proxy",
+                };
+                Some((l.local_addr().ok()?, role))
+            })
+            .collect()
+    }
+
+    /// What SIGHUP reloads besides the policy: the TLS files of node listeners and of the
+    /// connections to central proxies.
+    pub fn tls_handle(&self) -> TlsHandle {
+        TlsHandle {
+            listeners: self
+                .listeners
+                .iter()
+                .filter_map(|(_, m)| m.node.clone())
+                .collect(),
+            centrals: self.egress.dialer.centrals().cloned(),
+        }
+    }
+
     /// A handle to replace the policy while the proxy runs.
     pub fn policy_handle(&self) -> PolicyHandle {
         PolicyHandle {
@@ -181,6 +211,11 @@ impl Proxy {
             stopping: self.egress.stopping.clone(),
             audit: self.egress.audit.downgrade(),
             metrics: self.egress.metrics.clone(),
+            node_listeners: self
+                .listeners
+                .iter()
+                .filter_map(|(_, m)| m.node.clone())
+                .collect(),
         }
     }
 
@@ -249,6 +284,34 @@ impl Proxy {
     }
 }
 
+/// Reloads TLS files (SIGHUP): new connections use the new certificates; connections
+/// already up, and the tunnels on them, carry on.
+#[derive(Debug, Clone)]
+pub struct TlsHandle {
+    listeners: Vec<Arc<crate::node::NodeListener>>,
+    centrals: Option<Arc<crate::dial::Centrals>>,
+}
+
+impl TlsHandle {
+    /// Reads every TLS file again; on an error that configuration stays as it was. Returns
+    /// the errors.
+    pub fn reload(&self) -> Vec<crate::node::TlsError> {
+        let mut errors = Vec::new();
+        for l in &self.listeners {
+            errors.extend(l.tls.reload().err());
+        }
+        if let Some(c) = &self.centrals {
+            errors.extend(c.reload_tls().err());
+        }
+        errors
+    }
+
+    /// Whether there is anything to reload.
+    pub fn is_empty(&self) -> bool {
+        self.listeners.is_empty() && self.centrals.is_none()
+    }
+}
+
 /// What a listener knows about the connections it accepts.
 #[derive(Debug)]
 pub(crate) struct ListenerMeta {
@@ -256,6 +319,8 @@ pub(crate) struct ListenerMeta {
     require_auth: bool,
     protocol: crate::config::Protocol,
     peers: Option<crate::config::PeerFilter>,
+    /// A node listener (`role: node`): TLS and HTTP/2 streams.
+    node: Option<Arc<crate::node::NodeListener>>,
     /// Refused peers since the last warning, and when that was (one warning per interval).
     refused_peers: AtomicU64,
     last_peer_warning: std::sync::Mutex<Option<std::time::Instant>>,
@@ -335,8 +400,14 @@ async fn accept_loop(
                     let identity = meta.identity.clone();
                     let refusal = Refusal::ConnectionLimit(kind);
                     let protocol = meta.protocol;
+                    let is_node = meta.node.is_some();
                     tracker.spawn(async move {
                         match protocol {
+                            // A node gets no answer before its TLS handshake: record and close.
+                            _ if is_node => {
+                                let pending = egress.begin(peer, identity, None);
+                                let _ = egress.refuse(pending, None, refusal).await;
+                            }
                             Protocol::Http => {
                                 let client = ClientConn::new(stream, peer, identity);
                                 http1::refuse_connection(&egress, client, refusal).await;
@@ -359,10 +430,17 @@ async fn accept_loop(
         let identity = meta.identity.clone();
         let require_auth = meta.require_auth;
         let protocol = meta.protocol;
+        let node = meta.node.clone();
+        let tunnels = tracker.clone();
         egress.metrics.connections.inc();
         egress.metrics.connections_active.inc();
         tracker.spawn(async move {
             match protocol {
+                _ if node.is_some() => {
+                    if let Some(node) = node {
+                        crate::node::serve::serve(egress.clone(), stream, peer, node, tunnels, stop).await;
+                    }
+                }
                 Protocol::Http => {
                     let client = ClientConn::new(stream, peer, identity);
                     http1::serve(&egress, client, require_auth, &stop).await;

@@ -60,6 +60,7 @@ fn config(dns: &DnsServer, allow: &[&str], limits: Limits) -> ProxyConfig {
         audit_options: AuditOptions::default(),
         metrics_listen: None,
         upstream_proxy: None,
+        central: None,
     }
 }
 
@@ -169,7 +170,7 @@ async fn every_request_has_exactly_one_decision_and_allowed_ones_one_close() {
         assert_eq!(closes.len(), usize::from(allowed), "{id}: {evs:#?}");
     }
     for e in &events {
-        assert_eq!(e.as_object().unwrap().len(), 34, "every field on every line: {e}");
+        assert_eq!(e.as_object().unwrap().len(), 35, "every field on every line: {e}");
     }
     let failures: Vec<&str> = events
         .iter()

@@ -28,6 +28,7 @@ async fn only_registered_peers_are_served() {
             require_auth: false,
             peers: Some(peers.clone()),
             protocol: Default::default(),
+            node: None,
         }],
         rules: Ruleset::new(),
         guard: AddressGuard::default(),
@@ -37,6 +38,7 @@ async fn only_registered_peers_are_served() {
         audit_options: AuditOptions::default(),
         metrics_listen: None,
         upstream_proxy: None,
+        central: None,
     };
     let proxy = Proxy::bind(config).await.unwrap();
     let addr = proxy.local_addrs()[0];

@@ -62,6 +62,18 @@ impl NetMode {
     }
 }
 
+/// `net.proxy.upstream: [https://HOST:PORT, ...]` with `net.proxy.tls`: the run's proxy is
+/// a node-local proxy of these central proxies (docs/central.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CentralSpec {
+    pub upstreams: Vec<String>,
+    /// The CA of the central proxies' certificates.
+    pub ca: PathBuf,
+    /// The node's certificate and key.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
 /// A validated sandbox policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxPolicy {
@@ -79,6 +91,8 @@ pub struct SandboxPolicy {
     pub allow: Vec<Pattern>,
     /// `proxy` mode: the HTTP proxy that allowed traffic is chained through.
     pub upstream_proxy: Option<SocketAddr>,
+    /// `proxy` mode with `https://` upstreams: the central proxies, over mutual TLS.
+    pub central: Option<CentralSpec>,
     /// Host loopback ports bridged into the sandbox's loopback, same port number.
     pub loopback_ports: Vec<u16>,
     /// Port the proxy listens on inside the sandbox.
@@ -170,9 +184,28 @@ struct RawProxy {
     #[serde(default)]
     socks_listen: Option<String>,
     #[serde(default)]
-    upstream: Option<String>,
+    upstream: Option<Upstreams>,
     #[serde(default)]
     all_proxy: Option<String>,
+    /// For `https://` upstreams: the node's TLS files.
+    #[serde(default)]
+    tls: Option<RawNodeTls>,
+}
+
+/// `net.proxy.upstream`: one, or a list (central proxies tried in order).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Upstreams {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNodeTls {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -355,6 +388,7 @@ pub fn parse(
         allow: network.allow,
         loopback_ports: raw.net.loopback_ports,
         upstream_proxy: network.upstream_proxy,
+        central: network.central,
         proxy_port: network.proxy_port,
         socks_port: network.socks_port,
         all_proxy_http: network.all_proxy_http,
@@ -385,6 +419,7 @@ fn refuse_socket_dirs(field: &str, written: &[String], canonical: &[PathBuf]) ->
 struct Network {
     allow: Vec<Pattern>,
     upstream_proxy: Option<SocketAddr>,
+    central: Option<CentralSpec>,
     proxy_port: u16,
     socks_port: Option<u16>,
     all_proxy_http: bool,
@@ -418,19 +453,53 @@ fn network(raw: &RawNet, net: NetMode) -> Result<Network, PolicyError> {
         return Err(PolicyError("net.loopback_ports: port 0".to_owned()));
     }
     let proxy = raw.proxy.as_ref();
-    let upstream_proxy = match (net, proxy.and_then(|p| p.upstream.as_deref())) {
-        (NetMode::Proxy, Some(u)) => Some(
-            u.parse::<SocketAddr>()
-                .map_err(|_| PolicyError(format!("net.proxy.upstream: {u:?} is not IP:PORT")))?,
-        ),
-        (NetMode::Proxy, None) => {
+    let upstreams: Vec<&str> = match proxy.and_then(|p| p.upstream.as_ref()) {
+        None => Vec::new(),
+        Some(Upstreams::One(u)) => vec![u.as_str()],
+        Some(Upstreams::Many(list)) => list.iter().map(String::as_str).collect(),
+    };
+    let tls = proxy.and_then(|p| p.tls.as_ref());
+    let (upstream_proxy, central) = match (net, upstreams.as_slice()) {
+        (NetMode::Proxy, []) => {
             return Err(PolicyError(
-                "net.mode proxy needs net.proxy.upstream (IP:PORT of an HTTP proxy)".to_owned(),
+                "net.mode proxy needs net.proxy.upstream (IP:PORT of an HTTP proxy, or https://HOST:PORT of central sandgate proxies)".to_owned(),
             ));
         }
-        (_, Some(_)) => return Err(PolicyError("net.proxy.upstream needs net.mode proxy".to_owned())),
-        (_, None) => None,
+        (NetMode::Proxy, list) if list.iter().all(|u| u.starts_with("https://")) => {
+            let Some(tls) = tls else {
+                return Err(PolicyError(
+                    "net.proxy.upstream https://...: give net.proxy.tls: { ca, cert, key } (the central proxies' CA, this node's certificate and key)".to_owned(),
+                ));
+            };
+            let central = CentralSpec {
+                upstreams: list.iter().map(|u| (*u).to_owned()).collect(),
+                ca: tls.ca.clone(),
+                cert: tls.cert.clone(),
+                key: tls.key.clone(),
+            };
+            (None, Some(central))
+        }
+        (NetMode::Proxy, [u]) => {
+            let addr = u.parse::<SocketAddr>().map_err(|_| {
+                PolicyError(format!(
+                    "net.proxy.upstream: {u:?} is not IP:PORT or https://HOST:PORT"
+                ))
+            })?;
+            (Some(addr), None)
+        }
+        (NetMode::Proxy, _) => {
+            return Err(PolicyError(
+                "net.proxy.upstream: a list is for central proxies, each https://HOST:PORT".to_owned(),
+            ));
+        }
+        (_, []) => (None, None),
+        (_, _) => return Err(PolicyError("net.proxy.upstream needs net.mode proxy".to_owned())),
     };
+    if tls.is_some() && central.is_none() {
+        return Err(PolicyError(
+            "net.proxy.tls is for https:// upstreams (central proxies)".to_owned(),
+        ));
+    }
     let (proxy_port, socks_port) = proxy_ports(raw, net)?;
     let all_proxy_http = match proxy.and_then(|p| p.all_proxy.as_deref()) {
         None | Some("socks5") => false,
@@ -449,6 +518,7 @@ fn network(raw: &RawNet, net: NetMode) -> Result<Network, PolicyError> {
     Ok(Network {
         allow,
         upstream_proxy,
+        central,
         proxy_port,
         socks_port,
         all_proxy_http,

@@ -364,6 +364,7 @@ fn proxy_config(
         require_auth: false,
         peers: Some(peers.clone()),
         protocol,
+        node: None,
     };
     let socks = policy.socks_port.map(|_| listener(Protocol::Socks5));
     Ok(ProxyConfig {
@@ -383,7 +384,35 @@ fn proxy_config(
         audit_options: AuditOptions::default(),
         metrics_listen: None,
         upstream_proxy: policy.upstream_proxy,
+        central: match &policy.central {
+            Some(spec) => Some(centrals(spec)?),
+            None => None,
+        },
     })
+}
+
+/// The run's proxy as a node-local proxy of central ones: the upstreams parsed and the TLS
+/// files read now, so a bad one stops the run before the command starts.
+fn centrals(
+    spec: &crate::policy::CentralSpec,
+) -> Result<std::sync::Arc<sandgate_proxy::dial::Centrals>, RunError> {
+    let hops = spec
+        .upstreams
+        .iter()
+        .map(|u| {
+            sandgate_proxy::dial::Hop::parse(u)
+                .map_err(|e| RunError::Usage(format!("net.proxy.upstream: {u:?}: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let files = sandgate_proxy::node::ClientFiles {
+        ca: spec.ca.clone(),
+        cert: spec.cert.clone(),
+        key: spec.key.clone(),
+        http1: false,
+    };
+    sandgate_proxy::dial::Centrals::new(hops, files)
+        .map(std::sync::Arc::new)
+        .map_err(|e| RunError::Usage(format!("net.proxy.tls: {e}")))
 }
 
 /// Binds `name` in the run's bridge directory and relays its connections to `target`

@@ -1,7 +1,7 @@
 //! `sandgate check-config FILE`: everything about a policy file that can be known without
 //! binding a socket. Errors (exit 64) are what `sandgate proxy --policy FILE` would refuse
 //! at start: the document's own errors, secret files that cannot be read, listeners that
-//! cannot all be bound. Warnings (exit 0) are what would start but cannot be what was meant:
+//! cannot all be bound, a node listener's TLS files that cannot be used. Warnings (exit 0) are what would start but cannot be what was meant:
 //! an entry already expired, a CIDR with host bits, a host both allowed and denied, an
 //! allowed address the guard refuses, admin tokens with no admin listener.
 
@@ -23,6 +23,13 @@ pub fn run(file: &Path) -> ExitCode {
     if let Err(e) = sandgate_proxy::reload::admin_principals(&policy, file) {
         eprintln!("{e}");
         return ExitCode::from(EX_USAGE);
+    }
+    // A node listener's certificate, key and client CA must be readable and match.
+    for tls in policy.listeners.iter().filter_map(|l| l.node_tls.as_ref()) {
+        if let Err(e) = crate::settings::node_tls_files(file, tls).load() {
+            eprintln!("{}: spec.listeners.tls: {e}", file.display());
+            return ExitCode::from(EX_USAGE);
+        }
     }
     for w in warnings(&policy, &AddressGuard::new(policy.allow_ranges.clone())) {
         eprintln!("{w}");

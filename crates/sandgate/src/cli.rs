@@ -59,6 +59,10 @@ pub enum Command {
     /// jupyter-mcp-server from it (docs/jupyter.md).
     #[command(subcommand)]
     Jupyter(JupyterCommand),
+    /// Make a CA and certificates for node-local and central proxies (for trying the central
+    /// mode out and for tests; production brings its own PKI). docs/central.md
+    #[command(subcommand)]
+    Pki(PkiCommand),
     /// (internal) The first process inside a proxied sandbox.
     #[command(hide = true)]
     SandboxInit {
@@ -76,6 +80,55 @@ pub enum Command {
         allow_unix_sockets: bool,
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
+    },
+}
+
+/// `sandgate pki ...`
+#[derive(Debug, Subcommand)]
+pub enum PkiCommand {
+    /// Make a CA: DIR/ca.pem (give it to nodes as --upstream-ca and to central listeners as
+    /// tls.client_ca) and DIR/ca.key (keep it private).
+    Init {
+        /// Where the files go (created, mode 0700).
+        #[arg(long, value_name = "DIR", default_value = "sandgate-pki")]
+        dir: std::path::PathBuf,
+        /// Days the CA is valid.
+        #[arg(long, value_name = "N", default_value_t = 3650)]
+        days: u32,
+        /// Replace files that exist.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Issue a certificate signed by DIR's CA: DIR/node-NAME.pem and .key (a client
+    /// certificate; NAME goes in the central's spec.nodes) or DIR/central-NAME.pem and .key
+    /// (a server certificate; NAME is the host nodes use in --upstream https://NAME:PORT).
+    Issue {
+        #[arg(long, value_name = "DIR", default_value = "sandgate-pki")]
+        dir: std::path::PathBuf,
+        /// A node-local proxy's name.
+        #[arg(
+            long,
+            value_name = "NAME",
+            conflicts_with = "central",
+            required_unless_present = "central"
+        )]
+        node: Option<String>,
+        /// A central proxy's host name or IP address.
+        #[arg(long, value_name = "NAME")]
+        central: Option<String>,
+        /// More names the certificate carries (repeatable).
+        #[arg(long, value_name = "NAME")]
+        san: Vec<String>,
+        /// Days the certificate is valid.
+        #[arg(long, value_name = "N", default_value_t = 365, conflicts_with = "not_after")]
+        days: u32,
+        /// The last day it is valid instead (YYYY-MM-DD, UTC; a past date makes an expired
+        /// certificate, for tests of refusal).
+        #[arg(long, value_name = "DATE")]
+        not_after: Option<String>,
+        /// Replace files that exist.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -427,8 +480,28 @@ pub struct ProxyArgs {
     pub audit_aggregate_window: Option<f64>,
     /// Chain allowed traffic through this HTTP proxy (e.g. a central sandgate): IP:PORT,
     /// HOST:PORT or http://HOST:PORT (a name is resolved once, at start); no other local DNS
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", conflicts_with = "upstream")]
     pub upstream_proxy: Option<String>,
+    /// Forward allowed traffic to a central sandgate over mutual TLS, each request one
+    /// HTTP/2 stream on one connection: https://HOST:PORT (repeatable: tried in order, the
+    /// next when one is unreachable; never direct). Needs --upstream-ca, --client-cert and
+    /// --client-key (docs/central.md)
+    #[arg(long, value_name = "URL", requires_all = ["upstream_ca", "client_cert", "client_key"])]
+    pub upstream: Vec<String>,
+    /// The CA (PEM) the central proxies' certificates chain to
+    #[arg(long, value_name = "FILE", requires = "upstream")]
+    pub upstream_ca: Option<std::path::PathBuf>,
+    /// This node's certificate (PEM) for the central proxies; its name is listed in their
+    /// spec.nodes
+    #[arg(long, value_name = "FILE", requires = "upstream")]
+    pub client_cert: Option<std::path::PathBuf>,
+    /// The key (PEM) of --client-cert
+    #[arg(long, value_name = "FILE", requires = "upstream")]
+    pub client_key: Option<std::path::PathBuf>,
+    /// How requests travel to the central proxies: h2 (streams of one connection) or http1
+    /// (a TLS connection per tunnel; for comparison) [default: h2]
+    #[arg(long, value_name = "h2|http1", value_parser = ["h2", "http1"], requires = "upstream")]
+    pub upstream_transport: Option<String>,
     /// Serve Prometheus/OpenMetrics text on http://ADDR/metrics (e.g. 127.0.0.1:9090)
     #[arg(long, value_name = "ADDR", conflicts_with = "admin_listen")]
     pub metrics_listen: Option<String>,

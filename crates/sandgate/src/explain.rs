@@ -243,6 +243,7 @@ fn resolve(
         connect_timeout: std::time::Duration::from_secs(5),
         guard: guard.clone(),
         upstream_proxy: None,
+        central: None,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

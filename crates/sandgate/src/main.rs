@@ -16,6 +16,7 @@ mod control;
 mod exceptions_cmd;
 mod explain;
 mod jupyter_cmd;
+mod pki_cmd;
 mod policy_cmd;
 mod presets_cmd;
 mod settings;
@@ -59,6 +60,7 @@ fn main() -> ExitCode {
         Command::Exceptions(args) => exceptions_cmd::run(&args),
         Command::Mcp { config } => run_mcp(&config),
         Command::Jupyter(cmd) => jupyter_cmd::run(cmd),
+        Command::Pki(cmd) => pki_cmd::run(cmd),
         Command::SandboxInit { forwards, command } => {
             let parsed: Result<Vec<_>, String> = forwards
                 .iter()
@@ -264,9 +266,9 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
         // Caught from before the first "listening" line: a SIGHUP sent as soon as the proxy
         // is up must not meet the signal's default action (the end of the process).
         let (hup_tx, hup_rx) = tokio::sync::mpsc::channel(1);
-        forward_sighup(hup_tx);
-        for addr in proxy.local_addrs() {
-            tracing::info!(%addr, allow_rules = allow, deny_rules = deny, "listening");
+        forward_sighup(hup_tx, proxy.tls_handle());
+        for (addr, role) in proxy.listener_roles() {
+            tracing::info!(%addr, %role, allow_rules = allow, deny_rules = deny, "listening");
         }
         if let Some(addr) = proxy.metrics_addr() {
             if !addr.ip().is_loopback() {
@@ -307,8 +309,9 @@ async fn ignore_sighup(mut rx: tokio::sync::mpsc::Receiver<()>) {
     }
 }
 
-/// Registers for SIGHUP now and passes each one on to the policy watcher from a task.
-fn forward_sighup(tx: tokio::sync::mpsc::Sender<()>) {
+/// Registers for SIGHUP now and passes each one on to the policy watcher from a task,
+/// reloading the TLS files first (node listeners, connections to central proxies).
+fn forward_sighup(tx: tokio::sync::mpsc::Sender<()>, tls: sandgate_proxy::TlsHandle) {
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut hup) = signal(SignalKind::hangup()) else {
         tracing::warn!("cannot watch SIGHUP; the policy reloads only when its file changes");
@@ -316,6 +319,15 @@ fn forward_sighup(tx: tokio::sync::mpsc::Sender<()>) {
     };
     tokio::spawn(async move {
         while hup.recv().await.is_some() {
+            if !tls.is_empty() {
+                let errors = tls.reload();
+                for e in &errors {
+                    tracing::error!(error = %e, "TLS files not reloaded; the previous ones stay in force");
+                }
+                if errors.is_empty() {
+                    tracing::info!("TLS files reloaded; new connections use them");
+                }
+            }
             // A full channel means a reload is already pending.
             let _ = tx.try_send(());
         }

@@ -203,6 +203,7 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
         }
         config.listen.extend(socks);
         config.upstream_proxy = upstream_proxy(args, &config)?;
+        config.central = centrals(args)?;
         check_binds(&config)?;
         let warnings = start_warnings(&config, None, env);
         return Ok(ProxySetup {
@@ -230,6 +231,10 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
             } else {
                 Protocol::Http
             },
+            node: match &l.node_tls {
+                Some(tls) => Some(node_listener(path, tls, &file)?),
+                None => None,
+            },
         });
     }
     if config.listen.is_empty() {
@@ -251,6 +256,7 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
         }
     }
     config.upstream_proxy = upstream_proxy(args, &config)?;
+    config.central = centrals(args)?;
     check_binds(&config)?;
     let warnings = start_warnings(&config, Some(&file), env);
     Ok(ProxySetup {
@@ -294,6 +300,61 @@ fn start_warnings(config: &ProxyConfig, file: Option<&PolicyFile>, env: &dyn Env
     out
 }
 
+/// A `role: node` listener's TLS files, relative to the policy file.
+pub(crate) fn node_tls_files(
+    policy: &std::path::Path,
+    tls: &sandgate_policy::document::TlsSpec,
+) -> sandgate_proxy::node::ServerFiles {
+    let dir = policy.parent().unwrap_or(std::path::Path::new("."));
+    sandgate_proxy::node::ServerFiles {
+        cert: dir.join(&tls.cert),
+        key: dir.join(&tls.key),
+        client_ca: dir.join(&tls.client_ca),
+    }
+}
+
+/// A `role: node` listener: its TLS files read now, so a missing or mismatched file stops
+/// the start with its name.
+fn node_listener(
+    policy: &std::path::Path,
+    tls: &sandgate_policy::document::TlsSpec,
+    file: &PolicyFile,
+) -> Result<std::sync::Arc<sandgate_proxy::node::NodeListener>, SettingsError> {
+    sandgate_proxy::node::NodeListener::new(node_tls_files(policy, tls), file.nodes.clone())
+        .map(std::sync::Arc::new)
+        .map_err(|e| invalid("spec.listeners.tls", &policy.display().to_string(), e))
+}
+
+/// `--upstream https://HOST:PORT` (repeatable) with the node's TLS files, read now.
+fn centrals(
+    args: &ProxyArgs,
+) -> Result<Option<std::sync::Arc<sandgate_proxy::dial::Centrals>>, SettingsError> {
+    if args.upstream.is_empty() {
+        return Ok(None);
+    }
+    let hops = args
+        .upstream
+        .iter()
+        .map(|u| sandgate_proxy::dial::Hop::parse(u).map_err(|e| invalid("--upstream", u, e)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (Some(ca), Some(cert), Some(key)) = (&args.upstream_ca, &args.client_cert, &args.client_key) else {
+        return Err(invalid(
+            "--upstream",
+            &args.upstream.join(" "),
+            "needs --upstream-ca, --client-cert and --client-key",
+        ));
+    };
+    let files = sandgate_proxy::node::ClientFiles {
+        ca: ca.clone(),
+        cert: cert.clone(),
+        key: key.clone(),
+        http1: args.upstream_transport.as_deref() == Some("http1"),
+    };
+    sandgate_proxy::dial::Centrals::new(hops, files)
+        .map(|c| Some(std::sync::Arc::new(c)))
+        .map_err(|e| invalid("--client-cert", &cert.display().to_string(), e))
+}
+
 /// `--upstream-proxy`: `IP:PORT`, `HOST:PORT` or `http://HOST:PORT[/]`. A name is resolved
 /// once, here, through the proxy's own resolver (`config.nameservers`; never getaddrinfo),
 /// and the first address is used for as long as the proxy runs.
@@ -323,6 +384,7 @@ fn upstream_proxy(args: &ProxyArgs, config: &ProxyConfig) -> Result<Option<Socke
         connect_timeout: config.limits.connect_timeout,
         guard: AddressGuard::new(Vec::new()),
         upstream_proxy: None,
+        central: None,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -498,6 +560,7 @@ fn proxy_config(
         metrics_listen,
         // A name is resolved in `proxy_setup`, once the resolver is known.
         upstream_proxy: None,
+        central: None,
     })
 }
 

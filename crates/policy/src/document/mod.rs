@@ -14,10 +14,12 @@ use ipnet::IpNet;
 
 mod checker;
 mod control;
+mod nodes;
 mod raw;
 mod syntax;
 
 use checker::Checker;
+pub use nodes::TlsSpec;
 
 use raw::*;
 
@@ -91,6 +93,9 @@ pub struct ListenerSpec {
     pub require_auth: bool,
     /// `socks5` for a SOCKS5 listener (credentials as its RFC 1929 login); HTTP otherwise.
     pub socks5: bool,
+    /// `role: node`: a central proxy's listener for node-local proxies (mutual TLS, HTTP/2
+    /// streams), with its TLS files.
+    pub node_tls: Option<TlsSpec>,
 }
 
 /// Where a task's secret hash is.
@@ -135,6 +140,8 @@ pub struct PolicyFile {
     pub admin: AdminSpec,
     /// What tunnels may carry (`spec.network.tunnels`).
     pub tunnels: crate::tunnel::TunnelRules,
+    /// The node-local proxies a `role: node` listener serves (`spec.nodes`).
+    pub nodes: crate::node::Nodes,
     /// What is valid but probably not meant (an expired entry, a CIDR with host bits, a
     /// host both allowed and denied): `check-config` and the proxy print them.
     pub warnings: Vec<DocError>,
@@ -371,6 +378,7 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
                 false
             }
         };
+        let node_tls = nodes::listener_role(&mut c, line, &l.value);
         match l.value.listen.parse::<SocketAddr>() {
             Ok(listen) => {
                 binds.push((listen, line, "spec.listeners.listen"));
@@ -381,6 +389,7 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
                     job: l.value.job.clone(),
                     require_auth,
                     socks5,
+                    node_tls,
                 });
             }
             Err(_) => c.error(
@@ -436,6 +445,12 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
         .as_ref()
         .map(|t| checker::tunnels(&mut c, t))
         .unwrap_or_default();
+    let node_listeners = raw
+        .spec
+        .listeners
+        .iter()
+        .any(|l| l.value.role.as_deref() == Some("node"));
+    let nodes = nodes::nodes(&mut c, &raw.spec.nodes, node_listeners);
     let exceptions = control::exception_policy(&mut c, &raw.spec.exceptions);
     let admin = control::admin_spec(&mut c, raw.spec.admin.as_ref(), file);
     if let (Some(addr), Some(raw_admin)) = (admin.listen, raw.spec.admin.as_ref()) {
@@ -467,5 +482,6 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
         exceptions,
         admin,
         tunnels,
+        nodes,
     })
 }

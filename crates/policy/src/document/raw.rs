@@ -47,6 +47,8 @@ pub(super) struct RawSpec {
     pub(super) exceptions: Vec<Spanned<RawExceptions>>,
     #[serde(default)]
     pub(super) admin: Option<Spanned<RawAdmin>>,
+    #[serde(default)]
+    pub(super) nodes: Vec<Spanned<RawNode>>,
 }
 
 /// `spec.exceptions[]`: a scope for which tasks may request exceptions, with its bounds.
@@ -186,6 +188,32 @@ pub(super) struct RawListener {
     pub(super) auth: Option<String>,
     #[serde(default)]
     pub(super) protocol: Option<String>,
+    /// `node`: a central proxy's listener for node-local proxies (mutual TLS, HTTP/2).
+    #[serde(default)]
+    pub(super) role: Option<String>,
+    #[serde(default)]
+    pub(super) tls: Option<RawTls>,
+}
+
+/// `spec.listeners[].tls`: the listener's certificate and key, and the CA its clients'
+/// certificates must chain to (PEM files; relative paths are relative to the policy file).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    pub(super) cert: String,
+    pub(super) key: String,
+    pub(super) client_ca: String,
+}
+
+/// `spec.nodes[]`: a node-local proxy, by its certificate name, and whom it may vouch for.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawNode {
+    pub(super) name: String,
+    #[serde(default)]
+    pub(super) projects: Vec<String>,
+    #[serde(default)]
+    pub(super) tasks: Vec<String>,
 }
 
 /// An entry: a bare pattern string, or a map with `host` and the optional fields.

@@ -102,6 +102,7 @@ mod tests {
                 job: None,
             }),
             method: Some("GET".into()),
+            node: None,
         }
     }
 

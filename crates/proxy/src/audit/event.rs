@@ -25,6 +25,9 @@ pub struct Party {
     pub identity: Arc<Identity>,
     /// `None` when no request line was read.
     pub method: Option<Cow<'static, str>>,
+    /// On a central proxy: the node-local proxy that forwarded the request (its name in
+    /// `spec.nodes`), which vouched for the identity.
+    pub node: Option<Arc<str>>,
 }
 
 /// Where a request asked to go.
@@ -329,6 +332,8 @@ pub struct Line<'a> {
     pub subject: Option<&'a str>,
     /// Decisions on tunnels: the server name of the TLS ClientHello, when it was read.
     pub tls_server_name: Option<&'a str>,
+    /// On a central proxy: the node-local proxy that forwarded the request.
+    pub node: Option<&'a str>,
 }
 
 impl<'a> Line<'a> {
@@ -369,6 +374,7 @@ impl<'a> Line<'a> {
             expires_at: None,
             subject: None,
             tls_server_name: None,
+            node: None,
         };
         match &s.event {
             Event::Decision(d) => {
@@ -458,6 +464,7 @@ impl<'a> Line<'a> {
         self.project_id = p.identity.project.as_deref();
         self.job_id = p.identity.job.as_deref();
         self.method = p.method.as_deref();
+        self.node = p.node.as_deref();
     }
 
     fn dest(&mut self, d: Option<&'a Dest>) {

@@ -300,6 +300,7 @@ pub const CSV_COLUMNS: &[&str] = &[
     "expires_at",
     "subject",
     "tls_server_name",
+    "node",
 ];
 
 /// One CSV record (RFC 4180 quoting).

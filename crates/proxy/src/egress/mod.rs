@@ -193,12 +193,24 @@ impl Egress {
         identity: Arc<Identity>,
         method: Option<Cow<'static, str>>,
     ) -> Pending {
+        self.begin_via(peer, identity, method, None)
+    }
+
+    /// As [`Egress::begin`], for a request a node-local proxy forwarded (`node`: its name).
+    pub fn begin_via(
+        &self,
+        peer: SocketAddr,
+        identity: Arc<Identity>,
+        method: Option<Cow<'static, str>>,
+        node: Option<Arc<str>>,
+    ) -> Pending {
         Pending {
             party: Party {
                 request_id: self.ids.next(),
                 client_addr: peer,
                 identity,
                 method,
+                node,
             },
             started: Instant::now(),
         }
@@ -238,7 +250,8 @@ impl Egress {
             status: Some(classified.status),
             tls_server_name,
             party: pending.party.clone(),
-            detail: None,
+            // A refused node: which certificate problem or which claim, for the operator.
+            detail: matches!(refusal, Refusal::Node(_)).then(|| classified.text.clone()),
         });
         if matches!(refusal, Refusal::AuditUnavailable(_)) {
             // Must not wait behind a queue that cannot drain; the client is answered anyway.

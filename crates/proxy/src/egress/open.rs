@@ -59,7 +59,12 @@ impl Decided {
             }
         }
         let timeout = egress.limits.response_timeout;
-        match egress.dialer.open(&vetted, &target, access, timeout).await {
+        let identity = &self.pending.party.identity;
+        match egress
+            .dialer
+            .open(&vetted, &target, access, identity, timeout)
+            .await
+        {
             Ok((stream, addr)) => {
                 // Revocable from here on: a tunnel waiting for its first bytes is cut too.
                 let stop = egress.stop_for(self.rule.as_ref());
@@ -104,7 +109,7 @@ impl Dialed {
         Opened {
             stream,
             addr,
-            chained: egress.dialer.is_chained(),
+            chained: egress.dialer.sends_absolute_form(),
             grant,
         }
     }

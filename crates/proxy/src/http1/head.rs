@@ -283,7 +283,8 @@ fn response_body(fields: &mut Vec<Field>) -> Result<BodyKind, HeadError> {
 }
 
 /// Hop-by-hop fields (RFC 9110 section 7.6.1), plus the proxy credentials, which are meant
-/// for this hop only. `Transfer-Encoding` is not here: sandgate relays the message body
+/// for this hop only, and the node attribution fields (`sandgate-task`, ...), which only a
+/// node-local proxy may set, on its own streams to a central one: a client's are dropped. `Transfer-Encoding` is not here: sandgate relays the message body
 /// with its framing unchanged, so the field stays true for the next hop.
 const HOP_BY_HOP: &[&str] = &[
     "connection",
@@ -293,6 +294,10 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
     "proxy-authorization",
     "proxy-authenticate",
+    "sandgate-task",
+    "sandgate-project",
+    "sandgate-job",
+    "sandgate-access",
 ];
 
 /// Fields to forward: everything but hop-by-hop fields, the fields the Connection header
@@ -445,7 +450,8 @@ mod tests {
     fn hop_by_hop_fields_are_dropped() {
         let text = "GET http://a.test/ HTTP/1.1\r\nHost: x\r\nConnection: close, X-Secret\r\n\
                     X-Secret: 1\r\nProxy-Authorization: Basic abc\r\nProxy-Connection: keep-alive\r\n\
-                    Keep-Alive: 5\r\nTE: trailers\r\nUpgrade: h2c\r\nAccept: */*\r\n\r\n";
+                    Keep-Alive: 5\r\nTE: trailers\r\nUpgrade: h2c\r\nAccept: */*\r\n\
+                    Sandgate-Task: forged\r\nsandgate-project: p\r\nSANDGATE-JOB: j\r\nsandgate-access: http\r\n\r\n";
         let (head, _) = req(text).unwrap().unwrap();
         let kept: Vec<&str> = end_to_end_fields(&head.fields).map(|f| f.name.as_str()).collect();
         assert_eq!(kept, ["Accept"]);

@@ -151,13 +151,6 @@ async fn idle_watch(last: &AtomicU64, epoch: Instant, idle: Duration) {
 /// buffer of its own and passes a clean EOF on as a shutdown of the other side's writes.
 /// Returns bytes `a`-to-`b`, `b`-to-`a`, and the outcome (as [`super::tunnel`]'s, with `a`
 /// the client).
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "the relay for the TLS and HTTP/2 transports, which land next"
-    )
-)]
 pub(crate) async fn relay_streams<A, B>(
     a: A,
     b: B,
@@ -218,7 +211,7 @@ where
 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let meter = Meter { count, last, epoch };
-    let mut buf = vec![0u8; 16 * 1024];
+    let mut buf = vec![0u8; TUNNEL_CHUNK];
     loop {
         let n = src.read(&mut buf).await.map_err(|_| sides.0)?;
         if n == 0 {

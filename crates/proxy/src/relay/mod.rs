@@ -5,8 +5,9 @@
 //! [`tunnel`] relays two TCP sockets: on Linux with splice(2) (`splice.rs`: payload never
 //! enters user space, and the whole tunnel is one small hand-written future), elsewhere with
 //! the portable copy relay (`copy.rs`). `copy.rs` is compiled everywhere and also relays any
-//! pair of async streams ([`relay_streams`], for TLS and multiplexed streams). Either way an
-//! idle tunnel holds no user-space buffer.
+//! pair of async streams ([`relay_streams`]: the node-to-central bridge pumps each HTTP/2
+//! stream with it; that one keeps a buffer per direction). Either socket relay holds no
+//! user-space buffer while a tunnel idles.
 
 mod copy;
 #[cfg(target_os = "linux")]
@@ -20,13 +21,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::audit::event::Outcome;
 
-#[cfg_attr(
-    not(test),
-    expect(
-        unused_imports,
-        reason = "the relay for the TLS and HTTP/2 transports, which land next"
-    )
-)]
 pub(crate) use copy::relay_streams;
 
 /// Relays `client` and `upstream` until both directions end, one fails, the tunnel idles

@@ -85,7 +85,11 @@ impl ProxyProcess {
         let addr = loop {
             let line = match lines.next() {
                 Some(Ok(line)) => line,
-                _ => panic!("sandgate exited before listening: {:?}", child.wait()),
+                _ => panic!(
+                    "sandgate exited before listening: {:?}\n{}",
+                    child.wait(),
+                    log.lock().unwrap().join("\n")
+                ),
             };
             log.lock().unwrap().push(line.clone());
             if let Some(rest) = line.split("addr=").nth(1) {

@@ -29,6 +29,10 @@ use tokio::net::TcpStream;
 
 use crate::metrics::Metrics;
 
+pub mod central;
+
+pub use central::{Centrals, Hop, UpstreamUrlError};
+
 /// Where DNS questions go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Nameservers {
@@ -48,6 +52,9 @@ pub struct DialConfig {
     /// Send allowed traffic through this HTTP proxy instead of dialling destinations: no
     /// local DNS, and the upstream proxy applies its own policy and address guard.
     pub upstream_proxy: Option<SocketAddr>,
+    /// Send allowed traffic to these central proxies over mutual TLS, one HTTP/2 stream
+    /// each (no local DNS for destinations; the central decides again and dials).
+    pub central: Option<Arc<Centrals>>,
 }
 
 /// Addresses that passed the guard for one target, in the resolver's order; when chained,
@@ -91,6 +98,9 @@ pub enum DialError {
     UpstreamRefused(u16),
     #[error("the upstream proxy sent no usable answer to CONNECT")]
     UpstreamBroken,
+    /// No central proxy could be reached; names the last one tried and why.
+    #[error("no central proxy is reachable: {0}")]
+    CentralUnavailable(String),
 }
 
 /// The addresses assigned to this host's interfaces, read from the kernel (getifaddrs) at
@@ -156,6 +166,7 @@ pub struct Dialer {
     host_addrs: HostAddrs,
     metrics: Option<Arc<Metrics>>,
     upstream_proxy: Option<SocketAddr>,
+    central: Option<Arc<Centrals>>,
 }
 
 impl Dialer {
@@ -190,6 +201,7 @@ impl Dialer {
             host_addrs: HostAddrs::new(),
             metrics: None,
             upstream_proxy: config.upstream_proxy,
+            central: config.central.clone(),
         })
     }
 
@@ -205,6 +217,10 @@ impl Dialer {
 
     /// Resolves `target` (IP literals are not looked up) and vets every address.
     pub async fn vet(&self, target: &Target) -> Result<VettedAddrs, DialError> {
+        if self.central.is_some() {
+            // Neither resolved nor guarded here: the central proxy does both.
+            return Ok(VettedAddrs { addrs: Vec::new() });
+        }
         if let Some(upstream) = self.upstream_proxy {
             // The name is never resolved here; the upstream proxy resolves and guards it.
             return Ok(VettedAddrs {
@@ -230,7 +246,18 @@ impl Dialer {
 
     /// Whether allowed traffic goes through an upstream proxy instead of to destinations.
     pub fn is_chained(&self) -> bool {
+        self.upstream_proxy.is_some() || self.central.is_some()
+    }
+
+    /// Whether requests go to an HTTP upstream proxy, which takes them in absolute form
+    /// (a central proxy's stream carries them as an origin would).
+    pub fn sends_absolute_form(&self) -> bool {
         self.upstream_proxy.is_some()
+    }
+
+    /// The central proxies, when this is a node-local proxy.
+    pub fn centrals(&self) -> Option<&Arc<Centrals>> {
+        self.central.as_ref()
     }
 
     /// Connects to a vetted destination, ready for the request's bytes: directly, or, when
@@ -240,8 +267,12 @@ impl Dialer {
         vetted: &VettedAddrs,
         target: &Target,
         access: Access,
+        identity: &sandgate_policy::Identity,
         timeout: Duration,
     ) -> Result<(TcpStream, SocketAddr), DialError> {
+        if let Some(central) = &self.central {
+            return central.open(self, target, access, identity, timeout).await;
+        }
         let (mut stream, addr) = self.connect(vetted).await?;
         // Every tunnel kind (CONNECT and SOCKS5) is opened as a CONNECT upstream; handing a
         // SOCKS5 client the raw connection to the upstream proxy would let it send that
@@ -285,6 +316,35 @@ impl Dialer {
             Ok(Some((h, _))) if (200..300).contains(&h.status) => Ok(()),
             Ok(Some((h, _))) => Err(DialError::UpstreamRefused(h.status)),
             _ => Err(DialError::UpstreamBroken),
+        }
+    }
+
+    /// A central proxy's address: its IP, or its name resolved through the configured
+    /// nameservers (an operator's setting, not a client's string; the first answer).
+    async fn central_addr(&self, hop: &Hop) -> Result<SocketAddr, DialError> {
+        let ip = match hop.host.parse::<IpAddr>() {
+            Ok(ip) => ip,
+            Err(_) => *self
+                .resolve(&hop.host)
+                .await?
+                .first()
+                .ok_or_else(|| DialError::Dns("no addresses".into()))?,
+        };
+        Ok(SocketAddr::new(ip, hop.port))
+    }
+
+    /// Connects to a central proxy, within the connect timeout.
+    async fn connect_central(&self, addr: SocketAddr) -> Result<TcpStream, DialError> {
+        #[expect(clippy::disallowed_methods, reason = "the one place that dials out")]
+        let attempt = tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr)).await;
+        match attempt {
+            Ok(Ok(stream)) => {
+                let _ = stream.set_nodelay(true);
+                Ok(stream)
+            }
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Err(DialError::Refused),
+            Ok(Err(e)) => Err(DialError::Connect(e)),
+            Err(_) => Err(DialError::ConnectTimeout),
         }
     }
 

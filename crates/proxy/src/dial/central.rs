@@ -1,0 +1,360 @@
+//! The node-local side of the node-to-central transport: one mutual-TLS HTTP/2 connection
+//! to each central proxy (`--upstream https://HOST:PORT`), made when first needed and kept;
+//! each tunnel or request is one CONNECT stream on it (RFC 9113 section 8.5), carrying the
+//! request's attribution. Centrals are tried in the order given: one that cannot be reached
+//! is left alone for a back-off (1 s, doubling to 30 s) while the next is tried; with none
+//! left the request fails (502, naming the last hop tried), and it never goes direct. A
+//! central that answers (200, or a refusal) is not failed over: its answer is the answer.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Empty;
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::pki_types::ServerName;
+use sandgate_policy::{Access, Identity, Target};
+use tokio::net::TcpStream;
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use super::DialError;
+use crate::node::tls::{ClientFiles, Reloadable, TlsError};
+use crate::node::{ACCESS_FIELD, attribution, bridge, serve};
+
+const BACKOFF_FIRST: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Why an `--upstream` URL is not usable.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamUrlError {
+    #[error("a central proxy is https://HOST:PORT")]
+    NotHttps(String),
+    #[error("{1}")]
+    Bad(String, String),
+}
+
+/// One central proxy as configured: where it is and the name its certificate must carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hop {
+    /// As given, for messages (`central-a:3130`).
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+}
+
+impl Hop {
+    /// Parses `https://HOST:PORT` (an IPv6 host in brackets; the port defaults to 443).
+    pub fn parse(url: &str) -> Result<Hop, UpstreamUrlError> {
+        let rest = url
+            .strip_prefix("https://")
+            .ok_or_else(|| UpstreamUrlError::NotHttps(url.to_owned()))?;
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        if rest.contains(['/', '@', '?', '#']) {
+            return Err(UpstreamUrlError::Bad(
+                url.to_owned(),
+                "only a host and a port".into(),
+            ));
+        }
+        let with_port = if rest.starts_with('[') {
+            rest.contains("]:")
+        } else {
+            rest.contains(':')
+        };
+        let authority = if with_port {
+            rest.to_owned()
+        } else {
+            format!("{rest}:443")
+        };
+        let target = sandgate_policy::target::parse_connect_target(&authority)
+            .map_err(|e| UpstreamUrlError::Bad(url.to_owned(), e.to_string()))?;
+        Ok(Hop {
+            name: target.to_string(),
+            host: match &target.host {
+                sandgate_policy::Host::Ip(ip) => ip.to_string(),
+                sandgate_policy::Host::Name(n) => n.as_str().to_owned(),
+            },
+            port: target.port,
+        })
+    }
+}
+
+/// The connection to one central, with its back-off.
+#[derive(Debug, Default)]
+struct HopState {
+    /// The kept connection and the address it went to.
+    conn: Option<(SendRequest<Empty<Bytes>>, SocketAddr)>,
+    /// Not tried again before this (after a failure).
+    down_until: Option<Instant>,
+    backoff: Duration,
+}
+
+/// The central proxies of a node-local proxy.
+#[derive(Debug)]
+pub struct Centrals {
+    hops: Vec<(Hop, Mutex<HopState>)>,
+    tls: Reloadable<rustls::ClientConfig, ClientFiles>,
+    /// A TLS connection per tunnel with HTTP/1.1 CONNECT, instead of HTTP/2 streams.
+    http1: bool,
+}
+
+/// Why one central could not carry a request.
+enum HopError {
+    /// Unreachable, or the connection broke: try the next.
+    Unavailable(String),
+    /// It answered with this status: the request's answer.
+    Refused(u16),
+}
+
+impl Centrals {
+    /// Reads the TLS files; connections are made when first needed.
+    pub fn new(hops: Vec<Hop>, files: ClientFiles) -> Result<Centrals, TlsError> {
+        let http1 = files.http1;
+        Ok(Centrals {
+            http1,
+            hops: hops
+                .into_iter()
+                .map(|h| (h, Mutex::new(HopState::default())))
+                .collect(),
+            tls: Reloadable::new(files)?,
+        })
+    }
+
+    /// Reads the TLS files again: new connections use them, open ones carry on.
+    pub fn reload_tls(&self) -> Result<(), TlsError> {
+        self.tls.reload()
+    }
+
+    /// The first central's name, for messages.
+    pub fn first(&self) -> Option<&Hop> {
+        self.hops.first().map(|(h, _)| h)
+    }
+
+    /// Opens a stream to `target` on a central, attributed to `identity`; returns the core's
+    /// end of it and the central's address.
+    pub(super) async fn open(
+        &self,
+        dialer: &super::Dialer,
+        target: &Target,
+        access: Access,
+        identity: &Identity,
+        timeout: Duration,
+    ) -> Result<(TcpStream, SocketAddr), DialError> {
+        let request = || connect_request(target, access, identity);
+        let mut last = String::from("no central proxy configured");
+        for (hop, state) in &self.hops {
+            let attempt = if self.http1 {
+                self.tunnel_http1(dialer, hop, state, request, timeout).await
+            } else {
+                match self.sender(dialer, hop, state).await {
+                    Ok(Some((sender, addr))) => exchange(sender, request, timeout)
+                        .await
+                        .map(|core| Some((core, addr))),
+                    Ok(None) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            };
+            match attempt {
+                Ok(Some(opened)) => return Ok(opened),
+                Ok(None) => last = format!("{}: unreachable, retried after a back-off", hop.name),
+                Err(HopError::Refused(status)) => return Err(DialError::UpstreamRefused(status)),
+                Err(HopError::Unavailable(why)) => {
+                    tracing::warn!(central = %hop.name, error = %why, "central proxy unavailable; trying the next");
+                    let mut state = state.lock().await;
+                    state.conn = None;
+                    state.backoff = (state.backoff * 2).clamp(BACKOFF_FIRST, BACKOFF_MAX);
+                    state.down_until = Some(Instant::now() + state.backoff);
+                    last = format!("{}: {why}", hop.name);
+                }
+            }
+        }
+        Err(DialError::CentralUnavailable(last))
+    }
+
+    /// The hop's connection, made now if there is none or it closed; `None` while the hop
+    /// is backing off. The lock is held only while connecting, so one connection is made
+    /// and streams are opened on it concurrently.
+    async fn sender(
+        &self,
+        dialer: &super::Dialer,
+        hop: &Hop,
+        state: &Mutex<HopState>,
+    ) -> Result<Option<(SendRequest<Empty<Bytes>>, SocketAddr)>, HopError> {
+        let mut state = state.lock().await;
+        if let Some((c, addr)) = &state.conn
+            && !c.is_closed()
+        {
+            return Ok(Some((c.clone(), *addr)));
+        }
+        if state.down_until.is_some_and(|at| Instant::now() < at) {
+            return Ok(None);
+        }
+        let (tls, addr) = self.tls_connect(dialer, hop).await?;
+        let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+        builder
+            .timer(TokioTimer::new())
+            .initial_stream_window_size(serve::STREAM_WINDOW)
+            .initial_connection_window_size(serve::CONNECTION_WINDOW)
+            .max_frame_size(serve::MAX_FRAME)
+            .keep_alive_interval(Some(serve::KEEPALIVE))
+            .keep_alive_timeout(serve::KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
+        let (sender, connection) = builder
+            .handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| HopError::Unavailable(format!("HTTP/2: {e}")))?;
+        let name = hop.name.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::warn!(central = %name, error = %e, "connection to the central proxy ended");
+            }
+        });
+        state.conn = Some((sender.clone(), addr));
+        state.backoff = Duration::ZERO;
+        state.down_until = None;
+        Ok(Some((sender, addr)))
+    }
+
+    /// `--upstream-transport http1`: a new mutual-TLS connection for this one tunnel, with
+    /// an HTTP/1.1 CONNECT on it (what multiplexing saves, for comparison).
+    async fn tunnel_http1(
+        &self,
+        dialer: &super::Dialer,
+        hop: &Hop,
+        state: &Mutex<HopState>,
+        request: impl FnOnce() -> Result<hyper::Request<Empty<Bytes>>, HopError>,
+        timeout: Duration,
+    ) -> Result<Option<(TcpStream, SocketAddr)>, HopError> {
+        if state
+            .lock()
+            .await
+            .down_until
+            .is_some_and(|at| Instant::now() < at)
+        {
+            return Ok(None);
+        }
+        let (tls, addr) = self.tls_connect(dialer, hop).await?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .map_err(|e| HopError::Unavailable(format!("HTTP/1.1: {e}")))?;
+        tokio::spawn(connection.with_upgrades());
+        let core = exchange(sender, request, timeout).await?;
+        Ok(Some((core, addr)))
+    }
+
+    /// A TCP connection to `hop` and the mutual-TLS handshake on it.
+    async fn tls_connect(
+        &self,
+        dialer: &super::Dialer,
+        hop: &Hop,
+    ) -> Result<(tokio_rustls::client::TlsStream<TcpStream>, SocketAddr), HopError> {
+        let addr = dialer
+            .central_addr(hop)
+            .await
+            .map_err(|e| HopError::Unavailable(e.to_string()))?;
+        let tcp = dialer
+            .connect_central(addr)
+            .await
+            .map_err(|e| HopError::Unavailable(e.to_string()))?;
+        let server_name = ServerName::try_from(hop.host.clone())
+            .map_err(|e| HopError::Unavailable(format!("{}: {e}", hop.host)))?;
+        let connector = tokio_rustls::TlsConnector::from(self.tls.get());
+        let tls = tokio::time::timeout(dialer.connect_timeout, connector.connect(server_name, tcp))
+            .await
+            .map_err(|_| HopError::Unavailable("TLS handshake timed out".into()))?
+            .map_err(|e| HopError::Unavailable(format!("TLS: {e}")))?;
+        Ok((tls, addr))
+    }
+}
+
+/// The CONNECT request for `target` with the request's attribution.
+fn connect_request(
+    target: &Target,
+    access: Access,
+    identity: &Identity,
+) -> Result<hyper::Request<Empty<Bytes>>, HopError> {
+    let authority = target.to_string();
+    let mut request =
+        hyper::Request::connect(authority.as_str()).header(hyper::header::HOST, authority.as_str());
+    for (k, v) in attribution::fields(identity) {
+        request = request.header(k, v);
+    }
+    if access == Access::Http {
+        request = request.header(ACCESS_FIELD, "http");
+    }
+    request
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| HopError::Unavailable(e.to_string()))
+}
+
+/// Either transport's request sender.
+trait Sender {
+    async fn send(
+        &mut self,
+        request: hyper::Request<Empty<Bytes>>,
+    ) -> hyper::Result<hyper::Response<hyper::body::Incoming>>;
+}
+
+impl Sender for SendRequest<Empty<Bytes>> {
+    async fn send(
+        &mut self,
+        request: hyper::Request<Empty<Bytes>>,
+    ) -> hyper::Result<hyper::Response<hyper::body::Incoming>> {
+        self.ready().await?;
+        self.send_request(request).await
+    }
+}
+
+impl Sender for hyper::client::conn::http1::SendRequest<Empty<Bytes>> {
+    async fn send(
+        &mut self,
+        request: hyper::Request<Empty<Bytes>>,
+    ) -> hyper::Result<hyper::Response<hyper::body::Incoming>> {
+        self.ready().await?;
+        self.send_request(request).await
+    }
+}
+
+/// Sends the CONNECT, and on a 2xx bridges the stream: the core's end.
+async fn exchange(
+    mut sender: impl Sender,
+    request: impl FnOnce() -> Result<hyper::Request<Empty<Bytes>>, HopError>,
+    timeout: Duration,
+) -> Result<TcpStream, HopError> {
+    let request = request()?;
+    let response = match tokio::time::timeout(timeout, sender.send(request)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(HopError::Unavailable(e.to_string())),
+        Err(_) => return Err(HopError::Unavailable("no answer in time".into())),
+    };
+    if !response.status().is_success() {
+        return Err(HopError::Refused(response.status().as_u16()));
+    }
+    let upgraded = hyper::upgrade::on(response)
+        .await
+        .map_err(|e| HopError::Unavailable(e.to_string()))?;
+    let (core, pump) = bridge::pair().map_err(|e| HopError::Unavailable(e.to_string()))?;
+    tokio::spawn(bridge::pump(upgraded, pump));
+    Ok(core)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_urls() {
+        let h = Hop::parse("https://central.example:3130").unwrap();
+        assert_eq!((h.host.as_str(), h.port), ("central.example", 3130));
+        assert_eq!(Hop::parse("https://10.0.0.1/").unwrap().port, 443);
+        assert_eq!(Hop::parse("https://[::1]:9").unwrap().host, "::1");
+        assert!(matches!(
+            Hop::parse("http://c:1"),
+            Err(UpstreamUrlError::NotHttps(_))
+        ));
+        assert!(Hop::parse("https://c:1/path").is_err());
+        assert!(Hop::parse("https://u@c:1").is_err());
+        assert!(Hop::parse("https://c:99999").is_err());
+    }
+}

@@ -1,0 +1,66 @@
+//! The node-to-central transport (docs/central.md): node-local proxies forward to central
+//! ones over mutual TLS, each tunnel or request one HTTP/2 stream (RFC 9113 section 8.5
+//! CONNECT) on one connection per node and central. This module is the central's front end
+//! (`serve.rs`: a `role: node` listener: the TLS handshake requires a client certificate,
+//! the node is known by its certificate's names in `spec.nodes`, each stream's attribution
+//! is checked against the node's entry, then the stream is a request like any other for the
+//! egress core), with the TLS files (`tls.rs`), the attribution fields (`attribution.rs`)
+//! and the bridge between a stream and the core's sockets (`bridge.rs`). The node's side,
+//! which dials out, is `dial/central.rs`.
+
+pub mod attribution;
+pub(crate) mod bridge;
+pub(crate) mod serve;
+pub mod tls;
+
+use std::sync::{Arc, RwLock};
+
+use sandgate_policy::Nodes;
+
+pub use tls::{ClientFiles, ServerFiles, TlsError};
+
+/// Field naming whether a stream carries plain HTTP (`http`) rather than a tunnel: the
+/// central then decides it as an HTTP request (the bytes are relayed all the same).
+pub const ACCESS_FIELD: &str = "sandgate-access";
+
+/// A central proxy's node listener: its TLS (reloadable) and the nodes it serves.
+#[derive(Debug)]
+pub struct NodeListener {
+    pub tls: tls::Reloadable<rustls::ServerConfig, ServerFiles>,
+    nodes: RwLock<Arc<Nodes>>,
+}
+
+impl NodeListener {
+    /// Reads the TLS files.
+    pub fn new(files: ServerFiles, nodes: Nodes) -> Result<NodeListener, TlsError> {
+        Ok(NodeListener {
+            tls: tls::Reloadable::new(files)?,
+            nodes: RwLock::new(Arc::new(nodes)),
+        })
+    }
+
+    /// The nodes served now.
+    pub fn nodes(&self) -> Arc<Nodes> {
+        match self.nodes.read() {
+            Ok(n) => n.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Replaces the nodes (a policy reload); connections already up keep their node's
+    /// entry until they end.
+    pub fn set_nodes(&self, nodes: Nodes) {
+        match self.nodes.write() {
+            Ok(mut n) => *n = Arc::new(nodes),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(nodes),
+        }
+    }
+}
+
+impl PartialEq for NodeListener {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Eq for NodeListener {}

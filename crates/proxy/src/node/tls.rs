@@ -1,0 +1,194 @@
+//! The TLS of the node-to-central transport: PEM files into rustls configurations (a central
+//! listener that requires client certificates from one CA; a node's client that trusts one
+//! CA and presents its own certificate), both offering only HTTP/2, and a node's names read
+//! from its certificate.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+
+/// Why TLS files could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{}: {reason}", path.display())]
+    File { path: PathBuf, reason: String },
+    #[error("TLS configuration: {0}")]
+    Config(String),
+}
+
+fn file_error(path: &Path, reason: impl ToString) -> TlsError {
+    TlsError::File {
+        path: path.to_owned(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Every certificate in a PEM file (at least one).
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| file_error(path, e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| file_error(path, e))?;
+    if certs.is_empty() {
+        return Err(file_error(path, "no PEM certificate in the file"));
+    }
+    Ok(certs)
+}
+
+/// The private key in a PEM file (PKCS#8, PKCS#1 or SEC1).
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| file_error(path, format!("no usable private key: {e}")))
+}
+
+fn roots(path: &Path) -> Result<rustls::RootCertStore, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in load_certs(path)? {
+        roots
+            .add(cert)
+            .map_err(|e| file_error(path, format!("not a CA certificate: {e}")))?;
+    }
+    Ok(roots)
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// ALPN identifiers: HTTP/2 (the transport), HTTP/1.1 (one tunnel per connection, for
+/// comparison).
+const H2: &[u8] = b"h2";
+const HTTP1: &[u8] = b"http/1.1";
+
+/// The files of a central's node listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: PathBuf,
+}
+
+impl ServerFiles {
+    /// A server configuration that requires a client certificate chaining to `client_ca`
+    /// (unexpired; webpki checks the validity period against the clock).
+    pub fn load(&self) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots(&self.client_ca)?), provider())
+                .build()
+                .map_err(|e| TlsError::Config(format!("{}: {e}", self.client_ca.display())))?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Config(e.to_string()))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(load_certs(&self.cert)?, load_key(&self.key)?)
+            .map_err(|e| file_error(&self.key, format!("does not match {}: {e}", self.cert.display())))?;
+        config.alpn_protocols = vec![H2.to_vec(), HTTP1.to_vec()];
+        Ok(Arc::new(config))
+    }
+}
+
+/// The files of a node's client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientFiles {
+    /// The CA the central proxies' certificates chain to.
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Offer HTTP/1.1 instead of HTTP/2 (a TLS connection per tunnel, for comparison).
+    pub http1: bool,
+}
+
+impl ClientFiles {
+    /// A client configuration presenting the node's certificate, trusting only `ca`.
+    pub fn load(&self) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+        let mut config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Config(e.to_string()))?
+            .with_root_certificates(roots(&self.ca)?)
+            .with_client_auth_cert(load_certs(&self.cert)?, load_key(&self.key)?)
+            .map_err(|e| file_error(&self.key, format!("does not match {}: {e}", self.cert.display())))?;
+        config.alpn_protocols = vec![if self.http1 { HTTP1 } else { H2 }.to_vec()];
+        Ok(Arc::new(config))
+    }
+}
+
+/// A configuration that is swapped whole when its files are read again (SIGHUP): new
+/// connections use the new one; established connections keep theirs.
+#[derive(Debug)]
+pub struct Reloadable<C, F> {
+    files: F,
+    current: RwLock<Arc<C>>,
+}
+
+/// Loads a configuration from its files.
+pub trait Load<C> {
+    fn load_config(&self) -> Result<Arc<C>, TlsError>;
+}
+
+impl Load<rustls::ServerConfig> for ServerFiles {
+    fn load_config(&self) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+        self.load()
+    }
+}
+
+impl Load<rustls::ClientConfig> for ClientFiles {
+    fn load_config(&self) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+        self.load()
+    }
+}
+
+impl<C, F: Load<C>> Reloadable<C, F> {
+    pub fn new(files: F) -> Result<Reloadable<C, F>, TlsError> {
+        let current = RwLock::new(files.load_config()?);
+        Ok(Reloadable { files, current })
+    }
+
+    /// The configuration in force.
+    pub fn get(&self) -> Arc<C> {
+        match self.current.read() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Reads the files again; on an error the configuration in force stays.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let fresh = self.files.load_config()?;
+        match self.current.write() {
+            Ok(mut c) => *c = fresh,
+            Err(poisoned) => *poisoned.into_inner() = fresh,
+        }
+        Ok(())
+    }
+}
+
+/// The names a certificate carries: its DNS and IP subject alternative names, lower case
+/// (a node is known by one of them). Empty when the certificate cannot be parsed.
+pub fn cert_names(cert: &CertificateDer<'_>) -> Vec<String> {
+    use x509_parser::extensions::GeneralName;
+    let Ok((_, parsed)) = x509_parser::parse_x509_certificate(cert.as_ref()) else {
+        return Vec::new();
+    };
+    let Ok(Some(san)) = parsed.subject_alternative_name() else {
+        return Vec::new();
+    };
+    san.value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::DNSName(d) => Some(d.to_ascii_lowercase()),
+            GeneralName::IPAddress(b) => match b.len() {
+                4 => <[u8; 4]>::try_from(*b)
+                    .ok()
+                    .map(|a| std::net::IpAddr::from(a).to_string()),
+                16 => <[u8; 16]>::try_from(*b)
+                    .ok()
+                    .map(|a| std::net::IpAddr::from(a).to_string()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}

@@ -1,0 +1,215 @@
+//! Fixtures of the central-mode tests: certificates made with `sandgate pki`, central
+//! proxies with a `role: node` listener, node-local proxies with `--upstream https://`.
+
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    reason = "test fixtures: a failed setup is a failed test"
+)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::common::{ProxyProcess, sandgate_bin};
+
+/// A CA and certificates in a temporary directory (world-readable, so a proxy run as
+/// `nobody` can read them).
+pub struct Pki {
+    pub dir: tempfile::TempDir,
+}
+
+pub fn pki(args: &[&str], dir: &Path) -> (i32, String, String) {
+    let out = Command::new(sandgate_bin())
+        .arg("pki")
+        .args(args)
+        .arg("--dir")
+        .arg(dir)
+        .output()
+        .expect("run sandgate pki");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+impl Pki {
+    /// A CA, a central certificate for 127.0.0.1 and a node certificate for `node-a`.
+    pub fn new() -> Pki {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        for args in [
+            &["init"][..],
+            &["issue", "--central", "127.0.0.1"],
+            &["issue", "--node", "node-a"],
+        ] {
+            let (code, _, err) = pki(args, d);
+            assert_eq!(code, 0, "pki {args:?}: {err}");
+        }
+        let pki = Pki { dir };
+        pki.open_up();
+        pki
+    }
+
+    /// Makes every file readable by anyone (tests run proxies as nobody too).
+    pub fn open_up(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        for e in std::fs::read_dir(self.dir.path()).unwrap() {
+            let p = e.unwrap().path();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Issues a node certificate (`extra`: more `pki issue` flags).
+    pub fn node(&self, name: &str, extra: &[&str]) -> NodeCert {
+        let mut args = vec!["issue", "--node", name, "--force"];
+        args.extend_from_slice(extra);
+        let (code, _, err) = pki(&args, self.dir.path());
+        assert_eq!(code, 0, "pki {args:?}: {err}");
+        self.open_up();
+        NodeCert {
+            cert: self.path(&format!("node-{name}.pem")),
+            key: self.path(&format!("node-{name}.key")),
+            ca: self.path("ca.pem"),
+        }
+    }
+}
+
+/// A node's TLS files.
+#[derive(Clone)]
+pub struct NodeCert {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The CA the central's certificate chains to.
+    pub ca: PathBuf,
+}
+
+/// A central proxy: the process, its node listener, its plain listener.
+pub struct Central {
+    pub proxy: ProxyProcess,
+    pub node_addr: SocketAddr,
+    /// Its policy file (rewrite it and send SIGHUP to reload).
+    pub policy: PathBuf,
+}
+
+/// The address of the listener logged with `role=ROLE`.
+pub fn listener_with_role(p: &ProxyProcess, role: &str) -> SocketAddr {
+    let line = p
+        .log_line(&format!("role={role}"))
+        .unwrap_or_else(|| panic!("no {role} listener"));
+    line.split("addr=")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// Starts a central proxy whose policy `spec` body (YAML under `spec:`, two-space indented)
+/// is completed with a `role: node` listener on the pki's central certificate.
+pub fn central(pki: &Pki, dns: SocketAddr, spec: &str, extra: &[&str]) -> Central {
+    let policy = pki.path(&format!("central-{}.yaml", rand_suffix()));
+    let text = format!(
+        "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: central }}\nspec:\n{spec}  listeners:\n    - listen: 127.0.0.1:0\n      role: node\n      tls: {{ cert: central-127.0.0.1.pem, key: central-127.0.0.1.key, client_ca: ca.pem }}\n"
+    );
+    std::fs::write(&policy, text).unwrap();
+    let dns = dns.to_string();
+    let mut args = vec![
+        "--policy",
+        policy.to_str().unwrap(),
+        "--dns-server",
+        &dns,
+        "--allow-range",
+        "127.0.0.0/8",
+    ];
+    args.extend_from_slice(extra);
+    let proxy = ProxyProcess::start(&args);
+    let node_addr = listener_with_role(&proxy, "node");
+    Central {
+        proxy,
+        node_addr,
+        policy,
+    }
+}
+
+fn rand_suffix() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!("{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// The `--upstream` flags for `centrals` with `cert`.
+pub fn upstream_args(cert: &NodeCert, centrals: &[SocketAddr]) -> Vec<String> {
+    let mut args = Vec::new();
+    for c in centrals {
+        args.push("--upstream".to_owned());
+        args.push(format!("https://{c}"));
+    }
+    for (flag, path) in [
+        ("--upstream-ca", &cert.ca),
+        ("--client-cert", &cert.cert),
+        ("--client-key", &cert.key),
+    ] {
+        args.push(flag.to_owned());
+        args.push(path.to_str().unwrap().to_owned());
+    }
+    args
+}
+
+/// A node-local proxy: its own allowlist `allow` (flags), forwarding to `centrals`; its
+/// listener's identity from a policy file when `identity` (task, project) is given. It has
+/// no nameserver that answers: it must never need one.
+pub fn node(
+    cert: &NodeCert,
+    centrals: &[SocketAddr],
+    allow: &[&str],
+    identity: Option<(&str, &str)>,
+) -> Node {
+    let mut args = upstream_args(cert, centrals);
+    args.extend(["--dns-server".to_owned(), "127.0.0.1:9".to_owned()]);
+    for a in allow {
+        args.extend(["--allow".to_owned(), (*a).to_owned()]);
+    }
+    let policy_dir = tempfile::tempdir().unwrap();
+    if let Some((task, project)) = identity {
+        let p = policy_dir.path().join("node.yaml");
+        std::fs::write(
+            &p,
+            format!("apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: node }}\nspec:\n  listeners:\n    - listen: 127.0.0.1:0\n      task: {task}\n      project: {project}\n"),
+        )
+        .unwrap();
+        args.extend(["--policy".to_owned(), p.to_str().unwrap().to_owned()]);
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let proxy = ProxyProcess::start(&refs);
+    // The second listener (the policy's) carries the identity; the first is --listen's.
+    let addr = if identity.is_some() {
+        let all = proxy.listening(2);
+        *all.get(1).expect("the policy's listener")
+    } else {
+        proxy.addr
+    };
+    Node {
+        proxy,
+        addr,
+        _dir: policy_dir,
+    }
+}
+
+/// A running node-local proxy and the address of its attributed listener.
+pub struct Node {
+    pub proxy: ProxyProcess,
+    pub addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}

@@ -1,0 +1,770 @@
+//! The node-to-central transport, end to end with real processes: `sandgate pki` makes the
+//! certificates, a central proxy serves a `role: node` listener, node-local proxies forward
+//! to it with `--upstream https://`, and curl is the client. What a node claims is checked
+//! against `spec.nodes`; what a node cannot prove is refused and on record.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::disallowed_methods,
+    reason = "integration tests: a failed setup step should fail loudly, and tests connect to their own loopback fixtures"
+)]
+
+mod central;
+mod common;
+mod sandbox_support;
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use central::{Pki, central, node};
+use common::world::{World, events_of};
+use common::{curl, read_audit};
+use sandgate_testkit::dns::Zone;
+use serde_json::Value;
+
+/// Central spec: `ok.test` allowed for project p1's tasks; the node `node-a` vouches for p1.
+fn spec(origin_port: u16) -> String {
+    format!(
+        "  network:\n    allowlist:\n      - host: ok.test\n        ports: [{origin_port}]\n  nodes:\n    - name: node-a\n      projects: [p1]\n"
+    )
+}
+
+fn wait_for(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cond()
+}
+
+/// Events of `path` matching `pred`, waiting (bounded) for at least `n`.
+fn events_where(path: &std::path::Path, n: usize, pred: impl Fn(&Value) -> bool) -> Vec<Value> {
+    let mut found = Vec::new();
+    wait_for(5, || {
+        found = read_audit(path).into_iter().filter(|e| pred(e)).collect();
+        found.len() >= n
+    });
+    found
+}
+
+#[test]
+fn a_node_forwards_each_request_as_a_stream_and_the_central_decides_and_attributes() {
+    let w = World::new();
+    let origin = w.origin();
+    let dns = w.dns(
+        Zone::new()
+            .with("ok.test", &["127.0.0.1"])
+            .with("no.test", &["127.0.0.1"]),
+    );
+    let pki = Pki::new();
+    let c = central(&pki, dns.addr(), &spec(origin.port()), &[]);
+    let cert = pki.node("node-a", &[]);
+    // The node allows both names locally: the central's policy is what refuses no.test.
+    let (ok_p, no_p) = (
+        format!("ok.test:{}", origin.port()),
+        format!("no.test:{}", origin.port()),
+    );
+    let n = node(&cert, &[c.node_addr], &[&ok_p, &no_p], Some(("t1", "p1")));
+    let proxy = format!("http://{}", n.addr);
+    let ok = format!("http://ok.test:{}/hello", origin.port());
+    let no = format!("http://no.test:{}/", origin.port());
+
+    // Plain HTTP and a CONNECT tunnel, both allowed; a forged attribution field from the
+    // client is not forwarded.
+    let (code, body, _) = curl(&proxy, &["-sS", "-H", "sandgate-task: forged", &ok]);
+    assert_eq!(code, 0);
+    assert!(
+        body.contains("/hello") && !body.to_ascii_lowercase().contains("sandgate-task"),
+        "{body}"
+    );
+    let (code, out, _) = curl(
+        &proxy,
+        &["-sS", "-p", "-o", "/dev/null", "-w", "%{http_code}", &ok],
+    );
+    assert_eq!((code, out.as_str()), (0, "200"));
+    // Denied by the central: the client sees 403 from the node.
+    let (_, out, _) = curl(&proxy, &["-sS", "-o", "/dev/null", "-w", "%{http_code}", &no]);
+    assert_eq!(out, "403");
+    let (_, out, _) = curl(
+        &proxy,
+        &["-sS", "-p", "-o", "/dev/null", "-w", "%{http_code}", &no],
+    );
+    assert_eq!(out, "000", "a refused CONNECT is not a tunnel");
+
+    let central_events = events_where(&c.proxy.audit_path, 4, |e| e["event"] == "decision");
+    assert_eq!(central_events.len(), 4, "{central_events:#?}");
+    for e in &central_events {
+        assert_eq!(e["node"], "node-a", "{e}");
+        assert_eq!(
+            (e["task_id"].as_str(), e["project_id"].as_str()),
+            (Some("t1"), Some("p1")),
+            "{e}"
+        );
+    }
+    let allowed: Vec<_> = central_events
+        .iter()
+        .filter(|e| e["decision"] == "allow")
+        .collect();
+    let denied: Vec<_> = central_events
+        .iter()
+        .filter(|e| e["decision"] == "deny")
+        .collect();
+    assert_eq!((allowed.len(), denied.len()), (2, 2));
+    assert!(
+        denied
+            .iter()
+            .all(|e| e["destination_host"] == "no.test" && e["reason_code"] == "not_allowlisted")
+    );
+    assert_eq!(allowed[0]["scheme"], "http", "plain HTTP is decided as HTTP");
+    assert_eq!(allowed[1]["scheme"], "connect");
+    // Many requests, one connection: every stream came from the same node socket.
+    let peers: std::collections::BTreeSet<&str> = central_events
+        .iter()
+        .filter_map(|e| e["client_addr"].as_str())
+        .collect();
+    assert_eq!(
+        peers.len(),
+        1,
+        "one mutual-TLS connection per node and central: {peers:?}"
+    );
+    // The node resolved nothing itself: its nameserver does not exist, and the close
+    // events name the central as the address connected to.
+    let node_events = read_audit(&n.proxy.audit_path);
+    let closes = events_of(&node_events, "close");
+    assert!(
+        closes
+            .iter()
+            .any(|e| e["resolved_ip"] == "127.0.0.1" && e["outcome"] == "ok"),
+        "{node_events:#?}"
+    );
+    let refused = closes
+        .iter()
+        .find(|e| e["destination_host"] == "no.test")
+        .expect("a close for the refusal");
+    assert_eq!(
+        refused["outcome"], "upstream_failure:upstream_denied",
+        "{refused}"
+    );
+}
+
+/// The attacker is a node (or something on the network pretending to be one): no
+/// certificate, a certificate from another CA, an expired one, a name not listed, a task it
+/// may not vouch for. Each is refused, and each is on record at the central.
+#[test]
+fn a_node_that_cannot_prove_itself_or_overclaims_is_refused_and_audited() {
+    let w = World::new();
+    let origin = w.origin();
+    let dns = w.dns(Zone::new().with("ok.test", &["127.0.0.1"]));
+    let pki = Pki::new();
+    let c = central(&pki, dns.addr(), &spec(origin.port()), &[]);
+    let url = format!("http://ok.test:{}/", origin.port());
+    let ok_p = format!("ok.test:{}", origin.port());
+    let status = |n: &central::Node, flags: &[&str]| -> String {
+        let mut args = vec!["-sS", "-o", "/dev/null", "-w", "%{http_code}"];
+        args.extend_from_slice(flags);
+        args.push(&url);
+        curl(&format!("http://{}", n.addr), &args).1
+    };
+
+    // No client certificate at all: curl speaking TLS to the node listener.
+    let (_, _, err) = curl(
+        "",
+        &[
+            "-sS",
+            "--cacert",
+            pki.path("ca.pem").to_str().unwrap(),
+            &format!("https://{}/", c.node_addr),
+        ],
+    );
+    assert!(
+        !err.is_empty(),
+        "a client without a certificate must not get through"
+    );
+
+    // Another CA's certificate with the same name.
+    let other = Pki::new();
+    let foreign = other.node("node-a", &[]);
+    let foreign = central::NodeCert {
+        ca: pki.path("ca.pem"),
+        ..foreign
+    };
+    let n = node(&foreign, &[c.node_addr], &[&ok_p], Some(("t1", "p1")));
+    let s = status(&n, &[]);
+    assert_eq!(s, "502", "a node the central does not trust gets no stream");
+    assert!(n.proxy.log_line("central proxy unavailable").is_some());
+    drop(n);
+
+    // Expired.
+    let expired = pki.node("node-a", &["--not-after", "2020-01-01"]);
+    let n = node(&expired, &[c.node_addr], &[&ok_p], Some(("t1", "p1")));
+    assert_eq!(status(&n, &[]), "502");
+    drop(n);
+
+    // Valid, but not listed in spec.nodes.
+    let stranger = pki.node("node-b", &[]);
+    let n = node(&stranger, &[c.node_addr], &[&ok_p], Some(("t1", "p1")));
+    assert_eq!(status(&n, &[]), "502");
+    drop(n);
+
+    // Listed, claiming a project it may not vouch for.
+    let good = pki.node("node-a", &[]);
+    let n = node(&good, &[c.node_addr], &[&ok_p], Some(("t9", "p9")));
+    assert_eq!(status(&n, &[]), "403");
+    assert_eq!(status(&n, &["-p"]), "000");
+
+    let refused = events_where(&c.proxy.audit_path, 6, |e| e["decision"] == "deny");
+    let codes: Vec<&str> = refused.iter().filter_map(|e| e["reason_code"].as_str()).collect();
+    let count = |code: &str| codes.iter().filter(|c| **c == code).count();
+    // No certificate, another CA, expired: each a failed handshake.
+    assert!(count("node_tls_refused") >= 3, "{refused:#?}");
+    let details: Vec<&str> = refused.iter().filter_map(|e| e["detail"].as_str()).collect();
+    assert!(
+        details
+            .iter()
+            .any(|d| d.contains("Expired") || d.contains("expired")),
+        "{details:?}"
+    );
+    assert!(count("node_unknown") >= 1, "{refused:#?}");
+    let overclaims: Vec<_> = refused
+        .iter()
+        .filter(|e| e["reason_code"] == "node_not_vouched")
+        .collect();
+    assert_eq!(overclaims.len(), 2, "{refused:#?}");
+    for e in overclaims {
+        assert_eq!(
+            (
+                e["node"].as_str(),
+                e["task_id"].as_str(),
+                e["project_id"].as_str()
+            ),
+            (Some("node-a"), Some("t9"), Some("p9"))
+        );
+    }
+    // Nothing reached the origin for any of them.
+    assert!(
+        read_audit(&c.proxy.audit_path)
+            .iter()
+            .all(|e| e["decision"] != "allow")
+    );
+}
+
+/// A client of the central's ordinary listener sends the attribution fields itself: they
+/// mean nothing there (the request is the listener's), and they are not passed on.
+#[test]
+fn attribution_fields_count_only_from_a_node_on_a_node_listener() {
+    let w = World::new();
+    let origin = w.origin();
+    let dns = w.dns(Zone::new().with("ok.test", &["127.0.0.1"]));
+    let pki = Pki::new();
+    let c = central(&pki, dns.addr(), &spec(origin.port()), &[]);
+    let url = format!("http://ok.test:{}/", origin.port());
+    let (code, body, _) = curl(
+        &c.proxy.url(),
+        &[
+            "-sS",
+            "-H",
+            "sandgate-task: t1",
+            "-H",
+            "sandgate-project: p1",
+            &url,
+        ],
+    );
+    assert_eq!(code, 0);
+    assert!(!body.to_ascii_lowercase().contains("sandgate-"), "{body}");
+    let decisions = events_where(&c.proxy.audit_path, 1, |e| e["event"] == "decision");
+    assert_eq!(decisions[0]["task_id"], Value::Null);
+    assert_eq!(decisions[0]["node"], Value::Null);
+}
+
+/// Two central proxies: the node uses the first; killed mid-tunnel, it ends only that
+/// tunnel, and the next request goes to the second. With both gone: 502 naming the hop,
+/// and never a direct connection.
+#[test]
+fn a_node_fails_over_to_the_next_central_and_never_goes_direct() {
+    let w = World::new();
+    let echo = w.echo();
+    let origin = w.origin();
+    let dns = w.dns(
+        Zone::new()
+            .with("ok.test", &["127.0.0.1"])
+            .with("echo.test", &["127.0.0.1"]),
+    );
+    let pki = Pki::new();
+    let body = format!(
+        "  network:\n    allowlist:\n      - host: ok.test\n        ports: [{}]\n      - host: echo.test\n        ports: [{}]\n    tunnels: {{ tls_only: false }}\n  nodes:\n    - name: node-a\n      projects: [p1]\n",
+        origin.port(),
+        echo.addr().port()
+    );
+    let mut a = central(&pki, dns.addr(), &body, &[]);
+    let b = central(&pki, dns.addr(), &body, &[]);
+    let cert = pki.node("node-a", &[]);
+    let (ok_p, echo_p) = (
+        format!("ok.test:{}", origin.port()),
+        format!("echo.test:{}", echo.addr().port()),
+    );
+    let n = node(
+        &cert,
+        &[a.node_addr, b.node_addr],
+        &[&ok_p, &echo_p],
+        Some(("t1", "p1")),
+    );
+    let url = format!("http://ok.test:{}/", origin.port());
+    let get = || {
+        curl(
+            &format!("http://{}", n.addr),
+            &["-sS", "-o", "/dev/null", "-w", "%{http_code}", &url],
+        )
+        .1
+    };
+    assert_eq!(get(), "200");
+
+    // A tunnel through A, echoing.
+    let mut t = std::net::TcpStream::connect(n.addr).unwrap();
+    t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let target = format!("echo.test:{}", echo.addr().port());
+    t.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut head = [0u8; 256];
+    let n_read = t.read(&mut head).unwrap();
+    assert!(String::from_utf8_lossy(&head[..n_read]).starts_with("HTTP/1.1 200"));
+    t.write_all(b"ping").unwrap();
+    let mut buf = [0u8; 4];
+    t.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"ping");
+    assert_eq!(
+        events_where(&a.proxy.audit_path, 2, |e| e["event"] == "decision").len(),
+        2
+    );
+
+    // A dies: its tunnel ends (EOF or reset, promptly), and the next request goes to B.
+    let _ = a.proxy.child.kill();
+    let _ = a.proxy.child.wait();
+    let mut rest = Vec::new();
+    let started = Instant::now();
+    if let Err(e) = t.read_to_end(&mut rest) {
+        let timed_out = matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        );
+        assert!(!timed_out, "the tunnel A carried must end, not hang: {e}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // The client sees the end; once it closes too, the node records the tunnel's close.
+    drop(t);
+    let tunnel_close = events_where(&n.proxy.audit_path, 1, |e| {
+        e["event"] == "close" && e["destination_host"] == "echo.test"
+    });
+    assert_eq!(tunnel_close.len(), 1, "the node records the tunnel's end");
+    assert_eq!(get(), "200", "failed over to B");
+    assert_eq!(
+        events_where(&b.proxy.audit_path, 1, |e| e["decision"] == "allow").len(),
+        1
+    );
+
+    // B dies too: 502, naming the next hop, and the origin sees nothing new.
+    let before = origin.connections();
+    drop(b);
+    let (_, head, _) = curl(&format!("http://{}", n.addr), &["-sS", "-i", &url]);
+    assert!(head.starts_with("HTTP/1.1 502"), "{head}");
+    assert!(
+        head.contains("Proxy-Status: sandgate; error=destination_unavailable"),
+        "{head}"
+    );
+    assert!(head.contains("next hop"), "{head}");
+    assert_eq!(origin.connections(), before, "never a direct connection");
+}
+
+/// One tunnel whose client never reads must not stall another on the same connection:
+/// HTTP/2 flow control holds the slow stream at its own window.
+#[test]
+fn a_slow_tunnel_does_not_stall_the_others_on_the_same_connection() {
+    let w = World::new();
+    let echo = w.echo();
+    let dns = w.dns(Zone::new().with("echo.test", &["127.0.0.1"]));
+    let pki = Pki::new();
+    let body = format!(
+        "  network:\n    allowlist:\n      - host: echo.test\n        ports: [{}]\n    tunnels: {{ tls_only: false }}\n  nodes:\n    - name: node-a\n      projects: [p1]\n",
+        echo.addr().port()
+    );
+    let c = central(&pki, dns.addr(), &body, &[]);
+    let cert = pki.node("node-a", &[]);
+    let n = node(
+        &cert,
+        &[c.node_addr],
+        &[&format!("echo.test:{}", echo.addr().port())],
+        Some(("t1", "p1")),
+    );
+    let target = format!("echo.test:{}", echo.addr().port());
+    let open = || {
+        let mut t = std::net::TcpStream::connect(n.addr).unwrap();
+        t.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        t.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+        t.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            assert_eq!(t.read(&mut byte).unwrap(), 1);
+            head.push(byte[0]);
+        }
+        assert!(head.starts_with(b"HTTP/1.1 200"));
+        t
+    };
+    // The slow one: sends up to 64 MiB (more than every socket buffer on the way holds) that the echo returns, and never reads any of it back.
+    let mut slow = open();
+    let writer = std::thread::spawn(move || {
+        let chunk = vec![b's'; 64 * 1024];
+        let mut sent = 0usize;
+        slow.set_write_timeout(Some(Duration::from_secs(1))).unwrap();
+        while sent < 64 * 1024 * 1024 {
+            match slow.write(&chunk) {
+                Ok(n) => sent += n,
+                Err(_) => break, // backed up all the way: what flow control should do
+            }
+        }
+        (slow, sent)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    // The fast one moves 4 MiB each way meanwhile.
+    let fast = open();
+    let total = 4 * 1024 * 1024;
+    let mut reader = fast.try_clone().unwrap();
+    let started = Instant::now();
+    let reading = std::thread::spawn(move || {
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 64 * 1024];
+        while got < total {
+            match reader.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+        got
+    });
+    let mut fast_w = fast;
+    let chunk = vec![b'f'; 64 * 1024];
+    for _ in 0..total / chunk.len() {
+        fast_w.write_all(&chunk).unwrap();
+    }
+    let got = reading.join().unwrap();
+    assert_eq!(got, total, "the fast tunnel got everything back");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let (_slow, sent) = writer.join().unwrap();
+    assert!(sent > 0);
+}
+
+/// SIGHUP reads the TLS files again: tunnels already open carry on, new connections use
+/// the new files; a broken file leaves the old configuration in force.
+#[test]
+fn sighup_reloads_certificates_without_dropping_tunnels() {
+    let w = World::new();
+    let echo = w.echo();
+    let dns = w.dns(Zone::new().with("echo.test", &["127.0.0.1"]));
+    let pki = Pki::new();
+    let body = format!(
+        "  network:\n    allowlist:\n      - host: echo.test\n        ports: [{}]\n    tunnels: {{ tls_only: false }}\n  nodes:\n    - name: node-a\n      projects: [p1]\n",
+        echo.addr().port()
+    );
+    let c = central(&pki, dns.addr(), &body, &[]);
+    let cert = pki.node("node-a", &[]);
+    let n = node(
+        &cert,
+        &[c.node_addr],
+        &[&format!("echo.test:{}", echo.addr().port())],
+        Some(("t1", "p1")),
+    );
+    let target = format!("echo.test:{}", echo.addr().port());
+    let mut t = std::net::TcpStream::connect(n.addr).unwrap();
+    t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    t.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut head = [0u8; 256];
+    let _ = t.read(&mut head).unwrap();
+
+    let hup = |pid: u32| {
+        std::process::Command::new("kill")
+            .args(["-HUP", &pid.to_string()])
+            .status()
+            .unwrap();
+    };
+    // A new central certificate, then SIGHUP to both.
+    let (code, _, err) = central::pki(&["issue", "--central", "127.0.0.1", "--force"], pki.dir.path());
+    assert_eq!(code, 0, "{err}");
+    pki.open_up();
+    hup(c.proxy.child.id());
+    hup(n.proxy.child.id());
+    assert!(c.proxy.log_line("TLS files reloaded").is_some());
+    assert!(n.proxy.log_line("TLS files reloaded").is_some());
+    t.write_all(b"still").unwrap();
+    let mut buf = [0u8; 5];
+    t.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"still", "the open tunnel carries on");
+
+    // A broken key: the reload is refused and the configuration in force stays.
+    std::fs::write(pki.path("central-127.0.0.1.key"), "not a key").unwrap();
+    hup(c.proxy.child.id());
+    assert!(c.proxy.log_line("TLS files not reloaded").is_some());
+    let fresh = pki.node("node-a", &[]);
+    let n2 = node(
+        &fresh,
+        &[c.node_addr],
+        &[&format!("echo.test:{}", echo.addr().port())],
+        Some(("t1", "p1")),
+    );
+    let mut t2 = std::net::TcpStream::connect(n2.addr).unwrap();
+    t2.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    t2.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .unwrap();
+    let k = t2.read(&mut head).unwrap();
+    assert!(
+        String::from_utf8_lossy(&head[..k]).starts_with("HTTP/1.1 200"),
+        "new connections still served"
+    );
+}
+
+/// `sandgate pki` refuses what it cannot do well: no CA yet, a name that is not one, a file
+/// that exists.
+#[test]
+fn pki_refuses_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, err) = central::pki(&["issue", "--node", "a"], dir.path());
+    assert_eq!(code, 64);
+    assert!(err.contains("pki init"), "{err}");
+    assert_eq!(central::pki(&["init"], dir.path()).0, 0);
+    let (code, _, err) = central::pki(&["init"], dir.path());
+    assert_eq!(code, 64);
+    assert!(err.contains("--force"), "{err}");
+    let (code, _, err) = central::pki(&["issue", "--node", "../../etc/x"], dir.path());
+    assert_eq!(code, 64, "{err}");
+    let (code, _, err) = central::pki(&["issue", "--node", "a", "--not-after", "soon"], dir.path());
+    assert_eq!(code, 64, "{err}");
+    let (code, _, _) = central::pki(
+        &["issue", "--central", "c.example", "--san", "10.0.0.1"],
+        dir.path(),
+    );
+    assert_eq!(code, 0);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir.path().join("ca.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o077, 0, "the CA key is private");
+}
+
+/// `sandgate run` in `proxy` mode with `https://` upstreams: the run's own proxy is a
+/// node-local proxy of two central ones. The command inside (curl) reaches what the
+/// central allows, is refused what it does not, and every request is on record at the
+/// central under the run's task and the node's name; with the first central gone, the
+/// second carries the run.
+#[test]
+fn a_sandboxed_run_is_a_node_of_the_central_proxies() {
+    let w = World::new();
+    let origin = w.origin();
+    let dns = w.dns(
+        Zone::new()
+            .with("ok.test", &["127.0.0.1"])
+            .with("no.test", &["127.0.0.1"]),
+    );
+    let pki = Pki::new();
+    // Runs get fresh task ids, so this node may vouch for any task (and no project).
+    let body = format!(
+        "  network:\n    allowlist:\n      - host: ok.test\n        ports: [{}]\n  nodes:\n    - name: node-a\n      tasks: [\"*\"]\n",
+        origin.port()
+    );
+    let a = central(&pki, dns.addr(), &body, &[]);
+    let b = central(&pki, dns.addr(), &body, &[]);
+    let cert = pki.node("node-a", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let port = origin.port();
+    let policy = sandbox_support::write_policy(
+        dir.path(),
+        &format!(
+            "net:\n  mode: proxy\n  allow_domains: [ \"ok.test:{port}\", \"no.test:{port}\" ]\n  proxy:\n    upstream: [ \"https://{}\", \"https://{}\" ]\n    tls: {{ ca: {}, cert: {}, key: {} }}\n",
+            a.node_addr,
+            b.node_addr,
+            cert.ca.display(),
+            cert.cert.display(),
+            cert.key.display()
+        ),
+    );
+    let script = format!(
+        "curl -sS -o /dev/null -w '%{{http_code}} ' http://ok.test:{port}/; curl -sS -o /dev/null -w '%{{http_code}}' http://no.test:{port}/"
+    );
+    let out = sandbox_support::run(&policy, &[], &["sh", "-c", &script]);
+    let (stdout, stderr) = sandbox_support::text(&out);
+    assert_eq!(stdout, "200 403", "{stderr}");
+    let events = events_where(&a.proxy.audit_path, 2, |e| e["event"] == "decision");
+    assert_eq!(events.len(), 2, "{events:#?}");
+    let task = events[0]["task_id"].as_str().expect("the run's task").to_owned();
+    for e in &events {
+        assert_eq!(
+            (e["node"].as_str(), e["task_id"].as_str()),
+            (Some("node-a"), Some(task.as_str())),
+            "{e}"
+        );
+    }
+    assert_eq!(events[0]["decision"], "allow");
+    assert_eq!(
+        (
+            events[1]["decision"].as_str(),
+            events[1]["destination_host"].as_str()
+        ),
+        (Some("deny"), Some("no.test"))
+    );
+
+    // Central A gone: the next run goes through B.
+    drop(a);
+    let out = sandbox_support::run(&policy, &[], &["sh", "-c", &script]);
+    let (stdout, stderr) = sandbox_support::text(&out);
+    assert_eq!(stdout, "200 403", "{stderr}");
+    let on_b = events_where(&b.proxy.audit_path, 2, |e| e["event"] == "decision");
+    assert_eq!(on_b.len(), 2, "{on_b:#?}");
+    assert!(on_b.iter().all(|e| e["node"] == "node-a"));
+}
+
+/// The whole central suite again as `nobody` (tests run as root in CI): certificates,
+/// central and node-local proxies and sandboxed runs all work for an ordinary user.
+#[test]
+fn the_central_suite_passes_as_an_ordinary_user() {
+    common::rerun_as_nobody("central_e2e", "the_central_suite_passes_as_an_ordinary_user", 8);
+}
+
+/// `check-config` refuses what would stop a central from starting: a node listener with no
+/// nodes, one with a task of its own, TLS files that cannot be read or do not match.
+#[test]
+fn check_config_refuses_node_listeners_that_cannot_work() {
+    let pki = Pki::new();
+    let check = |spec: &str| {
+        let p = pki.path("check.yaml");
+        std::fs::write(
+            &p,
+            format!(
+                "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: c }}\nspec:\n{spec}"
+            ),
+        )
+        .unwrap();
+        let out = std::process::Command::new(common::sandgate_bin())
+            .args(["check-config", p.to_str().unwrap()])
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let listener = |tls: &str, extra: &str| {
+        format!("  listeners:\n    - listen: 127.0.0.1:0\n      role: node\n{extra}      tls: {{ {tls} }}\n")
+    };
+    let good_tls = "cert: central-127.0.0.1.pem, key: central-127.0.0.1.key, client_ca: ca.pem";
+    let nodes = "  nodes:\n    - name: node-a\n      projects: [p1]\n";
+    assert_eq!(check(&format!("{}{nodes}", listener(good_tls, ""))).0, 0);
+    let (code, err) = check(&listener(good_tls, ""));
+    assert_eq!(code, 64);
+    assert!(err.contains("spec.nodes"), "{err}");
+    let (code, err) = check(&format!("{}{nodes}", listener(good_tls, "      task: t1\n")));
+    assert_eq!(code, 64);
+    assert!(err.contains("spec.listeners.task"), "{err}");
+    let (code, err) = check(&format!(
+        "{}{nodes}",
+        listener(
+            "cert: missing.pem, key: central-127.0.0.1.key, client_ca: ca.pem",
+            ""
+        )
+    ));
+    assert_eq!(code, 64);
+    assert!(err.contains("missing.pem"), "{err}");
+    // A key that is not the certificate's.
+    let (code, err) = check(&format!(
+        "{}{nodes}",
+        listener(
+            "cert: central-127.0.0.1.pem, key: node-node-a.key, client_ca: ca.pem",
+            ""
+        )
+    ));
+    assert_eq!(code, 64);
+    assert!(err.contains("does not match"), "{err}");
+    let (code, err) = check(&format!(
+        "{}{nodes}",
+        listener("cert: central-127.0.0.1.pem, key: central-127.0.0.1.key", "")
+    ));
+    assert_eq!(code, 64, "client_ca is required");
+    assert!(err.contains("client_ca"), "{err}");
+}
+
+/// `--upstream-transport http1`: the same checks, one TLS connection per tunnel (the
+/// comparison the benchmark makes); the central sees a new connection for each.
+#[test]
+fn the_http1_transport_opens_a_connection_per_tunnel() {
+    let w = World::new();
+    let origin = w.origin();
+    let dns = w.dns(Zone::new().with("ok.test", &["127.0.0.1"]));
+    let pki = Pki::new();
+    let c = central(&pki, dns.addr(), &spec(origin.port()), &[]);
+    let cert = pki.node("node-a", &[]);
+    let mut args = central::upstream_args(&cert, &[c.node_addr]);
+    args.extend(["--upstream-transport", "http1", "--dns-server", "127.0.0.1:9"].map(String::from));
+    let allow = format!("ok.test:{}", origin.port());
+    args.extend(["--allow".to_owned(), allow]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let n = common::ProxyProcess::start(&refs);
+    let url = format!("http://ok.test:{}/", origin.port());
+    for flags in [&[][..], &["-p"]] {
+        let mut a = vec!["-sS", "-o", "/dev/null", "-w", "%{http_code}"];
+        a.extend_from_slice(flags);
+        a.push(&url);
+        assert_eq!(curl(&n.url(), &a).1, "200");
+    }
+    let decisions = events_where(&c.proxy.audit_path, 2, |e| e["decision"] == "allow");
+    assert_eq!(decisions.len(), 2);
+    assert!(decisions.iter().all(|e| e["node"] == "node-a"));
+    assert_ne!(
+        decisions[0]["client_addr"], decisions[1]["client_addr"],
+        "a connection per tunnel"
+    );
+}
+
+/// The operator drops a node from `spec.nodes` (a compromised machine): after the reload,
+/// its next stream is refused even on the connection it already holds, and on record.
+#[test]
+fn a_node_dropped_from_the_policy_loses_its_open_connection_at_the_next_stream() {
+    let w = World::new();
+    let origin = w.origin();
+    let dns = w.dns(Zone::new().with("ok.test", &["127.0.0.1"]));
+    let pki = Pki::new();
+    let c = central(&pki, dns.addr(), &spec(origin.port()), &[]);
+    let cert = pki.node("node-a", &[]);
+    let ok_p = format!("ok.test:{}", origin.port());
+    let n = node(&cert, &[c.node_addr], &[&ok_p], Some(("t1", "p1")));
+    let url = format!("http://ok.test:{}/", origin.port());
+    let get = || {
+        curl(
+            &format!("http://{}", n.addr),
+            &["-sS", "-o", "/dev/null", "-w", "%{http_code}", &url],
+        )
+        .1
+    };
+    assert_eq!(get(), "200");
+    let text = std::fs::read_to_string(&c.policy)
+        .unwrap()
+        .replace("name: node-a", "name: node-z");
+    std::fs::write(&c.policy, text).unwrap();
+    std::process::Command::new("kill")
+        .args(["-HUP", &c.proxy.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(c.proxy.log_line("nodes reloaded").is_some());
+    assert_eq!(get(), "403");
+    let refused = events_where(&c.proxy.audit_path, 1, |e| e["reason_code"] == "node_unknown");
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+    let allowed = events_where(&c.proxy.audit_path, 1, |e| e["decision"] == "allow");
+    assert_eq!(
+        refused[0]["client_addr"], allowed[0]["client_addr"],
+        "refused on the connection it already held"
+    );
+}
