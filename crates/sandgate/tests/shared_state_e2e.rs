@@ -327,6 +327,15 @@ fn postgres_down_decisions_go_on_on_what_was_known_and_everything_resumes_when_i
     );
     assert_eq!(get_status(a.listener, &web), "200");
     assert!(a.p.log_line("exception store unavailable").is_some());
+    // A proxy starting now does not start (it would have no exceptions to decide with).
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(dir.path(), free_addr(), free_addr(), &[port]);
+    let (code, stderr) = refused_start(&policy, &["--state", &db.url()]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("unavailable") && stderr.contains("postgresql"),
+        "{stderr}"
+    );
     assert!(stopped.elapsed() < Duration::from_secs(15));
 
     cluster.start();
