@@ -30,6 +30,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::service::{Control, ControlError};
+use crate::store::StoreError;
 
 /// What the handlers share.
 #[derive(Debug)]
@@ -95,9 +96,13 @@ impl From<ControlError> for ApiError {
             ControlError::Forbidden(_) => StatusCode::FORBIDDEN,
             ControlError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ControlError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
+            ControlError::Conflict(_) => StatusCode::CONFLICT,
+            // The store down or unreachable: try again later; decisions go on meanwhile.
+            ControlError::Store(StoreError::Unavailable { .. }) => StatusCode::SERVICE_UNAVAILABLE,
+            ControlError::Store(StoreError::Conflict { .. }) => StatusCode::CONFLICT,
             ControlError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        if status == StatusCode::INTERNAL_SERVER_ERROR {
+        if status == StatusCode::INTERNAL_SERVER_ERROR || status == StatusCode::SERVICE_UNAVAILABLE {
             tracing::error!(error = %e, "admin API failed");
         }
         ApiError(status, e.to_string())
@@ -215,7 +220,7 @@ async fn create(
 async fn list(State(state): State<Arc<ApiState>>, call: Call) -> Result<Json<Vec<Exception>>, ApiError> {
     let who = caller(&state, &call.headers, call.parts()).await?;
     Ok(Json(
-        checked(&state, &who, call.parts(), state.control.list(&who)).await?,
+        checked(&state, &who, call.parts(), state.control.list(&who).await).await?,
     ))
 }
 
@@ -226,7 +231,7 @@ async fn show(
 ) -> Result<Json<Exception>, ApiError> {
     let who = caller(&state, &call.headers, call.parts()).await?;
     Ok(Json(
-        checked(&state, &who, call.parts(), state.control.show(&who, &id)).await?,
+        checked(&state, &who, call.parts(), state.control.show(&who, &id).await).await?,
     ))
 }
 
@@ -280,10 +285,13 @@ async fn events(State(state): State<Arc<ApiState>>, call: Call) -> Result<Respon
     Ok(crate::events::stream(&state, who).into_response())
 }
 
+/// Ready when the exception store answers; otherwise 503 naming the store.
 async fn ready(State(state): State<Arc<ApiState>>) -> Result<&'static str, ApiError> {
-    state
-        .control
-        .ready()
-        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    state.control.ready().await.map_err(|e| {
+        ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: exception store {}: {e}", state.control.store_name()),
+        )
+    })?;
     Ok("ready\n")
 }

@@ -181,8 +181,9 @@ async fn state_json(State(state): State<Arc<ApiState>>, headers: HeaderMap) -> R
         return StatusCode::UNAUTHORIZED.into_response();
     };
     let now = sandgate_proxy::unix_now();
-    let list = match state.control.list(&s.who) {
+    let list = match state.control.list(&s.who).await {
         Ok(l) => l,
+        Err(e) if e.is_store() => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     };
     let view = |e: &Exception| {
@@ -260,7 +261,11 @@ async fn act(
     match result {
         Ok(_) => Redirect::to("/ui").into_response(),
         Err(e) => (
-            StatusCode::CONFLICT,
+            if e.is_store() {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::CONFLICT
+            },
             Html(format!(
                 "<p>{}</p><p><a href=\"/ui\">back</a></p>",
                 escape(&e.to_string())

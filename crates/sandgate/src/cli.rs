@@ -567,6 +567,20 @@ pub struct ProxyArgs {
     /// Where the exceptions database lives [default: $STATE_DIRECTORY]
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<std::path::PathBuf>,
+    /// Keep exceptions in a PostgreSQL database shared with other proxies instead of SQLite
+    /// under the state directory: postgres://USER@HOST/DB, or postgresql:///DB?host=/SOCKET/DIR
+    /// (prefer the environment variable for a URL with a password)
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "SANDGATE_STATE",
+        conflicts_with = "state_dir"
+    )]
+    pub state: Option<String>,
+    /// With --state postgres://: seconds between full re-reads of the shared store, beside
+    /// its change notifications [default: 5]
+    #[arg(long, value_name = "SECS", requires = "state")]
+    pub state_resync: Option<f64>,
     /// Most concurrent client connections; beyond it, 503 [default: 16384, or what the
     /// open-file limit allows at two descriptors each]
     #[arg(long, value_name = "N")]

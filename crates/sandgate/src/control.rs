@@ -1,12 +1,15 @@
 //! Wires the control plane into `sandgate proxy`: with admin tokens in the policy file and an
 //! admin listener, the exceptions API is mounted beside `/metrics`, backed by the SQLite
-//! store in the state directory, and expiry runs every quarter second. Fails closed: a store
-//! that cannot be opened stops the proxy from starting.
+//! store in the state directory or, with `--state postgres://...`, a PostgreSQL database
+//! shared with other proxies (re-read on every change notification and every
+//! `--state-resync` seconds). Expiry runs every quarter second. Fails closed: a store that
+//! cannot be opened (or whose schema is newer than this binary) stops the proxy from starting.
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use sandgate_control::{ApiState, Control, SqliteStore};
+use sandgate_control::{ApiState, Control, ExceptionStore, PgStore, SqliteStore, StoreError};
 use sandgate_policy::PolicyFile;
 use sandgate_proxy::Proxy;
 use sandgate_proxy::reload::PolicySource;
@@ -46,24 +49,11 @@ pub async fn mount(
             "spec.admin.tokens needs an admin listener: --admin-listen ADDR or spec.admin.listen".into(),
         ));
     }
-    let dir = args
-        .state_dir
-        .clone()
-        .or_else(|| std::env::var_os("STATE_DIRECTORY").map(PathBuf::from))
-        .ok_or_else(|| {
-            ControlSetupError::Usage("exceptions need a state directory: --state-dir DIR".into())
-        })?;
-    std::fs::create_dir_all(&dir).map_err(|e| {
-        ControlSetupError::Store(format!(
-            "cannot create the state directory {}: {e}",
-            dir.display()
-        ))
-    })?;
     let principals = sandgate_proxy::reload::admin_principals(file, &source.path)
         .map_err(|e| ControlSetupError::Usage(e.to_string()))?;
-    let db = dir.join("exceptions.sqlite3");
-    let store =
-        SqliteStore::open(&db).map_err(|e| ControlSetupError::Store(format!("{}: {e}", db.display())))?;
+    let resync = resync_every(args)?;
+    let store = open_store(args).await?;
+    let store_name = store.describe();
     let handle = proxy.policy_handle();
     // Each task's project, as the policy knows it (a requester may not claim another).
     let mut projects = std::collections::HashMap::new();
@@ -78,7 +68,7 @@ pub async fn mount(
         }
     }
     let control = Control::start(
-        Arc::new(store),
+        store,
         file.exceptions.clone(),
         projects,
         handle.clone(),
@@ -94,6 +84,56 @@ pub async fn mount(
     });
     proxy.mount_admin(sandgate_control::router(state.clone()));
     tokio::spawn(sandgate_control::expire_loop(state.clone()));
-    tracing::info!(store = %db.display(), tokens = file.admin.tokens.len(), "exceptions API on the admin listener");
+    tokio::spawn(sandgate_control::sync_loop(state.clone(), resync));
+    tracing::info!(store = %store_name, tokens = file.admin.tokens.len(), "exceptions API on the admin listener");
     Ok(Some(state))
+}
+
+/// The store `--state` names, else SQLite under the state directory.
+async fn open_store(args: &ProxyArgs) -> Result<Arc<dyn ExceptionStore>, ControlSetupError> {
+    if let Some(url) = &args.state {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(ControlSetupError::Usage(
+                "--state: only postgres:// or postgresql:// URLs (SQLite is the default, under --state-dir)"
+                    .into(),
+            ));
+        }
+        return match PgStore::connect(url).await {
+            Ok(store) => Ok(Arc::new(store)),
+            Err(e @ (StoreError::NewerSchema { .. } | StoreError::Config(_))) => {
+                Err(ControlSetupError::Usage(e.to_string()))
+            }
+            Err(e) => Err(ControlSetupError::Store(e.to_string())),
+        };
+    }
+    let dir = args
+        .state_dir
+        .clone()
+        .or_else(|| std::env::var_os("STATE_DIRECTORY").map(PathBuf::from))
+        .ok_or_else(|| {
+            ControlSetupError::Usage(
+                "exceptions need a state directory (--state-dir DIR) or a shared database (--state postgres://...)".into(),
+            )
+        })?;
+    std::fs::create_dir_all(&dir).map_err(|e| {
+        ControlSetupError::Store(format!(
+            "cannot create the state directory {}: {e}",
+            dir.display()
+        ))
+    })?;
+    let db = dir.join("exceptions.sqlite3");
+    let store =
+        SqliteStore::open(&db).map_err(|e| ControlSetupError::Store(format!("{}: {e}", db.display())))?;
+    Ok(Arc::new(store))
+}
+
+/// `--state-resync`: between 0.1 s and an hour.
+fn resync_every(args: &ProxyArgs) -> Result<Duration, ControlSetupError> {
+    let secs = args.state_resync.unwrap_or(5.0);
+    if !(0.1..=3600.0).contains(&secs) {
+        return Err(ControlSetupError::Usage(
+            "--state-resync: between 0.1 and 3600 seconds".into(),
+        ));
+    }
+    Ok(Duration::from_secs_f64(secs))
 }

@@ -19,7 +19,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::world::{base_args, connect_from, status_from, strs};
 use common::{ProxyProcess, curl, runtime};
@@ -314,7 +314,7 @@ fn one_tenant_holding_idle_connections_does_not_starve_the_others() {
 /// the numbers; a default cap shrinks to fit.
 #[test]
 fn a_connection_cap_beyond_the_open_file_limit_is_refused_at_start() {
-    let mut child = Command::new("prlimit")
+    let child = Command::new("prlimit")
         .args(["--nofile=1024:1024", "--"])
         .arg(common::sandgate_bin())
         .args([
@@ -330,20 +330,11 @@ fn a_connection_cap_beyond_the_open_file_limit_is_refused_at_start() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("started with 5000 connections allowed and 1024 descriptors");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut stderr = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    let (status, stderr) = common::exit_of(
+        child,
+        Duration::from_secs(10),
+        "started with 5000 connections allowed and 1024 descriptors",
+    );
     assert_eq!(status.code(), Some(64), "{stderr}");
     assert!(stderr.contains("the limit is 1024"), "{stderr}");
 }

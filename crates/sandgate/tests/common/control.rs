@@ -52,36 +52,43 @@ pub fn api(
     token: Option<&str>,
     body: Option<&str>,
 ) -> (u16, Value) {
-    let mut cmd = Command::new("curl");
-    cmd.args([
-        "-sS",
-        "--max-time",
-        "10",
-        "--noproxy",
-        "*",
-        "-o",
-        "-",
-        "-w",
-        "\n%{http_code}",
-        "-X",
-        method,
-    ]);
+    let mut args = vec!["-X".to_owned(), method.to_owned()];
     if let Some(t) = token {
-        cmd.args(["-H", &format!("Authorization: Bearer {t}")]);
+        args.extend(["-H".to_owned(), format!("Authorization: Bearer {t}")]);
     }
     if let Some(b) = body {
-        cmd.args(["-H", "Content-Type: application/json", "--data", b]);
+        args.extend(["-H", "Content-Type: application/json", "--data", b].map(str::to_owned));
     }
-    let out = cmd
+    let (status, body) = admin_call(admin, path, &args);
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+/// A plain HTTP GET of `path` on the admin listener: (status, body).
+pub fn admin_get(admin: SocketAddr, path: &str) -> (u16, String) {
+    admin_call(admin, path, &[])
+}
+
+/// curl to the admin listener with `args`: (status, body as text).
+fn admin_call(admin: SocketAddr, path: &str, args: &[String]) -> (u16, String) {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "10",
+            "--noproxy",
+            "*",
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}",
+        ])
+        .args(args)
         .arg(format!("http://{admin}{path}"))
         .output()
         .expect("test setup");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, status) = text.rsplit_once('\n').unwrap_or(("", "0"));
-    (
-        status.parse().unwrap_or(0),
-        serde_json::from_str(body).unwrap_or(Value::Null),
-    )
+    (status.parse().unwrap_or(0), body.to_owned())
 }
 
 /// Runs `sandgate exceptions ARGS` against `admin` with `token` in the environment.
@@ -109,17 +116,22 @@ pub fn get_status(proxy: SocketAddr, url: &str) -> String {
 }
 
 pub fn start(dns: &DnsServer, policy: &Path, state: &Path) -> ProxyProcess {
+    start_with(dns, policy, &["--state-dir", state.to_str().expect("test setup")])
+}
+
+/// The proxy with `policy` and `args` (where its exceptions live, and more).
+pub fn start_with(dns: &DnsServer, policy: &Path, args: &[&str]) -> ProxyProcess {
     let dns_addr = dns.addr().to_string();
-    ProxyProcess::start(&[
+    let mut all = vec![
         "--dns-server",
         &dns_addr,
         "--allow-range",
         "127.0.0.0/8",
         "--policy",
         policy.to_str().expect("test setup"),
-        "--state-dir",
-        state.to_str().expect("test setup"),
-    ])
+    ];
+    all.extend_from_slice(args);
+    ProxyProcess::start(&all)
 }
 
 /// Waits until `cond` holds (at most `secs`).
@@ -132,4 +144,12 @@ pub fn within(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
     cond()
+}
+
+/// The proxy with its exceptions in the shared PostgreSQL database `url` (`--state`), and
+/// `extra` arguments.
+pub fn start_shared(dns: &DnsServer, policy: &Path, url: &str, extra: &[&str]) -> ProxyProcess {
+    let mut args = vec!["--state", url];
+    args.extend_from_slice(extra);
+    start_with(dns, policy, &args)
 }

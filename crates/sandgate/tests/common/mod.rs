@@ -185,6 +185,28 @@ impl Drop for ProxyProcess {
     }
 }
 
+/// Waits (at most `limit`) for `child` to exit on its own, as a process refused at start
+/// should; returns its status and stderr (piped). Kills it and fails when it runs on.
+pub fn exit_of(mut child: Child, limit: Duration, what: &str) -> (std::process::ExitStatus, String) {
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    (status, stderr)
+}
+
 /// A runtime for the fixtures (DNS server, origins), on threads of its own so the test
 /// thread can drive blocking clients.
 pub fn runtime() -> tokio::runtime::Runtime {

@@ -1,8 +1,9 @@
 //! The exceptions service: who may do what (roles), the pure model's transitions, the store,
-//! the audit trail, and the proxy's rules. Every change is stored first, then published to
-//! the proxy (the exceptions layer of its rules, so it takes effect on every listener at
+//! the audit trail, and the proxy's rules. Every change is stored first (conditional on the
+//! state it was made from, so proxies sharing a store cannot both make it), then published
+//! to the proxy (the exceptions layer of its rules, so it takes effect on every listener at
 //! once, with no reload), then recorded. A revocation also cuts what the exception let
-//! through. [`Control::tick`] expires approved exceptions at their second.
+//! through. Publication, expiry and the resync with a shared store are in [`sync`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,6 +16,10 @@ use sandgate_proxy::PolicyHandle;
 use sandgate_proxy::audit::event::{Change, Event, ExceptionChange};
 
 use crate::store::{ExceptionStore, StoreError};
+
+mod sync;
+
+pub use sync::{expire_loop, sync_loop};
 
 /// The clock, injected so tests can set the second.
 pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
@@ -34,8 +39,17 @@ pub enum ControlError {
     Invalid(String),
     #[error("{0}")]
     TooMany(String),
+    #[error("{0}")]
+    Conflict(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl ControlError {
+    /// Whether a store failed (an error of the service, not of the caller).
+    pub fn is_store(&self) -> bool {
+        matches!(self, ControlError::Store(_))
+    }
 }
 
 /// The control plane's exceptions.
@@ -49,6 +63,11 @@ pub struct Control {
     changes: tokio::sync::Mutex<()>,
     /// The project of each task the policy knows (listeners, credentials).
     projects: std::collections::HashMap<String, String>,
+    /// The active exceptions last published: what decisions go on with while the
+    /// store cannot be read, and what a resync compares with to cut what ended elsewhere.
+    known: std::sync::Mutex<Vec<Exception>>,
+    /// Whether the store failed its last call from the background (logged once per outage).
+    store_down: std::sync::atomic::AtomicBool,
 }
 
 /// Pending requests one requester may have at a time.
@@ -90,10 +109,12 @@ impl Control {
             next_id: AtomicU64::new(seed),
             changes: tokio::sync::Mutex::new(()),
             projects,
+            known: Default::default(),
+            store_down: Default::default(),
         };
         control.tick().await?;
         control.enforce_bounds().await?;
-        control.publish()?;
+        control.publish().await?;
         Ok(control)
     }
 
@@ -154,7 +175,8 @@ impl Control {
         let _serial = self.changes.lock().await;
         let pending = self
             .store
-            .list_in(sandgate_policy::ExceptionState::Pending)?
+            .list_in(sandgate_policy::ExceptionState::Pending)
+            .await?
             .iter()
             .filter(|e| e.requested_by == who.name)
             .count();
@@ -165,7 +187,7 @@ impl Control {
             )));
         }
         let ex = self.policy.admit(req, self.new_id(), &who.name, self.now())?;
-        self.store.insert(&ex)?;
+        self.store.insert(&ex).await?;
         self.record(Change::Requested, &ex, Some(&who.name)).await;
         Ok(ex)
     }
@@ -224,34 +246,38 @@ impl Control {
         let now = self.now();
         let mut ex = self
             .store
-            .get(id)?
+            .get(id)
+            .await?
             .ok_or_else(|| ControlError::NotFound(id.to_owned()))?;
         if ex.expire_if_due(now) {
-            self.store.update(&ex)?;
-            self.record(Change::Expired, &ex, None).await;
+            self.proxy.cut(&ex.rule_label());
+            self.expired(&ex).await?;
         }
         if change == Change::Approved {
             // The bounds in force now, not only those when it was asked for.
             self.policy.check_bounds(&ex)?;
         }
+        let from = ex.state;
         apply(&mut ex, now)?;
         if change == Change::Revoked {
             // Fail closed: the proxy stops allowing it and cuts its connections before
             // anything is stored, so a full disk or a broken store cannot keep it alive.
             self.proxy.cut(&ex.rule_label());
         }
-        self.store.update(&ex)?;
-        self.publish()?;
+        // Conditional: if another proxy decided first, this one's decision is refused.
+        self.store.transition(&ex, from).await.map_err(conflict)?;
+        self.publish().await?;
         self.record(change, &ex, Some(&who.name)).await;
         Ok(ex)
     }
 
     /// Exceptions `who` may see: a requester its tasks', the others all.
-    pub fn list(&self, who: &Principal) -> Result<Vec<Exception>, ControlError> {
+    pub async fn list(&self, who: &Principal) -> Result<Vec<Exception>, ControlError> {
         let now = self.now();
         Ok(self
             .store
-            .list()?
+            .list()
+            .await?
             .into_iter()
             .filter(|e| visible(who, e))
             .map(|mut e| {
@@ -262,42 +288,15 @@ impl Control {
     }
 
     /// One exception, if `who` may see it.
-    pub fn show(&self, who: &Principal, id: &str) -> Result<Exception, ControlError> {
+    pub async fn show(&self, who: &Principal, id: &str) -> Result<Exception, ControlError> {
         let mut ex = self
             .store
-            .get(id)?
+            .get(id)
+            .await?
             .filter(|e| visible(who, e))
             .ok_or_else(|| ControlError::NotFound(id.to_owned()))?;
         ex.state = ex.state_at(self.now());
         Ok(ex)
-    }
-
-    /// Marks approved exceptions whose second has come as expired (stored and recorded).
-    /// Their entries stop matching at that second on their own; this keeps the record true.
-    pub async fn tick(&self) -> Result<usize, ControlError> {
-        let _serial = self.changes.lock().await;
-        let now = self.now();
-        let mut expired = 0;
-        for mut ex in self.store.list_in(sandgate_policy::ExceptionState::Approved)? {
-            if ex.expire_if_due(now) {
-                // Its entries stopped matching at that second; what it let through ends now.
-                self.proxy.cut(&ex.rule_label());
-                self.store.update(&ex)?;
-                self.record(Change::Expired, &ex, None).await;
-                expired += 1;
-            }
-        }
-        if expired > 0 {
-            self.publish()?;
-        }
-        Ok(expired)
-    }
-
-    /// Whether the store answers and its rows can be read.
-    pub fn ready(&self) -> Result<(), ControlError> {
-        self.store.ping()?;
-        self.store.list()?;
-        Ok(())
     }
 
     /// At start: what the policy no longer allows (a scope no longer enabled, a port or TTL
@@ -305,11 +304,12 @@ impl Control {
     async fn enforce_bounds(&self) -> Result<(), ControlError> {
         let _serial = self.changes.lock().await;
         let now = self.now();
-        for mut ex in self.store.list()? {
+        for mut ex in self.store.list().await? {
             let Err(e) = self.policy.check_bounds(&ex) else {
                 continue;
             };
             let note = Some(format!("out of the policy's bounds: {e}"));
+            let from = ex.state;
             let change = match ex.state_at(now) {
                 sandgate_policy::ExceptionState::Pending => {
                     ex.deny("policy", now, note)?;
@@ -322,23 +322,13 @@ impl Control {
                 }
                 _ => continue,
             };
-            self.store.update(&ex)?;
-            self.record(change, &ex, Some("policy")).await;
+            match self.store.transition(&ex, from).await {
+                Ok(()) => self.record(change, &ex, Some("policy")).await,
+                // Another proxy (on a shared store) did it first.
+                Err(StoreError::Conflict { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
-        Ok(())
-    }
-
-    /// Hands the proxy the entries of every active exception.
-    fn publish(&self) -> Result<(), ControlError> {
-        let now = self.now();
-        let entries = self
-            .store
-            .list_in(sandgate_policy::ExceptionState::Approved)?
-            .iter()
-            .filter(|e| e.is_active(now))
-            .flat_map(Exception::entries)
-            .collect();
-        self.proxy.set_exceptions(entries);
         Ok(())
     }
 
@@ -349,6 +339,14 @@ impl Control {
             by: by.map(str::to_owned),
         }));
         self.proxy.record_event(event).await;
+    }
+}
+
+/// A conflicting decision is the caller's to retry (409), not a store failure.
+fn conflict(e: StoreError) -> ControlError {
+    match e {
+        StoreError::Conflict { .. } => ControlError::Conflict(e.to_string()),
+        other => ControlError::Store(other),
     }
 }
 

@@ -1,0 +1,210 @@
+//! The store interface's contract, held by both stores: SQLite and real PostgreSQL (one
+//! database per test on the run's shared cluster, see sandgate-testkit's `pg`). Conditional
+//! transitions (a stale or concurrent writer loses, so a change is made once), migrations
+//! applied by several proxies at once, a newer schema refused, and notifications that only
+//! wake (a forged payload is never read as data).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    reason = "tests"
+)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandgate_control::store::postgres::migrate;
+use sandgate_control::{ExceptionStore, PgStore, SqliteStore, StoreError};
+use sandgate_policy::{Exception, ExceptionState};
+use sandgate_testkit::pg::{TestDb, shared_host};
+
+fn ex(id: &str, requested_at: i64) -> Exception {
+    Exception {
+        id: id.into(),
+        task_id: "t-1".into(),
+        project_id: None,
+        hosts: vec!["pypi.org".into()],
+        ports: vec![443],
+        ttl_seconds: 60,
+        reason: "r".into(),
+        requested_by: "agent".into(),
+        requested_at,
+        state: ExceptionState::Pending,
+        decided_by: None,
+        decided_at: None,
+        note: None,
+        expires_at: None,
+    }
+}
+
+async fn contract(store: &dyn ExceptionStore) {
+    store.insert(&ex("b", 2)).await.unwrap();
+    store.insert(&ex("a", 1)).await.unwrap();
+    assert!(matches!(
+        store.insert(&ex("a", 1)).await,
+        Err(StoreError::Duplicate(_))
+    ));
+    let mut a = ex("a", 1);
+    a.state = ExceptionState::Approved;
+    a.expires_at = Some(61);
+    store.transition(&a, ExceptionState::Pending).await.unwrap();
+    // A second writer that read "pending" too (another proxy, or a stale read) loses, and
+    // what the first stored stays.
+    let mut denied = ex("a", 1);
+    denied.state = ExceptionState::Denied;
+    assert!(matches!(
+        store.transition(&denied, ExceptionState::Pending).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    assert_eq!(store.get("a").await.unwrap().unwrap(), a);
+    assert!(store.get("zzz").await.unwrap().is_none());
+    let ids = |v: Vec<Exception>| v.into_iter().map(|e| e.id).collect::<Vec<_>>();
+    assert_eq!(ids(store.list().await.unwrap()), ["a", "b"], "oldest first");
+    assert_eq!(ids(store.list_in(ExceptionState::Approved).await.unwrap()), ["a"]);
+    assert_eq!(ids(store.list_in(ExceptionState::Pending).await.unwrap()), ["b"]);
+    store.ping().await.unwrap();
+}
+
+#[tokio::test]
+async fn sqlite_keeps_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.sqlite3");
+    let store = SqliteStore::open(&path).unwrap();
+    contract(&store).await;
+    assert!(store.changed().is_none(), "one proxy's own store needs no wake");
+    drop(store);
+    // Every change is on disk: a reopened store has it.
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(store.list().await.unwrap().len(), 2);
+    assert_eq!(store.get("a").await.unwrap().unwrap().expires_at, Some(61));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_keeps_the_contract() {
+    let db = TestDb::create(&shared_host());
+    let store = PgStore::connect(&db.url()).await.unwrap();
+    contract(&store).await;
+    assert!(
+        store.describe().starts_with("postgresql host="),
+        "{}",
+        store.describe()
+    );
+    assert!(!store.describe().contains("password"));
+}
+
+/// Proxies expiring (or revoking) the same exception at the same moment: exactly one
+/// change is stored, so exactly one proxy records it. With an unconditional update every
+/// writer "wins" and the change is recorded once per proxy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_transitions_of_one_exception_store_it_once() {
+    let db = TestDb::create(&shared_host());
+    let url = db.url();
+    let mut stores = Vec::new();
+    for _ in 0..4 {
+        stores.push(Arc::new(PgStore::connect(&url).await.unwrap()));
+    }
+    let mut approved = ex("x", 1);
+    approved.state = ExceptionState::Approved;
+    approved.expires_at = Some(61);
+    stores[0].insert(&ex("x", 1)).await.unwrap();
+    stores[0]
+        .transition(&approved, ExceptionState::Pending)
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for (i, store) in stores.iter().enumerate() {
+        let store = store.clone();
+        let mut ended = approved.clone();
+        ended.state = if i % 2 == 0 {
+            ExceptionState::Expired
+        } else {
+            ExceptionState::Revoked
+        };
+        tasks.push(tokio::spawn(async move {
+            store.transition(&ended, ExceptionState::Approved).await
+        }));
+    }
+    let mut won = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(()) => won += 1,
+            Err(StoreError::Conflict { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(won, 1, "exactly one proxy's change is stored");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_applied_by_proxies_starting_at_once_do_not_fail() {
+    let db = TestDb::create(&shared_host());
+    let url = db.url();
+    let starts: Vec<_> = (0..6)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { PgStore::connect(&url).await })
+        })
+        .collect();
+    for s in starts {
+        s.await.unwrap().unwrap();
+    }
+    let versions = db
+        .sql("SELECT count(*), max(version) FROM sandgate_schema_version")
+        .unwrap();
+    assert_eq!(versions, format!("{}|{}", migrate::latest(), migrate::latest()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_with_a_newer_schema_is_refused() {
+    let db = TestDb::create(&shared_host());
+    drop(PgStore::connect(&db.url()).await.unwrap());
+    db.sql("INSERT INTO sandgate_schema_version (version) VALUES (999)")
+        .unwrap();
+    let err = PgStore::connect(&db.url()).await.unwrap_err();
+    assert!(matches!(err, StoreError::NewerSchema { found: 999, .. }), "{err}");
+    assert!(err.to_string().contains("upgrade sandgate"), "{err}");
+}
+
+/// A change through one store wakes the other within a second; a notification forged by
+/// someone with access to the database wakes it too, but carries nothing it would believe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_wakes_the_other_stores_and_a_forged_notification_is_only_a_wake() {
+    let db = TestDb::create(&shared_host());
+    let a = PgStore::connect(&db.url()).await.unwrap();
+    let b = PgStore::connect(&db.url()).await.unwrap();
+    let woken = b.changed().unwrap();
+    // The first wakes come from the listening connection being made; let them pass.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while tokio::time::timeout(Duration::from_millis(50), woken.notified())
+        .await
+        .is_ok()
+    {}
+    a.insert(&ex("n", 1)).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), woken.notified())
+        .await
+        .expect("woken within a second");
+    let forged =
+        r#"{"id":"evil","state":"approved","hosts":["evil.test"],"ports":[443],"expires_at":4102444800}"#;
+    db.sql(&format!("NOTIFY sandgate_exceptions, '{forged}'"))
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(1), woken.notified())
+        .await
+        .expect("a forged notification wakes, nothing more");
+    assert!(b.list_in(ExceptionState::Approved).await.unwrap().is_empty());
+    assert!(b.get("evil").await.unwrap().is_none());
+}
+
+/// sandgate resolves no name with the system resolver, so a database host must be an
+/// address or a socket directory (or carry `hostaddr`); a name is a configuration error.
+#[tokio::test]
+async fn a_database_host_name_is_refused_without_a_lookup() {
+    let err = PgStore::connect("postgres://sandgate@db.example/sandgate")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Config(_)), "{err}");
+    assert!(err.to_string().contains("hostaddr"), "{err}");
+    let err = PgStore::connect("not a url ===").await.unwrap_err();
+    assert!(matches!(err, StoreError::Config(_)), "{err}");
+}
