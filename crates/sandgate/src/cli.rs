@@ -101,8 +101,12 @@ pub enum PkiCommand {
         #[arg(long, value_name = "DIR", default_value = "sandgate-pki")]
         dir: std::path::PathBuf,
         /// Days the CA is valid.
-        #[arg(long, value_name = "N", default_value_t = 3650)]
+        #[arg(long, value_name = "N", default_value_t = 3650, conflicts_with = "not_after")]
         days: u32,
+        /// The last day it is valid instead (YYYY-MM-DD, UTC; a past date makes an expired
+        /// CA, for tests of refusal).
+        #[arg(long, value_name = "DATE")]
+        not_after: Option<String>,
         /// Replace files that exist.
         #[arg(long)]
         force: bool,

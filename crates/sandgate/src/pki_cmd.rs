@@ -28,7 +28,12 @@ enum PkiError {
 
 pub fn run(cmd: PkiCommand) -> ExitCode {
     let result = match cmd {
-        PkiCommand::Init { dir, days, force } => init(&dir, days, force),
+        PkiCommand::Init {
+            dir,
+            days,
+            not_after,
+            force,
+        } => init(&dir, days, not_after.as_deref(), force),
         PkiCommand::Issue {
             dir,
             node,
@@ -60,10 +65,12 @@ fn now() -> time::OffsetDateTime {
     time::OffsetDateTime::now_utc()
 }
 
-fn init(dir: &Path, days: u32, force: bool) -> Result<Vec<String>, PkiError> {
-    if days == 0 {
-        return Err(PkiError::Usage("--days must be at least 1".into()));
-    }
+fn init(dir: &Path, days: u32, not_after: Option<&str>, force: bool) -> Result<Vec<String>, PkiError> {
+    let not_after = match not_after {
+        Some(day) => parse_day(day)?,
+        None if days == 0 => return Err(PkiError::Usage("--days must be at least 1".into())),
+        None => now() + time::Duration::days(i64::from(days)),
+    };
     let mut params = CertificateParams::new(Vec::<String>::new())?;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![
@@ -72,8 +79,8 @@ fn init(dir: &Path, days: u32, force: bool) -> Result<Vec<String>, PkiError> {
         KeyUsagePurpose::DigitalSignature,
     ];
     params.distinguished_name.push(DnType::CommonName, "sandgate CA");
-    params.not_before = now() - time::Duration::hours(1);
-    params.not_after = now() + time::Duration::days(i64::from(days));
+    params.not_after = not_after;
+    params.not_before = (now() - time::Duration::hours(1)).min(not_after - time::Duration::days(1));
     let key = KeyPair::generate()?;
     let cert = params.self_signed(&key)?;
     make_dir(dir)?;
@@ -143,6 +150,9 @@ fn issue(
         None if days == 0 => return Err(PkiError::Usage("--days must be at least 1".into())),
         None => now() + time::Duration::days(i64::from(days)),
     };
+    if dir.exists() {
+        private_dir(dir)?;
+    }
     let ca_cert = read(&dir.join("ca.pem"))?;
     let ca_key = KeyPair::from_pem(&read(&dir.join("ca.key"))?)?;
     let issuer = Issuer::from_ca_cert_pem(&ca_cert, ca_key)?;
@@ -196,7 +206,29 @@ fn make_dir(dir: &Path) -> Result<(), PkiError> {
         .map_err(|source| PkiError::Write {
             path: dir.to_owned(),
             source,
-        })
+        })?;
+    private_dir(dir)
+}
+
+/// Keys go only into a directory others cannot write: whoever can write there can swap the
+/// CA under the files sandgate reads.
+fn private_dir(dir: &Path) -> Result<(), PkiError> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::symlink_metadata(dir).map_err(|source| PkiError::Write {
+        path: dir.to_owned(),
+        source,
+    })?;
+    if !meta.is_dir() {
+        return Err(PkiError::Usage(format!("{} is not a directory", dir.display())));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o022 != 0 {
+        return Err(PkiError::Usage(format!(
+            "{} can be written by others (mode {mode:o}); use a directory only you can write (chmod go-w)",
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 fn refuse_existing(paths: &[&Path], force: bool) -> Result<(), PkiError> {

@@ -970,3 +970,39 @@ fn a_nodes_streams_count_against_the_centrals_connection_limits() {
             .is_ok_and(|k| head[..k].starts_with(b"HTTP/1.1 200"))
     }));
 }
+
+/// Review findings on the edges: an expired CA is refused as a listener's client CA (webpki
+/// does not check a trust anchor's dates), and `pki` will not write keys into a directory
+/// others can write.
+#[test]
+fn an_expired_ca_and_a_shared_directory_are_refused() {
+    let old = tempfile::tempdir().unwrap();
+    let (code, _, err) = central::pki(&["init", "--not-after", "2021-01-01"], old.path());
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = central::pki(
+        &["issue", "--central", "127.0.0.1", "--not-after", "2021-01-01"],
+        old.path(),
+    );
+    assert_eq!(code, 0, "{err}");
+    let policy = old.path().join("c.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: { name: c }\nspec:\n  listeners:\n    - listen: 127.0.0.1:0\n      role: node\n      tls: { cert: central-127.0.0.1.pem, key: central-127.0.0.1.key, client_ca: ca.pem }\n  nodes:\n    - { name: node-a, projects: [ p1 ] }\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(common::sandgate_bin())
+        .args(["check-config", policy.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(err.contains("not valid now"), "{err}");
+
+    use std::os::unix::fs::PermissionsExt;
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (code, _, err) = central::pki(&["init"], shared.path());
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("written by others"), "{err}");
+    assert!(!shared.path().join("ca.key").exists());
+}

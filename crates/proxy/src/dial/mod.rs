@@ -218,7 +218,15 @@ impl Dialer {
     /// Resolves `target` (IP literals are not looked up) and vets every address.
     pub async fn vet(&self, target: &Target) -> Result<VettedAddrs, DialError> {
         if self.central.is_some() {
-            // Neither resolved nor guarded here: the central proxy does both.
+            // Names are neither resolved nor guarded here: the central proxy does both. An
+            // address literal naming one of this proxy's own ports is refused here too, so
+            // a central whose ranges reach this host cannot be made to loop back into it.
+            if let Host::Ip(ip) = &target.host {
+                let addr = SocketAddr::new(*ip, target.port);
+                if self.is_own_listener(addr, &self.host_addrs.current()) {
+                    return Err(DialError::SelfConnect(*ip));
+                }
+            }
             return Ok(VettedAddrs { addrs: Vec::new() });
         }
         if let Some(upstream) = self.upstream_proxy {

@@ -298,6 +298,11 @@ const HOP_BY_HOP: &[&str] = &[
     "sandgate-project",
     "sandgate-job",
     "sandgate-access",
+    // Servers that map `_` to `-` in field names would read these as the same.
+    "sandgate_task",
+    "sandgate_project",
+    "sandgate_job",
+    "sandgate_access",
 ];
 
 /// Fields to forward: everything but hop-by-hop fields, the fields the Connection header
@@ -451,7 +456,8 @@ mod tests {
         let text = "GET http://a.test/ HTTP/1.1\r\nHost: x\r\nConnection: close, X-Secret\r\n\
                     X-Secret: 1\r\nProxy-Authorization: Basic abc\r\nProxy-Connection: keep-alive\r\n\
                     Keep-Alive: 5\r\nTE: trailers\r\nUpgrade: h2c\r\nAccept: */*\r\n\
-                    Sandgate-Task: forged\r\nsandgate-project: p\r\nSANDGATE-JOB: j\r\nsandgate-access: http\r\n\r\n";
+                    Sandgate-Task: forged\r\nsandgate-project: p\r\nSANDGATE-JOB: j\r\nsandgate-access: http\r\n\
+                    sandgate_project: p\r\n\r\n";
         let (head, _) = req(text).unwrap().unwrap();
         let kept: Vec<&str> = end_to_end_fields(&head.fields).map(|f| f.name.as_str()).collect();
         assert_eq!(kept, ["Accept"]);

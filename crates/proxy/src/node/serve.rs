@@ -130,6 +130,8 @@ pub(crate) async fn serve(
     if !h2 {
         // HTTP/1.1: one tunnel per connection (`--upstream-transport http1`, for comparison).
         let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(egress.limits.head_timeout)
             .max_buf_size(16 * 1024)
             .serve_connection(TokioIo::new(tls), service)
             .with_upgrades();

@@ -46,6 +46,20 @@ pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 fn roots(path: &Path) -> Result<rustls::RootCertStore, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in load_certs(path)? {
+        // webpki does not check a trust anchor's own dates: an expired CA would go on
+        // vouching for every certificate it signed.
+        if let Ok((_, parsed)) = x509_parser::parse_x509_certificate(cert.as_ref())
+            && !parsed.validity().is_valid()
+        {
+            let v = parsed.validity();
+            return Err(file_error(
+                path,
+                format!(
+                    "the CA certificate is not valid now (valid {} to {})",
+                    v.not_before, v.not_after
+                ),
+            ));
+        }
         roots
             .add(cert)
             .map_err(|e| file_error(path, format!("not a CA certificate: {e}")))?;
