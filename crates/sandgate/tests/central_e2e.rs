@@ -53,6 +53,46 @@ fn events_where(path: &std::path::Path, n: usize, pred: impl Fn(&Value) -> bool)
     found
 }
 
+/// A node-local proxy (node-a, task t1 in p1) forwarding to one central that allows only a
+/// loopback echo server, with the central's `extra` flags.
+struct EchoChain {
+    n: central::Node,
+    c: central::Central,
+    pki: Pki,
+    /// `echo.test:PORT`, the one destination.
+    target: String,
+    _dns: sandgate_testkit::dns::DnsServer,
+    _echo: sandgate_testkit::echo::EchoServer,
+    _w: World,
+}
+
+impl EchoChain {
+    fn new(extra: &[&str]) -> EchoChain {
+        let w = World::new();
+        let echo = w.echo();
+        let dns = w.dns(Zone::new().with("echo.test", &["127.0.0.1"]));
+        let pki = Pki::new();
+        let target = format!("echo.test:{}", echo.addr().port());
+        let c = central(
+            &pki,
+            dns.addr(),
+            &central::spec_allowing(&[("echo.test", echo.addr().port())]),
+            extra,
+        );
+        let cert = pki.node("node-a", &[]);
+        let n = node(&cert, &[c.node_addr], &[&target], Some(("t1", "p1")));
+        EchoChain {
+            n,
+            c,
+            pki,
+            target,
+            _dns: dns,
+            _echo: echo,
+            _w: w,
+        }
+    }
+}
+
 #[test]
 fn a_node_forwards_each_request_as_a_stream_and_the_central_decides_and_attributes() {
     let w = World::new();
@@ -296,11 +336,7 @@ fn a_node_fails_over_to_the_next_central_and_never_goes_direct() {
             .with("echo.test", &["127.0.0.1"]),
     );
     let pki = Pki::new();
-    let body = format!(
-        "  network:\n    allowlist:\n      - host: ok.test\n        ports: [{}]\n      - host: echo.test\n        ports: [{}]\n    tunnels: {{ tls_only: false }}\n  nodes:\n    - name: node-a\n      projects: [p1]\n",
-        origin.port(),
-        echo.addr().port()
-    );
+    let body = central::spec_allowing(&[("ok.test", origin.port()), ("echo.test", echo.addr().port())]);
     let mut a = central(&pki, dns.addr(), &body, &[]);
     let b = central(&pki, dns.addr(), &body, &[]);
     let cert = pki.node("node-a", &[]);
@@ -325,14 +361,7 @@ fn a_node_fails_over_to_the_next_central_and_never_goes_direct() {
     assert_eq!(get(), "200");
 
     // A tunnel through A, echoing.
-    let mut t = std::net::TcpStream::connect(n.addr).unwrap();
-    t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let target = format!("echo.test:{}", echo.addr().port());
-    t.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
-        .unwrap();
-    let mut head = [0u8; 256];
-    let n_read = t.read(&mut head).unwrap();
-    assert!(String::from_utf8_lossy(&head[..n_read]).starts_with("HTTP/1.1 200"));
+    let mut t = central::tunnel(n.addr, &format!("echo.test:{}", echo.addr().port()));
     t.write_all(b"ping").unwrap();
     let mut buf = [0u8; 4];
     t.read_exact(&mut buf).unwrap();
@@ -384,36 +413,11 @@ fn a_node_fails_over_to_the_next_central_and_never_goes_direct() {
 /// HTTP/2 flow control holds the slow stream at its own window.
 #[test]
 fn a_slow_tunnel_does_not_stall_the_others_on_the_same_connection() {
-    let w = World::new();
-    let echo = w.echo();
-    let dns = w.dns(Zone::new().with("echo.test", &["127.0.0.1"]));
-    let pki = Pki::new();
-    let body = format!(
-        "  network:\n    allowlist:\n      - host: echo.test\n        ports: [{}]\n    tunnels: {{ tls_only: false }}\n  nodes:\n    - name: node-a\n      projects: [p1]\n",
-        echo.addr().port()
-    );
-    let c = central(&pki, dns.addr(), &body, &[]);
-    let cert = pki.node("node-a", &[]);
-    let n = node(
-        &cert,
-        &[c.node_addr],
-        &[&format!("echo.test:{}", echo.addr().port())],
-        Some(("t1", "p1")),
-    );
-    let target = format!("echo.test:{}", echo.addr().port());
+    let chain = EchoChain::new(&[]);
+    let (n, target) = (&chain.n, chain.target.clone());
     let open = || {
-        let mut t = std::net::TcpStream::connect(n.addr).unwrap();
+        let t = central::tunnel(n.addr, &target);
         t.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        t.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
-        t.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
-            .unwrap();
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            assert_eq!(t.read(&mut byte).unwrap(), 1);
-            head.push(byte[0]);
-        }
-        assert!(head.starts_with(b"HTTP/1.1 200"));
         t
     };
     // The slow one: sends up to 64 MiB (more than every socket buffer on the way holds) that the echo returns, and never reads any of it back.
@@ -463,29 +467,10 @@ fn a_slow_tunnel_does_not_stall_the_others_on_the_same_connection() {
 /// the new files; a broken file leaves the old configuration in force.
 #[test]
 fn sighup_reloads_certificates_without_dropping_tunnels() {
-    let w = World::new();
-    let echo = w.echo();
-    let dns = w.dns(Zone::new().with("echo.test", &["127.0.0.1"]));
-    let pki = Pki::new();
-    let body = format!(
-        "  network:\n    allowlist:\n      - host: echo.test\n        ports: [{}]\n    tunnels: {{ tls_only: false }}\n  nodes:\n    - name: node-a\n      projects: [p1]\n",
-        echo.addr().port()
-    );
-    let c = central(&pki, dns.addr(), &body, &[]);
-    let cert = pki.node("node-a", &[]);
-    let n = node(
-        &cert,
-        &[c.node_addr],
-        &[&format!("echo.test:{}", echo.addr().port())],
-        Some(("t1", "p1")),
-    );
-    let target = format!("echo.test:{}", echo.addr().port());
-    let mut t = std::net::TcpStream::connect(n.addr).unwrap();
-    t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    t.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
-        .unwrap();
-    let mut head = [0u8; 256];
-    let _ = t.read(&mut head).unwrap();
+    let chain = EchoChain::new(&[]);
+    let (n, c, target) = (&chain.n, &chain.c, chain.target.clone());
+    let pki = &chain.pki;
+    let mut t = central::tunnel(n.addr, &target);
 
     let hup = |pid: u32| {
         std::process::Command::new("kill")
@@ -511,20 +496,11 @@ fn sighup_reloads_certificates_without_dropping_tunnels() {
     hup(c.proxy.child.id());
     assert!(c.proxy.log_line("TLS files not reloaded").is_some());
     let fresh = pki.node("node-a", &[]);
-    let n2 = node(
-        &fresh,
-        &[c.node_addr],
-        &[&format!("echo.test:{}", echo.addr().port())],
-        Some(("t1", "p1")),
-    );
-    let mut t2 = std::net::TcpStream::connect(n2.addr).unwrap();
-    t2.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    t2.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
-        .unwrap();
-    let k = t2.read(&mut head).unwrap();
+    let n2 = node(&fresh, &[c.node_addr], &[&target], Some(("t1", "p1")));
+    let (head, _t2) = central::connect(n2.addr, &target);
     assert!(
-        String::from_utf8_lossy(&head[..k]).starts_with("HTTP/1.1 200"),
-        "new connections still served"
+        head.starts_with("HTTP/1.1 200"),
+        "new connections still served: {head}"
     );
 }
 
@@ -867,11 +843,7 @@ fn a_client_holding_every_stream_of_a_connection_does_not_block_the_others() {
             .with("ok.test", &["127.0.0.1"]),
     );
     let pki = Pki::new();
-    let body = format!(
-        "  network:\n    allowlist:\n      - host: echo.test\n        ports: [{}]\n      - host: ok.test\n        ports: [{}]\n    tunnels: {{ tls_only: false }}\n  nodes:\n    - name: node-a\n      projects: [p1]\n",
-        echo.addr().port(),
-        origin.port()
-    );
+    let body = central::spec_allowing(&[("echo.test", echo.addr().port()), ("ok.test", origin.port())]);
     let c = central(&pki, dns.addr(), &body, &[]);
     let cert = pki.node("node-a", &[]);
     let allow = [
@@ -883,17 +855,8 @@ fn a_client_holding_every_stream_of_a_connection_does_not_block_the_others() {
     let target = format!("echo.test:{}", echo.addr().port());
     let mut held = Vec::new();
     for i in 0..520 {
-        let mut t = std::net::TcpStream::connect(n.addr).unwrap();
-        t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        t.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
-            .unwrap();
-        let mut head = [0u8; 64];
-        let k = t.read(&mut head).unwrap_or(0);
-        assert!(
-            head[..k].starts_with(b"HTTP/1.1 200"),
-            "tunnel {i}: {:?}",
-            String::from_utf8_lossy(&head[..k])
-        );
+        let (head, t) = central::connect(n.addr, &target);
+        assert!(head.starts_with("HTTP/1.1 200"), "tunnel {i}: {head:?}");
         held.push(t);
     }
     let started = Instant::now();
@@ -921,30 +884,13 @@ fn a_client_holding_every_stream_of_a_connection_does_not_block_the_others() {
 /// stream is refused, and on record.
 #[test]
 fn a_nodes_streams_count_against_the_centrals_connection_limits() {
-    let w = World::new();
-    let echo = w.echo();
-    let dns = w.dns(Zone::new().with("echo.test", &["127.0.0.1"]));
-    let pki = Pki::new();
-    let body = format!(
-        "  network:\n    allowlist:\n      - host: echo.test\n        ports: [{}]\n    tunnels: {{ tls_only: false }}\n  nodes:\n    - name: node-a\n      projects: [p1]\n",
-        echo.addr().port()
-    );
-    // 21 slots for the node's address: its connection (1) and ten streams (2 each).
-    let c = central(&pki, dns.addr(), &body, &["--max-connections-per-client", "21"]);
-    let cert = pki.node("node-a", &[]);
-    let allow = format!("echo.test:{}", echo.addr().port());
-    let n = node(&cert, &[c.node_addr], &[&allow], Some(("t1", "p1")));
-    let target = format!("echo.test:{}", echo.addr().port());
+    let chain = EchoChain::new(&["--max-connections-per-client", "21"]);
+    let (n, c, target) = (&chain.n, &chain.c, chain.target.clone());
     let mut statuses = Vec::new();
     let mut held = Vec::new();
     for _ in 0..12 {
-        let mut t = std::net::TcpStream::connect(n.addr).unwrap();
-        t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        t.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
-            .unwrap();
-        let mut head = [0u8; 64];
-        let k = t.read(&mut head).unwrap_or(0);
-        statuses.push(String::from_utf8_lossy(&head[..k.min(12)]).into_owned());
+        let (head, t) = central::connect(n.addr, &target);
+        statuses.push(head.chars().take(12).collect::<String>());
         held.push(t);
     }
     let ok = statuses.iter().filter(|s| s.starts_with("HTTP/1.1 200")).count();
@@ -961,13 +907,7 @@ fn a_nodes_streams_count_against_the_centrals_connection_limits() {
     // Closing tunnels gives the slots back.
     drop(held);
     assert!(wait_for(5, || {
-        let mut t = std::net::TcpStream::connect(n.addr).unwrap();
-        t.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        t.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
-            .unwrap();
-        let mut head = [0u8; 12];
-        t.read(&mut head)
-            .is_ok_and(|k| head[..k].starts_with(b"HTTP/1.1 200"))
+        central::connect(n.addr, &target).0.starts_with("HTTP/1.1 200")
     }));
 }
 

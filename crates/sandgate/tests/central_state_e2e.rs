@@ -19,7 +19,7 @@ mod central;
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use central::{Pki, node};
@@ -171,29 +171,17 @@ fn two_centrals_on_one_database_serve_a_node_as_one() {
     let echo_id = request(a.admin, "echo.test", echo.addr().port());
     assert_eq!(decide(a.admin, &echo_id, "approve"), 200);
     let target = format!("echo.test:{}", echo.addr().port());
-    let mut t = TcpStream::connect(n.addr).unwrap();
-    t.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut tunnel = None;
+    // The approval reaches A's rules within a second; retry the CONNECT until it does.
     assert!(within(2, || {
-        // The approval reaches A's rules within a second; retry the CONNECT until it does.
-        let mut s = TcpStream::connect(n.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
-            .unwrap();
-        let mut head = [0u8; 12];
-        let ok = s
-            .read(&mut head)
-            .is_ok_and(|k| head[..k].starts_with(b"HTTP/1.1 200"));
+        let (head, s) = central::connect(n.addr, &target);
+        let ok = head.starts_with("HTTP/1.1 200");
         if ok {
-            t = s;
+            tunnel = Some(s);
         }
         ok
     }));
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") && head.len() < 4096 {
-        t.read_exact(&mut byte).unwrap();
-        head.push(byte[0]);
-    }
+    let mut t = tunnel.expect("a tunnel");
     t.write_all(b"ping").unwrap();
     let mut pong = [0u8; 4];
     t.read_exact(&mut pong).unwrap();

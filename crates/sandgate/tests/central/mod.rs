@@ -213,3 +213,44 @@ pub struct Node {
     pub addr: SocketAddr,
     _dir: tempfile::TempDir,
 }
+
+/// Sends `CONNECT target` to `proxy` and reads the whole response head (at most 4 KiB, 10 s):
+/// the head, and the stream (a tunnel when the head says 200).
+pub fn connect(proxy: SocketAddr, target: &str) -> (String, std::net::TcpStream) {
+    use std::io::{Read, Write};
+    #[expect(clippy::disallowed_methods, reason = "a test client of the proxy under test")]
+    let mut t = std::net::TcpStream::connect(proxy).unwrap();
+    t.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    t.set_write_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    t.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 4096 {
+        match t.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    (String::from_utf8_lossy(&head).into_owned(), t)
+}
+
+/// An open tunnel to `target` through `proxy` (the 200 checked).
+pub fn tunnel(proxy: SocketAddr, target: &str) -> std::net::TcpStream {
+    let (head, t) = connect(proxy, target);
+    assert!(head.starts_with("HTTP/1.1 200"), "CONNECT {target}: {head:?}");
+    t
+}
+
+/// A central's `spec` body allowing each `(host, port)`, tunnels carrying any protocol, and
+/// node-a vouching for project p1.
+pub fn spec_allowing(dests: &[(&str, u16)]) -> String {
+    let mut body = String::from("  network:\n    allowlist:\n");
+    for (host, port) in dests {
+        body.push_str(&format!("      - host: {host}\n        ports: [{port}]\n"));
+    }
+    body.push_str("    tunnels: { tls_only: false }\n  nodes:\n    - name: node-a\n      projects: [p1]\n");
+    body
+}
