@@ -172,8 +172,15 @@ pub fn sandgate_central(
     ]);
     central.arg("--policy").arg(&policy);
     central.arg("--audit-log").arg(d.join("central.jsonl"));
-    central.args(["--dns-server", "127.0.0.1:9", "--max-connections", "8000"]);
-    central.args(["--max-connections-per-client", "8000"]);
+    // Every tunnel is a stream from the one node, and a stream takes two slots (three
+    // descriptors): room for the idle tunnels and the churn on one listener, from one client.
+    central.args(["--dns-server", "127.0.0.1:9", "--max-connections", "9800"]);
+    central.args([
+        "--max-connections-per-client",
+        "9800",
+        "--max-connections-per-listener",
+        "9800",
+    ]);
     for a in allowed(s) {
         central.args(["--allow", &a.to_string()]);
     }

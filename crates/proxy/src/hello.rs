@@ -38,7 +38,11 @@ pub enum Seen {
     Unreadable,
     ServerFirst,
     Silent,
+    /// The client closed (a clean end) before sending anything.
     Closed,
+    /// The client's connection failed (a reset) before it sent anything: there is nothing
+    /// to carry.
+    Reset,
 }
 
 impl Seen {
@@ -52,7 +56,7 @@ impl Seen {
             Seen::Unreadable => FirstBytes::UnreadableHello,
             Seen::ServerFirst => FirstBytes::ServerFirst,
             Seen::Silent => FirstBytes::Silent,
-            Seen::Closed => FirstBytes::Closed,
+            Seen::Closed | Seen::Reset => FirstBytes::Closed,
         }
     }
 
@@ -169,7 +173,7 @@ pub(crate) async fn read_first(
                     Ok(0) => return (buf, Seen::Unreadable),
                     Ok(_) => {}
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(_) if before == 0 => return (buf, Seen::Closed),
+                    Err(_) if before == 0 => return (buf, Seen::Reset),
                     Err(_) => return (buf, Seen::Unreadable),
                 }
             }

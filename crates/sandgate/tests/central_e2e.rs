@@ -946,3 +946,62 @@ fn an_expired_ca_and_a_shared_directory_are_refused() {
     assert!(err.contains("written by others"), "{err}");
     assert!(!shared.path().join("ca.key").exists());
 }
+
+/// A client that resets its tunnel before sending a byte ends it at the node at once (it
+/// used to be taken for a half-close, and the tunnel waited on the origin); a node that
+/// dies mid-tunnel ends the central's side at once too, even when the origin stays silent
+/// and open (the bridge cannot show the core a reset; the pump tells it).
+#[test]
+fn reset_tunnels_end_at_once_even_when_the_origin_stays_silent() {
+    let w = World::new();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    let held = std::thread::spawn(move || {
+        // Accepts and holds two connections open, never reading, writing or closing them,
+        // until the test ends (at most 20 s).
+        let conns: Vec<_> = (0..2).filter_map(|_| silent.accept().ok()).collect();
+        let _ = wait.recv_timeout(Duration::from_secs(20));
+        drop(conns);
+    });
+    let dns = w.dns(Zone::new().with("hold.test", &["127.0.0.1"]));
+    let pki = Pki::new();
+    let c = central(
+        &pki,
+        dns.addr(),
+        &central::spec_allowing(&[("hold.test", port)]),
+        &[],
+    );
+    let cert = pki.node("node-a", &[]);
+    let target = format!("hold.test:{port}");
+    let mut n = node(&cert, &[c.node_addr], &[&target], Some(("t1", "p1")));
+
+    let t = central::tunnel(n.addr, &target);
+    socket2::SockRef::from(&t)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(t); // a reset
+    let at_node = events_where(&n.proxy.audit_path, 1, |e| e["event"] == "close");
+    assert_eq!(at_node.len(), 1, "the node's tunnel did not end");
+    assert_eq!(at_node[0]["outcome"], "client_reset", "{}", at_node[0]);
+
+    let mut t = central::tunnel(n.addr, &target);
+    t.write_all(b"x").unwrap(); // past the first-bytes check: relaying
+    assert_eq!(
+        events_where(&c.proxy.audit_path, 2, |e| e["decision"] == "allow").len(),
+        2
+    );
+    let _ = n.proxy.child.kill();
+    let _ = n.proxy.child.wait();
+    let ended = events_where(&c.proxy.audit_path, 1, |e| {
+        e["event"] == "close" && e["outcome"] == "client_reset"
+    });
+    assert!(
+        !ended.is_empty(),
+        "the central's tunnel outlived its node: {:#?}",
+        read_audit(&c.proxy.audit_path)
+    );
+    drop(t);
+    let _ = done.send(());
+    held.join().unwrap();
+}

@@ -367,7 +367,7 @@ async fn exchange(
         .map_err(|e| HopError::Unavailable(e.to_string()))?;
     let (core, pump) = bridge::pair().map_err(|e| HopError::Unavailable(e.to_string()))?;
     tokio::spawn(async move {
-        bridge::pump(upgraded, pump).await;
+        bridge::pump(upgraded, pump, None).await;
         drop(slot);
     });
     Ok(core)

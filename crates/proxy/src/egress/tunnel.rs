@@ -31,6 +31,21 @@ impl Egress {
         early: Vec<u8>,
         status: Option<u16>,
     ) {
+        self.carry_linked(client, dialed, early, status, None).await;
+    }
+
+    /// As [`Egress::carry`], for a client whose end cannot show a reset (a node's stream
+    /// bridged through a socket pair): `reset`, a child of the dialled tunnel's stop token
+    /// ([`Dialed::stop`]), is cancelled by the bridge when the stream is reset, and the
+    /// relay then ends as `client_reset` rather than waiting on a half-closed tunnel.
+    pub(crate) async fn carry_linked(
+        &self,
+        client: &TcpStream,
+        dialed: Dialed,
+        early: Vec<u8>,
+        status: Option<u16>,
+        reset: Option<tokio_util::sync::CancellationToken>,
+    ) {
         // Boxed and finished before the relay starts, so a long-lived tunnel carries none
         // of the checking state.
         let Some((opened, first, retry_rules)) =
@@ -64,11 +79,15 @@ impl Egress {
                 Err((up, down, outcome)) => return self.close(grant, end(sent + up, down, outcome)).await,
             }
         }
+        let stop = reset.as_ref().unwrap_or(grant.stop());
         let (more_sent, more_received, outcome) =
-            relay::tunnel(client, &upstream, self.limits.tunnel_idle_timeout, grant.stop()).await;
-        // Cut by its own token while the proxy runs on: the exception was revoked.
+            relay::tunnel(client, &upstream, self.limits.tunnel_idle_timeout, stop).await;
+        // Cut by its own token while the proxy runs on: the exception was revoked; by the
+        // bridge's alone: the client's stream was reset.
         let outcome = match outcome {
-            Outcome::Shutdown if !self.hard_stop.is_cancelled() => Outcome::Revoked,
+            Outcome::Shutdown if self.hard_stop.is_cancelled() => Outcome::Shutdown,
+            Outcome::Shutdown if grant.stop().is_cancelled() => Outcome::Revoked,
+            Outcome::Shutdown => Outcome::ClientReset,
             other => other,
         };
         let e = end(sent + more_sent, received + more_received, outcome);
@@ -122,6 +141,11 @@ impl Egress {
             Ok((first, Seen::Silent)) if idle <= first_bytes => {
                 let _ = first;
                 self.end_unstarted(dialed, None, Outcome::IdleTimeout).await;
+                return None;
+            }
+            // Reset before a byte: nothing to carry, and no half-close to wait out.
+            Ok((_, Seen::Reset)) => {
+                self.end_unstarted(dialed, None, Outcome::ClientReset).await;
                 return None;
             }
             Ok(read) => read,

@@ -10,10 +10,10 @@ use std::os::fd::OwnedFd;
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpStream, UnixStream};
+use tokio_util::sync::CancellationToken;
 
-/// The pump never ends a quiet stream itself: the core's relay on the other end of the
-/// socket pair keeps the tunnel's idle timer and closes its end, which ends the pump.
-const NO_IDLE_LIMIT: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+/// Bytes read at once in either direction.
+const PUMP_CHUNK: usize = 64 * 1024;
 
 /// A connected pair: the core's end (a stream socket the core drives like an accepted TCP
 /// connection: reads, writes, shutdown and splice all work on it) and the pump's end.
@@ -28,9 +28,66 @@ pub(crate) fn pair() -> io::Result<(TcpStream, UnixStream)> {
     Ok((TcpStream::from_std(core)?, UnixStream::from_std(pump)?))
 }
 
-/// Moves bytes between `stream` and `pump` (the relay for any two streams) until both
-/// directions end or either fails.
-pub(crate) async fn pump(stream: Upgraded, pump: UnixStream) {
-    let never = tokio_util::sync::CancellationToken::new();
-    let _ = crate::relay::relay_streams(TokioIo::new(stream), pump, NO_IDLE_LIMIT, &never).await;
+/// Why a pump ended early.
+enum Gone {
+    /// The stream failed (reset, or its connection lost).
+    Stream,
+    /// The core closed its end outright (the tunnel ended: a reset client, the idle timer, a
+    /// cut), which is not a half-close.
+    Core,
+}
+
+/// Moves bytes between `stream` and the core's socket until both directions end or either
+/// side fails. A clean end of either is passed on as a half-close; the core closing its end
+/// outright resets the stream (dropped unfinished: RST_STREAM CANCEL), and the stream
+/// failing (its connection lost) cancels `reset`, so the core's relay ends at once: a
+/// socket pair can only show it a clean end, which it would take for a half-close. (hyper
+/// reads a CANCEL from the peer as a clean end of the stream, so a node's reset reaches
+/// the central as a half-close: that tunnel then ends when its origin closes, or idles out.)
+pub(crate) async fn pump(stream: Upgraded, pump: UnixStream, reset: Option<CancellationToken>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+    let (mut s_read, mut s_write) = tokio::io::split(TokioIo::new(stream));
+    let (mut p_read, mut p_write) = pump.into_split();
+    let to_stream = async {
+        let mut buf = vec![0u8; PUMP_CHUNK];
+        loop {
+            let n = p_read.read(&mut buf).await.map_err(|_| Gone::Core)?;
+            if n == 0 {
+                // Closed outright shows as a hang-up on the writing side too.
+                let ready = tokio::time::timeout(
+                    std::time::Duration::ZERO,
+                    p_read.as_ref().ready(Interest::WRITABLE),
+                )
+                .await;
+                if matches!(ready, Ok(Ok(r)) if r.is_write_closed()) {
+                    return Err(Gone::Core);
+                }
+                let _ = s_write.shutdown().await;
+                return Ok(());
+            }
+            s_write
+                .write_all(buf.get(..n).unwrap_or_default())
+                .await
+                .map_err(|_| Gone::Stream)?;
+        }
+    };
+    let to_core = async {
+        let mut buf = vec![0u8; PUMP_CHUNK];
+        loop {
+            let n = s_read.read(&mut buf).await.map_err(|_| Gone::Stream)?;
+            if n == 0 {
+                let _ = p_write.shutdown().await;
+                return Ok(());
+            }
+            p_write
+                .write_all(buf.get(..n).unwrap_or_default())
+                .await
+                .map_err(|_| Gone::Core)?;
+        }
+    };
+    if let Err(Gone::Stream) = tokio::try_join!(to_stream, to_core)
+        && let Some(reset) = reset
+    {
+        reset.cancel();
+    }
 }

@@ -245,11 +245,16 @@ async fn stream_request(
             Ok(s) => s,
             Err(_) => return egress.abandon(dialed, Some(200)).await,
         };
+        // The node resetting its stream ends the tunnel here too (an error, not a half-close).
+        let reset = dialed.stop().child_token();
+        let pump_reset = reset.clone();
         let carry = async move {
-            egress.carry(&core, dialed, Vec::new(), Some(200)).await;
+            egress
+                .carry_linked(&core, dialed, Vec::new(), Some(200), Some(reset))
+                .await;
             // `core` is dropped here: the pump sees the end and resets the stream.
         };
-        tokio::join!(carry, bridge::pump(stream, pump));
+        tokio::join!(carry, bridge::pump(stream, pump, Some(pump_reset)));
     });
     Response::new(Full::new(Bytes::new()))
 }

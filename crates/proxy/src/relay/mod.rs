@@ -5,8 +5,8 @@
 //! [`tunnel`] relays two TCP sockets: on Linux with splice(2) (`splice.rs`: payload never
 //! enters user space, and the whole tunnel is one small hand-written future), elsewhere with
 //! the portable copy relay (`copy.rs`). `copy.rs` is compiled everywhere and also relays any
-//! pair of async streams ([`relay_streams`]: the node-to-central bridge pumps each HTTP/2
-//! stream with it; that one keeps a buffer per direction). Either socket relay holds no
+//! pair of async streams ([`relay_streams`], a buffer per direction; the node-to-central
+//! bridge has a pump of its own, `node/bridge.rs`). Either socket relay holds no
 //! user-space buffer while a tunnel idles.
 
 mod copy;
@@ -21,6 +21,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::audit::event::Outcome;
 
+#[cfg_attr(
+    not(test),
+    expect(
+        unused_imports,
+        reason = "see relay_streams: no caller outside the tests today"
+    )
+)]
 pub(crate) use copy::relay_streams;
 
 /// Relays `client` and `upstream` until both directions end, one fails, the tunnel idles
