@@ -332,11 +332,6 @@ fn centrals(
     if args.upstream.is_empty() {
         return Ok(None);
     }
-    let hops = args
-        .upstream
-        .iter()
-        .map(|u| sandgate_proxy::dial::Hop::parse(u).map_err(|e| invalid("--upstream", u, e)))
-        .collect::<Result<Vec<_>, _>>()?;
     let (Some(ca), Some(cert), Some(key)) = (&args.upstream_ca, &args.client_cert, &args.client_key) else {
         return Err(invalid(
             "--upstream",
@@ -350,9 +345,12 @@ fn centrals(
         key: key.clone(),
         http1: args.upstream_transport.as_deref() == Some("http1"),
     };
-    sandgate_proxy::dial::Centrals::new(hops, files)
-        .map(|c| Some(std::sync::Arc::new(c)))
-        .map_err(|e| invalid("--client-cert", &cert.display().to_string(), e))
+    use sandgate_proxy::dial::{Centrals, CentralsError};
+    match Centrals::from_urls(&args.upstream, files) {
+        Ok(c) => Ok(Some(std::sync::Arc::new(c))),
+        Err(CentralsError::Url(u, e)) => Err(invalid("--upstream", &u, e)),
+        Err(CentralsError::Tls(e)) => Err(invalid("--client-cert", &cert.display().to_string(), e)),
+    }
 }
 
 /// `--upstream-proxy`: `IP:PORT`, `HOST:PORT` or `http://HOST:PORT[/]`. A name is resolved

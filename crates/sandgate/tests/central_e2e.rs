@@ -20,6 +20,7 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use central::{Pki, central, node};
+use common::control::get_status;
 use common::world::{World, events_of};
 use common::{curl, read_audit};
 use sandgate_testkit::dns::Zone;
@@ -351,13 +352,7 @@ fn a_node_fails_over_to_the_next_central_and_never_goes_direct() {
         Some(("t1", "p1")),
     );
     let url = format!("http://ok.test:{}/", origin.port());
-    let get = || {
-        curl(
-            &format!("http://{}", n.addr),
-            &["-sS", "-o", "/dev/null", "-w", "%{http_code}", &url],
-        )
-        .1
-    };
+    let get = || get_status(n.addr, &url);
     assert_eq!(get(), "200");
 
     // A tunnel through A, echoing.
@@ -472,12 +467,7 @@ fn sighup_reloads_certificates_without_dropping_tunnels() {
     let pki = &chain.pki;
     let mut t = central::tunnel(n.addr, &target);
 
-    let hup = |pid: u32| {
-        std::process::Command::new("kill")
-            .args(["-HUP", &pid.to_string()])
-            .status()
-            .unwrap();
-    };
+    let hup = central::hup;
     // A new central certificate, then SIGHUP to both.
     let (code, _, err) = central::pki(&["issue", "--central", "127.0.0.1", "--force"], pki.dir.path());
     assert_eq!(code, 0, "{err}");
@@ -719,22 +709,13 @@ fn a_node_dropped_from_the_policy_loses_its_open_connection_at_the_next_stream()
     let ok_p = format!("ok.test:{}", origin.port());
     let n = node(&cert, &[c.node_addr], &[&ok_p], Some(("t1", "p1")));
     let url = format!("http://ok.test:{}/", origin.port());
-    let get = || {
-        curl(
-            &format!("http://{}", n.addr),
-            &["-sS", "-o", "/dev/null", "-w", "%{http_code}", &url],
-        )
-        .1
-    };
+    let get = || get_status(n.addr, &url);
     assert_eq!(get(), "200");
     let text = std::fs::read_to_string(&c.policy)
         .unwrap()
         .replace("name: node-a", "name: node-z");
     std::fs::write(&c.policy, text).unwrap();
-    std::process::Command::new("kill")
-        .args(["-HUP", &c.proxy.child.id().to_string()])
-        .status()
-        .unwrap();
+    central::hup(c.proxy.child.id());
     assert!(c.proxy.log_line("nodes reloaded").is_some());
     assert_eq!(get(), "403");
     let refused = events_where(&c.proxy.audit_path, 1, |e| e["reason_code"] == "node_unknown");
@@ -767,20 +748,7 @@ fn a_node_trusted_with_any_task_cannot_claim_another_project() {
     let cert = pki.node("node-a", &[]);
     let allow = [format!("ok.test:{port}"), format!("secret.test:{port}")];
     let refs: Vec<&str> = allow.iter().map(String::as_str).collect();
-    let get = |n: &central::Node, host: &str| {
-        curl(
-            &format!("http://{}", n.addr),
-            &[
-                "-sS",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-                &format!("http://{host}:{port}/"),
-            ],
-        )
-        .1
-    };
+    let get = |n: &central::Node, host: &str| get_status(n.addr, &format!("http://{host}:{port}/"));
     // Any task, no project: fine, and p-secret's entry does not apply.
     let n = node(&cert, &[c.node_addr], &refs, Some(("someone", "p-none")));
     assert_eq!(get(&n, "ok.test"), "403", "p-none is not node-a's project");
@@ -861,11 +829,7 @@ fn a_client_holding_every_stream_of_a_connection_does_not_block_the_others() {
     }
     let started = Instant::now();
     let url = format!("http://ok.test:{}/", origin.port());
-    let (_, code, _) = curl(
-        &format!("http://{}", n.addr),
-        &["-sS", "-o", "/dev/null", "-w", "%{http_code}", &url],
-    );
-    assert_eq!(code, "200");
+    assert_eq!(get_status(n.addr, &url), "200");
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "{:?}",

@@ -23,9 +23,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use central::{Pki, node};
-use common::control::{api, within};
+use common::control::{api, get_status, within};
 use common::world::free_addr;
-use common::{ProxyProcess, curl, read_audit};
+use common::{ProxyProcess, read_audit};
 use sandgate_testkit::dns::Zone;
 use sandgate_testkit::pg::{PgCluster, TestDb};
 
@@ -73,14 +73,6 @@ fn start_central(pki: &Pki, dns: SocketAddr, db: &str, ports: &[u16]) -> Central
     ]);
     let node_addr = central::listener_with_role(&p, "node");
     Central { p, node_addr, admin }
-}
-
-fn get(proxy: SocketAddr, url: &str) -> String {
-    curl(
-        &format!("http://{proxy}"),
-        &["-sS", "-o", "/dev/null", "-w", "%{http_code}", url],
-    )
-    .1
 }
 
 fn request(admin: SocketAddr, host: &str, port: u16) -> String {
@@ -132,7 +124,7 @@ fn two_centrals_on_one_database_serve_a_node_as_one() {
     let web = format!("http://web.test:{}/", origin.port());
 
     // Denied at the central, on record under the node's task and name.
-    assert_eq!(get(n.addr, &web), "403");
+    assert_eq!(get_status(n.addr, &web), "403");
     let denied = read_audit(&a.p.audit_path);
     let d = denied
         .iter()
@@ -146,16 +138,16 @@ fn two_centrals_on_one_database_serve_a_node_as_one() {
 
     // Approved through A, it applies through B within a second.
     let id = request(a.admin, "web.test", origin.port());
-    assert_eq!(get(via_b.addr, &web), "403");
+    assert_eq!(get_status(via_b.addr, &web), "403");
     assert_eq!(decide(a.admin, &id, "approve"), 200);
     let approved = Instant::now();
-    assert!(within(2, || get(via_b.addr, &web) == "200"));
+    assert!(within(2, || get_status(via_b.addr, &web) == "200"));
     assert!(
         approved.elapsed() < Duration::from_millis(1500),
         "{:?}",
         approved.elapsed()
     );
-    assert_eq!(get(n.addr, &web), "200");
+    assert_eq!(get_status(n.addr, &web), "200");
     let allowed = read_audit(&b.p.audit_path);
     let e = allowed
         .iter()
@@ -219,11 +211,15 @@ fn two_centrals_on_one_database_serve_a_node_as_one() {
     // A killed: the node fails over to B, where the approved exception holds.
     let _ = a.p.child.kill();
     let _ = a.p.child.wait();
-    assert_eq!(get(n.addr, &web), "200");
+    assert_eq!(get_status(n.addr, &web), "200");
 
     // PostgreSQL stopped: B decides on what it knew; approvals answer 503; it resumes.
     cluster.stop();
-    assert_eq!(get(n.addr, &web), "200", "the exception last known still applies");
+    assert_eq!(
+        get_status(n.addr, &web),
+        "200",
+        "the exception last known still applies"
+    );
     let body = format!(
         r#"{{"task_id":"t-1","requested_hosts":["web.test"],"requested_ports":[{}],"ttl_seconds":60,"reason":"r"}}"#,
         origin.port()
@@ -248,5 +244,5 @@ fn two_centrals_on_one_database_serve_a_node_as_one() {
         .0 == 201),
         "B resumes without a restart"
     );
-    assert_eq!(get(n.addr, &web), "200");
+    assert_eq!(get_status(n.addr, &web), "200");
 }

@@ -37,6 +37,15 @@ pub enum UpstreamUrlError {
     Bad(String, String),
 }
 
+/// Why central proxies could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum CentralsError {
+    #[error("{0:?}: {1}")]
+    Url(String, UpstreamUrlError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
 /// One central proxy as configured: where it is and the name its certificate must carry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hop {
@@ -129,6 +138,16 @@ enum HopError {
 }
 
 impl Centrals {
+    /// Parses each `https://HOST:PORT` of `urls` and reads the TLS files (what both the
+    /// proxy's `--upstream` and a sandbox policy's `net.proxy.upstream` give).
+    pub fn from_urls(urls: &[String], files: ClientFiles) -> Result<Centrals, CentralsError> {
+        let hops = urls
+            .iter()
+            .map(|u| Hop::parse(u).map_err(|e| CentralsError::Url(u.clone(), e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Centrals::new(hops, files)?)
+    }
+
     /// Reads the TLS files; connections are made when first needed.
     pub fn new(hops: Vec<Hop>, files: ClientFiles) -> Result<Centrals, TlsError> {
         let http1 = files.http1;
@@ -145,11 +164,6 @@ impl Centrals {
     /// Reads the TLS files again: new connections use them, open ones carry on.
     pub fn reload_tls(&self) -> Result<(), TlsError> {
         self.tls.reload()
-    }
-
-    /// The first central's name, for messages.
-    pub fn first(&self) -> Option<&Hop> {
-        self.hops.first().map(|(h, _)| h)
     }
 
     /// Opens a stream to `target` on a central, attributed to `identity`; returns the core's

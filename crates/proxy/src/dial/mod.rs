@@ -31,7 +31,7 @@ use crate::metrics::Metrics;
 
 pub mod central;
 
-pub use central::{Centrals, Hop, UpstreamUrlError};
+pub use central::{Centrals, CentralsError, Hop, UpstreamUrlError};
 
 /// Where DNS questions go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -343,17 +343,7 @@ impl Dialer {
 
     /// Connects to a central proxy, within the connect timeout.
     async fn connect_central(&self, addr: SocketAddr) -> Result<TcpStream, DialError> {
-        #[expect(clippy::disallowed_methods, reason = "the one place that dials out")]
-        let attempt = tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr)).await;
-        match attempt {
-            Ok(Ok(stream)) => {
-                let _ = stream.set_nodelay(true);
-                Ok(stream)
-            }
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Err(DialError::Refused),
-            Ok(Err(e)) => Err(DialError::Connect(e)),
-            Err(_) => Err(DialError::ConnectTimeout),
-        }
+        connect_one(addr, tokio::time::Instant::now() + self.connect_timeout).await
     }
 
     /// Every address `target` resolves to, unvetted (for `explain --resolve`).
@@ -402,25 +392,34 @@ impl Dialer {
         let mut last = DialError::ConnectTimeout;
         for addr in &vetted.addrs {
             let started = std::time::Instant::now();
-            #[expect(clippy::disallowed_methods, reason = "the one place that dials out")]
-            let attempt = tokio::time::timeout_at(deadline, TcpStream::connect(*addr)).await;
+            let attempt = connect_one(*addr, deadline).await;
             if let Some(m) = &self.metrics {
                 m.connect_seconds.observe(started.elapsed().as_secs_f64());
             }
             match attempt {
-                Ok(Ok(stream)) => {
-                    // Latency matters more than packet count for proxied request/response.
-                    let _ = stream.set_nodelay(true);
-                    return Ok((stream, *addr));
-                }
-                Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                    last = DialError::Refused;
-                }
-                Ok(Err(e)) => last = DialError::Connect(e),
-                Err(_) => return Err(DialError::ConnectTimeout),
+                Ok(stream) => return Ok((stream, *addr)),
+                Err(DialError::ConnectTimeout) => return Err(DialError::ConnectTimeout),
+                Err(e) => last = e,
             }
         }
         Err(last)
+    }
+}
+
+/// One outbound TCP connect, finished by `deadline`: `Refused`, `Connect` or
+/// `ConnectTimeout` when it fails.
+async fn connect_one(addr: SocketAddr, deadline: tokio::time::Instant) -> Result<TcpStream, DialError> {
+    #[expect(clippy::disallowed_methods, reason = "the one place that dials out")]
+    let attempt = tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await;
+    match attempt {
+        Ok(Ok(stream)) => {
+            // Latency matters more than packet count for proxied request/response.
+            let _ = stream.set_nodelay(true);
+            Ok(stream)
+        }
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Err(DialError::Refused),
+        Ok(Err(e)) => Err(DialError::Connect(e)),
+        Err(_) => Err(DialError::ConnectTimeout),
     }
 }
 

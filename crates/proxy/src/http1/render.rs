@@ -60,7 +60,7 @@ pub(crate) fn render(c: &Classified, request_id: &str) -> Vec<u8> {
 }
 
 /// An RFC 8941 sf-string: printable ASCII in quotes, with `"` and `\` escaped.
-fn sf_string(text: &str) -> String {
+pub(crate) fn sf_string(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2);
     out.push('"');
     for c in text.chars() {

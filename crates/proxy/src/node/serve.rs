@@ -264,15 +264,13 @@ fn refused(r: Refused) -> Response<Full<Bytes>> {
     let c = &r.classified;
     let body = format!("sandgate: {}\nrequest id: {}\n", c.text, r.id);
     let status = StatusCode::from_u16(c.status).unwrap_or(StatusCode::FORBIDDEN);
-    let details: String = c
-        .text
-        .chars()
-        .filter(|ch| ch.is_ascii() && !ch.is_ascii_control())
-        .map(|ch| if ch == '"' || ch == '\\' { '\'' } else { ch })
-        .collect();
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
-    let proxy_status = format!("sandgate; error={}; details=\"{details}\"", c.error_type);
+    let proxy_status = format!(
+        "sandgate; error={}; details={}",
+        c.error_type,
+        crate::http1::render::sf_string(&c.text)
+    );
     if let Ok(v) = hyper::header::HeaderValue::from_str(&proxy_status) {
         response.headers_mut().insert("proxy-status", v);
     }

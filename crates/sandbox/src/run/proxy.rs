@@ -182,23 +182,18 @@ fn proxy_config(
 fn centrals(
     spec: &crate::policy::CentralSpec,
 ) -> Result<std::sync::Arc<sandgate_proxy::dial::Centrals>, RunError> {
-    let hops = spec
-        .upstreams
-        .iter()
-        .map(|u| {
-            sandgate_proxy::dial::Hop::parse(u)
-                .map_err(|e| RunError::Usage(format!("net.proxy.upstream: {u:?}: {e}")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
     let files = sandgate_proxy::node::ClientFiles {
         ca: spec.ca.clone(),
         cert: spec.cert.clone(),
         key: spec.key.clone(),
         http1: false,
     };
-    sandgate_proxy::dial::Centrals::new(hops, files)
-        .map(std::sync::Arc::new)
-        .map_err(|e| RunError::Usage(format!("net.proxy.tls: {e}")))
+    use sandgate_proxy::dial::{Centrals, CentralsError};
+    match Centrals::from_urls(&spec.upstreams, files) {
+        Ok(c) => Ok(std::sync::Arc::new(c)),
+        Err(e @ CentralsError::Url(..)) => Err(RunError::Usage(format!("net.proxy.upstream: {e}"))),
+        Err(CentralsError::Tls(e)) => Err(RunError::Usage(format!("net.proxy.tls: {e}"))),
+    }
 }
 
 /// Binds `name` in the run's bridge directory and relays its connections to `target`

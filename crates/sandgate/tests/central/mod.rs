@@ -254,3 +254,12 @@ pub fn spec_allowing(dests: &[(&str, u16)]) -> String {
     body.push_str("    tunnels: { tls_only: false }\n  nodes:\n    - name: node-a\n      projects: [p1]\n");
     body
 }
+
+/// Sends SIGHUP to `pid` (reload the policy and the TLS files).
+pub fn hup(pid: u32) {
+    let status = Command::new("kill")
+        .args(["-HUP", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -HUP {pid}");
+}
