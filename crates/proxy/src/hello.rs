@@ -11,8 +11,8 @@
 use std::io;
 use std::time::Duration;
 
+use crate::relay::Leg;
 use sandgate_policy::FirstBytes;
-use tokio::net::TcpStream;
 
 /// At most this many bytes are read before the first bytes are judged (a ClientHello with
 /// post-quantum key shares is about 2 KiB; one TLS record holds 16 KiB).
@@ -146,8 +146,8 @@ fn with_record_version(buf: &[u8]) -> Vec<u8> {
 /// until they can be judged, the server speaks first, the client closes, `limit` passes, or
 /// [`MAX_FIRST_BYTES`] are in. Returns every byte read, to be forwarded unchanged.
 pub(crate) async fn read_first(
-    client: &TcpStream,
-    upstream: &TcpStream,
+    client: &mut Leg<'_>,
+    upstream: &mut Leg<'_>,
     early: Vec<u8>,
     limit: Duration,
 ) -> (Vec<u8>, Seen) {
@@ -161,8 +161,10 @@ pub(crate) async fn read_first(
         tokio::select! {
             biased;
             ready = client.readable() => {
+                // A stream's reset shows here (a socket's, on the read).
                 if ready.is_err() {
-                    return (buf, Seen::Closed);
+                    let seen = if buf.is_empty() { Seen::Reset } else { Seen::Unreadable };
+                    return (buf, seen);
                 }
                 let room = MAX_FIRST_BYTES.saturating_sub(buf.len()).min(16 * 1024 + 5);
                 buf.reserve(room);
@@ -188,7 +190,7 @@ pub(crate) async fn read_first(
 }
 
 /// One non-blocking read of at most `room` bytes, appended to `buf`.
-fn read_some(stream: &TcpStream, buf: &mut Vec<u8>, room: usize) -> io::Result<usize> {
+fn read_some(stream: &mut Leg<'_>, buf: &mut Vec<u8>, room: usize) -> io::Result<usize> {
     let start = buf.len();
     buf.resize(start + room, 0);
     let result = stream.try_read(buf.get_mut(start..).unwrap_or_default());

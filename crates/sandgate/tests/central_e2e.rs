@@ -912,9 +912,10 @@ fn an_expired_ca_and_a_shared_directory_are_refused() {
 }
 
 /// A client that resets its tunnel before sending a byte ends it at the node at once (it
-/// used to be taken for a half-close, and the tunnel waited on the origin); a node that
-/// dies mid-tunnel ends the central's side at once too, even when the origin stays silent
-/// and open (the bridge cannot show the core a reset; the pump tells it).
+/// used to be taken for a half-close, and the tunnel waited on the origin), and the node's
+/// reset of the stream ends it at the central too. So does a client's reset mid-tunnel (the
+/// central used to read the node's RST_STREAM as a clean end and wait on the origin), and a
+/// node that dies mid-tunnel; each even when the origin stays silent and open.
 #[test]
 fn reset_tunnels_end_at_once_even_when_the_origin_stays_silent() {
     let w = World::new();
@@ -922,9 +923,9 @@ fn reset_tunnels_end_at_once_even_when_the_origin_stays_silent() {
     let port = silent.local_addr().unwrap().port();
     let (done, wait) = std::sync::mpsc::channel::<()>();
     let held = std::thread::spawn(move || {
-        // Accepts and holds two connections open, never reading, writing or closing them,
+        // Accepts and holds three connections open, never reading, writing or closing them,
         // until the test ends (at most 20 s).
-        let conns: Vec<_> = (0..2).filter_map(|_| silent.accept().ok()).collect();
+        let conns: Vec<_> = (0..3).filter_map(|_| silent.accept().ok()).collect();
         let _ = wait.recv_timeout(Duration::from_secs(20));
         drop(conns);
     });
@@ -948,6 +949,17 @@ fn reset_tunnels_end_at_once_even_when_the_origin_stays_silent() {
     let at_node = events_where(&n.proxy.audit_path, 1, |e| e["event"] == "close");
     assert_eq!(at_node.len(), 1, "the node's tunnel did not end");
     assert_eq!(at_node[0]["outcome"], "client_reset", "{}", at_node[0]);
+    let reset_at_central = |n: usize, what: &str| {
+        let ended = events_where(&c.proxy.audit_path, n, |e| {
+            e["event"] == "close" && e["outcome"] == "client_reset"
+        });
+        assert!(
+            ended.len() >= n,
+            "{what}: the central's tunnel outlived it: {:#?}",
+            read_audit(&c.proxy.audit_path)
+        );
+    };
+    reset_at_central(1, "a reset before the first byte");
 
     let mut t = central::tunnel(n.addr, &target);
     t.write_all(b"x").unwrap(); // past the first-bytes check: relaying
@@ -955,16 +967,21 @@ fn reset_tunnels_end_at_once_even_when_the_origin_stays_silent() {
         events_where(&c.proxy.audit_path, 2, |e| e["decision"] == "allow").len(),
         2
     );
+    socket2::SockRef::from(&t)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(t);
+    reset_at_central(2, "a reset mid-tunnel");
+
+    let mut t = central::tunnel(n.addr, &target);
+    t.write_all(b"x").unwrap();
+    assert_eq!(
+        events_where(&c.proxy.audit_path, 3, |e| e["decision"] == "allow").len(),
+        3
+    );
     let _ = n.proxy.child.kill();
     let _ = n.proxy.child.wait();
-    let ended = events_where(&c.proxy.audit_path, 1, |e| {
-        e["event"] == "close" && e["outcome"] == "client_reset"
-    });
-    assert!(
-        !ended.is_empty(),
-        "the central's tunnel outlived its node: {:#?}",
-        read_audit(&c.proxy.audit_path)
-    );
+    reset_at_central(3, "the node's death");
     drop(t);
     let _ = done.send(());
     held.join().unwrap();

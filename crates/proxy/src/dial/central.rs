@@ -12,18 +12,20 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use h2::client::SendRequest;
 use http_body_util::Empty;
-use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use sandgate_policy::{Access, Identity, Target};
 use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::DialError;
 use crate::node::tls::{ClientFiles, Reloadable, TlsError};
 use crate::node::{ACCESS_FIELD, attribution, bridge, serve};
+use crate::relay::{self, Leg, NodeStream, StreamSlot, Upstream};
 
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -94,19 +96,11 @@ impl Hop {
 /// One kept connection to a central, and how many of its streams are open.
 #[derive(Debug)]
 struct Conn {
-    sender: SendRequest<Empty<Bytes>>,
+    sender: SendRequest<Bytes>,
     addr: SocketAddr,
     open: Arc<AtomicUsize>,
-}
-
-/// A stream's place on a connection, given back when the stream ends.
-#[derive(Debug)]
-struct Slot(Arc<AtomicUsize>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
+    /// Cancelled when the connection has ended.
+    closed: CancellationToken,
 }
 
 /// The connections to one central, with its back-off. A connection carries at most as
@@ -175,7 +169,7 @@ impl Centrals {
         access: Access,
         identity: &Identity,
         timeout: Duration,
-    ) -> Result<(TcpStream, SocketAddr), DialError> {
+    ) -> Result<(Upstream, SocketAddr), DialError> {
         let request = || connect_request(target, access, identity);
         let mut last = String::from("no central proxy configured");
         for (hop, state) in &self.hops {
@@ -183,9 +177,9 @@ impl Centrals {
                 self.tunnel_http1(dialer, hop, state, request, timeout).await
             } else {
                 match self.sender(dialer, hop, state).await {
-                    Ok(Some((sender, addr, slot))) => exchange(sender, request, timeout, Some(slot))
+                    Ok(Some((sender, addr, slot))) => open_stream(sender, request, timeout, slot, access)
                         .await
-                        .map(|core| Some((core, addr))),
+                        .map(|up| Some((up, addr))),
                     Ok(None) => Ok(None),
                     Err(e) => Err(e),
                 }
@@ -215,49 +209,57 @@ impl Centrals {
         dialer: &super::Dialer,
         hop: &Hop,
         state: &Mutex<HopState>,
-    ) -> Result<Option<(SendRequest<Empty<Bytes>>, SocketAddr, Slot)>, HopError> {
+    ) -> Result<Option<(SendRequest<Bytes>, SocketAddr, StreamSlot)>, HopError> {
         let mut state = state.lock().await;
-        state.conns.retain(|c| !c.sender.is_closed());
+        state.conns.retain(|c| !c.closed.is_cancelled());
         let room = state
             .conns
             .iter()
             .find(|c| c.open.load(Ordering::Relaxed) < serve::MAX_STREAMS as usize);
         if let Some(c) = room {
             c.open.fetch_add(1, Ordering::Relaxed);
-            return Ok(Some((c.sender.clone(), c.addr, Slot(c.open.clone()))));
+            return Ok(Some((c.sender.clone(), c.addr, StreamSlot(c.open.clone()))));
         }
         if state.down_until.is_some_and(|at| Instant::now() < at) {
             return Ok(None);
         }
         let (tls, addr) = self.tls_connect(dialer, hop).await?;
-        let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+        let mut builder = h2::client::Builder::new();
         builder
-            .timer(TokioTimer::new())
-            .initial_stream_window_size(serve::STREAM_WINDOW)
+            .initial_window_size(serve::STREAM_WINDOW)
             .initial_connection_window_size(serve::CONNECTION_WINDOW)
             .max_frame_size(serve::MAX_FRAME)
-            .keep_alive_interval(Some(serve::KEEPALIVE))
-            .keep_alive_timeout(serve::KEEPALIVE_TIMEOUT)
-            .keep_alive_while_idle(true);
-        let (sender, connection) = builder
-            .handshake(TokioIo::new(tls))
+            .max_header_list_size(serve::MAX_HEADER_LIST);
+        let handshake = builder.handshake::<_, Bytes>(tls);
+        let (sender, mut connection) = tokio::time::timeout(dialer.connect_timeout, handshake)
             .await
+            .map_err(|_| HopError::Unavailable("HTTP/2: no settings in time".into()))?
             .map_err(|e| HopError::Unavailable(format!("HTTP/2: {e}")))?;
         let name = hop.name.clone();
+        let closed = CancellationToken::new();
+        let ended = closed.clone();
+        let ping = connection.ping_pong();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!(central = %name, error = %e, "connection to the central proxy ended");
+            tokio::select! {
+                r = &mut connection => if let Err(e) = r {
+                    tracing::warn!(central = %name, error = %e, "connection to the central proxy ended");
+                },
+                () = crate::node::keepalive(ping) => {
+                    tracing::warn!(central = %name, "the central proxy stopped answering pings; connection dropped");
+                }
             }
+            ended.cancel();
         });
         let open = Arc::new(AtomicUsize::new(1));
         state.conns.push(Conn {
             sender: sender.clone(),
             addr,
             open: open.clone(),
+            closed,
         });
         state.backoff = Duration::ZERO;
         state.down_until = None;
-        Ok(Some((sender, addr, Slot(open))))
+        Ok(Some((sender, addr, StreamSlot(open))))
     }
 
     /// `--upstream-transport http1`: a new mutual-TLS connection for this one tunnel, with
@@ -267,9 +269,9 @@ impl Centrals {
         dialer: &super::Dialer,
         hop: &Hop,
         state: &Mutex<HopState>,
-        request: impl FnOnce() -> Result<hyper::Request<Empty<Bytes>>, HopError>,
+        request: impl FnOnce() -> Result<hyper::Request<()>, HopError>,
         timeout: Duration,
-    ) -> Result<Option<(TcpStream, SocketAddr)>, HopError> {
+    ) -> Result<Option<(Upstream, SocketAddr)>, HopError> {
         if state
             .lock()
             .await
@@ -283,8 +285,8 @@ impl Centrals {
             .await
             .map_err(|e| HopError::Unavailable(format!("HTTP/1.1: {e}")))?;
         tokio::spawn(connection.with_upgrades());
-        let core = exchange(sender, request, timeout, None).await?;
-        Ok(Some((core, addr)))
+        let core = exchange_http1(sender, request, timeout).await?;
+        Ok(Some((Upstream::Tcp(core), addr)))
     }
 
     /// A TCP connection to `hop` and the mutual-TLS handshake on it.
@@ -312,63 +314,84 @@ impl Centrals {
     }
 }
 
-/// The CONNECT request for `target` with the request's attribution.
+/// The CONNECT request for `target` with the request's attribution (its authority is the
+/// target; HTTP/2 carries it as `:authority`, HTTP/1.1 as the request target and `Host`).
 fn connect_request(
     target: &Target,
     access: Access,
     identity: &Identity,
-) -> Result<hyper::Request<Empty<Bytes>>, HopError> {
+) -> Result<hyper::Request<()>, HopError> {
     let authority = target.to_string();
-    let mut request =
-        hyper::Request::connect(authority.as_str()).header(hyper::header::HOST, authority.as_str());
+    let mut request = hyper::Request::connect(authority.as_str());
     for (k, v) in attribution::fields(identity) {
         request = request.header(k, v);
     }
     if access == Access::Http {
         request = request.header(ACCESS_FIELD, "http");
     }
-    request
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| HopError::Unavailable(e.to_string()))
+    request.body(()).map_err(|e| HopError::Unavailable(e.to_string()))
 }
 
-/// Either transport's request sender.
-trait Sender {
-    async fn send(
-        &mut self,
-        request: hyper::Request<Empty<Bytes>>,
-    ) -> hyper::Result<hyper::Response<hyper::body::Incoming>>;
-}
-
-impl Sender for SendRequest<Empty<Bytes>> {
-    async fn send(
-        &mut self,
-        request: hyper::Request<Empty<Bytes>>,
-    ) -> hyper::Result<hyper::Response<hyper::body::Incoming>> {
-        self.ready().await?;
-        self.send_request(request).await
-    }
-}
-
-impl Sender for hyper::client::conn::http1::SendRequest<Empty<Bytes>> {
-    async fn send(
-        &mut self,
-        request: hyper::Request<Empty<Bytes>>,
-    ) -> hyper::Result<hyper::Response<hyper::body::Incoming>> {
-        self.ready().await?;
-        self.send_request(request).await
-    }
-}
-
-/// Sends the CONNECT, and on a 2xx bridges the stream: the core's end.
-async fn exchange(
-    mut sender: impl Sender,
-    request: impl FnOnce() -> Result<hyper::Request<Empty<Bytes>>, HopError>,
+/// Opens a CONNECT stream on an HTTP/2 connection; on a 2xx it is the upstream: the stream
+/// itself for a tunnel (the core relays it frame by frame), or, for plain HTTP requests
+/// (which the HTTP/1 forwarder writes and reads as a socket), the core's end of a socket
+/// pair relayed to the stream.
+async fn open_stream(
+    sender: SendRequest<Bytes>,
+    request: impl FnOnce() -> Result<hyper::Request<()>, HopError>,
     timeout: Duration,
-    slot: Option<Slot>,
-) -> Result<TcpStream, HopError> {
+    slot: StreamSlot,
+    access: Access,
+) -> Result<Upstream, HopError> {
     let request = request()?;
-    let response = match tokio::time::timeout(timeout, sender.send(request)).await {
+    let unavailable = |e: h2::Error| HopError::Unavailable(e.to_string());
+    let exchange = async {
+        let mut sender = sender.ready().await.map_err(unavailable)?;
+        let (response, send) = sender.send_request(request, false).map_err(unavailable)?;
+        let response = response.await.map_err(unavailable)?;
+        Ok::<_, HopError>((response, send))
+    };
+    let (response, send) = tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| HopError::Unavailable("no answer in time".into()))??;
+    if !response.status().is_success() {
+        return Err(HopError::Refused(response.status().as_u16()));
+    }
+    let mut stream = NodeStream::new(send, response.into_body(), Some(slot));
+    if access != Access::Http {
+        return Ok(Upstream::Stream(Box::new(stream)));
+    }
+    let (core, pump) = bridge::socket_pair().map_err(|e| HopError::Unavailable(e.to_string()))?;
+    tokio::spawn(async move {
+        let never = CancellationToken::new();
+        let _ = relay::tunnel(
+            &mut Leg::Tcp(&pump),
+            &mut Leg::Stream(&mut stream),
+            bridge::NO_IDLE,
+            &never,
+        )
+        .await;
+    });
+    Ok(Upstream::Tcp(core))
+}
+
+/// `--upstream-transport http1`: sends the CONNECT, and on a 2xx bridges the connection:
+/// the core's end.
+async fn exchange_http1(
+    mut sender: hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+    request: impl FnOnce() -> Result<hyper::Request<()>, HopError>,
+    timeout: Duration,
+) -> Result<TcpStream, HopError> {
+    let (parts, ()) = request()?.into_parts();
+    let mut request = hyper::Request::from_parts(parts, Empty::<Bytes>::new());
+    if let Ok(host) = hyper::header::HeaderValue::from_str(&request.uri().to_string()) {
+        request.headers_mut().insert(hyper::header::HOST, host);
+    }
+    let send = async {
+        sender.ready().await?;
+        sender.send_request(request).await
+    };
+    let response = match tokio::time::timeout(timeout, send).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => return Err(HopError::Unavailable(e.to_string())),
         Err(_) => return Err(HopError::Unavailable("no answer in time".into())),
@@ -380,10 +403,7 @@ async fn exchange(
         .await
         .map_err(|e| HopError::Unavailable(e.to_string()))?;
     let (core, pump) = bridge::pair().map_err(|e| HopError::Unavailable(e.to_string()))?;
-    tokio::spawn(async move {
-        bridge::pump(upgraded, pump, None).await;
-        drop(slot);
-    });
+    tokio::spawn(bridge::pump(upgraded, pump, None));
     Ok(core)
 }
 

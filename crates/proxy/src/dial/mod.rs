@@ -28,6 +28,7 @@ use sandgate_policy::{Access, AddrClass, AddressGuard, Host, Prohibited, Target}
 use tokio::net::TcpStream;
 
 use crate::metrics::Metrics;
+use crate::relay::Upstream;
 
 pub mod central;
 
@@ -270,14 +271,14 @@ impl Dialer {
 
     /// Connects to a vetted destination, ready for the request's bytes: directly, or, when
     /// chained, to the upstream proxy, which for a tunnel is first asked to open it.
-    pub async fn open(
+    pub(crate) async fn open(
         &self,
         vetted: &VettedAddrs,
         target: &Target,
         access: Access,
         identity: &sandgate_policy::Identity,
         timeout: Duration,
-    ) -> Result<(TcpStream, SocketAddr), DialError> {
+    ) -> Result<(Upstream, SocketAddr), DialError> {
         if let Some(central) = &self.central {
             return central.open(self, target, access, identity, timeout).await;
         }
@@ -288,7 +289,7 @@ impl Dialer {
         if self.is_chained() && access.is_tunnel() {
             self.upstream_tunnel(&mut stream, target, timeout).await?;
         }
-        Ok((stream, addr))
+        Ok((Upstream::Tcp(stream), addr))
     }
 
     /// Asks the upstream proxy for a tunnel to `target` on a fresh connection to it

@@ -20,7 +20,6 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use sandgate_policy::{Access, Context, Ruleset, Target, Verdict};
-use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::ask::Asker;
@@ -30,6 +29,7 @@ use crate::config::{Identity, Limits};
 use crate::dial::{DialError, Dialer};
 use crate::metrics::Metrics;
 use crate::refusal::{Classified, Refusal};
+use crate::relay::Upstream;
 use crate::rules::{CutGuard, Cuts, Layers};
 
 mod ask;
@@ -116,7 +116,7 @@ pub(crate) struct Grant {
 /// An upstream connection the core opened for a granted request.
 #[derive(Debug)]
 pub(crate) struct Opened {
-    pub stream: TcpStream,
+    pub stream: Upstream,
     pub addr: SocketAddr,
     /// The connection goes to an upstream proxy (which needs absolute-form HTTP requests).
     pub chained: bool,
@@ -129,7 +129,7 @@ pub(crate) struct Opened {
 #[derive(Debug)]
 pub(crate) struct Dialed {
     decided: Decided,
-    pub stream: TcpStream,
+    pub stream: Upstream,
     pub addr: SocketAddr,
     vetted_ip: Option<IpAddr>,
     /// Cancelled at the end of the shutdown grace, or when the granting rule is revoked.

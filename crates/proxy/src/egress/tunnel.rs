@@ -9,13 +9,12 @@ use std::time::Duration;
 use sandgate_policy::Target;
 use sandgate_policy::TunnelRules;
 use sandgate_policy::tunnel::SniMode;
-use tokio::net::TcpStream;
 
 use super::{Dialed, Egress, End, Opened};
 use crate::audit::event::{Outcome, UpstreamFailure};
 use crate::hello::{self, Seen, retry};
 use crate::refusal::Refusal;
-use crate::relay;
+use crate::relay::{self, Leg};
 
 /// A fatal TLS alert, access_denied (RFC 8446 section 6), in a TLS 1.2-versioned record.
 const ACCESS_DENIED_ALERT: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 49];
@@ -24,13 +23,7 @@ impl Egress {
     /// Checks, records, forwards and relays a dialled tunnel; records its close. `early`
     /// holds bytes the client sent behind its request; `status` is what the front end
     /// answered (200 for CONNECT, none for SOCKS5).
-    pub(crate) async fn carry(
-        &self,
-        client: &TcpStream,
-        dialed: Dialed,
-        early: Vec<u8>,
-        status: Option<u16>,
-    ) {
+    pub(crate) async fn carry(&self, client: Leg<'_>, dialed: Dialed, early: Vec<u8>, status: Option<u16>) {
         self.carry_linked(client, dialed, early, status, None).await;
     }
 
@@ -40,7 +33,7 @@ impl Egress {
     /// relay then ends as `client_reset` rather than waiting on a half-closed tunnel.
     pub(crate) async fn carry_linked(
         &self,
-        client: &TcpStream,
+        mut client: Leg<'_>,
         dialed: Dialed,
         early: Vec<u8>,
         status: Option<u16>,
@@ -49,15 +42,16 @@ impl Egress {
         // Boxed and finished before the relay starts, so a long-lived tunnel carries none
         // of the checking state.
         let Some((opened, first, retry_rules)) =
-            Box::pin(self.check_first_bytes(client, dialed, early)).await
+            Box::pin(self.check_first_bytes(&mut client, dialed, early)).await
         else {
             return;
         };
         let Opened {
-            stream: upstream,
+            stream: mut upstream,
             grant,
             ..
         } = opened;
+        let mut upstream = upstream.leg();
         let end = |sent, received, outcome| End {
             sent,
             received,
@@ -65,7 +59,7 @@ impl Egress {
             outcome,
         };
         let forwarded = first.len() as u64;
-        if forwarded > 0 && relay::write_all(&upstream, &first).await.is_err() {
+        if forwarded > 0 && upstream.write_all(&first).await.is_err() {
             let e = end(0, 0, Outcome::Upstream(UpstreamFailure::Closed));
             return self.close(grant, e).await;
         }
@@ -73,7 +67,7 @@ impl Egress {
         // A TLS handshake: a second ClientHello after a HelloRetryRequest is checked too.
         let (mut sent, mut received) = (forwarded, 0);
         if let Some(rules) = retry_rules {
-            let retried = Box::pin(check_retry(client, &upstream, &grant.target, &rules)).await;
+            let retried = Box::pin(check_retry(&mut client, &mut upstream, &grant.target, &rules)).await;
             match retried {
                 Ok((up, down)) => (sent, received) = (sent + up, down),
                 Err((up, down, outcome)) => return self.close(grant, end(sent + up, down, outcome)).await,
@@ -81,7 +75,7 @@ impl Egress {
         }
         let stop = reset.as_ref().unwrap_or(grant.stop());
         let (more_sent, more_received, outcome) =
-            relay::tunnel(client, &upstream, self.limits.tunnel_idle_timeout, stop).await;
+            relay::tunnel(&mut client, &mut upstream, self.limits.tunnel_idle_timeout, stop).await;
         // Cut by its own token while the proxy runs on: the exception was revoked; by the
         // bridge's alone: the client's stream was reset.
         let outcome = match outcome {
@@ -117,8 +111,8 @@ impl Egress {
     /// decision. `None`: refused (on record; the connection is dropped).
     async fn check_first_bytes(
         &self,
-        client: &TcpStream,
-        dialed: Dialed,
+        client: &mut Leg<'_>,
+        mut dialed: Dialed,
         early: Vec<u8>,
     ) -> Option<(Opened, Vec<u8>, Option<TunnelRules>)> {
         let rules = self.rules().tunnels().clone();
@@ -129,8 +123,9 @@ impl Egress {
         let idle = self.limits.tunnel_idle_timeout;
         let first_bytes = Duration::from_millis(rules.first_bytes_timeout_ms);
         let stop = dialed.stop().clone();
+        let mut upstream = dialed.stream.leg();
         let read = tokio::select! {
-            read = hello::read_first(client, &dialed.stream, early, first_bytes.min(idle)) => Ok(read),
+            read = hello::read_first(client, &mut upstream, early, first_bytes.min(idle)) => Ok(read),
             () = stop.cancelled() => Err(if self.hard_stop.is_cancelled() {
                 Outcome::Shutdown
             } else {
@@ -165,7 +160,7 @@ impl Egress {
                 let _ = dialed.refuse(self, Refusal::Tunnel { target, refusal }).await;
                 // A TLS client is told in its own terms, so it prints more than "reset".
                 if matches!(seen, Seen::ClientHello { .. }) {
-                    let _ = relay::write_all(client, &ACCESS_DENIED_ALERT).await;
+                    let _ = client.write_all(&ACCESS_DENIED_ALERT).await;
                 }
                 None
             }
@@ -178,8 +173,8 @@ impl Egress {
 /// the same rules and passes it on. `Ok((sent, received))`; `Err` with the bytes moved and
 /// the outcome when the second hello is refused (the tunnel ends there) or a side failed.
 async fn check_retry(
-    client: &TcpStream,
-    upstream: &TcpStream,
+    client: &mut Leg<'_>,
+    upstream: &mut Leg<'_>,
     target: &Target,
     rules: &TunnelRules,
 ) -> Result<(u64, u64), (u64, u64, Outcome)> {
@@ -189,7 +184,7 @@ async fn check_retry(
         retry::ServerFirst::Retry(bytes) => (bytes, true),
     };
     let received = down.len() as u64;
-    if !down.is_empty() && relay::write_all(client, &down).await.is_err() {
+    if !down.is_empty() && client.write_all(&down).await.is_err() {
         return Err((0, 0, Outcome::ClientFailure));
     }
     if !retry {
@@ -197,10 +192,10 @@ async fn check_retry(
     }
     let (up, seen) = retry::read_second(client, limit).await;
     if rules.check(target, &seen.as_first_bytes()).is_err() {
-        let _ = relay::write_all(client, &ACCESS_DENIED_ALERT).await;
+        let _ = client.write_all(&ACCESS_DENIED_ALERT).await;
         return Err((0, received, Outcome::RetryRefused));
     }
-    if relay::write_all(upstream, &up).await.is_err() {
+    if upstream.write_all(&up).await.is_err() {
         return Err((0, received, Outcome::Upstream(UpstreamFailure::Closed)));
     }
     Ok((up.len() as u64, received))

@@ -12,7 +12,7 @@
 use std::io;
 use std::time::Duration;
 
-use tokio::net::TcpStream;
+use crate::relay::Leg;
 
 use super::{MAX_FIRST_BYTES, Seen, examine, read_some};
 
@@ -51,7 +51,7 @@ pub(crate) fn is_retry(buf: &[u8]) -> Option<bool> {
 }
 
 /// Reads the server's first bytes, at most until a HelloRetryRequest can be told apart.
-pub(crate) async fn read_server_first(upstream: &TcpStream, limit: Duration) -> ServerFirst {
+pub(crate) async fn read_server_first(upstream: &mut Leg<'_>, limit: Duration) -> ServerFirst {
     let mut buf = Vec::new();
     let deadline = tokio::time::Instant::now() + limit;
     loop {
@@ -98,7 +98,7 @@ pub(crate) fn examine_second(buf: &[u8]) -> Option<Seen> {
 }
 
 /// Reads the client's second flight until it can be judged (or `limit` passes).
-pub(crate) async fn read_second(client: &TcpStream, limit: Duration) -> (Vec<u8>, Seen) {
+pub(crate) async fn read_second(client: &mut Leg<'_>, limit: Duration) -> (Vec<u8>, Seen) {
     let mut buf = Vec::new();
     let deadline = tokio::time::Instant::now() + limit;
     loop {

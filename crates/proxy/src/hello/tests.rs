@@ -136,7 +136,13 @@ fn forwarded_equals_sent(sent: Vec<u8>, chunk: usize) -> Result<(), TestCaseErro
             .unwrap();
         let writer_end = writer.await.unwrap();
         drop(writer_end);
-        let (first, _seen) = read_first(&client, &upstream, Vec::new(), Duration::from_secs(5)).await;
+        let (first, _seen) = read_first(
+            &mut Leg::Tcp(&client),
+            &mut Leg::Tcp(&upstream),
+            Vec::new(),
+            Duration::from_secs(5),
+        )
+        .await;
         let mut rest = Vec::new();
         {
             use tokio::io::AsyncReadExt;
@@ -190,10 +196,22 @@ async fn a_server_that_speaks_first_and_a_silent_client_are_told_apart() {
         .await
         .unwrap();
     let (mut server, _) = up_listener.accept().await.unwrap();
-    let (bytes, seen) = read_first(&client, &upstream, Vec::new(), Duration::from_millis(50)).await;
+    let (bytes, seen) = read_first(
+        &mut Leg::Tcp(&client),
+        &mut Leg::Tcp(&upstream),
+        Vec::new(),
+        Duration::from_millis(50),
+    )
+    .await;
     assert_eq!((bytes.len(), seen), (0, Seen::Silent));
     server.write_all(b"220 smtp ready\r\n").await.unwrap();
-    let (bytes, seen) = read_first(&client, &upstream, Vec::new(), Duration::from_secs(5)).await;
+    let (bytes, seen) = read_first(
+        &mut Leg::Tcp(&client),
+        &mut Leg::Tcp(&upstream),
+        Vec::new(),
+        Duration::from_secs(5),
+    )
+    .await;
     assert_eq!((bytes.len(), seen), (0, Seen::ServerFirst));
 }
 

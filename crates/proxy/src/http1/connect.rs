@@ -30,7 +30,9 @@ pub(crate) async fn handle_connect(egress: &Egress, mut client: ClientConn, head
     }
     // Bytes the client sent early (a ClientHello pipelined behind the head) are the
     // tunnel's first bytes.
-    egress.carry(&stream, dialed, buf.to_vec(), Some(200)).await;
+    egress
+        .carry(crate::relay::Leg::Tcp(&stream), dialed, buf.to_vec(), Some(200))
+        .await;
 }
 
 /// Parses, decides and dials the target; answers and records every refusal. `None`: refused.

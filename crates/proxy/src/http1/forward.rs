@@ -149,11 +149,22 @@ async fn connect(
     }
     *outbound = None;
     let opened = decided.open(egress).await?;
+    // Requests are always given a socket (through a central, a bridged stream).
+    let stream = match opened.stream.into_tcp() {
+        Ok(s) => s,
+        Err(_) => {
+            let target = opened.grant.target.clone();
+            let error = crate::dial::DialError::CentralUnavailable("no socket for a request".into());
+            return Err(egress
+                .fail(opened.grant, Refusal::Dial { target, error }, 0, 0)
+                .await);
+        }
+    };
     *outbound = Some(Outbound {
         host: http.target.host.clone(),
         port: http.target.port,
         addr: opened.addr,
-        stream: opened.stream,
+        stream,
         buf: BytesMut::new(),
         chained: opened.chained,
     });

@@ -1,8 +1,10 @@
-//! The bridge between an HTTP/2 stream and the egress core: the core moves bytes between
-//! sockets (readiness, splice), so each stream gets a connected pair of local stream
-//! sockets; one end goes to the core, the other is pumped to and from the stream here.
-//! A clean end of either side is passed on as a half-close; dropping the core's end ends
-//! the pump and resets the stream, and the stream's end closes the core's socket.
+//! The bridge between a node transport's stream and code that wants a socket: a connected
+//! pair of local stream sockets, one end for the core, the other relayed to the stream. The
+//! HTTP/1.1 transport (`--upstream-transport http1`) bridges its upgraded connections with
+//! [`pump`] here; a node's plain HTTP requests (which the HTTP/1 forwarder writes and reads
+//! as a socket) bridge their HTTP/2 stream with the core's relay ([`socket_pair`]). A clean
+//! end of either side is passed on as a half-close; the pump resets the stream when the
+//! core's end is closed outright, and the stream's end closes the core's socket.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -19,14 +21,27 @@ const PUMP_CHUNK: usize = 64 * 1024;
 /// connection: reads, writes, shutdown and splice all work on it) and the pump's end.
 pub(crate) fn pair() -> io::Result<(TcpStream, UnixStream)> {
     let (core, pump) = std::os::unix::net::UnixStream::pair()?;
-    core.set_nonblocking(true)?;
     pump.set_nonblocking(true)?;
-    // The core's relay works on socket readiness and splice(2), which AF_UNIX stream
-    // sockets support like TCP ones; only socket options would differ, and none are set on
-    // this end.
-    let core = std::net::TcpStream::from(OwnedFd::from(core));
-    Ok((TcpStream::from_std(core)?, UnixStream::from_std(pump)?))
+    Ok((as_socket(core)?, UnixStream::from_std(pump)?))
 }
+
+/// Both ends of a pair as sockets the core's relay drives.
+pub(crate) fn socket_pair() -> io::Result<(TcpStream, TcpStream)> {
+    let (a, b) = std::os::unix::net::UnixStream::pair()?;
+    Ok((as_socket(a)?, as_socket(b)?))
+}
+
+/// A local stream socket as one the core drives like an accepted TCP connection: reads,
+/// writes, shutdown and splice(2) all work on AF_UNIX stream sockets as on TCP ones; only
+/// socket options would differ, and none are set on a bridge.
+fn as_socket(s: std::os::unix::net::UnixStream) -> io::Result<TcpStream> {
+    s.set_nonblocking(true)?;
+    TcpStream::from_std(std::net::TcpStream::from(OwnedFd::from(s)))
+}
+
+/// A bridge lasts as long as its two ends do: it has no idle limit of its own (a day stands
+/// for none; the core's end carries the real limits).
+pub(crate) const NO_IDLE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// Why a pump ended early.
 enum Gone {

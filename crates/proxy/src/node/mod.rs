@@ -4,9 +4,10 @@
 //! (`serve.rs`: a `role: node` listener: the TLS handshake requires a client certificate,
 //! the node is known by its certificate's names in `spec.nodes`, each stream's attribution
 //! is checked against the node's entry, then the stream is a request like any other for the
-//! egress core), with the TLS files (`tls.rs`), the attribution fields (`attribution.rs`)
-//! and the bridge between a stream and the core's sockets (`bridge.rs`). The node's side,
-//! which dials out, is `dial/central.rs`.
+//! egress core, which relays the stream itself: `relay/leg.rs`), with the TLS files
+//! (`tls.rs`), the attribution fields (`attribution.rs`) and the bridge that gives the
+//! HTTP/1.1 transport and a node's plain HTTP requests a socket (`bridge.rs`). The node's
+//! side, which dials out, is `dial/central.rs`.
 
 pub mod attribution;
 pub(crate) mod bridge;
@@ -22,6 +23,22 @@ pub use tls::{ClientFiles, ServerFiles, TlsError};
 /// Field naming whether a stream carries plain HTTP (`http`) rather than a tunnel: the
 /// central then decides it as an HTTP request (the bytes are relayed all the same).
 pub const ACCESS_FIELD: &str = "sandgate-access";
+
+/// PINGs a connection every [`serve::KEEPALIVE`]; returns when one goes unanswered for
+/// [`serve::KEEPALIVE_TIMEOUT`] (the caller then drops the connection). Never returns
+/// without `ping` (taken already).
+pub(crate) async fn keepalive(ping: Option<h2::PingPong>) {
+    let Some(mut ping) = ping else {
+        return std::future::pending().await;
+    };
+    loop {
+        tokio::time::sleep(serve::KEEPALIVE).await;
+        let answer = tokio::time::timeout(serve::KEEPALIVE_TIMEOUT, ping.ping(h2::Ping::opaque()));
+        if !matches!(answer.await, Ok(Ok(_))) {
+            return;
+        }
+    }
+}
 
 /// A central proxy's node listener: its TLS (reloadable) and the nodes it serves.
 #[derive(Debug)]

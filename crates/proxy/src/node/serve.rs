@@ -15,15 +15,17 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use sandgate_policy::{Access, Identity, NodeSpec};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::{ACCESS_FIELD, NodeListener, attribution, bridge, tls};
-use crate::egress::{Egress, Refused};
+use crate::admission::Permit;
+use crate::egress::{Dialed, Egress, Refused};
 use crate::refusal::{NodeRefusal, Refusal};
+use crate::relay::{Leg, NodeStream};
 
 /// Flow control (RFC 9113 section 5.2). Each stream may have `STREAM_WINDOW` bytes in
 /// flight that its reader has not taken, and the connection's window is that times the
@@ -37,7 +39,9 @@ pub(crate) const MAX_STREAMS: u32 = 512;
 pub(crate) const CONNECTION_WINDOW: u32 = STREAM_WINDOW * MAX_STREAMS;
 /// The largest DATA frame either side accepts: bulk tunnels move in fewer frames.
 pub(crate) const MAX_FRAME: u32 = 64 * 1024;
-/// PING a quiet connection this often; no answer within the timeout ends it.
+/// The largest header block either side accepts.
+pub(crate) const MAX_HEADER_LIST: u32 = 16 * 1024;
+/// PING a connection this often; no answer within the timeout ends it.
 pub(crate) const KEEPALIVE: Duration = Duration::from_secs(10);
 pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -53,7 +57,7 @@ pub(crate) struct StreamGate {
 }
 
 impl StreamGate {
-    fn admit(&self, peer: SocketAddr) -> Result<[crate::admission::Permit; 2], crate::refusal::LimitKind> {
+    fn admit(&self, peer: SocketAddr) -> Result<[Permit; 2], crate::refusal::LimitKind> {
         Ok([
             self.admission.admit(&self.slots, peer.ip())?,
             self.admission.admit(&self.slots, peer.ip())?,
@@ -100,142 +104,178 @@ pub(crate) async fn serve(
     };
     tracing::debug!(%peer, node = %node.name, "node connected");
     let names: Arc<[String]> = Arc::from(names);
-    let service = {
-        let egress = egress.clone();
-        let tracker = tracker.clone();
-        let listener = listener.clone();
-        hyper::service::service_fn(move |req| {
-            let (egress, tracker, listener, names, gate) = (
-                egress.clone(),
-                tracker.clone(),
-                listener.clone(),
-                names.clone(),
-                gate.clone(),
-            );
-            async move {
-                // The node's entry as it stands now: a reload that drops or narrows it
-                // applies to the next stream of a connection already up.
-                let node = listener.nodes().find(names.iter().map(String::as_str)).cloned();
-                // In a task of its own: a stream the node resets mid-decision (hyper then
-                // drops this future) is still decided, dialled and recorded to the end.
-                let work = tokio::spawn(stream_request(egress, peer, node, names, gate, tracker, req));
-                Ok::<_, Infallible>(work.await.unwrap_or_else(|_| {
-                    let mut r = Response::new(Full::new(Bytes::new()));
-                    *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-                    r
-                }))
-            }
-        })
+    let conn = Conn {
+        egress,
+        peer,
+        listener,
+        names,
+        gate,
     };
-    if !h2 {
-        // HTTP/1.1: one tunnel per connection (`--upstream-transport http1`, for comparison).
-        let connection = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(egress.limits.head_timeout)
-            .max_buf_size(16 * 1024)
-            .serve_connection(TokioIo::new(tls), service)
-            .with_upgrades();
-        tokio::pin!(connection);
-        tokio::select! {
-            _ = connection.as_mut() => {}
-            () = stop.cancelled() => {
-                connection.as_mut().graceful_shutdown();
-                let _ = connection.await;
-            }
-        }
-        return;
+    if h2 {
+        serve_h2(conn, tls, tracker, stop).await;
+    } else {
+        serve_http1(conn, tls, tracker, stop).await;
     }
-    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+}
+
+/// One node connection's parts each stream needs.
+#[derive(Clone)]
+struct Conn {
+    egress: Arc<Egress>,
+    peer: SocketAddr,
+    listener: Arc<NodeListener>,
+    /// The names of the node's certificate.
+    names: Arc<[String]>,
+    gate: StreamGate,
+}
+
+impl Conn {
+    /// The node's entry as it stands now: a reload that drops or narrows it applies to the
+    /// next stream of a connection already up.
+    fn node(&self) -> Option<NodeSpec> {
+        self.listener
+            .nodes()
+            .find(self.names.iter().map(String::as_str))
+            .cloned()
+    }
+}
+
+/// HTTP/2: each stream in a tracked task of its own (a stream the node resets mid-decision
+/// is still decided, dialled and recorded to the end), relayed by the core as it is.
+async fn serve_h2(
+    conn: Conn,
+    tls: tokio_rustls::server::TlsStream<TcpStream>,
+    tracker: TaskTracker,
+    stop: CancellationToken,
+) {
+    let mut builder = h2::server::Builder::new();
     builder
-        .timer(TokioTimer::new())
-        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_concurrent_streams(MAX_STREAMS)
         .max_frame_size(MAX_FRAME)
-        .keep_alive_interval(Some(KEEPALIVE))
-        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-        .max_header_list_size(16 * 1024);
-    let connection = builder.serve_connection(TokioIo::new(tls), service);
+        .max_header_list_size(MAX_HEADER_LIST);
+    let handshake = builder.handshake::<_, Bytes>(tls);
+    let mut connection = match tokio::time::timeout(conn.egress.limits.head_timeout, handshake).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return tracing::debug!(peer = %conn.peer, error = %e, "node connection: no HTTP/2"),
+        Err(_) => return tracing::debug!(peer = %conn.peer, "node connection: no HTTP/2 preface in time"),
+    };
+    let keepalive = super::keepalive(connection.ping_pong());
+    tokio::pin!(keepalive);
+    let mut stopping = false;
+    loop {
+        tokio::select! {
+            next = connection.accept() => match next {
+                Some(Ok((request, respond))) => {
+                    tracker.spawn(h2_stream(conn.clone(), request, respond));
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(peer = %conn.peer, error = %e, "node connection ended");
+                    break;
+                }
+                None => break,
+            },
+            // No new streams; the ones open run on (the connection is served until they end).
+            () = stop.cancelled(), if !stopping => {
+                connection.graceful_shutdown();
+                stopping = true;
+            }
+            () = &mut keepalive => {
+                tracing::warn!(peer = %conn.peer, "node stopped answering pings; connection dropped");
+                break;
+            }
+        }
+    }
+}
+
+/// One HTTP/2 stream: checked, decided and dialled; on success answered 200 and carried.
+async fn h2_stream(
+    conn: Conn,
+    request: Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<Bytes>,
+) {
+    let (parts, body) = request.into_parts();
+    let (dialed, _permits) = match admit(&conn, &parts).await {
+        Ok(admitted) => admitted,
+        Err(refused) => {
+            let (head, body) = refusal(refused);
+            if let Ok(mut send) = respond.send_response(head, false) {
+                let _ = send.send_data(body, true);
+            }
+            return;
+        }
+    };
+    let send = match respond.send_response(Response::new(()), false) {
+        Ok(send) => send,
+        Err(_) => return conn.egress.abandon(dialed, Some(200)).await,
+    };
+    let mut stream = NodeStream::new(send, body, None);
+    conn.egress
+        .carry(Leg::Stream(&mut stream), dialed, Vec::new(), Some(200))
+        .await;
+}
+
+/// HTTP/1.1: one tunnel per connection (`--upstream-transport http1`, for comparison),
+/// bridged to the core through a socket pair.
+async fn serve_http1(
+    conn: Conn,
+    tls: tokio_rustls::server::TlsStream<TcpStream>,
+    tracker: TaskTracker,
+    stop: CancellationToken,
+) {
+    let head_timeout = conn.egress.limits.head_timeout;
+    let service = hyper::service::service_fn(move |req| {
+        let (conn, tracker) = (conn.clone(), tracker.clone());
+        async move {
+            // In a task of its own: a request the node drops mid-decision is still decided,
+            // dialled and recorded to the end.
+            let work = tokio::spawn(http1_request(conn, tracker, req));
+            Ok::<_, Infallible>(work.await.unwrap_or_else(|_| {
+                let mut r = Response::new(Full::new(Bytes::new()));
+                *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                r
+            }))
+        }
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(head_timeout)
+        .max_buf_size(16 * 1024)
+        .serve_connection(TokioIo::new(tls), service)
+        .with_upgrades();
     tokio::pin!(connection);
     tokio::select! {
         _ = connection.as_mut() => {}
         () = stop.cancelled() => {
-            // No new streams; the ones open run on (their tunnels are tracked tasks).
             connection.as_mut().graceful_shutdown();
             let _ = connection.await;
         }
     }
 }
 
-/// Records a refused node connection (there is no HTTP exchange to answer on).
-async fn refuse_connection(egress: &Egress, peer: SocketAddr, why: NodeRefusal) {
-    tracing::warn!(%peer, reason = %why, "node connection refused");
-    let pending = egress.begin(peer, Arc::new(Identity::default()), None);
-    let _ = egress.refuse(pending, None, Refusal::Node(why)).await;
-}
-
-/// One stream: checks, decides, dials; on success answers 200 and carries the tunnel in a
-/// tracked task.
-async fn stream_request(
-    egress: Arc<Egress>,
-    peer: SocketAddr,
-    node: Option<NodeSpec>,
-    cert_names: Arc<[String]>,
-    gate: StreamGate,
+/// One HTTP/1.1 CONNECT: on success answers 200 and carries the tunnel in a tracked task.
+async fn http1_request(
+    conn: Conn,
     tracker: TaskTracker,
     mut req: Request<hyper::body::Incoming>,
 ) -> Response<Full<Bytes>> {
-    let method = Cow::Owned(req.method().as_str().to_owned());
-    let claimed = attribution::read(req.headers());
-    let identity = Arc::new(claimed.clone().unwrap_or_default());
-    let name = node.as_ref().map(|n| Arc::<str>::from(n.name.as_str()));
-    let pending = egress.begin_via(peer, identity.clone(), Some(method), name);
-    let permits = match gate.admit(peer) {
-        Ok(p) => p,
-        Err(kind) => return refused(egress.refuse(pending, None, Refusal::ConnectionLimit(kind)).await),
+    let (dialed, permits) = match admit(&conn, &to_parts(&req)).await {
+        Ok(admitted) => admitted,
+        Err(refused) => {
+            let (head, body) = refusal(refused);
+            return head.map(|()| Full::new(body));
+        }
     };
-    let Some(node) = node else {
-        let why = NodeRefusal::Unknown(cert_names.join(", "));
-        return refused(egress.refuse(pending, None, Refusal::Node(why)).await);
-    };
-    if req.method() != Method::CONNECT {
-        let why = NodeRefusal::NotConnect(req.method().to_string());
-        return refused(egress.refuse(pending, None, Refusal::Node(why)).await);
-    }
-    if let Err(e) = claimed {
-        return refused(egress.refuse(pending, None, Refusal::Node(e.into())).await);
-    }
-    if let Err(e) = node.vouches(identity.task.as_deref(), identity.project.as_deref()) {
-        return refused(egress.refuse(pending, None, Refusal::Node(e.into())).await);
-    }
-    let authority = req
-        .uri()
-        .authority()
-        .map(|a| a.as_str().to_owned())
-        .unwrap_or_default();
-    let target = match sandgate_policy::target::parse_connect_target(&authority) {
-        Ok(t) => t,
-        Err(e) => return refused(egress.refuse(pending, None, Refusal::Target(e)).await),
-    };
-    let access = match req.headers().get(ACCESS_FIELD).map(|v| v.as_bytes()) {
-        Some(b"http") => Access::Http,
-        _ => Access::Connect,
-    };
-    let decided = match egress.decide(pending, &target, access).await {
-        Ok(d) => d,
-        Err(r) => return refused(r),
-    };
-    let dialed = match decided.dial(&egress).await {
-        Ok(d) => d,
-        Err(r) => return refused(r),
-    };
+    let egress = conn.egress;
     // The bridge before the answer: a 200 promises a tunnel.
     let (core, pump) = match bridge::pair() {
         Ok(p) => p,
         Err(e) => {
-            tracing::warn!(error = %e, "cannot bridge a node stream");
-            let refusal = Refusal::ConnectionLimit(crate::refusal::LimitKind::Proxy);
-            return refused(dialed.refuse(&egress, refusal).await);
+            tracing::warn!(error = %e, "cannot bridge a node connection");
+            let refusal_ = Refusal::ConnectionLimit(crate::refusal::LimitKind::Proxy);
+            let (head, body) = refusal(dialed.refuse(&egress, refusal_).await);
+            return head.map(|()| Full::new(body));
         }
     };
     let upgrade = hyper::upgrade::on(&mut req);
@@ -245,27 +285,90 @@ async fn stream_request(
             Ok(s) => s,
             Err(_) => return egress.abandon(dialed, Some(200)).await,
         };
-        // The node resetting its stream ends the tunnel here too (an error, not a half-close).
+        // The connection failing ends the tunnel here too (an error, not a half-close).
         let reset = dialed.stop().child_token();
         let pump_reset = reset.clone();
         let carry = async move {
             egress
-                .carry_linked(&core, dialed, Vec::new(), Some(200), Some(reset))
+                .carry_linked(Leg::Tcp(&core), dialed, Vec::new(), Some(200), Some(reset))
                 .await;
-            // `core` is dropped here: the pump sees the end and resets the stream.
+            // `core` is dropped here: the pump sees the end and resets the connection.
         };
         tokio::join!(carry, bridge::pump(stream, pump, Some(pump_reset)));
     });
     Response::new(Full::new(Bytes::new()))
 }
 
-/// A refusal as an HTTP/2 response: the status, `Proxy-Status` (RFC 9209) and a short body.
-fn refused(r: Refused) -> Response<Full<Bytes>> {
+/// A request's head without its body.
+fn to_parts<B>(req: &Request<B>) -> hyper::http::request::Parts {
+    let mut parts = Request::new(()).into_parts().0;
+    parts.method = req.method().clone();
+    parts.uri = req.uri().clone();
+    parts.headers = req.headers().clone();
+    parts
+}
+
+/// Records a refused node connection (there is no HTTP exchange to answer on).
+async fn refuse_connection(egress: &Egress, peer: SocketAddr, why: NodeRefusal) {
+    tracing::warn!(%peer, reason = %why, "node connection refused");
+    let pending = egress.begin(peer, Arc::new(Identity::default()), None);
+    let _ = egress.refuse(pending, None, Refusal::Node(why)).await;
+}
+
+/// One stream's request: admitted against the connection limits, the node's entry checked
+/// (known, a CONNECT, attribution it may vouch for), then decided and dialled by the core.
+/// The permits are the tunnel's for as long as it lasts.
+async fn admit(conn: &Conn, req: &hyper::http::request::Parts) -> Result<(Dialed, [Permit; 2]), Refused> {
+    let egress = &conn.egress;
+    let node = conn.node();
+    let method = Cow::Owned(req.method.as_str().to_owned());
+    let claimed = attribution::read(&req.headers);
+    let identity = Arc::new(claimed.clone().unwrap_or_default());
+    let name = node.as_ref().map(|n| Arc::<str>::from(n.name.as_str()));
+    let pending = egress.begin_via(conn.peer, identity.clone(), Some(method), name);
+    let permits = match conn.gate.admit(conn.peer) {
+        Ok(p) => p,
+        Err(kind) => return Err(egress.refuse(pending, None, Refusal::ConnectionLimit(kind)).await),
+    };
+    let Some(node) = node else {
+        let why = NodeRefusal::Unknown(conn.names.join(", "));
+        return Err(egress.refuse(pending, None, Refusal::Node(why)).await);
+    };
+    if req.method != Method::CONNECT {
+        let why = NodeRefusal::NotConnect(req.method.to_string());
+        return Err(egress.refuse(pending, None, Refusal::Node(why)).await);
+    }
+    if let Err(e) = claimed {
+        return Err(egress.refuse(pending, None, Refusal::Node(e.into())).await);
+    }
+    if let Err(e) = node.vouches(identity.task.as_deref(), identity.project.as_deref()) {
+        return Err(egress.refuse(pending, None, Refusal::Node(e.into())).await);
+    }
+    let authority = req
+        .uri
+        .authority()
+        .map(|a| a.as_str().to_owned())
+        .unwrap_or_default();
+    let target = match sandgate_policy::target::parse_connect_target(&authority) {
+        Ok(t) => t,
+        Err(e) => return Err(egress.refuse(pending, None, Refusal::Target(e)).await),
+    };
+    let access = match req.headers.get(ACCESS_FIELD).map(|v| v.as_bytes()) {
+        Some(b"http") => Access::Http,
+        _ => Access::Connect,
+    };
+    let decided = egress.decide(pending, &target, access).await?;
+    let dialed = decided.dial(egress).await?;
+    Ok((dialed, permits))
+}
+
+/// A refusal as a response head and body: the status, `Proxy-Status` (RFC 9209) and a
+/// short text.
+fn refusal(r: Refused) -> (Response<()>, Bytes) {
     let c = &r.classified;
     let body = format!("sandgate: {}\nrequest id: {}\n", c.text, r.id);
-    let status = StatusCode::from_u16(c.status).unwrap_or(StatusCode::FORBIDDEN);
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
+    let mut response = Response::new(());
+    *response.status_mut() = StatusCode::from_u16(c.status).unwrap_or(StatusCode::FORBIDDEN);
     let proxy_status = format!(
         "sandgate; error={}; details={}",
         c.error_type,
@@ -274,5 +377,5 @@ fn refused(r: Refused) -> Response<Full<Bytes>> {
     if let Ok(v) = hyper::header::HeaderValue::from_str(&proxy_status) {
         response.headers_mut().insert("proxy-status", v);
     }
-    response
+    (response, Bytes::from(body))
 }

@@ -59,7 +59,7 @@ pub(super) async fn copy_relay(
 }
 
 /// Runs both directions until they end, the tunnel idles out or `stop` cuts it.
-async fn settle<T>(
+pub(super) async fn settle<T>(
     both: impl Future<Output = Result<T, Side>>,
     (last_activity, epoch, idle): (&AtomicU64, Instant, Duration),
     stop: &tokio_util::sync::CancellationToken,
@@ -77,20 +77,20 @@ async fn settle<T>(
 
 /// Which side of a tunnel failed.
 #[derive(Debug, Clone, Copy)]
-enum Side {
+pub(super) enum Side {
     Client,
     Upstream,
 }
 
 /// Progress counters shared by both directions of a tunnel.
-struct Meter<'a> {
-    count: &'a AtomicU64,
-    last: &'a AtomicU64,
-    epoch: Instant,
+pub(super) struct Meter<'a> {
+    pub count: &'a AtomicU64,
+    pub last: &'a AtomicU64,
+    pub epoch: Instant,
 }
 
 impl Meter<'_> {
-    fn moved(&self, n: usize) {
+    pub(super) fn moved(&self, n: usize) {
         self.count.fetch_add(n as u64, Ordering::Relaxed);
         self.last
             .store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);

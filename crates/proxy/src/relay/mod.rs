@@ -2,14 +2,16 @@
 //! while the other direction carries on, an error in either ending the tunnel (and only it),
 //! an idle timer, and the shutdown signal. Nothing here looks at the bytes.
 //!
-//! [`tunnel`] relays two TCP sockets: on Linux with splice(2) (`splice.rs`: payload never
-//! enters user space, and the whole tunnel is one small hand-written future), elsewhere with
-//! the portable copy relay (`copy.rs`). `copy.rs` is compiled everywhere and also relays any
-//! pair of async streams ([`relay_streams`], a buffer per direction; the node-to-central
-//! bridge has a pump of its own, `node/bridge.rs`). Either socket relay holds no
-//! user-space buffer while a tunnel idles.
+//! [`tunnel`] relays a tunnel's two ends ([`Leg`]s). Two TCP sockets go on Linux through
+//! splice(2) (`splice.rs`: payload never enters user space, and the whole tunnel is one
+//! small hand-written future), elsewhere through the portable copy relay (`copy.rs`). An end
+//! that is an HTTP/2 stream between a node and a central proxy is relayed frame by frame
+//! (`leg.rs`). `copy.rs` also relays any pair of async streams ([`relay_streams`], a buffer
+//! per direction; the HTTP/1.1 node transport's bridge has a pump of its own,
+//! `node/bridge.rs`). No relay holds a user-space buffer while a tunnel idles.
 
 mod copy;
+mod leg;
 #[cfg(target_os = "linux")]
 mod splice;
 
@@ -29,12 +31,26 @@ use crate::audit::event::Outcome;
     )
 )]
 pub(crate) use copy::relay_streams;
+pub(crate) use leg::{Leg, NodeStream, StreamSlot, Upstream};
 
 /// Relays `client` and `upstream` until both directions end, one fails, the tunnel idles
 /// out, or `stop` cuts it. Returns bytes client-to-upstream, upstream-to-client, and the
 /// outcome (`ok`, `client_reset`, `upstream_reset`, `idle_timeout`, `shutdown`,
 /// `proxy_out_of_descriptors`).
 pub(crate) async fn tunnel(
+    client: &mut Leg<'_>,
+    upstream: &mut Leg<'_>,
+    idle: Duration,
+    stop: &CancellationToken,
+) -> (u64, u64, Outcome) {
+    match (client.tcp(), upstream.tcp()) {
+        (Some(client), Some(upstream)) => sockets(client, upstream, idle, stop).await,
+        _ => leg::relay(client, upstream, idle, stop).await,
+    }
+}
+
+/// Relays two sockets.
+async fn sockets(
     client: &TcpStream,
     upstream: &TcpStream,
     idle: Duration,

@@ -9,6 +9,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
+use super::Leg;
+
 /// A connected pair: (the far end a test drives, the end the relay holds).
 async fn pair() -> (TcpStream, TcpStream) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -48,7 +50,13 @@ where
 #[tokio::test]
 async fn the_tunnel_relay_copies_both_ways_and_passes_half_closes_on() {
     scenario(|c, o| async move {
-        super::tunnel(&c, &o, Duration::from_secs(30), &CancellationToken::new()).await
+        super::tunnel(
+            &mut Leg::Tcp(&c),
+            &mut Leg::Tcp(&o),
+            Duration::from_secs(30),
+            &CancellationToken::new(),
+        )
+        .await
     })
     .await;
 }
@@ -67,8 +75,8 @@ async fn a_tunnel_that_moves_nothing_is_closed_at_the_idle_timeout() {
     let (_origin, origin_near) = pair().await;
     let started = std::time::Instant::now();
     let (_, _, outcome) = super::tunnel(
-        &client_near,
-        &origin_near,
+        &mut Leg::Tcp(&client_near),
+        &mut Leg::Tcp(&origin_near),
         Duration::from_millis(150),
         &CancellationToken::new(),
     )

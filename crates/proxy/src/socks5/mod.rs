@@ -108,7 +108,9 @@ pub(crate) async fn serve(
     if stream.write_all(&reply(SUCCEEDED)).await.is_err() {
         return egress.abandon(dialed, None).await;
     }
-    egress.carry(&stream, dialed, early, None).await;
+    egress
+        .carry(crate::relay::Leg::Tcp(&stream), dialed, early, None)
+        .await;
 }
 
 async fn answer(stream: &mut TcpStream, refused: &Refused) {

@@ -1,0 +1,369 @@
+//! One end of a tunnel: a TCP socket, or a stream of an HTTP/2 connection between a node
+//! and a central proxy (RFC 9113 section 8.5). The core reads a tunnel's first bytes and
+//! relays it through a [`Leg`] whichever it is; two sockets are relayed with splice(2),
+//! anything else by [`relay`], which passes an HTTP/2 stream's frames through as they come
+//! (no socket pair, no second copy), keeps HTTP/2 flow control honest (a stream's window is
+//! given back only once its bytes are written on), and tells a stream's reset
+//! (RST_STREAM) from its clean end.
+
+use std::future::poll_fn;
+use std::io;
+use std::net::Shutdown;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use h2::{RecvStream, SendStream};
+use socket2::SockRef;
+use tokio::net::TcpStream;
+
+use super::copy::{Meter, Side, settle};
+use crate::audit::event::Outcome;
+
+/// Read size while a tunnel moves data from a socket (also the largest DATA frame).
+const CHUNK: usize = 64 * 1024;
+
+/// An HTTP/2 stream carrying a tunnel: the two halves, and bytes taken from the receiving
+/// half (their window already given back) that nothing has read yet.
+#[derive(Debug)]
+pub(crate) struct NodeStream {
+    send: SendStream<Bytes>,
+    recv: RecvStream,
+    pending: Bytes,
+    /// The peer ended its half (END_STREAM).
+    ended: bool,
+    /// The stream's place on its connection, given back when it ends.
+    _slot: Option<StreamSlot>,
+}
+
+/// A stream's place among a connection's streams: counted while it is held.
+#[derive(Debug)]
+pub(crate) struct StreamSlot(pub Arc<AtomicUsize>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl NodeStream {
+    pub(crate) fn new(send: SendStream<Bytes>, recv: RecvStream, slot: Option<StreamSlot>) -> NodeStream {
+        NodeStream {
+            send,
+            recv,
+            pending: Bytes::new(),
+            ended: false,
+            _slot: slot,
+        }
+    }
+
+    /// Ends the stream abruptly (RST_STREAM CANCEL): the peer sees a reset, not an end.
+    pub(crate) fn reset(&mut self) {
+        self.send.send_reset(h2::Reason::CANCEL);
+    }
+}
+
+/// An upstream connection the core owns: a socket, or a stream to a central proxy.
+#[derive(Debug)]
+pub(crate) enum Upstream {
+    Tcp(TcpStream),
+    Stream(Box<NodeStream>),
+}
+
+impl Upstream {
+    pub(crate) fn leg(&mut self) -> Leg<'_> {
+        match self {
+            Upstream::Tcp(s) => Leg::Tcp(s),
+            Upstream::Stream(s) => Leg::Stream(s),
+        }
+    }
+
+    /// The socket, where the connection is one.
+    pub(crate) fn into_tcp(self) -> Result<TcpStream, Upstream> {
+        match self {
+            Upstream::Tcp(s) => Ok(s),
+            other => Err(other),
+        }
+    }
+}
+
+/// A tunnel's end as the core drives it (borrowed: the front end or the core owns it).
+#[derive(Debug)]
+pub(crate) enum Leg<'a> {
+    Tcp(&'a TcpStream),
+    Stream(&'a mut NodeStream),
+}
+
+impl Leg<'_> {
+    /// Waits until a read would not block (data, an end, or an error to report).
+    pub(crate) async fn readable(&mut self) -> io::Result<()> {
+        match self {
+            Leg::Tcp(s) => s.readable().await,
+            Leg::Stream(s) => {
+                while s.pending.is_empty() && !s.ended {
+                    match s.recv.data().await {
+                        Some(Ok(data)) => {
+                            let _ = s.recv.flow_control().release_capacity(data.len());
+                            s.pending = data;
+                        }
+                        None => s.ended = true,
+                        Some(Err(e)) => return Err(stream_error(e)),
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Reads what is there without waiting: `Ok(0)` at the end, `WouldBlock` when nothing is.
+    pub(crate) fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Leg::Tcp(s) => s.try_read(buf),
+            Leg::Stream(s) if !s.pending.is_empty() => {
+                let n = buf.len().min(s.pending.len());
+                let taken = s.pending.split_to(n);
+                if let Some(dst) = buf.get_mut(..n) {
+                    dst.copy_from_slice(&taken);
+                }
+                Ok(n)
+            }
+            Leg::Stream(s) if s.ended => Ok(0),
+            Leg::Stream(_) => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    /// Writes all of `data`.
+    pub(crate) async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
+        match self {
+            Leg::Tcp(s) => super::write_all(s, data).await,
+            Leg::Stream(s) => send(&mut s.send, Bytes::copy_from_slice(data)).await,
+        }
+    }
+
+    /// The socket, where this end is one.
+    pub(crate) fn tcp(&self) -> Option<&TcpStream> {
+        match self {
+            Leg::Tcp(s) => Some(s),
+            Leg::Stream(_) => None,
+        }
+    }
+
+    fn halves(&mut self) -> (Source<'_>, Sink<'_>) {
+        match self {
+            Leg::Tcp(s) => (Source::Tcp(s), Sink::Tcp(s)),
+            Leg::Stream(s) => {
+                let NodeStream {
+                    send,
+                    recv,
+                    pending,
+                    ended,
+                    ..
+                } = &mut **s;
+                let pending = std::mem::take(pending);
+                (
+                    Source::Stream {
+                        recv,
+                        pending,
+                        ended: *ended,
+                    },
+                    Sink::Stream(send),
+                )
+            }
+        }
+    }
+
+    /// Resets a stream (a socket is closed by its owner, which its peer sees).
+    fn reset(&mut self) {
+        if let Leg::Stream(s) = self {
+            s.reset();
+        }
+    }
+}
+
+/// A stream's failure as an I/O error: a reset (whatever its reason) or a lost connection.
+fn stream_error(e: h2::Error) -> io::Error {
+    if e.is_io() {
+        e.into_io()
+            .unwrap_or_else(|| io::ErrorKind::ConnectionReset.into())
+    } else {
+        io::Error::new(io::ErrorKind::ConnectionReset, e)
+    }
+}
+
+/// Sends `data` as the peer's window allows (waiting for it: a reader that stops holds
+/// this stream back, no other).
+async fn send(send: &mut SendStream<Bytes>, mut data: Bytes) -> io::Result<()> {
+    while !data.is_empty() {
+        send.reserve_capacity(data.len());
+        let room = match poll_fn(|cx| send.poll_capacity(cx)).await {
+            Some(Ok(n)) => n,
+            Some(Err(e)) => return Err(stream_error(e)),
+            None => return Err(io::ErrorKind::BrokenPipe.into()),
+        };
+        if room == 0 {
+            continue;
+        }
+        let chunk = data.split_to(room.min(data.len()));
+        send.send_data(chunk, false).map_err(stream_error)?;
+    }
+    Ok(())
+}
+
+/// Where one direction reads.
+enum Source<'a> {
+    Tcp(&'a TcpStream),
+    Stream {
+        recv: &'a mut RecvStream,
+        /// Read already, window given back.
+        pending: Bytes,
+        ended: bool,
+    },
+}
+
+/// Where one direction writes.
+enum Sink<'a> {
+    Tcp(&'a TcpStream),
+    Stream(&'a mut SendStream<Bytes>),
+}
+
+impl Sink<'_> {
+    /// Waits for the peer to reset this stream (never, for a socket: its errors show on I/O).
+    async fn reset(&mut self) {
+        match self {
+            Sink::Tcp(_) => std::future::pending().await,
+            Sink::Stream(s) => {
+                let _ = poll_fn(|cx| s.poll_reset(cx)).await;
+            }
+        }
+    }
+
+    async fn write(&mut self, data: Bytes) -> io::Result<()> {
+        match self {
+            Sink::Tcp(s) => super::write_all(s, &data).await,
+            Sink::Stream(s) => send(s, data).await,
+        }
+    }
+
+    /// Passes a clean end on: a socket's writes shut down, a stream's END_STREAM.
+    fn finish(&mut self) {
+        match self {
+            Sink::Tcp(s) => {
+                let _ = SockRef::from(*s).shutdown(Shutdown::Write);
+            }
+            Sink::Stream(s) => {
+                let _ = s.send_data(Bytes::new(), true);
+            }
+        }
+    }
+}
+
+/// Moves bytes from `src` to `dst` until the source ends (passed on as a clean end) or
+/// either side fails (`sides`: which is at fault for a read error, which for a write).
+async fn forward(
+    mut src: Source<'_>,
+    mut dst: Sink<'_>,
+    sides: (Side, Side),
+    meter: &Meter<'_>,
+) -> Result<(), Side> {
+    match &mut src {
+        Source::Tcp(s) => loop {
+            tokio::select! {
+                ready = s.readable() => ready.map_err(|_| sides.0)?,
+                () = dst.reset() => return Err(sides.1),
+            }
+            // Allocated only while data moves.
+            let mut buf = BytesMut::with_capacity(CHUNK);
+            match s.try_read_buf(&mut buf) {
+                Ok(0) => {
+                    dst.finish();
+                    return Ok(());
+                }
+                Ok(n) => {
+                    dst.write(buf.freeze()).await.map_err(|_| sides.1)?;
+                    meter.moved(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return Err(sides.0),
+            }
+        },
+        Source::Stream { recv, pending, ended } => {
+            let first = std::mem::take(pending);
+            if !first.is_empty() {
+                let n = first.len();
+                dst.write(first).await.map_err(|_| sides.1)?;
+                meter.moved(n);
+            }
+            if *ended {
+                dst.finish();
+                return Ok(());
+            }
+            loop {
+                let data = tokio::select! {
+                    data = recv.data() => data,
+                    () = dst.reset() => return Err(sides.1),
+                };
+                match data {
+                    Some(Ok(data)) => {
+                        let n = data.len();
+                        dst.write(data).await.map_err(|_| sides.1)?;
+                        // The window comes back once the bytes are on their way.
+                        let _ = recv.flow_control().release_capacity(n);
+                        meter.moved(n);
+                    }
+                    None => {
+                        dst.finish();
+                        return Ok(());
+                    }
+                    Some(Err(_)) => return Err(sides.0),
+                }
+            }
+        }
+    }
+}
+
+/// Relays `client` and `upstream`, at least one of them a stream, until both directions
+/// end, one fails, nothing moves for `idle`, or `stop` cuts it; a stream is reset when the
+/// tunnel ends other than cleanly. Returns bytes client-to-upstream, upstream-to-client and
+/// the outcome (as [`super::tunnel`]'s).
+pub(crate) async fn relay(
+    client: &mut Leg<'_>,
+    upstream: &mut Leg<'_>,
+    idle: Duration,
+    stop: &tokio_util::sync::CancellationToken,
+) -> (u64, u64, Outcome) {
+    let sent = AtomicU64::new(0);
+    let received = AtomicU64::new(0);
+    let last = AtomicU64::new(0);
+    let epoch = Instant::now();
+    let outcome = {
+        let (c_src, c_dst) = client.halves();
+        let (u_src, u_dst) = upstream.halves();
+        let up = Meter {
+            count: &sent,
+            last: &last,
+            epoch,
+        };
+        let down = Meter {
+            count: &received,
+            last: &last,
+            epoch,
+        };
+        let both = async {
+            tokio::try_join!(
+                forward(c_src, u_dst, (Side::Client, Side::Upstream), &up),
+                forward(u_src, c_dst, (Side::Upstream, Side::Client), &down),
+            )
+        };
+        settle(both, (&last, epoch, idle), stop).await
+    };
+    if !matches!(outcome, Outcome::Ok) {
+        client.reset();
+        upstream.reset();
+    }
+    (
+        sent.load(Ordering::Relaxed),
+        received.load(Ordering::Relaxed),
+        outcome,
+    )
+}
