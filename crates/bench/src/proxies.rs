@@ -172,8 +172,9 @@ pub fn sandgate_central(
     ]);
     central.arg("--policy").arg(&policy);
     central.arg("--audit-log").arg(d.join("central.jsonl"));
-    // Every tunnel is a stream from the one node, and a stream takes two slots (three
-    // descriptors): room for the idle tunnels and the churn on one listener, from one client.
+    // Every tunnel is a stream from the one node, and a stream takes a slot (as a
+    // connection does): room for the idle tunnels and the churn on one listener, from one
+    // client.
     central.args(["--dns-server", "127.0.0.1:9", "--max-connections", "9800"]);
     central.args([
         "--max-connections-per-client",

@@ -842,13 +842,13 @@ fn a_client_holding_every_stream_of_a_connection_does_not_block_the_others() {
     assert_eq!(&two, b"ok");
 }
 
-/// Streams count against the central's connection limits like connections (two slots each:
-/// a tunnel holds three descriptors), so one node multiplexing many tunnels on one
+/// Streams count against the central's connection limits like connections (a slot each,
+/// beside the node's connection's own), so one node multiplexing many tunnels on one
 /// connection cannot use up the central's descriptors (review finding); beyond its share a
 /// stream is refused, and on record.
 #[test]
 fn a_nodes_streams_count_against_the_centrals_connection_limits() {
-    let chain = EchoChain::new(&["--max-connections-per-client", "21"]);
+    let chain = EchoChain::new(&["--max-connections-per-client", "11"]);
     let (n, c, target) = (&chain.n, &chain.c, chain.target.clone());
     let mut statuses = Vec::new();
     let mut held = Vec::new();

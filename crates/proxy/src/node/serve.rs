@@ -46,10 +46,10 @@ pub(crate) const KEEPALIVE: Duration = Duration::from_secs(10);
 pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The connection limits each stream counts against, like a connection of its own: a
-/// stream's tunnel holds descriptors (the upstream socket and the bridge's pair) and memory
-/// on the central whichever connection it came on, so one node cannot use up the
-/// descriptors by multiplexing. Each stream takes two slots (its three descriptors, where a
-/// connection's slot stands for two).
+/// stream's tunnel holds a descriptor (the upstream socket; an HTTP/1.1-transport tunnel
+/// also a bridge's pair, beside the connection's own slot) and memory on the central
+/// whichever connection it came on, so one node cannot use up the descriptors by
+/// multiplexing.
 #[derive(Debug, Clone)]
 pub(crate) struct StreamGate {
     pub admission: Arc<crate::admission::Admission>,
@@ -57,11 +57,8 @@ pub(crate) struct StreamGate {
 }
 
 impl StreamGate {
-    fn admit(&self, peer: SocketAddr) -> Result<[Permit; 2], crate::refusal::LimitKind> {
-        Ok([
-            self.admission.admit(&self.slots, peer.ip())?,
-            self.admission.admit(&self.slots, peer.ip())?,
-        ])
+    fn admit(&self, peer: SocketAddr) -> Result<Permit, crate::refusal::LimitKind> {
+        self.admission.admit(&self.slots, peer.ip())
     }
 }
 
@@ -318,7 +315,7 @@ async fn refuse_connection(egress: &Egress, peer: SocketAddr, why: NodeRefusal) 
 /// One stream's request: admitted against the connection limits, the node's entry checked
 /// (known, a CONNECT, attribution it may vouch for), then decided and dialled by the core.
 /// The permits are the tunnel's for as long as it lasts.
-async fn admit(conn: &Conn, req: &hyper::http::request::Parts) -> Result<(Dialed, [Permit; 2]), Refused> {
+async fn admit(conn: &Conn, req: &hyper::http::request::Parts) -> Result<(Dialed, Permit), Refused> {
     let egress = &conn.egress;
     let node = conn.node();
     let method = Cow::Owned(req.method.as_str().to_owned());
