@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::DialError;
 use crate::node::tls::{ClientFiles, Reloadable, TlsError};
 use crate::node::{ACCESS_FIELD, attribution, bridge, serve};
-use crate::relay::{self, Leg, NodeStream, StreamSlot, Upstream};
+use crate::relay::{NodeStream, StreamSlot, Upstream};
 
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -177,7 +177,7 @@ impl Centrals {
                 self.tunnel_http1(dialer, hop, state, request, timeout).await
             } else {
                 match self.sender(dialer, hop, state).await {
-                    Ok(Some((sender, addr, slot))) => open_stream(sender, request, timeout, slot, access)
+                    Ok(Some((sender, addr, slot))) => open_stream(sender, request, timeout, slot)
                         .await
                         .map(|up| Some((up, addr))),
                     Ok(None) => Ok(None),
@@ -332,16 +332,13 @@ fn connect_request(
     request.body(()).map_err(|e| HopError::Unavailable(e.to_string()))
 }
 
-/// Opens a CONNECT stream on an HTTP/2 connection; on a 2xx it is the upstream: the stream
-/// itself for a tunnel (the core relays it frame by frame), or, for plain HTTP requests
-/// (which the HTTP/1 forwarder writes and reads as a socket), the core's end of a socket
-/// pair relayed to the stream.
+/// Opens a CONNECT stream on an HTTP/2 connection; on a 2xx the stream is the upstream
+/// (the core relays a tunnel's frame by frame; the HTTP/1 forwarder reads and writes it).
 async fn open_stream(
     sender: SendRequest<Bytes>,
     request: impl FnOnce() -> Result<hyper::Request<()>, HopError>,
     timeout: Duration,
     slot: StreamSlot,
-    access: Access,
 ) -> Result<Upstream, HopError> {
     let request = request()?;
     let unavailable = |e: h2::Error| HopError::Unavailable(e.to_string());
@@ -357,22 +354,8 @@ async fn open_stream(
     if !response.status().is_success() {
         return Err(HopError::Refused(response.status().as_u16()));
     }
-    let mut stream = NodeStream::new(send, response.into_body(), Some(slot));
-    if access != Access::Http {
-        return Ok(Upstream::Stream(Box::new(stream)));
-    }
-    let (core, pump) = bridge::socket_pair().map_err(|e| HopError::Unavailable(e.to_string()))?;
-    tokio::spawn(async move {
-        let never = CancellationToken::new();
-        let _ = relay::tunnel(
-            &mut Leg::Tcp(&pump),
-            &mut Leg::Stream(&mut stream),
-            bridge::NO_IDLE,
-            &never,
-        )
-        .await;
-    });
-    Ok(Upstream::Tcp(core))
+    let stream = NodeStream::new(send, response.into_body(), Some(slot));
+    Ok(Upstream::Stream(Box::new(stream)))
 }
 
 /// `--upstream-transport http1`: sends the CONNECT, and on a 2xx bridges the connection:

@@ -12,7 +12,6 @@ use std::net::SocketAddr;
 use bytes::{Buf, BytesMut};
 use sandgate_policy::{Access, Host, HttpTarget, parse_http_target};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
 use super::body::{RelayError, relay_body};
@@ -22,6 +21,7 @@ use super::{ClientConn, Next};
 use crate::audit::event::{Outcome, UpstreamFailure as F};
 use crate::egress::{Egress, End};
 use crate::refusal::{Refusal, ResponseError};
+use crate::relay::Upstream;
 
 /// Largest upstream response head accepted.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
@@ -35,7 +35,7 @@ pub(crate) struct Outbound {
     host: Host,
     port: u16,
     addr: SocketAddr,
-    stream: TcpStream,
+    stream: Upstream,
     buf: BytesMut,
     /// The connection goes to an upstream proxy: requests go in absolute form.
     chained: bool,
@@ -44,10 +44,8 @@ pub(crate) struct Outbound {
 impl Outbound {
     /// A kept connection is reusable only if the origin has not closed it and has sent
     /// nothing unasked (a non-blocking read that would block means both).
-    fn is_alive(&self) -> bool {
-        let mut probe = [0u8; 1];
-        self.buf.is_empty()
-            && matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    fn is_alive(&mut self) -> bool {
+        self.buf.is_empty() && self.stream.is_idle()
     }
 }
 
@@ -123,7 +121,13 @@ pub(crate) async fn handle_http(
         }
     }
     if !outcome.outbound_reusable {
-        *outbound = None;
+        // The origin closes it after a whole exchange (ended cleanly), or the exchange
+        // failed (reset).
+        if matches!(outcome.label, Outcome::Ok) {
+            give_up(outbound);
+        } else {
+            *outbound = None;
+        }
     }
     if outcome.client_reusable && !head.close {
         Next::KeepAlive
@@ -141,34 +145,42 @@ async fn connect(
     outbound: &mut Option<Outbound>,
 ) -> Result<crate::egress::Grant, crate::egress::Refused> {
     let reusable = outbound
-        .as_ref()
-        .filter(|u| u.host == http.target.host && u.port == http.target.port && u.is_alive())
-        .map(|u| u.addr);
+        .as_mut()
+        .filter(|u| u.host == http.target.host && u.port == http.target.port)
+        .and_then(|u| u.is_alive().then_some(u.addr));
     if let Some(addr) = reusable {
         return Ok(decided.reuse(egress, addr).await);
     }
-    *outbound = None;
+    give_up(outbound);
     let opened = decided.open(egress).await?;
-    // Requests are always given a socket (through a central, a bridged stream).
-    let stream = match opened.stream.into_tcp() {
-        Ok(s) => s,
-        Err(_) => {
-            let target = opened.grant.target.clone();
-            let error = crate::dial::DialError::CentralUnavailable("no socket for a request".into());
-            return Err(egress
-                .fail(opened.grant, Refusal::Dial { target, error }, 0, 0)
-                .await);
-        }
-    };
     *outbound = Some(Outbound {
         host: http.target.host.clone(),
         port: http.target.port,
         addr: opened.addr,
-        stream,
+        stream: opened.stream,
         buf: BytesMut::new(),
         chained: opened.chained,
     });
     Ok(opened.grant)
+}
+
+/// Gives a kept connection up cleanly (one to another destination, or the client's
+/// connection ended): a stream to a central proxy ends, rather than being reset.
+pub(crate) fn give_up(outbound: &mut Option<Outbound>) {
+    if let Some(o) = outbound.take() {
+        o.stream.close();
+    }
+}
+
+/// The kept connection of a client connection, given up cleanly when the connection ends,
+/// however it does.
+#[derive(Debug, Default)]
+pub(crate) struct Kept(pub Option<Outbound>);
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        give_up(&mut self.0);
+    }
 }
 
 /// The result of relaying one request and its response.
@@ -218,7 +230,7 @@ async fn exchange(
     let mut sent = out_head.len() as u64;
     let body_done = Notify::new();
     let (client_read, mut client_write) = client.stream.split();
-    let (up_read, mut up_write) = up.stream.split();
+    let (up_read, mut up_write) = tokio::io::split(&mut up.stream);
     let mut client_read = client_read;
     let mut up_read = up_read;
     let request_body = async {

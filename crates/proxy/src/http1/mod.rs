@@ -107,7 +107,7 @@ async fn request_loop(
     stop: &CancellationToken,
 ) -> Option<(ClientConn, RequestHead)> {
     let listener_identity = client.identity.clone();
-    let mut outbound: Option<forward::Outbound> = None;
+    let mut outbound = forward::Kept::default();
     loop {
         let head = match read_request_head(&mut client, &egress.limits, stop).await {
             Ok(Some(head)) => head,
@@ -154,7 +154,7 @@ async fn request_loop(
         }
         // Boxed: the HTTP exchange state would otherwise enlarge every connection's future,
         // tunnels included.
-        if Box::pin(forward::handle_http(egress, &mut client, head, &mut outbound)).await == Next::Close {
+        if Box::pin(forward::handle_http(egress, &mut client, head, &mut outbound.0)).await == Next::Close {
             return None;
         }
     }

@@ -1,10 +1,10 @@
-//! The bridge between a node transport's stream and code that wants a socket: a connected
-//! pair of local stream sockets, one end for the core, the other relayed to the stream. The
-//! HTTP/1.1 transport (`--upstream-transport http1`) bridges its upgraded connections with
-//! [`pump`] here; a node's plain HTTP requests (which the HTTP/1 forwarder writes and reads
-//! as a socket) bridge their HTTP/2 stream with the core's relay ([`socket_pair`]). A clean
-//! end of either side is passed on as a half-close; the pump resets the stream when the
-//! core's end is closed outright, and the stream's end closes the core's socket.
+//! The bridge between an HTTP/1.1-transport connection (`--upstream-transport http1`, a TLS
+//! connection per tunnel, upgraded by hyper) and the egress core, which relays sockets and
+//! HTTP/2 streams: a connected pair of local stream sockets, one end for the core, the other
+//! pumped to and from the connection here. A clean end of either side is passed on as a
+//! half-close; the pump resets the connection when the core's end is closed outright, and
+//! the connection's failure ends the core's relay (a socket pair can only show it a clean
+//! end).
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -25,12 +25,6 @@ pub(crate) fn pair() -> io::Result<(TcpStream, UnixStream)> {
     Ok((as_socket(core)?, UnixStream::from_std(pump)?))
 }
 
-/// Both ends of a pair as sockets the core's relay drives.
-pub(crate) fn socket_pair() -> io::Result<(TcpStream, TcpStream)> {
-    let (a, b) = std::os::unix::net::UnixStream::pair()?;
-    Ok((as_socket(a)?, as_socket(b)?))
-}
-
 /// A local stream socket as one the core drives like an accepted TCP connection: reads,
 /// writes, shutdown and splice(2) all work on AF_UNIX stream sockets as on TCP ones; only
 /// socket options would differ, and none are set on a bridge.
@@ -38,10 +32,6 @@ fn as_socket(s: std::os::unix::net::UnixStream) -> io::Result<TcpStream> {
     s.set_nonblocking(true)?;
     TcpStream::from_std(std::net::TcpStream::from(OwnedFd::from(s)))
 }
-
-/// A bridge lasts as long as its two ends do: it has no idle limit of its own (a day stands
-/// for none; the core's end carries the real limits).
-pub(crate) const NO_IDLE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// Why a pump ended early.
 enum Gone {

@@ -9,13 +9,16 @@
 use std::future::poll_fn;
 use std::io;
 use std::net::Shutdown;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
 use socket2::SockRef;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::copy::{Meter, Side, settle};
@@ -23,6 +26,8 @@ use crate::audit::event::Outcome;
 
 /// Read size while a tunnel moves data from a socket (also the largest DATA frame).
 const CHUNK: usize = 64 * 1024;
+/// How long a stream given up cleanly waits for its peer's end before it is reset.
+const LINGER: Duration = Duration::from_secs(10);
 
 /// An HTTP/2 stream carrying a tunnel: the two halves, and bytes taken from the receiving
 /// half (their window already given back) that nothing has read yet.
@@ -33,6 +38,8 @@ pub(crate) struct NodeStream {
     pending: Bytes,
     /// The peer ended its half (END_STREAM).
     ended: bool,
+    /// This side ended its half.
+    finished: bool,
     /// The stream's place on its connection, given back when it ends.
     _slot: Option<StreamSlot>,
 }
@@ -54,6 +61,7 @@ impl NodeStream {
             recv,
             pending: Bytes::new(),
             ended: false,
+            finished: false,
             _slot: slot,
         }
     }
@@ -61,6 +69,101 @@ impl NodeStream {
     /// Ends the stream abruptly (RST_STREAM CANCEL): the peer sees a reset, not an end.
     pub(crate) fn reset(&mut self) {
         self.send.send_reset(h2::Reason::CANCEL);
+    }
+
+    /// Ends the stream cleanly when it is no longer wanted (a kept connection given up):
+    /// END_STREAM, then the peer's remaining bytes are read and dropped until it ends its
+    /// half too, for at most [`LINGER`]. Dropping a stream resets it, which its peer records
+    /// as the client's reset.
+    async fn linger(mut self) {
+        if !self.finished {
+            let _ = self.send.send_data(Bytes::new(), true);
+        }
+        if self.ended {
+            return;
+        }
+        let drain = async {
+            while let Some(Ok(data)) = self.recv.data().await {
+                let _ = self.recv.flow_control().release_capacity(data.len());
+            }
+        };
+        let _ = tokio::time::timeout(LINGER, drain).await;
+    }
+}
+
+/// A stream as a byte stream, for code that reads and writes an upstream connection itself
+/// (the HTTP/1 forwarder): a reset is an error, not an end, and a write waits for the
+/// peer's window.
+impl AsyncRead for NodeStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let s = &mut *self;
+        while s.pending.is_empty() && !s.ended {
+            match s.recv.poll_data(cx) {
+                Poll::Ready(Some(Ok(data))) => {
+                    let _ = s.recv.flow_control().release_capacity(data.len());
+                    s.pending = data;
+                }
+                Poll::Ready(None) => s.ended = true,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(stream_error(e))),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        let n = buf.remaining().min(s.pending.len());
+        buf.put_slice(&s.pending.split_to(n));
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for NodeStream {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let send = &mut self.send;
+        send.reserve_capacity(buf.len());
+        match send.poll_capacity(cx) {
+            Poll::Ready(Some(Ok(0))) => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Poll::Ready(Some(Ok(n))) => {
+                let n = n.min(buf.len());
+                let data = Bytes::copy_from_slice(buf.get(..n).unwrap_or_default());
+                Poll::Ready(send.send_data(data, false).map(|()| n).map_err(stream_error))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Err(stream_error(e))),
+            Poll::Ready(None) => Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    /// END_STREAM: the clean end of this side.
+    fn poll_shutdown(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.finished {
+            return Poll::Ready(Ok(()));
+        }
+        self.finished = true;
+        Poll::Ready(self.send.send_data(Bytes::new(), true).map_err(stream_error))
+    }
+}
+
+impl NodeStream {
+    /// Whether a kept stream can carry another request: the peer has neither ended it,
+    /// reset it, nor sent anything unasked.
+    pub(crate) fn is_idle(&mut self) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        self.pending.is_empty()
+            && !self.ended
+            && matches!(self.recv.poll_data(&mut cx), Poll::Pending)
+            && matches!(self.send.poll_reset(&mut cx), Poll::Pending)
     }
 }
 
@@ -79,11 +182,57 @@ impl Upstream {
         }
     }
 
-    /// The socket, where the connection is one.
-    pub(crate) fn into_tcp(self) -> Result<TcpStream, Upstream> {
+    /// Whether a kept connection can carry another request: the peer has neither closed
+    /// it nor sent anything unasked.
+    pub(crate) fn is_idle(&mut self) -> bool {
         match self {
-            Upstream::Tcp(s) => Ok(s),
-            other => Err(other),
+            Upstream::Tcp(s) => {
+                let mut probe = [0u8; 1];
+                matches!(s.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+            Upstream::Stream(s) => s.is_idle(),
+        }
+    }
+
+    /// Gives the connection up cleanly: a socket is closed, a stream ended
+    /// ([`NodeStream::linger`], in a task of its own).
+    pub(crate) fn close(self) {
+        if let Upstream::Stream(s) = self
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(s.linger());
+        }
+    }
+}
+
+impl AsyncRead for Upstream {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Upstream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Upstream::Stream(s) => Pin::new(&mut **s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Upstream {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Upstream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Upstream::Stream(s) => Pin::new(&mut **s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Upstream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Upstream::Stream(s) => Pin::new(&mut **s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Upstream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Upstream::Stream(s) => Pin::new(&mut **s).poll_shutdown(cx),
         }
     }
 }
@@ -158,6 +307,7 @@ impl Leg<'_> {
                     recv,
                     pending,
                     ended,
+                    finished,
                     ..
                 } = &mut **s;
                 let pending = std::mem::take(pending);
@@ -167,7 +317,7 @@ impl Leg<'_> {
                         pending,
                         ended: *ended,
                     },
-                    Sink::Stream(send),
+                    Sink::Stream(send, finished),
                 )
             }
         }
@@ -221,10 +371,10 @@ enum Source<'a> {
     },
 }
 
-/// Where one direction writes.
+/// Where one direction writes (a stream's flag: its END_STREAM is sent).
 enum Sink<'a> {
     Tcp(&'a TcpStream),
-    Stream(&'a mut SendStream<Bytes>),
+    Stream(&'a mut SendStream<Bytes>, &'a mut bool),
 }
 
 impl Sink<'_> {
@@ -232,7 +382,7 @@ impl Sink<'_> {
     async fn reset(&mut self) {
         match self {
             Sink::Tcp(_) => std::future::pending().await,
-            Sink::Stream(s) => {
+            Sink::Stream(s, _) => {
                 let _ = poll_fn(|cx| s.poll_reset(cx)).await;
             }
         }
@@ -241,7 +391,7 @@ impl Sink<'_> {
     async fn write(&mut self, data: Bytes) -> io::Result<()> {
         match self {
             Sink::Tcp(s) => super::write_all(s, &data).await,
-            Sink::Stream(s) => send(s, data).await,
+            Sink::Stream(s, _) => send(s, data).await,
         }
     }
 
@@ -251,7 +401,8 @@ impl Sink<'_> {
             Sink::Tcp(s) => {
                 let _ = SockRef::from(*s).shutdown(Shutdown::Write);
             }
-            Sink::Stream(s) => {
+            Sink::Stream(s, finished) => {
+                **finished = true;
                 let _ = s.send_data(Bytes::new(), true);
             }
         }
