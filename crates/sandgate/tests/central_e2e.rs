@@ -192,6 +192,14 @@ fn a_node_forwards_each_request_as_a_stream_and_the_central_decides_and_attribut
         refused["outcome"], "upstream_failure:upstream_denied",
         "{refused}"
     );
+    // Each allowed stream ends cleanly at the central too: the node gives a kept request
+    // stream up (its client gone) with END_STREAM, not a reset the central would record as
+    // the client's.
+    let ended = events_where(&c.proxy.audit_path, 2, |e| {
+        e["event"] == "close" && e["destination_host"] == "ok.test"
+    });
+    assert_eq!(ended.len(), 2, "{ended:#?}");
+    assert!(ended.iter().all(|e| e["outcome"] == "ok"), "{ended:#?}");
 }
 
 /// The attacker is a node (or something on the network pretending to be one): no
