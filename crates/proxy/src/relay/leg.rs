@@ -423,19 +423,24 @@ async fn forward(
                 ready = s.readable() => ready.map_err(|_| sides.0)?,
                 () = dst.reset() => return Err(sides.1),
             }
-            // Allocated only while data moves.
-            let mut buf = BytesMut::with_capacity(CHUNK);
-            match s.try_read_buf(&mut buf) {
-                Ok(0) => {
-                    dst.finish();
-                    return Ok(());
+            // Held only while data moves (dropped when the socket runs dry); each read's
+            // chunk is split off, and the allocation is used again once the chunks sent
+            // before it are gone.
+            let mut buf = BytesMut::new();
+            loop {
+                buf.reserve(CHUNK);
+                match s.try_read_buf(&mut buf) {
+                    Ok(0) => {
+                        dst.finish();
+                        return Ok(());
+                    }
+                    Ok(n) => {
+                        dst.write(buf.split().freeze()).await.map_err(|_| sides.1)?;
+                        meter.moved(n);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(_) => return Err(sides.0),
                 }
-                Ok(n) => {
-                    dst.write(buf.freeze()).await.map_err(|_| sides.1)?;
-                    meter.moved(n);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(_) => return Err(sides.0),
             }
         },
         Source::Stream { recv, pending, ended } => {
