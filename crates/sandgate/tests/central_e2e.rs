@@ -919,6 +919,79 @@ fn an_expired_ca_and_a_shared_directory_are_refused() {
     assert!(!shared.path().join("ca.key").exists());
 }
 
+/// The attacker (or a failure) is a central that hangs: it accepts connections and never
+/// completes a handshake. It costs the first request its connect timeout, and then no
+/// request waits on it again (it used to be tried inline after every back-off, each time
+/// for the whole timeout): it is passed by while a health check retries it. Once a central
+/// answers at that address again, the health check finds it and requests go to it again.
+#[test]
+fn a_hung_central_is_passed_by_and_a_returning_one_is_used_again() {
+    let w = World::new();
+    let origin = w.origin();
+    let dns = w.dns(Zone::new().with("ok.test", &["127.0.0.1"]));
+    let pki = Pki::new();
+    let body = central::spec_allowing(&[("ok.test", origin.port())]);
+    // Never accepted: the kernel completes the TCP handshake, nothing ever answers.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hung_addr = hung.local_addr().unwrap();
+    let b = central(&pki, dns.addr(), &body, &[]);
+    let cert = pki.node("node-a", &[]);
+    let allow = format!("ok.test:{}", origin.port());
+    let mut args = central::upstream_args(&cert, &[hung_addr, b.node_addr]);
+    for a in [
+        "--dns-server",
+        "127.0.0.1:9",
+        "--connect-timeout",
+        "2",
+        "--allow",
+        &allow,
+    ] {
+        args.push(a.to_owned());
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let n = common::ProxyProcess::start(&refs);
+    let url = format!("http://ok.test:{}/", origin.port());
+    let timed = || {
+        let started = Instant::now();
+        (get_status(n.addr, &url), started.elapsed())
+    };
+    let (status, took) = timed();
+    assert_eq!(status, "200", "B answers once the hung central times out");
+    assert!(took >= Duration::from_secs(2), "{took:?}");
+    // Past the first back-off (1 s), and across the health check's attempts.
+    std::thread::sleep(Duration::from_millis(1500));
+    for _ in 0..3 {
+        let (status, took) = timed();
+        assert_eq!(status, "200");
+        assert!(
+            took < Duration::from_secs(1),
+            "a request waited on the hung central: {took:?}"
+        );
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    assert!(events_where(&b.proxy.audit_path, 4, |e| e["decision"] == "allow").len() >= 4);
+
+    // A real central at the hung one's address: the health check finds it, and requests,
+    // which prefer it, go there again.
+    drop(hung);
+    let a = central::central_on(&pki, dns.addr(), &body, &[], &hung_addr.to_string());
+    assert!(
+        wait_for(20, || {
+            get_status(n.addr, &url) == "200" && !events_where_now(&a.proxy.audit_path).is_empty()
+        }),
+        "the returning central was not used again: {:#?}",
+        read_audit(&n.audit_path)
+    );
+}
+
+/// The allows on record at `path` now.
+fn events_where_now(path: &std::path::Path) -> Vec<Value> {
+    read_audit(path)
+        .into_iter()
+        .filter(|e| e["decision"] == "allow")
+        .collect()
+}
+
 /// A client that resets its tunnel before sending a byte ends it at the node at once (it
 /// used to be taken for a half-close, and the tunnel waited on the origin), and the node's
 /// reset of the stream ends it at the central too. So does a client's reset mid-tunnel (the

@@ -2,13 +2,15 @@
 //! to each central proxy (`--upstream https://HOST:PORT`), made when first needed and kept;
 //! each tunnel or request is one CONNECT stream on it (RFC 9113 section 8.5), carrying the
 //! request's attribution. Centrals are tried in the order given: one that cannot be reached
-//! is left alone for a back-off (1 s, doubling to 30 s) while the next is tried; with none
-//! left the request fails (502, naming the last hop tried), and it never goes direct. A
-//! central that answers (200, or a refusal) is not failed over: its answer is the answer.
+//! is marked down and left to a health check (a task that tries it again after a back-off,
+//! 1 s doubling to 30 s, and marks it up once a connection is made), so no request waits on
+//! a central known to be down; the next is tried, and with none left the request fails (502,
+//! naming the last hop tried); it never goes direct. A central that answers (200, or a
+//! refusal) is not failed over: its answer is the answer.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,7 +21,6 @@ use rustls::pki_types::ServerName;
 use sandgate_policy::{Access, Identity, Target};
 use tokio::net::TcpStream;
 use tokio::sync::Mutex;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::DialError;
@@ -103,15 +104,14 @@ struct Conn {
     closed: CancellationToken,
 }
 
-/// The connections to one central, with its back-off. A connection carries at most as
-/// many streams as the central allows; when every one is full another is opened, so
+/// The connections to one central, and whether it is down. A connection carries at most
+/// as many streams as the central allows; when every one is full another is opened, so
 /// clients holding many tunnels open cannot make the others wait for a stream.
 #[derive(Debug, Default)]
 struct HopState {
     conns: Vec<Conn>,
-    /// Not tried again before this (after a failure).
-    down_until: Option<Instant>,
-    backoff: Duration,
+    /// Down since a connection failed: requests pass it by while its health check runs.
+    down: bool,
 }
 
 /// The central proxies of a node-local proxy.
@@ -124,10 +124,13 @@ pub struct Centrals {
 }
 
 /// Why one central could not carry a request.
+#[derive(Debug, thiserror::Error)]
 enum HopError {
     /// Unreachable, or the connection broke: try the next.
+    #[error("{0}")]
     Unavailable(String),
     /// It answered with this status: the request's answer.
+    #[error("answered {0}")]
     Refused(u16),
 }
 
@@ -164,7 +167,7 @@ impl Centrals {
     /// end of it and the central's address.
     pub(super) async fn open(
         &self,
-        dialer: &super::Dialer,
+        dialer: &Arc<super::Dialer>,
         target: &Target,
         access: Access,
         identity: &Identity,
@@ -186,14 +189,16 @@ impl Centrals {
             };
             match attempt {
                 Ok(Some(opened)) => return Ok(opened),
-                Ok(None) => last = format!("{}: unreachable, retried after a back-off", hop.name),
+                Ok(None) => last = format!("{}: down (its health check retries it)", hop.name),
                 Err(HopError::Refused(status)) => return Err(DialError::UpstreamRefused(status)),
                 Err(HopError::Unavailable(why)) => {
                     tracing::warn!(central = %hop.name, error = %why, "central proxy unavailable; trying the next");
                     let mut state = state.lock().await;
                     state.conns.clear();
-                    state.backoff = (state.backoff * 2).clamp(BACKOFF_FIRST, BACKOFF_MAX);
-                    state.down_until = Some(Instant::now() + state.backoff);
+                    if !state.down {
+                        state.down = true;
+                        tokio::spawn(health_check(Arc::downgrade(dialer), hop.clone()));
+                    }
                     last = format!("{}: {why}", hop.name);
                 }
             }
@@ -202,8 +207,8 @@ impl Centrals {
     }
 
     /// A connection to the hop with room for one more stream, and that stream's slot: a
-    /// kept one, or one made now; `None` while the hop is backing off. The lock is held only
-    /// while connecting, so streams are opened on the connections concurrently.
+    /// kept one, or one made now; `None` while the hop is down. The lock is held only while
+    /// connecting, so streams are opened on the connections concurrently.
     async fn sender(
         &self,
         dialer: &super::Dialer,
@@ -220,9 +225,21 @@ impl Centrals {
             c.open.fetch_add(1, Ordering::Relaxed);
             return Ok(Some((c.sender.clone(), c.addr, StreamSlot(c.open.clone()))));
         }
-        if state.down_until.is_some_and(|at| Instant::now() < at) {
+        if state.down {
             return Ok(None);
         }
+        let conn = self.h2_connect(dialer, hop).await?;
+        let sender = conn.sender.clone();
+        let addr = conn.addr;
+        let open = conn.open.clone();
+        open.store(1, Ordering::Relaxed);
+        state.conns.push(conn);
+        Ok(Some((sender, addr, StreamSlot(open))))
+    }
+
+    /// A new mutual-TLS HTTP/2 connection to the hop, its driver (and keep-alive) running in
+    /// a task of its own; no stream open on it yet.
+    async fn h2_connect(&self, dialer: &super::Dialer, hop: &Hop) -> Result<Conn, HopError> {
         let (tls, addr) = self.tls_connect(dialer, hop).await?;
         let mut builder = h2::client::Builder::new();
         builder
@@ -250,16 +267,41 @@ impl Centrals {
             }
             ended.cancel();
         });
-        let open = Arc::new(AtomicUsize::new(1));
-        state.conns.push(Conn {
-            sender: sender.clone(),
+        Ok(Conn {
+            sender,
             addr,
-            open: open.clone(),
+            open: Arc::new(AtomicUsize::new(0)),
             closed,
-        });
-        state.backoff = Duration::ZERO;
-        state.down_until = None;
-        Ok(Some((sender, addr, StreamSlot(open))))
+        })
+    }
+
+    /// One health check of a hop that is down: a connection attempt; the first that
+    /// succeeds is kept and marks the hop up. Whether the hop is still down.
+    async fn check(&self, dialer: &super::Dialer, hop: &Hop) -> bool {
+        let Some((_, state)) = self.hops.iter().find(|(h, _)| h == hop) else {
+            return false;
+        };
+        if !state.lock().await.down {
+            return false;
+        }
+        let attempt = if self.http1 {
+            self.tls_connect(dialer, hop).await.map(|_| None)
+        } else {
+            self.h2_connect(dialer, hop).await.map(Some)
+        };
+        let mut state = state.lock().await;
+        match attempt {
+            Ok(conn) => {
+                tracing::info!(central = %hop.name, "central proxy reachable again");
+                state.conns.extend(conn);
+                state.down = false;
+                false
+            }
+            Err(e) => {
+                tracing::debug!(central = %hop.name, error = %e, "central proxy still unavailable");
+                true
+            }
+        }
     }
 
     /// `--upstream-transport http1`: a new mutual-TLS connection for this one tunnel, with
@@ -272,12 +314,7 @@ impl Centrals {
         request: impl FnOnce() -> Result<hyper::Request<()>, HopError>,
         timeout: Duration,
     ) -> Result<Option<(Upstream, SocketAddr)>, HopError> {
-        if state
-            .lock()
-            .await
-            .down_until
-            .is_some_and(|at| Instant::now() < at)
-        {
+        if state.lock().await.down {
             return Ok(None);
         }
         let (tls, addr) = self.tls_connect(dialer, hop).await?;
@@ -311,6 +348,24 @@ impl Centrals {
             .map_err(|_| HopError::Unavailable("TLS handshake timed out".into()))?
             .map_err(|e| HopError::Unavailable(format!("TLS: {e}")))?;
         Ok((tls, addr))
+    }
+}
+
+/// Checks a hop that went down, after each back-off (1 s, doubling to 30 s), until it is
+/// up again or the proxy is gone (the dialer, and with it the centrals, dropped; it is held
+/// only during an attempt, never across a back-off).
+async fn health_check(dialer: Weak<super::Dialer>, hop: Hop) {
+    let mut wait = BACKOFF_FIRST;
+    loop {
+        tokio::time::sleep(wait).await;
+        let Some(d) = dialer.upgrade() else { return };
+        let Some(centrals) = d.centrals().cloned() else {
+            return;
+        };
+        if !centrals.check(&d, &hop).await {
+            return;
+        }
+        wait = (wait * 2).min(BACKOFF_MAX);
     }
 }
 

@@ -272,7 +272,7 @@ impl Dialer {
     /// Connects to a vetted destination, ready for the request's bytes: directly, or, when
     /// chained, to the upstream proxy, which for a tunnel is first asked to open it.
     pub(crate) async fn open(
-        &self,
+        self: &Arc<Self>,
         vetted: &VettedAddrs,
         target: &Target,
         access: Access,

@@ -61,7 +61,7 @@ pub(crate) struct Egress {
     pub layers: Arc<Mutex<Layers>>,
     /// Connections granted under revocable rules (exceptions), by rule label.
     pub cuts: Arc<Cuts>,
-    pub dialer: Dialer,
+    pub dialer: Arc<Dialer>,
     pub audit: Audit,
     pub limits: Limits,
     ids: RequestIds,
@@ -164,7 +164,7 @@ impl Egress {
             layers: Arc::new(Mutex::new(Layers::new(rules.clone()))),
             cuts: Arc::new(Cuts::default()),
             rules: Arc::new(RwLock::new(Arc::new(rules))),
-            dialer,
+            dialer: Arc::new(dialer),
             audit,
             limits,
             ids: RequestIds::new(),

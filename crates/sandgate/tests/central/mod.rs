@@ -119,9 +119,14 @@ pub fn listener_with_role(p: &ProxyProcess, role: &str) -> SocketAddr {
 /// Starts a central proxy whose policy `spec` body (YAML under `spec:`, two-space indented)
 /// is completed with a `role: node` listener on the pki's central certificate.
 pub fn central(pki: &Pki, dns: SocketAddr, spec: &str, extra: &[&str]) -> Central {
+    central_on(pki, dns, spec, extra, "127.0.0.1:0")
+}
+
+/// As [`central`], its node listener on `listen`.
+pub fn central_on(pki: &Pki, dns: SocketAddr, spec: &str, extra: &[&str], listen: &str) -> Central {
     let policy = pki.path(&format!("central-{}.yaml", rand_suffix()));
     let text = format!(
-        "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: central }}\nspec:\n{spec}  listeners:\n    - listen: 127.0.0.1:0\n      role: node\n      tls: {{ cert: central-127.0.0.1.pem, key: central-127.0.0.1.key, client_ca: ca.pem }}\n"
+        "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: central }}\nspec:\n{spec}  listeners:\n    - listen: {listen}\n      role: node\n      tls: {{ cert: central-127.0.0.1.pem, key: central-127.0.0.1.key, client_ca: ca.pem }}\n"
     );
     std::fs::write(&policy, text).unwrap();
     let dns = dns.to_string();
