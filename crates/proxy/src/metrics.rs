@@ -50,6 +50,7 @@ pub struct Metrics {
     pub audit_lag_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub audit_events_written: Counter,
     pub audit_healthy: Gauge,
+    pub state_store_unavailable: Gauge,
     pub audit_write_errors: Counter,
     pub audit_events_not_queued: Counter,
     pub connections_refused: Family<KindLabels, Counter>,
@@ -81,6 +82,7 @@ impl Metrics {
             audit_lag_seconds: Gauge::default(),
             audit_events_written: Counter::default(),
             audit_healthy: Gauge::default(),
+            state_store_unavailable: Gauge::default(),
             audit_write_errors: Counter::default(),
             audit_events_not_queued: Counter::default(),
             connections_refused: Family::default(),
@@ -148,6 +150,11 @@ impl Metrics {
             "audit_healthy",
             "1 while the audit log can be written; 0 while it cannot (new requests get 503)",
             m.audit_healthy.clone(),
+        );
+        registry.register(
+            "state_store_unavailable",
+            "1 while the exception store (SQLite or PostgreSQL) cannot be read or written: decisions go on with the exceptions last known, requests and approvals get 503; 0 otherwise, and without a store",
+            m.state_store_unavailable.clone(),
         );
         registry.register(
             "audit_write_errors",

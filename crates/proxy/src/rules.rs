@@ -163,6 +163,11 @@ pub struct PolicyHandle {
 }
 
 impl PolicyHandle {
+    /// Notes whether the control plane's exception store answers (a metric).
+    pub fn note_store(&self, available: bool) {
+        self.metrics.state_store_unavailable.set(i64::from(!available));
+    }
+
     /// Replaces the nodes every node listener serves (`spec.nodes` of a reloaded file):
     /// each new stream is checked against them, on connections already up too.
     pub fn set_nodes(&self, nodes: &sandgate_policy::Nodes) {

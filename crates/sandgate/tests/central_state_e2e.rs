@@ -213,7 +213,10 @@ fn two_centrals_on_one_database_serve_a_node_as_one() {
     let _ = a.p.child.wait();
     assert_eq!(get_status(n.addr, &web), "200");
 
-    // PostgreSQL stopped: B decides on what it knew; approvals answer 503; it resumes.
+    // PostgreSQL stopped: B decides on what it knew; approvals answer 503, and a metric
+    // says so; it resumes.
+    let unavailable = || common::metric(b.admin, "sandgate_state_store_unavailable");
+    assert_eq!(unavailable(), 0.0);
     cluster.stop();
     assert_eq!(
         get_status(n.addr, &web),
@@ -232,6 +235,10 @@ fn two_centrals_on_one_database_serve_a_node_as_one() {
         Some(&body)
     )
     .0 == 503));
+    assert!(
+        within(10, || unavailable() == 1.0),
+        "the store's outage is not in /metrics"
+    );
     cluster.start();
     assert!(
         within(15, || api(
@@ -244,5 +251,6 @@ fn two_centrals_on_one_database_serve_a_node_as_one() {
         .0 == 201),
         "B resumes without a restart"
     );
+    assert!(within(10, || unavailable() == 0.0));
     assert_eq!(get_status(n.addr, &web), "200");
 }

@@ -21,7 +21,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ProxyProcess, read_audit, runtime, sandgate_bin, status_of};
+use common::{ProxyProcess, metric, read_audit, runtime, sandgate_bin, status_of};
 use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::echo::EchoServer;
 use sandgate_testkit::origin::Origin;
@@ -68,20 +68,6 @@ fn tunnel(proxy: SocketAddr, target: &str, n: usize) {
     s.write_all(&vec![7u8; n]).unwrap();
     let mut back = vec![0u8; n];
     s.read_exact(&mut back).unwrap();
-}
-
-/// The value of one metric sample from `/metrics` (plain text, no labels).
-fn metric(admin: SocketAddr, name: &str) -> f64 {
-    let text = common::raw(
-        admin,
-        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-    );
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
-        .trim()
-        .parse()
-        .unwrap()
 }
 
 /// The field names of docs/audit.md's field table, in order.

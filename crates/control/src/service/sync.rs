@@ -133,6 +133,11 @@ impl Control {
     /// Logs the store's failure once per outage, and its return; other failures each time.
     fn note_store(&self, error: Option<&ControlError>) {
         match error {
+            Some(e) if e.is_store() => self.proxy.note_store(false),
+            None => self.proxy.note_store(true),
+            Some(_) => {}
+        }
+        match error {
             Some(e) if e.is_store() => {
                 if !self.store_down.swap(true, Ordering::Relaxed) {
                     let known = self.known.lock().map_or(0, |k| k.len());

@@ -384,3 +384,17 @@ pub fn allowlisted_without_deny(events: &[Value]) -> usize {
         .filter(|e| e["reason_code"] == "allowlisted")
         .count()
 }
+
+/// The value of one metric sample from `/metrics` on `admin` (plain text, no labels).
+pub fn metric(admin: SocketAddr, name: &str) -> f64 {
+    let text = raw(
+        admin,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
