@@ -84,7 +84,7 @@ async fn sqlite_keeps_the_contract() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_keeps_the_contract() {
     let db = TestDb::create(&shared_host());
-    let store = PgStore::connect(&db.url()).await.unwrap();
+    let store = PgStore::connect(&db.url(), None).await.unwrap();
     contract(&store).await;
     assert!(
         store.describe().starts_with("postgresql host="),
@@ -103,7 +103,7 @@ async fn concurrent_transitions_of_one_exception_store_it_once() {
     let url = db.url();
     let mut stores = Vec::new();
     for _ in 0..4 {
-        stores.push(Arc::new(PgStore::connect(&url).await.unwrap()));
+        stores.push(Arc::new(PgStore::connect(&url, None).await.unwrap()));
     }
     let mut approved = ex("x", 1);
     approved.state = ExceptionState::Approved;
@@ -144,7 +144,7 @@ async fn migrations_applied_by_proxies_starting_at_once_do_not_fail() {
     let starts: Vec<_> = (0..6)
         .map(|_| {
             let url = url.clone();
-            tokio::spawn(async move { PgStore::connect(&url).await })
+            tokio::spawn(async move { PgStore::connect(&url, None).await })
         })
         .collect();
     for s in starts {
@@ -159,10 +159,10 @@ async fn migrations_applied_by_proxies_starting_at_once_do_not_fail() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_with_a_newer_schema_is_refused() {
     let db = TestDb::create(&shared_host());
-    drop(PgStore::connect(&db.url()).await.unwrap());
+    drop(PgStore::connect(&db.url(), None).await.unwrap());
     db.sql("INSERT INTO sandgate_schema_version (version) VALUES (999)")
         .unwrap();
-    let err = PgStore::connect(&db.url()).await.unwrap_err();
+    let err = PgStore::connect(&db.url(), None).await.unwrap_err();
     assert!(matches!(err, StoreError::NewerSchema { found: 999, .. }), "{err}");
     assert!(err.to_string().contains("upgrade sandgate"), "{err}");
 }
@@ -172,8 +172,8 @@ async fn a_database_with_a_newer_schema_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_wakes_the_other_stores_and_a_forged_notification_is_only_a_wake() {
     let db = TestDb::create(&shared_host());
-    let a = PgStore::connect(&db.url()).await.unwrap();
-    let b = PgStore::connect(&db.url()).await.unwrap();
+    let a = PgStore::connect(&db.url(), None).await.unwrap();
+    let b = PgStore::connect(&db.url(), None).await.unwrap();
     let woken = b.changed().unwrap();
     // The first wakes come from the listening connection being made; let them pass.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -200,11 +200,57 @@ async fn a_change_wakes_the_other_stores_and_a_forged_notification_is_only_a_wak
 /// address or a socket directory (or carry `hostaddr`); a name is a configuration error.
 #[tokio::test]
 async fn a_database_host_name_is_refused_without_a_lookup() {
-    let err = PgStore::connect("postgres://sandgate@db.example/sandgate")
+    let err = PgStore::connect("postgres://sandgate@db.example/sandgate", None)
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Config(_)), "{err}");
     assert!(err.to_string().contains("hostaddr"), "{err}");
-    let err = PgStore::connect("not a url ===").await.unwrap_err();
+    let err = PgStore::connect("not a url ===", None).await.unwrap_err();
+    assert!(matches!(err, StoreError::Config(_)), "{err}");
+}
+
+/// Over the network the store speaks TLS, verified against `--state-ca`: a database whose
+/// certificate another CA signed (an impostor on the path) is refused, and a connection
+/// string that asks for TLS without a CA, or a CA with `sslmode=disable` or a Unix socket,
+/// is a configuration error rather than a plain connection.
+#[tokio::test]
+async fn tls_to_the_database_is_verified_against_the_given_ca() {
+    let server = sandgate_testkit::tls::TestCa::new(&["127.0.0.1"]);
+    let cluster = sandgate_testkit::pg::PgCluster::private_tls(&server.leaf_pem, &server.leaf_key_pem);
+    let db = TestDb::create_at(&cluster.host(), cluster.port);
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, other) = (dir.path().join("ca.pem"), dir.path().join("other.pem"));
+    std::fs::write(&ca, &server.ca_pem).unwrap();
+    std::fs::write(&other, sandgate_testkit::tls::TestCa::new(&["127.0.0.1"]).ca_pem).unwrap();
+    let url = format!(
+        "postgresql://{}@127.0.0.1:{}/{}",
+        sandgate_testkit::pg::PG_USER,
+        cluster.port,
+        db.name
+    );
+
+    let store = PgStore::connect(&url, Some(&ca)).await.unwrap();
+    store.insert(&ex("over-tls", 1)).await.unwrap();
+    assert!(store.get("over-tls").await.unwrap().is_some());
+    let ssl = db
+        .sql("SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) WHERE ssl AND application_name = 'sandgate'")
+        .unwrap();
+    assert_ne!(ssl, "0", "the store's connections are not TLS");
+    drop(store);
+
+    let err = PgStore::connect(&url, Some(&other)).await.unwrap_err();
+    assert!(!matches!(err, StoreError::Config(_)), "{err}");
+    let err = PgStore::connect(&format!("{url}?sslmode=require"), None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Config(m) if m.contains("--state-ca")),
+        "{err}"
+    );
+    let err = PgStore::connect(&format!("{url}?sslmode=disable"), Some(&ca))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Config(_)), "{err}");
+    let err = PgStore::connect(&db.url(), Some(&ca)).await.unwrap_err();
     assert!(matches!(err, StoreError::Config(_)), "{err}");
 }

@@ -585,6 +585,11 @@ pub struct ProxyArgs {
     /// its change notifications [default: 5]
     #[arg(long, value_name = "SECS", requires = "state")]
     pub state_resync: Option<f64>,
+    /// With --state postgres:// over the network: the CA certificate(s) (PEM) that signed
+    /// the database's certificate. Connections are then TLS and verified (the certificate
+    /// must name the host); without it they are plain, and sslmode=require is refused
+    #[arg(long, value_name = "FILE", requires = "state")]
+    pub state_ca: Option<std::path::PathBuf>,
     /// Most concurrent client connections; beyond it, 503 [default: 16384, or what the
     /// open-file limit allows at two descriptors each]
     #[arg(long, value_name = "N")]

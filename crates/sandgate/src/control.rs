@@ -98,7 +98,7 @@ async fn open_store(args: &ProxyArgs) -> Result<Arc<dyn ExceptionStore>, Control
                     .into(),
             ));
         }
-        return match PgStore::connect(url).await {
+        return match PgStore::connect(url, args.state_ca.as_deref()).await {
             Ok(store) => Ok(Arc::new(store)),
             Err(e @ (StoreError::NewerSchema { .. } | StoreError::Config(_))) => {
                 Err(ControlSetupError::Usage(e.to_string()))

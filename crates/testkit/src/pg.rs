@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 /// The user (and role) the tests connect as.
 pub const PG_USER: &str = "sandgate";
+/// The port a cluster's socket is named for, unless it listens on TCP too.
+const DEFAULT_PORT: u16 = 5432;
 
 /// The shared cluster's socket directory, starting the cluster if this run has none.
 pub fn shared_host() -> String {
@@ -38,6 +40,8 @@ pub fn shared_host() -> String {
     let cluster = PgCluster {
         data: dir.join("data"),
         socket: dir.join("socket"),
+        port: DEFAULT_PORT,
+        tls: None,
         _dir: None,
     };
     if !cluster.data.join("PG_VERSION").exists() {
@@ -54,6 +58,10 @@ pub fn shared_host() -> String {
 pub struct PgCluster {
     pub data: PathBuf,
     pub socket: PathBuf,
+    /// The port: of the socket's name, and of a TCP listener on 127.0.0.1 with TLS.
+    pub port: u16,
+    /// The server's certificate and key files, for TLS on TCP (else no TCP at all).
+    tls: Option<(PathBuf, PathBuf)>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -64,6 +72,39 @@ impl PgCluster {
         let cluster = PgCluster {
             data: dir.path().join("data"),
             socket: dir.path().join("socket"),
+            port: DEFAULT_PORT,
+            tls: None,
+            _dir: Some(dir),
+        };
+        cluster.init();
+        cluster.start();
+        cluster
+    }
+
+    /// As [`PgCluster::private`], also listening on 127.0.0.1 (a free port) with TLS only
+    /// there, presenting `cert_pem` (with its key, `key_pem`).
+    pub fn private_tls(cert_pem: &str, key_pem: &str) -> PgCluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let tls_dir = dir.path().join("tls");
+        let (cert, key) = (tls_dir.join("server.crt"), tls_dir.join("server.key"));
+        give_to_owner(&tls_dir);
+        for (path, pem) in [(&cert, cert_pem), (&key, key_pem)] {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::write(path, pem).expect("write TLS file");
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+            if is_root() {
+                std::os::unix::fs::chown(path, Some(65534), Some(65534)).expect("chown to nobody");
+            }
+        }
+        let cluster = PgCluster {
+            data: dir.path().join("data"),
+            socket: dir.path().join("socket"),
+            port,
+            tls: Some((cert, key)),
             _dir: Some(dir),
         };
         cluster.init();
@@ -91,9 +132,18 @@ impl PgCluster {
 
     /// Starts the server (waits until it accepts connections, at most 30 s).
     pub fn start(&self) {
+        let listen = match &self.tls {
+            None => "-c listen_addresses=''".to_owned(),
+            Some((cert, key)) => format!(
+                "-c listen_addresses=127.0.0.1 -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+                cert.display(),
+                key.display()
+            ),
+        };
         let options = format!(
-            "-k {} -c listen_addresses='' -c fsync=off -c max_connections=200",
-            self.socket.display()
+            "-k {} -p {} {listen} -c fsync=off -c max_connections=200",
+            self.socket.display(),
+            self.port
         );
         let log = self.data.parent().expect("data dir parent").join("server.log");
         let out = as_owner(&pg_bin("pg_ctl"))
@@ -145,12 +195,18 @@ impl Drop for PgCluster {
 #[derive(Debug)]
 pub struct TestDb {
     pub host: String,
+    pub port: u16,
     pub name: String,
 }
 
 impl TestDb {
     /// Creates `t_<unique>` on the cluster whose socket directory is `host`.
     pub fn create(host: &str) -> TestDb {
+        TestDb::create_at(host, DEFAULT_PORT)
+    }
+
+    /// Creates `t_<unique>` on the cluster whose socket directory is `host` and port `port`.
+    pub fn create_at(host: &str, port: u16) -> TestDb {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -162,6 +218,7 @@ impl TestDb {
         );
         let db = TestDb {
             host: host.to_owned(),
+            port,
             name,
         };
         db.sql_on("postgres", &format!("CREATE DATABASE {}", db.name))
@@ -171,7 +228,10 @@ impl TestDb {
 
     /// The connection URL the proxy takes (`--state`).
     pub fn url(&self) -> String {
-        format!("postgresql:///{}?host={}&user={PG_USER}", self.name, self.host)
+        format!(
+            "postgresql:///{}?host={}&port={}&user={PG_USER}",
+            self.name, self.host, self.port
+        )
     }
 
     /// Runs SQL with psql (as someone with access to the database would); returns the
@@ -183,6 +243,7 @@ impl TestDb {
     fn sql_on(&self, db: &str, sql: &str) -> Result<String, String> {
         let out = Command::new(pg_bin("psql"))
             .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", &self.host])
+            .args(["-p", &self.port.to_string()])
             .args(["-U", PG_USER, "-d", db, "-c", sql])
             .output()
             .map_err(|e| e.to_string())?;

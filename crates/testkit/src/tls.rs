@@ -12,6 +12,9 @@ pub struct TestCa {
     pub ca_pem: String,
     /// A rustls server config presenting the leaf certificate.
     pub server_config: Arc<rustls::ServerConfig>,
+    /// The leaf certificate and its private key, PEM (for a server run as a program).
+    pub leaf_pem: String,
+    pub leaf_key_pem: String,
 }
 
 impl TestCa {
@@ -32,6 +35,8 @@ impl TestCa {
             .push(DnType::CommonName, names.first().copied().unwrap_or("leaf"));
         let leaf_key = KeyPair::generate().expect("leaf key");
         let leaf = leaf_params.signed_by(&leaf_key, &ca).expect("leaf cert");
+        let leaf_pem = leaf.pem();
+        let leaf_key_pem = leaf_key.serialize_pem();
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let server_config = rustls::ServerConfig::builder_with_provider(provider)
@@ -43,6 +48,8 @@ impl TestCa {
         TestCa {
             ca_pem: ca.pem(),
             server_config: Arc::new(server_config),
+            leaf_pem,
+            leaf_key_pem,
         }
     }
 }

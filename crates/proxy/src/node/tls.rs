@@ -43,7 +43,8 @@ pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     PrivateKeyDer::from_pem_file(path).map_err(|e| file_error(path, format!("no usable private key: {e}")))
 }
 
-fn roots(path: &Path) -> Result<rustls::RootCertStore, TlsError> {
+/// The CA certificates in a PEM file as trust anchors; a CA that is not valid now is refused.
+pub fn roots(path: &Path) -> Result<rustls::RootCertStore, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in load_certs(path)? {
         // webpki does not check a trust anchor's own dates: an expired CA would go on

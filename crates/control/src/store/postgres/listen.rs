@@ -11,8 +11,11 @@ use std::future::poll_fn;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Notify;
-use tokio_postgres::{AsyncMessage, Config, NoTls};
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{AsyncMessage, Config, NoTls, Socket};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::CHANNEL;
 
@@ -20,11 +23,14 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Listens until the task is aborted (when the store is dropped).
-pub(super) async fn run(config: Config, changed: Arc<Notify>, name: String) {
+pub(super) async fn run(config: Config, tls: Option<MakeRustlsConnect>, changed: Arc<Notify>, name: String) {
     let mut backoff = FIRST_BACKOFF;
     let mut down = false;
     loop {
-        let (listened, error) = listen_once(&config, &changed).await;
+        let (listened, error) = match &tls {
+            Some(tls) => listen_once(&config, tls.clone(), &changed).await,
+            None => listen_once(&config, NoTls, &changed).await,
+        };
         if listened {
             backoff = FIRST_BACKOFF;
         }
@@ -47,8 +53,13 @@ pub(super) async fn run(config: Config, changed: Arc<Notify>, name: String) {
 }
 
 /// One connection's life: whether `LISTEN` succeeded, and the error that ended it.
-async fn listen_once(config: &Config, changed: &Notify) -> (bool, Option<tokio_postgres::Error>) {
-    let (client, mut connection) = match config.connect(NoTls).await {
+async fn listen_once<T>(config: &Config, tls: T, changed: &Notify) -> (bool, Option<tokio_postgres::Error>)
+where
+    T: MakeTlsConnect<Socket>,
+    T::Stream: AsyncRead + AsyncWrite + Unpin + Send,
+    T::TlsConnect: TlsConnect<Socket> + Send,
+{
+    let (client, mut connection) = match config.connect(tls).await {
         Ok(c) => c,
         Err(e) => return (false, Some(e)),
     };

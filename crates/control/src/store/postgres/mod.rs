@@ -9,8 +9,11 @@
 //! with access to the database can send one); a notification only makes a proxy read the
 //! table again ([`listen`]). The schema is versioned and migrated at start ([`migrate`]).
 //!
-//! Connections are plain (no TLS): use a Unix socket (`host=/run/postgresql`) or a trusted
-//! network; a connection string that asks for TLS (`sslmode=require`) fails to connect.
+//! Connections are plain on a Unix socket (`host=/run/postgresql`). Over a network, give the
+//! CA that signed the database's certificate (`--state-ca`): every connection is then TLS
+//! (rustls; `sslmode=require` is implied, and the certificate must name the host), and one
+//! that cannot be verified is refused. A connection string that asks for TLS without a CA
+//! is refused at start.
 
 mod listen;
 pub mod migrate;
@@ -20,8 +23,9 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 use sandgate_policy::{Exception, ExceptionState};
-use tokio_postgres::config::Host;
+use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::{Config, NoTls};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::{ExceptionStore, StoreError, StoreFuture};
 
@@ -59,13 +63,15 @@ impl Drop for PgStore {
 
 impl PgStore {
     /// Connects to the database `url` names (a `postgres://` URL or `key=value` pairs;
-    /// `host=/dir` is a Unix socket directory), applies the schema's migrations, and starts
-    /// listening for other proxies' changes. Fails if the database cannot be reached or its
-    /// schema is newer than this binary's.
-    pub async fn connect(url: &str) -> Result<PgStore, StoreError> {
+    /// `host=/dir` is a Unix socket directory), over TLS verified against the CA certificates
+    /// in `ca` when given; applies the schema's migrations, and starts listening for other
+    /// proxies' changes. Fails if the database cannot be reached (or verified) or its schema
+    /// is newer than this binary's.
+    pub async fn connect(url: &str, ca: Option<&std::path::Path>) -> Result<PgStore, StoreError> {
         let mut config: Config = url
             .parse()
             .map_err(|e| StoreError::Config(format!("not a PostgreSQL connection string: {e}")))?;
+        let tls = tls(&mut config, ca)?;
         config
             .connect_timeout(CONNECT_TIMEOUT)
             .keepalives(true)
@@ -75,13 +81,13 @@ impl PgStore {
             config.application_name("sandgate");
         }
         let name = describe(&config);
-        let manager = Manager::from_config(
-            config.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match &tls {
+            Some(tls) => Manager::from_config(config.clone(), tls.clone(), manager_config),
+            None => Manager::from_config(config.clone(), NoTls, manager_config),
+        };
         let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
             .runtime(Runtime::Tokio1)
@@ -91,7 +97,7 @@ impl PgStore {
             .build()
             .map_err(|e| StoreError::Config(e.to_string()))?;
         let changed = Arc::new(tokio::sync::Notify::new());
-        let listener = tokio::spawn(listen::run(config, changed.clone(), name.clone())).abort_handle();
+        let listener = tokio::spawn(listen::run(config, tls, changed.clone(), name.clone())).abort_handle();
         let store = PgStore {
             pool,
             name,
@@ -298,4 +304,38 @@ fn describe(config: &Config) -> String {
         out.push_str(&format!(" dbname={db}"));
     }
     out
+}
+
+/// The TLS connector for `ca` (TLS then required: `sslmode=disable` with a CA is refused);
+/// `None` without a CA, when a connection string that asks for TLS is refused.
+fn tls(config: &mut Config, ca: Option<&std::path::Path>) -> Result<Option<MakeRustlsConnect>, StoreError> {
+    let Some(ca) = ca else {
+        if config.get_ssl_mode() == SslMode::Require {
+            return Err(StoreError::Config(
+                "the connection string asks for TLS (sslmode=require): give the CA that signed the database's certificate with --state-ca FILE".into(),
+            ));
+        }
+        config.ssl_mode(SslMode::Disable);
+        return Ok(None);
+    };
+    if config.get_ssl_mode() == SslMode::Disable {
+        return Err(StoreError::Config(
+            "--state-ca asks for TLS, and the connection string says sslmode=disable".into(),
+        ));
+    }
+    if config.get_hosts().iter().any(|h| !matches!(h, Host::Tcp(_))) {
+        return Err(StoreError::Config(
+            "--state-ca: TLS is for a database over the network; a Unix socket (host=/dir) is not encrypted by PostgreSQL".into(),
+        ));
+    }
+    config.ssl_mode(SslMode::Require);
+    let roots =
+        sandgate_proxy::node::tls::roots(ca).map_err(|e| StoreError::Config(format!("--state-ca: {e}")))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| StoreError::Config(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Some(MakeRustlsConnect::new(client)))
 }
