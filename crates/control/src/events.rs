@@ -51,5 +51,6 @@ fn visible(who: &Principal, ev: &Arc<Stamped>) -> bool {
         return true;
     }
     let line = Line::of(ev);
-    line.task_id.is_some_and(|t| who.tasks.iter().any(|w| w == t))
+    line.task_id
+        .is_some_and(|t| sandgate_policy::ids::listed(&who.tasks, t))
 }

@@ -158,12 +158,19 @@ pub enum TransitionError {
 }
 
 impl ExceptionPolicy {
-    /// The bounds for a task of a project: a task entry wins over its project's.
+    /// The bounds for a task of a project: an entry naming the task exactly wins over one
+    /// naming it by a prefix (`node-a:*`, in the policy's order), which wins over its
+    /// project's.
     pub fn bounds_for(&self, task: &str, project: Option<&str>) -> Option<&Enablement> {
         let by_task = self
             .enabled
             .iter()
-            .find(|e| matches!(&e.scope, Scope::Task(t) if t == task));
+            .find(|e| matches!(&e.scope, Scope::Task(t) if t == task))
+            .or_else(|| {
+                self.enabled
+                    .iter()
+                    .find(|e| matches!(&e.scope, Scope::Task(t) if crate::ids::matches(t, task)))
+            });
         by_task.or_else(|| {
             self.enabled
                 .iter()

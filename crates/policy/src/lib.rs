@@ -12,6 +12,7 @@ pub mod decision;
 pub mod document;
 pub mod exception;
 pub mod host;
+pub mod ids;
 pub mod node;
 pub mod pattern;
 pub mod preset;

@@ -23,15 +23,6 @@ pub enum VouchError {
     Task { node: String, task: String },
 }
 
-/// Whether `value` is in `list`: an exact id, `*` (any), or a prefix ending in `*`
-/// (`run-node-a-*`).
-fn listed(list: &[String], value: &str) -> bool {
-    list.iter().any(|v| match v.strip_suffix('*') {
-        Some(prefix) => value.starts_with(prefix),
-        None => v == value,
-    })
-}
-
 impl NodeSpec {
     /// Whether this node may attribute a request to `task` in `project`. A project it names
     /// must always be one of its projects (a task it may vouch for never widens that: a
@@ -40,7 +31,7 @@ impl NodeSpec {
     /// only). The job is recorded, never decided on.
     pub fn vouches(&self, task: Option<&str>, project: Option<&str>) -> Result<(), VouchError> {
         if let Some(p) = project
-            && !listed(&self.projects, p)
+            && !crate::ids::listed(&self.projects, p)
         {
             return Err(VouchError::Project {
                 node: self.name.clone(),
@@ -48,7 +39,7 @@ impl NodeSpec {
             });
         }
         match task {
-            Some(t) if project.is_none() && !listed(&self.tasks, t) => Err(VouchError::Task {
+            Some(t) if project.is_none() && !crate::ids::listed(&self.tasks, t) => Err(VouchError::Task {
                 node: self.name.clone(),
                 task: t.to_owned(),
             }),

@@ -191,6 +191,15 @@ fn exceptions_and_admin_tokens_parse_and_refuse_what_they_must() {
     assert!(file.exceptions.bounds_for("t-1", None).is_none(), "default deny");
     assert_eq!(file.admin.listen, Some("127.0.0.1:9099".parse().unwrap()));
     assert_eq!(file.admin.tokens.len(), 2);
+    // A node's runs by prefix, for exceptions and for who may ask.
+    let runs = doc(&format!(
+        "  exceptions:\n    - scope: {{ task: \"node-a:*\" }}\n\
+         \x20 admin:\n    tokens:\n      - {{ name: platform, role: requester, secret_sha256: {hash}, tasks: [ \"node-a:*\" ] }}\n"
+    ));
+    let file = parse_policy(&runs, "p.yaml", NOW).unwrap();
+    assert!(file.exceptions.bounds_for("node-a:run-1-ab", None).is_some());
+    assert!(file.exceptions.bounds_for("node-b:run-1-ab", None).is_none());
+    assert_eq!(file.admin.tokens[0].tasks, ["node-a:*"]);
     for (spec, want) in [
         (
             "  exceptions:\n    - scope: system\n",
@@ -213,6 +222,23 @@ fn exceptions_and_admin_tokens_parse_and_refuse_what_they_must() {
             "names the tasks",
         ),
         ("  admin:\n    listen: nowhere\n", "spec.admin.listen"),
+        // Patterns: a prefix, never everyone, and a `*` only at the end.
+        (
+            "  exceptions:\n    - scope: { task: \"*\" }\n",
+            "spec.exceptions.scope.task: `*` alone",
+        ),
+        (
+            "  exceptions:\n    - scope: { task: \"node-*-a\" }\n",
+            "may only end a pattern",
+        ),
+        (
+            "  exceptions:\n    - scope: { project: \"p-*\" }\n",
+            "spec.exceptions.scope.project",
+        ),
+        (
+            "  admin:\n    tokens:\n      - { name: x, role: requester, secret_sha256_file: f, tasks: [ \"*\" ] }\n",
+            "spec.admin.tokens.tasks: \"*\"",
+        ),
     ] {
         let err = parse_policy(&doc(spec), "p.yaml", NOW).unwrap_err().to_string();
         assert!(err.contains(want), "{spec:?}: {err}");

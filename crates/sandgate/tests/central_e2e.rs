@@ -556,16 +556,10 @@ fn a_sandboxed_run_is_a_node_of_the_central_proxies() {
     let cert = pki.node("node-a", &[]);
     let dir = tempfile::tempdir().unwrap();
     let port = origin.port();
+    let (ok, no) = (format!("ok.test:{port}"), format!("no.test:{port}"));
     let policy = sandbox_support::write_policy(
         dir.path(),
-        &format!(
-            "net:\n  mode: proxy\n  allow_domains: [ \"ok.test:{port}\", \"no.test:{port}\" ]\n  proxy:\n    upstream: [ \"https://{}\", \"https://{}\" ]\n    tls: {{ ca: {}, cert: {}, key: {} }}\n",
-            a.node_addr,
-            b.node_addr,
-            cert.ca.display(),
-            cert.cert.display(),
-            cert.key.display()
-        ),
+        &central::run_net(&[&ok, &no], &[a.node_addr, b.node_addr], &cert),
     );
     let script = format!(
         "curl -sS -o /dev/null -w '%{{http_code}} ' http://ok.test:{port}/; curl -sS -o /dev/null -w '%{{http_code}}' http://no.test:{port}/"

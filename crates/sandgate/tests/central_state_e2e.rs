@@ -17,6 +17,7 @@
 
 mod central;
 mod common;
+mod sandbox_support;
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -27,7 +28,7 @@ use common::control::{api, get_status, within};
 use common::world::free_addr;
 use common::{ProxyProcess, read_audit};
 use sandgate_testkit::dns::Zone;
-use sandgate_testkit::pg::{PgCluster, TestDb};
+use sandgate_testkit::pg::{PgCluster, TestDb, shared_host};
 
 /// A central's policy: a node listener for node-a (project p-1), exceptions for task t-1 on
 /// `ports`, an admin listener with a requester and an approver; nothing allowlisted.
@@ -60,6 +61,10 @@ struct Central {
 fn start_central(pki: &Pki, dns: SocketAddr, db: &str, ports: &[u16]) -> Central {
     let admin = free_addr();
     let policy = central_policy(pki, admin, ports);
+    start_central_with(policy, admin, dns, db)
+}
+
+fn start_central_with(policy: std::path::PathBuf, admin: SocketAddr, dns: SocketAddr, db: &str) -> Central {
     let dns = dns.to_string();
     let p = ProxyProcess::start(&[
         "--policy",
@@ -76,12 +81,26 @@ fn start_central(pki: &Pki, dns: SocketAddr, db: &str, ports: &[u16]) -> Central
 }
 
 fn request(admin: SocketAddr, host: &str, port: u16) -> String {
-    let body = format!(
-        r#"{{"task_id":"t-1","requested_hosts":["{host}"],"requested_ports":[{port}],"ttl_seconds":300,"reason":"build"}}"#
-    );
-    let (status, ex) = api(admin, "POST", "/v1/exceptions", Some("tok-agent"), Some(&body));
+    request_as(admin, "tok-agent", "t-1", host, port)
+}
+
+fn request_as(admin: SocketAddr, token: &str, task: &str, host: &str, port: u16) -> String {
+    let (status, ex) = try_request(admin, token, task, host, port);
     assert_eq!(status, 201, "{ex}");
     ex["id"].as_str().unwrap().to_owned()
+}
+
+fn try_request(
+    admin: SocketAddr,
+    token: &str,
+    task: &str,
+    host: &str,
+    port: u16,
+) -> (u16, serde_json::Value) {
+    let body = format!(
+        r#"{{"task_id":"{task}","requested_hosts":["{host}"],"requested_ports":[{port}],"ttl_seconds":300,"reason":"build"}}"#
+    );
+    api(admin, "POST", "/v1/exceptions", Some(token), Some(&body))
 }
 
 fn decide(admin: SocketAddr, id: &str, action: &str) -> u16 {
@@ -253,4 +272,136 @@ fn two_centrals_on_one_database_serve_a_node_as_one() {
     );
     assert!(within(10, || unavailable() == 0.0));
     assert_eq!(get_status(n.addr, &web), "200");
+}
+
+/// A central's policy for a node's sandboxed runs: node-a vouches for its own runs
+/// (`node-a:*`), exceptions are enabled for them on `port`, one requester may ask for
+/// node-a's runs and another for node-b's only.
+fn runs_policy(pki: &Pki, admin: SocketAddr, port: u16) -> std::path::PathBuf {
+    let hash = |s: &str| sandgate_policy::auth::secret_hash(s);
+    let text = format!(
+        "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: central }}\nspec:\n\
+         \x20 listeners:\n    - listen: 127.0.0.1:0\n      role: node\n      tls: {{ cert: central-127.0.0.1.pem, key: central-127.0.0.1.key, client_ca: ca.pem }}\n\
+         \x20 nodes:\n    - {{ name: node-a, tasks: [ \"node-a:*\" ] }}\n\
+         \x20 exceptions:\n    - {{ scope: {{ task: \"node-a:*\" }}, ports: [ {port} ], max_ttl_seconds: 600 }}\n\
+         \x20 admin:\n    listen: \"{admin}\"\n    tokens:\n\
+         \x20     - {{ name: platform-a, role: requester, secret_sha256: {a}, tasks: [ \"node-a:*\" ] }}\n\
+         \x20     - {{ name: platform-b, role: requester, secret_sha256: {o}, tasks: [ \"node-b:*\" ] }}\n\
+         \x20     - {{ name: alice, role: approver, secret_sha256: {b} }}\n",
+        a = hash("tok-platform-a"),
+        o = hash("tok-platform-b"),
+        b = hash("tok-alice"),
+    );
+    let path = pki.path(&format!("central-runs-{}.yaml", admin.port()));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `sandgate run` in `proxy` mode as a node of two centrals sharing PostgreSQL: the run's
+/// fresh task (`node-a:run-...`) is refused at central B, an exception for exactly that task
+/// is asked for and approved through central A, and the same run's next request passes
+/// through B under that exception. As the attacker: the requester of another node's runs
+/// cannot ask for this run, and the exception does not reach past this run's task.
+#[test]
+fn an_exception_for_a_sandboxed_runs_task_approved_on_one_central_lets_it_through_the_other() {
+    let w = common::world::World::new();
+    let origin = w.origin();
+    let port = origin.port();
+    let dns = w.dns(Zone::new().with("web.test", &["127.0.0.1"]));
+    let db = TestDb::create(&shared_host());
+    let pki = Pki::new();
+    let (admin_a, admin_b) = (free_addr(), free_addr());
+    let a = start_central_with(runs_policy(&pki, admin_a, port), admin_a, dns.addr(), &db.url());
+    let b = start_central_with(runs_policy(&pki, admin_b, port), admin_b, dns.addr(), &db.url());
+    let cert = pki.node("node-a", &[]);
+
+    // The run asks B first; it waits (at most 20 s) for the test's go before asking again.
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    std::fs::create_dir(&gate).unwrap();
+    let allow = format!("web.test:{port}");
+    let policy = sandbox_support::write_policy(
+        dir.path(),
+        &central::run_net(&[&allow], &[b.node_addr, a.node_addr], &cert),
+    );
+    let policy_text = std::fs::read_to_string(&policy).unwrap();
+    let gate_path = gate.display().to_string();
+    std::fs::write(
+        &policy,
+        policy_text.replace(
+            "read_paths: [ /usr,",
+            &format!("read_paths: [ {gate_path}, /usr,"),
+        ),
+    )
+    .unwrap();
+    let web = format!("http://web.test:{port}/");
+    let script = format!(
+        "curl -sS -o /dev/null -w '%{{http_code}} ' {web}; i=0; \
+         while [ ! -e {gate_path}/go ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done; \
+         j=0; while [ $j -lt 25 ]; do c=$(curl -sS -o /dev/null -w '%{{http_code}}' {web}); \
+         [ \"$c\" = 200 ] && break; sleep 0.2; j=$((j+1)); done; echo $c"
+    );
+    let run = std::process::Command::new(common::sandgate_bin())
+        .args(["run", "--policy"])
+        .arg(&policy)
+        .args(["--", "sh", "-c", &script])
+        .env("XDG_STATE_HOME", sandbox_support::state_home())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    // The run's first request, refused at B under the run's own task.
+    let mut task = String::new();
+    assert!(
+        within(20, || {
+            let denied = read_audit(&b.p.audit_path);
+            let found = denied.iter().find(|e| {
+                e["decision"] == "deny"
+                    && e["task_id"]
+                        .as_str()
+                        .is_some_and(|t| t.starts_with("node-a:run-"))
+            });
+            if let Some(e) = found {
+                task = e["task_id"].as_str().unwrap().to_owned();
+            }
+            found.is_some()
+        }),
+        "no deny for the run at B: {:#?}",
+        read_audit(&b.p.audit_path)
+    );
+
+    // Another node's requester may not ask for this run; this run's may, through A.
+    let (status, body) = try_request(a.admin, "tok-platform-b", &task, "web.test", port);
+    assert_eq!(status, 403, "{body}");
+    let id = request_as(a.admin, "tok-platform-a", &task, "web.test", port);
+    assert_eq!(decide(a.admin, &id, "approve"), 200);
+    std::fs::write(gate.join("go"), b"").unwrap();
+
+    let out = run.wait_with_output().unwrap();
+    let (stdout, stderr) = sandbox_support::text(&out);
+    assert_eq!(stdout.trim(), "403 200", "{stderr}");
+    let allowed = read_audit(&b.p.audit_path);
+    let e = allowed
+        .iter()
+        .find(|e| e["decision"] == "allow")
+        .expect("an allow at B");
+    assert_eq!(
+        (e["task_id"].as_str(), e["node"].as_str(), e["rule"].as_str()),
+        (
+            Some(task.as_str()),
+            Some("node-a"),
+            Some(format!("exception:{id}").as_str())
+        ),
+        "{e}"
+    );
+
+    // The exception is this run's: a run started now is another task, refused.
+    let again = sandbox_support::run(
+        &policy,
+        &[],
+        &["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", &web],
+    );
+    assert_eq!(sandbox_support::text(&again).0, "403");
 }

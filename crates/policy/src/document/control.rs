@@ -26,6 +26,18 @@ pub(super) fn exception_policy(
                 );
                 continue;
             }
+            Ok(Scope::Task(t)) if let Err(m) = crate::ids::check(t, false) => {
+                c.error(line, "spec.exceptions.scope.task", m);
+                continue;
+            }
+            Ok(Scope::Project(p)) if p.contains('*') => {
+                c.error(
+                    line,
+                    "spec.exceptions.scope.project",
+                    "a project is named exactly (a prefix pattern names tasks: `task: node-a:*`)",
+                );
+                continue;
+            }
             Ok(scope) => scope.clone(),
             Err(m) => {
                 c.error(line, "spec.exceptions.scope", m.clone());
@@ -121,6 +133,11 @@ pub(super) fn admin_spec(c: &mut Checker<'_>, raw: Option<&Spanned<RawAdmin>>, f
                 "spec.admin.tokens.tasks",
                 "a requester token names the tasks it may ask for",
             );
+        }
+        for task in &t.value.tasks {
+            if let Err(m) = crate::ids::check(task, false) {
+                c.error(line, "spec.admin.tokens.tasks", format!("{task:?}: {m}"));
+            }
         }
         tokens.push(TokenSpec {
             name: t.value.name.clone(),

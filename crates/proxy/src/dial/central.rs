@@ -441,7 +441,7 @@ async fn exchange_http1(
         .await
         .map_err(|e| HopError::Unavailable(e.to_string()))?;
     let (core, pump) = bridge::pair().map_err(|e| HopError::Unavailable(e.to_string()))?;
-    tokio::spawn(bridge::pump(upgraded, pump, None));
+    tokio::spawn(bridge::pump(TokioIo::new(upgraded), pump, None));
     Ok(core)
 }
 

@@ -9,8 +9,7 @@
 use std::io;
 use std::os::fd::OwnedFd;
 
-use hyper::upgrade::Upgraded;
-use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_util::sync::CancellationToken;
 
@@ -49,9 +48,17 @@ enum Gone {
 /// socket pair can only show it a clean end, which it would take for a half-close. (hyper
 /// reads a CANCEL from the peer as a clean end of the stream, so a node's reset reaches
 /// the central as a half-close: that tunnel then ends when its origin closes, or idles out.)
-pub(crate) async fn pump(stream: Upgraded, pump: UnixStream, reset: Option<CancellationToken>) {
+///
+/// Each write to the connection is flushed before the next read from the core: a TLS
+/// stream takes bytes it cannot yet put on the wire into its own buffer and says they are
+/// written, and nothing else would send them once the core has no more to say (a client
+/// that sent its last bytes and waits for an answer would wait for ever).
+pub(crate) async fn pump<S>(stream: S, pump: UnixStream, reset: Option<CancellationToken>)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
-    let (mut s_read, mut s_write) = tokio::io::split(TokioIo::new(stream));
+    let (mut s_read, mut s_write) = tokio::io::split(stream);
     let (mut p_read, mut p_write) = pump.into_split();
     let to_stream = async {
         let mut buf = vec![0u8; PUMP_CHUNK];
@@ -74,6 +81,7 @@ pub(crate) async fn pump(stream: Upgraded, pump: UnixStream, reset: Option<Cance
                 .write_all(buf.get(..n).unwrap_or_default())
                 .await
                 .map_err(|_| Gone::Stream)?;
+            s_write.flush().await.map_err(|_| Gone::Stream)?;
         }
     };
     let to_core = async {
@@ -94,5 +102,36 @@ pub(crate) async fn pump(stream: Upgraded, pump: UnixStream, reset: Option<Cance
         && let Some(reset) = reset
     {
         reset.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+
+    use super::*;
+
+    /// A connection that keeps what it is given until flushed (as a TLS stream keeps the
+    /// records its socket has no room for) still gets the core's last bytes: a client that
+    /// sent them and waits for an answer must not wait for ever. Fails on the pump before it
+    /// flushed (the stall the central benchmark hit over the HTTP/1.1 transport).
+    #[tokio::test]
+    async fn the_last_bytes_reach_a_connection_that_holds_writes_until_flushed() {
+        let (core, pump_end) = pair().expect("a socket pair");
+        let (conn, mut peer) = tokio::io::duplex(1 << 20);
+        let task = tokio::spawn(pump(BufWriter::with_capacity(64 * 1024, conn), pump_end, None));
+        let mut core = core;
+        core.write_all(b"the last request").await.expect("write");
+        let mut got = [0u8; 16];
+        tokio::time::timeout(Duration::from_secs(5), peer.read_exact(&mut got))
+            .await
+            .expect("the bytes reached the connection within 5 s")
+            .expect("read");
+        assert_eq!(&got, b"the last request");
+        drop(core);
+        drop(peer);
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
     }
 }

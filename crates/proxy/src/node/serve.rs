@@ -291,7 +291,7 @@ async fn http1_request(
                 .await;
             // `core` is dropped here: the pump sees the end and resets the connection.
         };
-        tokio::join!(carry, bridge::pump(stream, pump, Some(pump_reset)));
+        tokio::join!(carry, bridge::pump(TokioIo::new(stream), pump, Some(pump_reset)));
     });
     Response::new(Full::new(Bytes::new()))
 }

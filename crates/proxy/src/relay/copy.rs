@@ -228,6 +228,8 @@ where
         dst.write_all(buf.get(..n).unwrap_or_default())
             .await
             .map_err(|_| sides.1)?;
+        // A TLS stream may hold written bytes until flushed (node/bridge.rs).
+        dst.flush().await.map_err(|_| sides.1)?;
         meter.moved(n);
     }
 }

@@ -172,6 +172,25 @@ pub fn upstream_args(cert: &NodeCert, centrals: &[SocketAddr]) -> Vec<String> {
     args
 }
 
+/// `net` of a sandbox policy whose run is a node of `centrals` (in that order) with `cert`,
+/// its own allowlist `allow`.
+pub fn run_net(allow: &[&str], centrals: &[SocketAddr], cert: &NodeCert) -> String {
+    let quoted = |v: Vec<String>| {
+        v.iter()
+            .map(|a| format!("\"{a}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "net:\n  mode: proxy\n  allow_domains: [ {} ]\n  proxy:\n    upstream: [ {} ]\n    tls: {{ ca: {}, cert: {}, key: {} }}\n",
+        quoted(allow.iter().map(|a| a.to_string()).collect()),
+        quoted(centrals.iter().map(|c| format!("https://{c}")).collect()),
+        cert.ca.display(),
+        cert.cert.display(),
+        cert.key.display()
+    )
+}
+
 /// A node-local proxy: its own allowlist `allow` (flags), forwarding to `centrals`; its
 /// listener's identity from a policy file when `identity` (task, project) is given. It has
 /// no nameserver that answers: it must never need one.
