@@ -159,8 +159,8 @@ pub enum TransitionError {
 
 impl ExceptionPolicy {
     /// The bounds for a task of a project: an entry naming the task exactly wins over one
-    /// naming it by a prefix (`node-a:*`, in the policy's order), which wins over its
-    /// project's.
+    /// naming it by a prefix (`node-a:*`; the longest prefix that matches), which wins over
+    /// its project's.
     pub fn bounds_for(&self, task: &str, project: Option<&str>) -> Option<&Enablement> {
         let by_task = self
             .enabled
@@ -169,7 +169,12 @@ impl ExceptionPolicy {
             .or_else(|| {
                 self.enabled
                     .iter()
-                    .find(|e| matches!(&e.scope, Scope::Task(t) if crate::ids::matches(t, task)))
+                    .filter_map(|e| match &e.scope {
+                        Scope::Task(t) if crate::ids::matches(t, task) => Some((t.len(), e)),
+                        _ => None,
+                    })
+                    .max_by_key(|(len, _)| *len)
+                    .map(|(_, e)| e)
             });
         by_task.or_else(|| {
             self.enabled

@@ -92,11 +92,17 @@ fn a_task_entry_widens_the_bounds_for_that_task_only() {
 }
 
 /// A node's runs have fresh task ids under the node's name (`node-a:run-...`): a prefix
-/// scope enables them, an exact entry still wins, and another node's runs stay out.
+/// scope enables them, an exact entry still wins, the longest prefix wins over a shorter
+/// one, and a port one prefix allows is not another's.
 #[test]
 fn a_prefix_scope_enables_a_nodes_runs_and_an_exact_task_entry_wins_over_it() {
     let p = ExceptionPolicy {
         enabled: vec![
+            Enablement {
+                scope: Scope::Task("node-*".into()),
+                ports: vec![7070],
+                max_ttl_seconds: 60,
+            },
             Enablement {
                 scope: Scope::Task("node-a:*".into()),
                 ports: vec![8080],
@@ -112,12 +118,18 @@ fn a_prefix_scope_enables_a_nodes_runs_and_an_exact_task_entry_wins_over_it() {
     let bounds = |task: &str| p.bounds_for(task, None).map(|e| e.ports.clone());
     assert_eq!(bounds("node-a:run-1-abcd"), Some(vec![8080]));
     assert_eq!(bounds("node-a:run-special"), Some(vec![9090]));
-    assert_eq!(bounds("node-b:run-1-abcd"), None);
-    assert_eq!(bounds("node-a"), None);
+    // The longest prefix wins, whatever the order.
+    assert_eq!(bounds("node-b:run-1-abcd"), Some(vec![7070]));
+    assert_eq!(bounds("other:run-1"), None);
     let mut req = request("node-b:run-1", &["pypi.org"], Some(vec![8080]), 60);
     req.project_id = None;
     assert!(matches!(
-        p.admit(req, "ex-2".into(), "agent", 1000),
+        p.admit(req.clone(), "ex-2".into(), "agent", 1000),
+        Err(RequestError::Port { port: 8080, .. })
+    ));
+    req.task_id = "other:run-1".into();
+    assert!(matches!(
+        p.admit(req, "ex-3".into(), "agent", 1000),
         Err(RequestError::NotEnabled { .. })
     ));
 }

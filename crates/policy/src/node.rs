@@ -24,10 +24,13 @@ pub enum VouchError {
 }
 
 impl NodeSpec {
-    /// Whether this node may attribute a request to `task` in `project`. A project it names
-    /// must always be one of its projects (a task it may vouch for never widens that: a
-    /// project's scoped entries are that project's). A task must be one of its tasks, or
-    /// come with one of its projects. A request with neither has no task (system entries
+    /// Whether this node may attribute a request to `task` in `project`: a project it names
+    /// must be one of its projects, and a task one of its tasks. Neither widens the other:
+    /// a listed task never lets it name another project (a project's scoped entries are that
+    /// project's), and a listed project never lets it name any task (task-scoped entries and
+    /// exceptions are the task's: with `projects: [team-b]` alone, a node could otherwise
+    /// claim another node's run, `node-a:run-...`, with its own project, and use that run's
+    /// exceptions; review finding). A request with neither has no task (system entries
     /// only). The job is recorded, never decided on.
     pub fn vouches(&self, task: Option<&str>, project: Option<&str>) -> Result<(), VouchError> {
         if let Some(p) = project
@@ -39,7 +42,7 @@ impl NodeSpec {
             });
         }
         match task {
-            Some(t) if project.is_none() && !crate::ids::listed(&self.tasks, t) => Err(VouchError::Task {
+            Some(t) if !crate::ids::listed(&self.tasks, t) => Err(VouchError::Task {
                 node: self.name.clone(),
                 task: t.to_owned(),
             }),
@@ -88,10 +91,20 @@ mod tests {
         let cases: &[Case<'_>] = &[
             // nothing claimed: always
             (&[], &[], None, None, true),
-            // by project
-            (&["p1"], &[], Some("t1"), Some("p1"), true),
-            (&["p1"], &[], Some("t1"), Some("p2"), false),
+            // by project and task
+            (&["p1"], &["t1"], Some("t1"), Some("p1"), true),
+            (&["p1"], &["t1"], Some("t1"), Some("p2"), false),
             (&["p1"], &[], None, Some("p1"), true),
+            // a listed project never lets a node name any task: another node's run, with
+            // this node's own project, is refused (review finding)
+            (&["p1"], &[], Some("t1"), Some("p1"), false),
+            (
+                &["team-b"],
+                &["node-b:*"],
+                Some("node-a:run-4242-1a2b3c4d"),
+                Some("team-b"),
+                false,
+            ),
             // a task without its project is not vouched for by the project
             (&["p1"], &[], Some("t1"), None, false),
             // by task
@@ -103,12 +116,14 @@ mod tests {
             // an unlisted project with an unlisted task
             (&[], &["t1"], Some("t2"), Some("p9"), false),
             // wildcards
-            (&["*"], &[], Some("t"), Some("any"), true),
+            (&["*"], &["*"], Some("t"), Some("any"), true),
+            (&["*"], &[], Some("t"), Some("any"), false),
             (&[], &["*"], Some("t"), None, true),
             // prefixes
             (&[], &["run-node-a-*"], Some("run-node-a-17"), None, true),
             (&[], &["run-node-a-*"], Some("run-node-b-17"), None, false),
-            (&["team-*"], &[], Some("t"), Some("team-x"), true),
+            (&["team-*"], &["t"], Some("t"), Some("team-x"), true),
+            (&["team-*"], &["t"], Some("t"), Some("other-x"), false),
         ];
         for (projects, tasks, task, project, ok) in cases {
             let n = node(projects, tasks);

@@ -225,7 +225,7 @@ fn exceptions_and_admin_tokens_parse_and_refuse_what_they_must() {
         // Patterns: a prefix, never everyone, and a `*` only at the end.
         (
             "  exceptions:\n    - scope: { task: \"*\" }\n",
-            "spec.exceptions.scope.task: `*` alone",
+            "`*` alone names every task",
         ),
         (
             "  exceptions:\n    - scope: { task: \"node-*-a\" }\n",
@@ -238,6 +238,15 @@ fn exceptions_and_admin_tokens_parse_and_refuse_what_they_must() {
         (
             "  admin:\n    tokens:\n      - { name: x, role: requester, secret_sha256_file: f, tasks: [ \"*\" ] }\n",
             "spec.admin.tokens.tasks: \"*\"",
+        ),
+        // An allowlist entry is for one task exactly; spec.nodes takes `*` only at the end.
+        (
+            "  network:\n    allowlist:\n      - { host: a.example, scope: { task: \"node-a:*\" } }\n",
+            "names one task or project exactly",
+        ),
+        (
+            "  nodes:\n    - { name: node-a, tasks: [ \"run-*-a\" ] }\n",
+            "spec.nodes.tasks: \"run-*-a\"",
         ),
     ] {
         let err = parse_policy(&doc(spec), "p.yaml", NOW).unwrap_err().to_string();

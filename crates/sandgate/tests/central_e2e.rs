@@ -29,7 +29,7 @@ use serde_json::Value;
 /// Central spec: `ok.test` allowed for project p1's tasks; the node `node-a` vouches for p1.
 fn spec(origin_port: u16) -> String {
     format!(
-        "  network:\n    allowlist:\n      - host: ok.test\n        ports: [{origin_port}]\n  nodes:\n    - name: node-a\n      projects: [p1]\n"
+        "  network:\n    allowlist:\n      - host: ok.test\n        ports: [{origin_port}]\n  nodes:\n    - name: node-a\n      projects: [p1]\n      tasks: [t1]\n"
     )
 }
 
@@ -631,7 +631,7 @@ fn check_config_refuses_node_listeners_that_cannot_work() {
         format!("  listeners:\n    - listen: 127.0.0.1:0\n      role: node\n{extra}      tls: {{ {tls} }}\n")
     };
     let good_tls = "cert: central-127.0.0.1.pem, key: central-127.0.0.1.key, client_ca: ca.pem";
-    let nodes = "  nodes:\n    - name: node-a\n      projects: [p1]\n";
+    let nodes = "  nodes:\n    - name: node-a\n      projects: [p1]\n      tasks: [t1]\n";
     assert_eq!(check(&format!("{}{nodes}", listener(good_tls, ""))).0, 0);
     let (code, err) = check(&listener(good_tls, ""));
     assert_eq!(code, 64);
@@ -893,7 +893,7 @@ fn an_expired_ca_and_a_shared_directory_are_refused() {
     let policy = old.path().join("c.yaml");
     std::fs::write(
         &policy,
-        "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: { name: c }\nspec:\n  listeners:\n    - listen: 127.0.0.1:0\n      role: node\n      tls: { cert: central-127.0.0.1.pem, key: central-127.0.0.1.key, client_ca: ca.pem }\n  nodes:\n    - { name: node-a, projects: [ p1 ] }\n",
+        "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: { name: c }\nspec:\n  listeners:\n    - listen: 127.0.0.1:0\n      role: node\n      tls: { cert: central-127.0.0.1.pem, key: central-127.0.0.1.key, client_ca: ca.pem }\n  nodes:\n    - { name: node-a, projects: [ p1 ], tasks: [ t1 ] }\n",
     )
     .unwrap();
     let out = std::process::Command::new(common::sandgate_bin())

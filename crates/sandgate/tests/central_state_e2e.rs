@@ -38,7 +38,7 @@ fn central_policy(pki: &Pki, admin: SocketAddr, ports: &[u16]) -> std::path::Pat
     let text = format!(
         "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: central }}\nspec:\n\
          \x20 listeners:\n    - listen: 127.0.0.1:0\n      role: node\n      tls: {{ cert: central-127.0.0.1.pem, key: central-127.0.0.1.key, client_ca: ca.pem }}\n\
-         \x20 nodes:\n    - {{ name: node-a, projects: [ p-1 ] }}\n\
+         \x20 nodes:\n    - {{ name: node-a, projects: [ p-1 ], tasks: [ t-1 ] }}\n\
          \x20 exceptions:\n    - {{ scope: {{ task: t-1 }}, ports: [ {ports} ], max_ttl_seconds: 600 }}\n\
          \x20 admin:\n    listen: \"{admin}\"\n    tokens:\n\
          \x20     - {{ name: agent-7, role: requester, secret_sha256: {a}, tasks: [ t-1 ] }}\n\
@@ -114,6 +114,22 @@ fn decide(admin: SocketAddr, id: &str, action: &str) -> u16 {
     .0
 }
 
+/// The first audit event at `path` that `pred` holds for, waiting up to 5 s (the audit is
+/// written by a thread of its own, so an answer can reach the client before its line).
+fn recorded(
+    path: &std::path::Path,
+    what: &str,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let mut found = None;
+    let seen = within(5, || {
+        found = read_audit(path).into_iter().find(|e| pred(e));
+        found.is_some()
+    });
+    assert!(seen, "{what}: {:#?}", read_audit(path));
+    found.unwrap()
+}
+
 #[test]
 fn two_centrals_on_one_database_serve_a_node_as_one() {
     let w = common::world::World::new();
@@ -144,11 +160,7 @@ fn two_centrals_on_one_database_serve_a_node_as_one() {
 
     // Denied at the central, on record under the node's task and name.
     assert_eq!(get_status(n.addr, &web), "403");
-    let denied = read_audit(&a.p.audit_path);
-    let d = denied
-        .iter()
-        .find(|e| e["decision"] == "deny")
-        .expect("a deny at A");
+    let d = recorded(&a.p.audit_path, "a deny at A", |e| e["decision"] == "deny");
     assert_eq!(
         (d["task_id"].as_str(), d["node"].as_str()),
         (Some("t-1"), Some("node-a")),
@@ -167,11 +179,7 @@ fn two_centrals_on_one_database_serve_a_node_as_one() {
         approved.elapsed()
     );
     assert_eq!(get_status(n.addr, &web), "200");
-    let allowed = read_audit(&b.p.audit_path);
-    let e = allowed
-        .iter()
-        .find(|e| e["decision"] == "allow")
-        .expect("an allow at B");
+    let e = recorded(&b.p.audit_path, "an allow at B", |e| e["decision"] == "allow");
     assert_eq!(
         (e["task_id"].as_str(), e["node"].as_str()),
         (Some("t-1"), Some("node-a"))
@@ -282,7 +290,7 @@ fn runs_policy(pki: &Pki, admin: SocketAddr, port: u16) -> std::path::PathBuf {
     let text = format!(
         "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: central }}\nspec:\n\
          \x20 listeners:\n    - listen: 127.0.0.1:0\n      role: node\n      tls: {{ cert: central-127.0.0.1.pem, key: central-127.0.0.1.key, client_ca: ca.pem }}\n\
-         \x20 nodes:\n    - {{ name: node-a, tasks: [ \"node-a:*\" ] }}\n\
+         \x20 nodes:\n    - {{ name: node-a, tasks: [ \"node-a:*\" ] }}\n    - {{ name: node-b, projects: [ team-b ], tasks: [ \"node-b:*\" ] }}\n\
          \x20 exceptions:\n    - {{ scope: {{ task: \"node-a:*\" }}, ports: [ {port} ], max_ttl_seconds: 600 }}\n\
          \x20 admin:\n    listen: \"{admin}\"\n    tokens:\n\
          \x20     - {{ name: platform-a, role: requester, secret_sha256: {a}, tasks: [ \"node-a:*\" ] }}\n\
@@ -326,14 +334,15 @@ fn an_exception_for_a_sandboxed_runs_task_approved_on_one_central_lets_it_throug
     );
     let policy_text = std::fs::read_to_string(&policy).unwrap();
     let gate_path = gate.display().to_string();
-    std::fs::write(
-        &policy,
-        policy_text.replace(
-            "read_paths: [ /usr,",
-            &format!("read_paths: [ {gate_path}, /usr,"),
-        ),
-    )
-    .unwrap();
+    let with_gate = policy_text.replace(
+        "read_paths: [ /usr,",
+        &format!("read_paths: [ {gate_path}, /usr,"),
+    );
+    assert_ne!(
+        with_gate, policy_text,
+        "the gate directory is not bound into the sandbox"
+    );
+    std::fs::write(&policy, with_gate).unwrap();
     let web = format!("http://web.test:{port}/");
     let script = format!(
         "curl -sS -o /dev/null -w '%{{http_code}} ' {web}; i=0; \
@@ -382,11 +391,7 @@ fn an_exception_for_a_sandboxed_runs_task_approved_on_one_central_lets_it_throug
     let out = run.wait_with_output().unwrap();
     let (stdout, stderr) = sandbox_support::text(&out);
     assert_eq!(stdout.trim(), "403 200", "{stderr}");
-    let allowed = read_audit(&b.p.audit_path);
-    let e = allowed
-        .iter()
-        .find(|e| e["decision"] == "allow")
-        .expect("an allow at B");
+    let e = recorded(&b.p.audit_path, "an allow at B", |e| e["decision"] == "allow");
     assert_eq!(
         (e["task_id"].as_str(), e["node"].as_str(), e["rule"].as_str()),
         (
@@ -397,6 +402,26 @@ fn an_exception_for_a_sandboxed_runs_task_approved_on_one_central_lets_it_throug
         "{e}"
     );
 
+    // Another node's requester does not see it.
+    let (status, listed) = api(a.admin, "GET", "/v1/exceptions", Some("tok-platform-b"), None);
+    assert_eq!(status, 200);
+    assert!(!listed.to_string().contains(&id), "{listed}");
+
+    // Another node, trusted with a project of its own, claims this run's task with that
+    // project: refused, on record (a project once let a node name any task, and with it
+    // this exception).
+    let cert_b = pki.node("node-b", &[]);
+    let forger = node(
+        &cert_b,
+        &[b.node_addr],
+        &[allow.as_str()],
+        Some((task.as_str(), "team-b")),
+    );
+    assert_eq!(get_status(forger.addr, &web), "403");
+    assert!(within(3, || read_audit(&b.p.audit_path).iter().any(
+        |e| e["node"] == "node-b" && e["decision"] == "deny" && e["reason_code"] == "node_not_vouched"
+    )));
+
     // The exception is this run's: a run started now is another task, refused.
     let again = sandbox_support::run(
         &policy,
@@ -404,4 +429,8 @@ fn an_exception_for_a_sandboxed_runs_task_approved_on_one_central_lets_it_throug
         &["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", &web],
     );
     assert_eq!(sandbox_support::text(&again).0, "403");
+    let other = recorded(&b.p.audit_path, "the new run's request at B", |e| {
+        e["event"] == "decision" && e["node"] == "node-a" && e["task_id"].as_str() != Some(task.as_str())
+    });
+    assert_eq!(other["decision"], "deny", "{other}");
 }

@@ -83,6 +83,17 @@ impl Checker<'_> {
         };
         let scope = match &e.scope {
             None => Scope::System,
+            // An entry is for one task or project, named exactly: a pattern there would be
+            // a literal that no request can carry (ids have no `*`), so it is refused.
+            Some(RawScope(Ok(Scope::Task(id) | Scope::Project(id)))) if id.contains('*') => {
+                self.error(
+                    line,
+                    format!("{field}.scope"),
+                    format!("{id:?}: an entry's scope names one task or project exactly (patterns are for spec.nodes, spec.exceptions and requester tokens)"),
+                );
+                ok = false;
+                Scope::System
+            }
             Some(RawScope(Ok(s))) => s.clone(),
             Some(RawScope(Err(msg))) => {
                 self.error(line, format!("{field}.scope"), msg.clone());

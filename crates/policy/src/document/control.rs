@@ -27,7 +27,7 @@ pub(super) fn exception_policy(
                 continue;
             }
             Ok(Scope::Task(t)) if let Err(m) = crate::ids::check(t, false) => {
-                c.error(line, "spec.exceptions.scope.task", m);
+                c.error(line, "spec.exceptions.scope.task", format!("{t:?}: {m}"));
                 continue;
             }
             Ok(Scope::Project(p)) if p.contains('*') => {

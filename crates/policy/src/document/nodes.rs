@@ -95,8 +95,10 @@ pub(super) fn nodes(c: &mut Checker<'_>, raw: &[Spanned<RawNode>], node_listener
             (&n.value.projects, "spec.nodes.projects"),
             (&n.value.tasks, "spec.nodes.tasks"),
         ] {
-            if list.iter().any(|v| v.is_empty()) {
-                c.error(line, field, "an empty id");
+            for v in list {
+                if let Err(m) = crate::ids::check(v, true) {
+                    c.error(line, field, format!("{v:?}: {m}"));
+                }
             }
         }
         out.push(NodeSpec {

@@ -275,7 +275,7 @@ pub fn spec_allowing(dests: &[(&str, u16)]) -> String {
     for (host, port) in dests {
         body.push_str(&format!("      - host: {host}\n        ports: [{port}]\n"));
     }
-    body.push_str("    tunnels: { tls_only: false }\n  nodes:\n    - name: node-a\n      projects: [p1]\n");
+    body.push_str("    tunnels: { tls_only: false }\n  nodes:\n    - name: node-a\n      projects: [p1]\n      tasks: [t1]\n");
     body
 }
 
