@@ -309,7 +309,9 @@ fn runs_policy(pki: &Pki, admin: SocketAddr, port: u16) -> std::path::PathBuf {
 /// fresh task (`node-a:run-...`) is refused at central B, an exception for exactly that task
 /// is asked for and approved through central A, and the same run's next request passes
 /// through B under that exception. As the attacker: the requester of another node's runs
-/// cannot ask for this run, and the exception does not reach past this run's task.
+/// can neither ask for this run nor see its exception, another node claiming this run's
+/// task with a project of its own is refused (it got the exception's 200 before the fix),
+/// and the exception does not reach past this run's task.
 #[test]
 fn an_exception_for_a_sandboxed_runs_task_approved_on_one_central_lets_it_through_the_other() {
     let w = common::world::World::new();
