@@ -133,6 +133,7 @@ fn a_prefix_scope_enables_a_nodes_runs_and_an_exact_task_entry_wins_over_it() {
         Err(RequestError::NotEnabled { .. })
     ));
 }
+
 #[test]
 fn approval_is_never_by_the_requester_and_only_narrows() {
     let mut ex = admit(request("t-1", &["a.example", "b.example"], None, 600)).unwrap();
