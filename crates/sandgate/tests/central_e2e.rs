@@ -19,8 +19,8 @@ mod sandbox_support;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use central::{Pki, central, node};
-use common::control::get_status;
+use central::{Pki, central, events_where, node};
+use common::control::{get_status, within};
 use common::world::{World, events_of};
 use common::{curl, read_audit};
 use sandgate_testkit::dns::Zone;
@@ -31,27 +31,6 @@ fn spec(origin_port: u16) -> String {
     format!(
         "  network:\n    allowlist:\n      - host: ok.test\n        ports: [{origin_port}]\n  nodes:\n    - name: node-a\n      projects: [p1]\n      tasks: [t1]\n"
     )
-}
-
-fn wait_for(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    cond()
-}
-
-/// Events of `path` matching `pred`, waiting (bounded) for at least `n`.
-fn events_where(path: &std::path::Path, n: usize, pred: impl Fn(&Value) -> bool) -> Vec<Value> {
-    let mut found = Vec::new();
-    wait_for(5, || {
-        found = read_audit(path).into_iter().filter(|e| pred(e)).collect();
-        found.len() >= n
-    });
-    found
 }
 
 /// A node-local proxy (node-a, task t1 in p1) forwarding to one central that allows only a
@@ -872,7 +851,7 @@ fn a_nodes_streams_count_against_the_centrals_connection_limits() {
     assert!(refused.iter().all(|e| e["node"] == "node-a"));
     // Closing tunnels gives the slots back.
     drop(held);
-    assert!(wait_for(5, || {
+    assert!(within(5, || {
         central::connect(n.addr, &target).0.starts_with("HTTP/1.1 200")
     }));
 }
@@ -970,7 +949,7 @@ fn a_hung_central_is_passed_by_and_a_returning_one_is_used_again() {
     drop(hung);
     let a = central::central_on(&pki, dns.addr(), &body, &[], &hung_addr.to_string());
     assert!(
-        wait_for(20, || {
+        within(20, || {
             get_status(n.addr, &url) == "200" && !events_where_now(&a.proxy.audit_path).is_empty()
         }),
         "the returning central was not used again: {:#?}",

@@ -114,20 +114,17 @@ fn decide(admin: SocketAddr, id: &str, action: &str) -> u16 {
     .0
 }
 
-/// The first audit event at `path` that `pred` holds for, waiting up to 5 s (the audit is
-/// written by a thread of its own, so an answer can reach the client before its line).
+/// The first audit event at `path` that `pred` holds for, waiting for it (bounded).
 fn recorded(
     path: &std::path::Path,
     what: &str,
     pred: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    let mut found = None;
-    let seen = within(5, || {
-        found = read_audit(path).into_iter().find(|e| pred(e));
-        found.is_some()
-    });
-    assert!(seen, "{what}: {:#?}", read_audit(path));
-    found.unwrap()
+    let found = central::events_where(path, 1, pred);
+    found
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("{what}: {:#?}", read_audit(path)))
 }
 
 #[test]

@@ -172,6 +172,25 @@ pub fn upstream_args(cert: &NodeCert, centrals: &[SocketAddr]) -> Vec<String> {
     args
 }
 
+/// Events of the audit log at `path` matching `pred`, waiting at most 5 s for at least `n`
+/// (the audit is written by a thread of its own, so an answer can reach the client before
+/// its line).
+pub fn events_where(
+    path: &Path,
+    n: usize,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> Vec<serde_json::Value> {
+    let mut found = Vec::new();
+    crate::common::control::within(5, || {
+        found = crate::common::read_audit(path)
+            .into_iter()
+            .filter(|e| pred(e))
+            .collect();
+        found.len() >= n
+    });
+    found
+}
+
 /// `net` of a sandbox policy whose run is a node of `centrals` (in that order) with `cert`,
 /// its own allowlist `allow`.
 pub fn run_net(allow: &[&str], centrals: &[SocketAddr], cert: &NodeCert) -> String {
