@@ -179,7 +179,7 @@ pub fn parse(text: &str, file: &str, base: &Path) -> Result<Config, ConfigError>
         error("kind", format!("expected {KIND:?}"));
     }
     let spec = raw.spec;
-    if !valid_id(&spec.task) {
+    if !sandgate_policy::ids::valid(&spec.task) {
         error(
             "spec.task",
             format!("{:?}: 1 to 128 of A-Z a-z 0-9 . _ - :", spec.task),
@@ -226,7 +226,7 @@ pub fn parse(text: &str, file: &str, base: &Path) -> Result<Config, ConfigError>
     let mut seen = BTreeMap::new();
     for (i, s) in spec.sandboxes.into_iter().enumerate() {
         let field = format!("spec.sandboxes[{i}]");
-        if !valid_id(&s.name) {
+        if !sandgate_policy::ids::valid(&s.name) {
             error(
                 &format!("{field}.name"),
                 format!("{:?}: 1 to 128 of A-Z a-z 0-9 . _ - :", s.name),
@@ -363,11 +363,4 @@ fn read_policy(path: &Path, workspace: Option<&PathBuf>) -> Result<(NetMode, Vec
         sandgate_sandbox::policy::parse(&text, &params, &identity, None).map_err(|e| e.to_string())?;
     let hosts = policy.allow.iter().map(ToString::to_string).collect();
     Ok((policy.net, hosts))
-}
-
-/// Task and sandbox names: what the control plane accepts as ids.
-fn valid_id(s: &str) -> bool {
-    (1..=128).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
 }

@@ -28,6 +28,8 @@ pub struct RunSpec<'a> {
     pub workspace: Option<&'a Path>,
     pub limit: Duration,
     pub max_output_bytes: usize,
+    /// Who asked for the run (`mcp:CLIENT`): the run's `--subject`.
+    pub subject: &'a str,
 }
 
 /// A destination the run's proxy refused (or its upstream did).
@@ -66,6 +68,7 @@ pub async fn run(spec: &RunSpec<'_>) -> Result<RunReport, String> {
     let mut cmd = tokio::process::Command::new(spec.sandgate);
     cmd.arg("run").arg("--quiet").arg("--policy").arg(spec.policy);
     cmd.arg("--audit-log").arg(&audit);
+    cmd.arg("--subject").arg(spec.subject);
     // Without a workspace named, each run gets a fresh empty one of its own: runs share
     // nothing unless the agent names the same allowed directory.
     let scratch = dir.path().join("workspace");

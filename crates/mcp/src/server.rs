@@ -269,6 +269,7 @@ impl SandgateMcp {
             workspace: workspace.as_deref(),
             limit: Duration::from_secs(admitted.seconds),
             max_output_bytes: sandbox.gates.max_output_bytes,
+            subject: &subject_id(&ctx),
         };
         let report = runner::run(&spec).await;
         let mut end = base;
@@ -451,6 +452,24 @@ fn who(ctx: &RequestContext<RoleServer>) -> String {
         || "unknown client".to_owned(),
         |info| format!("{} {}", info.client_info.name, info.client_info.version),
     )
+}
+
+/// The client as an id for a run's `--subject`: `mcp:` and its stated name, each character
+/// an id may not hold replaced by `_`.
+fn subject_id(ctx: &RequestContext<RoleServer>) -> String {
+    let name = ctx
+        .peer
+        .peer_info()
+        .map_or_else(|| "unknown".to_owned(), |info| info.client_info.name.clone());
+    let clean: String = name
+        .chars()
+        .take(120)
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '.' | '_' | '-' | ':' => c,
+            _ => '_',
+        })
+        .collect();
+    format!("mcp:{clean}")
 }
 
 fn merge(into: &mut Value, more: Value) {

@@ -98,12 +98,14 @@ impl Rule {
 }
 
 /// Who traffic belongs to: the task, project and job it is attributed to (from the listener
-/// it arrived on, or from a credential).
+/// it arrived on, or from a credential), and the subject that started it (a person, an
+/// agent), which is recorded and never decides anything.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Identity {
     pub task: Option<String>,
     pub project: Option<String>,
     pub job: Option<String>,
+    pub subject: Option<String>,
 }
 
 /// Who is asking, and when: the inputs of a decision besides the target.

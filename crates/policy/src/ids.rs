@@ -3,6 +3,19 @@
 //! run's `node-a:run-...`). The one matcher for `spec.nodes`, exception scopes and the
 //! tasks a requester token may ask for.
 
+/// What an id may be, in words (for error messages).
+pub const ID_RULE: &str = "1 to 128 of A-Z a-z 0-9 . _ - :";
+
+/// Whether `id` is an id: a task, project, job or subject is 1 to 128 letters, digits and
+/// `. _ - :`, so it fits a header, a URL path segment and a log line unescaped. The one
+/// definition for the control plane, the node attribution fields and the policy file.
+pub fn valid(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
+}
+
 /// Whether `pattern` names `id`: equal to it, `*`, or a prefix of it followed by `*`.
 pub fn matches(pattern: &str, id: &str) -> bool {
     match pattern.strip_suffix('*') {
@@ -48,6 +61,16 @@ mod tests {
         }
         assert!(listed(&["x".into(), "node-a:*".into()], "node-a:run-7"));
         assert!(!listed(&[], "t-1"));
+    }
+
+    #[test]
+    fn ids_are_short_and_plain() {
+        for ok in ["t-1", "node-a:run-7-0a", "p.x_y", &"x".repeat(128)] {
+            assert!(valid(ok), "{ok}");
+        }
+        for bad in ["", "a b", "a/b", "a\nb", "é", "a*", &"x".repeat(129)] {
+            assert!(!valid(bad), "{bad:?}");
+        }
     }
 
     #[test]

@@ -341,6 +341,42 @@ fn listeners_that_cannot_all_be_bound_are_an_error() {
 }
 
 #[test]
+fn listener_and_credential_ids_are_ids() {
+    let head = "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {name: t}\nspec:\n";
+    let parse = |spec: &str| parse_policy(&format!("{head}{spec}"), "p.yaml", NOW);
+    let file =
+        parse("  listeners:\n    - listen: 127.0.0.1:0\n      task: t-1\n      subject: ci-bot\n").unwrap();
+    assert_eq!(file.listeners[0].subject.as_deref(), Some("ci-bot"));
+    // What a node would forward and a central refuse, or the audit would hold unescaped:
+    // refused at load, naming the field.
+    for (spec, field) in [
+        (
+            "  listeners:\n    - listen: 127.0.0.1:0\n      task: \"a b\"\n",
+            "spec.listeners.task",
+        ),
+        (
+            "  listeners:\n    - listen: 127.0.0.1:0\n      project: p/1\n",
+            "spec.listeners.project",
+        ),
+        (
+            "  listeners:\n    - listen: 127.0.0.1:0\n      job: \"\"\n",
+            "spec.listeners.job",
+        ),
+        (
+            "  listeners:\n    - listen: 127.0.0.1:0\n      subject: \"x\\r\\ny\"\n",
+            "spec.listeners.subject",
+        ),
+        (
+            "  listeners:\n    - listen: 127.0.0.1:0\n      auth: basic\n  auth:\n    tasks:\n      - task: \"t 1\"\n        secret_sha256: \"0000000000000000000000000000000000000000000000000000000000000000\"\n",
+            "spec.auth.tasks.task",
+        ),
+    ] {
+        let err = parse(spec).map(|_| ()).unwrap_err().to_string();
+        assert!(err.contains(field) && err.contains("1 to 128"), "{spec}: {err}");
+    }
+}
+
+#[test]
 fn a_url_where_a_host_belongs_says_which_host() {
     let text = "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {name: t}\nspec:\n  network:\n    allowlist: [ \"https://pypi.org/simple/\" ]\n";
     let err = parse_policy(text, "p.yaml", NOW).unwrap_err().to_string();

@@ -43,6 +43,8 @@ pub struct RunOptions {
     pub quiet: bool,
     /// Ask at the terminal before the allowlist refuses (`--ask`), waiting this long.
     pub ask: Option<std::time::Duration>,
+    /// `--subject`: who starts the run (else the user).
+    pub subject: Option<String>,
     pub command: Vec<OsString>,
 }
 
@@ -161,6 +163,22 @@ fn preflight() -> Result<PathBuf, RunError> {
         ));
     }
     Ok(bwrap)
+}
+
+/// Who starts the run: `--subject`, else the user ($USER when it is an id, else uid-N).
+fn run_subject(given: Option<&str>) -> Result<String, RunError> {
+    use sandgate_policy::ids;
+    if let Some(s) = given {
+        return match ids::valid(s) {
+            true => Ok(s.to_owned()),
+            false => Err(RunError::Usage(format!("--subject {s:?}: {}", ids::ID_RULE))),
+        };
+    }
+    let user = std::env::var("USER").or_else(|_| std::env::var("LOGNAME"));
+    Ok(match user {
+        Ok(u) if ids::valid(&u) => u,
+        _ => format!("uid-{}", rustix::process::getuid().as_raw()),
+    })
 }
 
 fn run_id() -> String {
@@ -285,6 +303,7 @@ async fn supervise(
     let state = RunState::create(&tmp).map_err(|e| {
         RunError::Unavailable(format!("cannot create the run's state in {}: {e}", tmp.display()))
     })?;
+    let subject = run_subject(opts.subject.as_deref())?;
     let run = match &policy.central {
         Some(spec) => node_run_id(spec)?,
         None => run_id(),
@@ -303,6 +322,7 @@ async fn supervise(
     let proxy = if policy.net.proxied() {
         let how = ProxyRun {
             task: run.clone(),
+            subject,
             ask: opts.ask,
             learn: opts.learn,
             live: !opts.quiet,

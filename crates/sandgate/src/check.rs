@@ -55,6 +55,7 @@ fn sandbox_check(file: &Path, params: &[String]) -> ExitCode {
         print_profile: None,
         quiet: false,
         ask: None,
+        subject: None,
         command: Vec::new(),
     };
     match sandgate_sandbox::run::load_policy(&opts) {

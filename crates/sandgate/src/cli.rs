@@ -370,6 +370,10 @@ pub struct RunArgs {
     /// Seconds to wait for an answer to --ask [default: 60]
     #[arg(long, value_name = "SECS", requires = "ask")]
     pub ask_timeout: Option<u64>,
+    /// Who starts this run (a person, an agent), recorded as `subject` on each of its
+    /// requests, and forwarded to central proxies [default: the user, $USER or uid-N]
+    #[arg(long, value_name = "ID")]
+    pub subject: Option<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     pub command: Vec<std::ffi::OsString>,

@@ -188,6 +188,7 @@ fn run_sandbox(args: cli::RunArgs) -> ExitCode {
         ask: args
             .ask
             .then(|| std::time::Duration::from_secs(args.ask_timeout.unwrap_or(60))),
+        subject: args.subject,
         command: args.command,
     };
     match sandgate_sandbox::run::run(opts) {

@@ -220,6 +220,7 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
             task: l.task.clone(),
             project: l.project.clone(),
             job: l.job.clone(),
+            subject: l.subject.clone(),
         };
         config.listen.push(Listener {
             addr: l.listen,

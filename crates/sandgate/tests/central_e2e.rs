@@ -95,12 +95,22 @@ fn a_node_forwards_each_request_as_a_stream_and_the_central_decides_and_attribut
     let ok = format!("http://ok.test:{}/hello", origin.port());
     let no = format!("http://no.test:{}/", origin.port());
 
-    // Plain HTTP and a CONNECT tunnel, both allowed; a forged attribution field from the
-    // client is not forwarded.
-    let (code, body, _) = curl(&proxy, &["-sS", "-H", "sandgate-task: forged", &ok]);
+    // Plain HTTP and a CONNECT tunnel, both allowed; forged attribution fields from the
+    // client are not forwarded, and do not become the central's record.
+    let forged = [
+        "-H",
+        "sandgate-task: forged",
+        "-H",
+        "Sandgate-Subject: forged",
+        "-H",
+        "sandgate_subject: forged",
+    ];
+    let (code, body, _) = curl(&proxy, &[&["-sS"], &forged[..], &[&ok]].concat());
     assert_eq!(code, 0);
     assert!(
-        body.contains("/hello") && !body.to_ascii_lowercase().contains("sandgate-task"),
+        body.contains("/hello")
+            && !body.to_ascii_lowercase().contains("sandgate-")
+            && !body.to_ascii_lowercase().contains("sandgate_"),
         "{body}"
     );
     let (code, out, _) = curl(
@@ -122,8 +132,12 @@ fn a_node_forwards_each_request_as_a_stream_and_the_central_decides_and_attribut
     for e in &central_events {
         assert_eq!(e["node"], "node-a", "{e}");
         assert_eq!(
-            (e["task_id"].as_str(), e["project_id"].as_str()),
-            (Some("t1"), Some("p1")),
+            (
+                e["task_id"].as_str(),
+                e["project_id"].as_str(),
+                e["subject"].as_str()
+            ),
+            (Some("t1"), Some("p1"), Some("ci-bot")),
             "{e}"
         );
     }
@@ -543,7 +557,7 @@ fn a_sandboxed_run_is_a_node_of_the_central_proxies() {
     let script = format!(
         "curl -sS -o /dev/null -w '%{{http_code}} ' http://ok.test:{port}/; curl -sS -o /dev/null -w '%{{http_code}}' http://no.test:{port}/"
     );
-    let out = sandbox_support::run(&policy, &[], &["sh", "-c", &script]);
+    let out = sandbox_support::run(&policy, &["--subject", "agent-7"], &["sh", "-c", &script]);
     let (stdout, stderr) = sandbox_support::text(&out);
     assert_eq!(stdout, "200 403", "{stderr}");
     let events = events_where(&a.proxy.audit_path, 2, |e| e["event"] == "decision");
@@ -552,8 +566,8 @@ fn a_sandboxed_run_is_a_node_of_the_central_proxies() {
     assert!(task.starts_with("node-a:run-"), "{task}");
     for e in &events {
         assert_eq!(
-            (e["node"].as_str(), e["task_id"].as_str()),
-            (Some("node-a"), Some(task.as_str())),
+            (e["node"].as_str(), e["task_id"].as_str(), e["subject"].as_str()),
+            (Some("node-a"), Some(task.as_str()), Some("agent-7")),
             "{e}"
         );
     }
@@ -574,6 +588,12 @@ fn a_sandboxed_run_is_a_node_of_the_central_proxies() {
     let on_b = events_where(&b.proxy.audit_path, 2, |e| e["event"] == "decision");
     assert_eq!(on_b.len(), 2, "{on_b:#?}");
     assert!(on_b.iter().all(|e| e["node"] == "node-a"));
+    // Without --subject, the user who started the run.
+    let user = on_b[0]["subject"].as_str().expect("a subject");
+    assert!(
+        ["root", "nobody"].contains(&user) || user.starts_with("uid-"),
+        "{user}"
+    );
 }
 
 /// The whole central suite again as `nobody` (tests run as root in CI): certificates,

@@ -267,6 +267,16 @@ fn bad_policies_and_missing_paths_fail_before_anything_runs() {
     assert!(!marker.exists());
     let out = run(&policy, &["--param", "X"], &["true"]);
     assert_eq!(out.status.code(), Some(64));
+    // A subject that is not an id (it goes into audit lines and a header): refused.
+    std::fs::write(&policy, base()).unwrap();
+    let out = run(
+        &policy,
+        &["--subject", "a b\r\nx: y"],
+        &["touch", marker.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(64), "{:?}", text(&out));
+    assert!(text(&out).1.contains("--subject"), "{:?}", text(&out));
+    assert!(!marker.exists());
 }
 
 #[test]

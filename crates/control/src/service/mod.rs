@@ -73,13 +73,6 @@ pub struct Control {
 /// Pending requests one requester may have at a time.
 const MAX_PENDING_PER_REQUESTER: usize = 100;
 
-/// Task and project ids: short, plain characters.
-fn valid_id(v: &str) -> bool {
-    (1..=128).contains(&v.len())
-        && v.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
-}
-
 impl std::fmt::Debug for Control {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Control")
@@ -145,7 +138,7 @@ impl Control {
             ("project_id", req.project_id.as_ref()),
         ] {
             if let Some(v) = value
-                && !valid_id(v)
+                && !sandgate_policy::ids::valid(v)
             {
                 return Err(ControlError::Invalid(format!(
                     "{field}: use 1 to 128 of A-Z a-z 0-9 . _ : -"

@@ -104,6 +104,8 @@ pub struct ListenerSpec {
     pub task: Option<String>,
     pub project: Option<String>,
     pub job: Option<String>,
+    /// Who starts what arrives here (recorded; forwarded to a central proxy).
+    pub subject: Option<String>,
     /// Requests must carry task credentials (`auth: basic`); the task comes from them.
     pub require_auth: bool,
     /// `socks5` for a SOCKS5 listener (credentials as its RFC 1929 login); HTTP otherwise.
@@ -365,6 +367,16 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
                 false
             }
         };
+        for (value, field) in [
+            (&l.value.task, "spec.listeners.task"),
+            (&l.value.project, "spec.listeners.project"),
+            (&l.value.job, "spec.listeners.job"),
+            (&l.value.subject, "spec.listeners.subject"),
+        ] {
+            if let Some(v) = value.as_deref().filter(|v| !crate::ids::valid(v)) {
+                c.error(line, field, format!("{v:?}: {}", crate::ids::ID_RULE));
+            }
+        }
         if require_auth && l.value.task.is_some() {
             c.error(
                 line,
@@ -402,6 +414,7 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
                     task: l.value.task.clone(),
                     project: l.value.project.clone(),
                     job: l.value.job.clone(),
+                    subject: l.value.subject.clone(),
                     require_auth,
                     socks5,
                     node_tls,
@@ -436,8 +449,16 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
                 None
             }
         };
-        if t.value.task.is_empty() {
-            c.error(line, "spec.auth.tasks.task", "empty task id");
+        if !crate::ids::valid(&t.value.task) {
+            let m = format!("{:?}: {}", t.value.task, crate::ids::ID_RULE);
+            c.error(line, "spec.auth.tasks.task", m);
+        }
+        if let Some(p) = t.value.project.as_deref().filter(|p| !crate::ids::valid(p)) {
+            c.error(
+                line,
+                "spec.auth.tasks.project",
+                format!("{p:?}: {}", crate::ids::ID_RULE),
+            );
         }
         if let Some(secret) = secret {
             task_secrets.push(TaskSecretSpec {

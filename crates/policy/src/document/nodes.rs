@@ -34,6 +34,7 @@ pub(super) fn listener_role(c: &mut Checker<'_>, line: u64, l: &RawListener) -> 
                 (l.task.is_some(), "spec.listeners.task"),
                 (l.project.is_some(), "spec.listeners.project"),
                 (l.job.is_some(), "spec.listeners.job"),
+                (l.subject.is_some(), "spec.listeners.subject"),
                 (l.auth.is_some(), "spec.listeners.auth"),
                 (l.protocol.is_some(), "spec.listeners.protocol"),
             ] {

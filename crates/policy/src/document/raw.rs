@@ -185,6 +185,8 @@ pub(super) struct RawListener {
     #[serde(default)]
     pub(super) job: Option<String>,
     #[serde(default)]
+    pub(super) subject: Option<String>,
+    #[serde(default)]
     pub(super) auth: Option<String>,
     #[serde(default)]
     pub(super) protocol: Option<String>,

@@ -100,6 +100,7 @@ mod tests {
                 task: Some(task.into()),
                 project: None,
                 job: None,
+                subject: None,
             }),
             method: Some("GET".into()),
             node: None,

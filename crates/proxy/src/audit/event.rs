@@ -328,7 +328,8 @@ pub struct Line<'a> {
     pub requested_by: Option<&'a str>,
     pub decided_by: Option<&'a str>,
     pub expires_at: Option<String>,
-    /// Who acted: the requester or decider of an exception change.
+    /// Who acted: the requester or decider of an exception change; on traffic, who started
+    /// what made the request (a listener's or a sandboxed run's `subject`), as stated.
     pub subject: Option<&'a str>,
     /// Decisions on tunnels: the server name of the TLS ClientHello, when it was read.
     pub tls_server_name: Option<&'a str>,
@@ -463,6 +464,7 @@ impl<'a> Line<'a> {
         self.task_id = p.identity.task.as_deref();
         self.project_id = p.identity.project.as_deref();
         self.job_id = p.identity.job.as_deref();
+        self.subject = p.identity.subject.as_deref();
         self.method = p.method.as_deref();
         self.node = p.node.as_deref();
     }

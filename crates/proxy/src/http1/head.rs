@@ -283,8 +283,7 @@ fn response_body(fields: &mut Vec<Field>) -> Result<BodyKind, HeadError> {
 }
 
 /// Hop-by-hop fields (RFC 9110 section 7.6.1), plus the proxy credentials, which are meant
-/// for this hop only, and the node attribution fields (`sandgate-task`, ...), which only a
-/// node-local proxy may set, on its own streams to a central one: a client's are dropped. `Transfer-Encoding` is not here: sandgate relays the message body
+/// for this hop only. `Transfer-Encoding` is not here: sandgate relays the message body
 /// with its framing unchanged, so the field stays true for the next hop.
 const HOP_BY_HOP: &[&str] = &[
     "connection",
@@ -294,24 +293,25 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
     "proxy-authorization",
     "proxy-authenticate",
-    "sandgate-task",
-    "sandgate-project",
-    "sandgate-job",
-    "sandgate-access",
-    // Servers that map `_` to `-` in field names would read these as the same.
-    "sandgate_task",
-    "sandgate_project",
-    "sandgate_job",
-    "sandgate_access",
 ];
 
-/// Fields to forward: everything but hop-by-hop fields, the fields the Connection header
-/// names, and Host (which the caller sets from the request-target).
+/// The node attribution fields (`sandgate-task`, `sandgate-subject`, ...) only a node-local
+/// proxy may set, on its own streams to a central one: a client's are dropped, all of this
+/// prefix, and `_` too (servers that map `_` to `-` in field names read both as one).
+fn is_attribution(lower: &str) -> bool {
+    lower.starts_with("sandgate-") || lower.starts_with("sandgate_")
+}
+
+/// Fields to forward: everything but hop-by-hop fields, attribution fields, the fields the
+/// Connection header names, and Host (which the caller sets from the request-target).
 pub fn end_to_end_fields(fields: &[Field]) -> impl Iterator<Item = &Field> {
     let named: Vec<String> = tokens(fields, "connection").collect();
     fields.iter().filter(move |f| {
         let lower = f.name.to_ascii_lowercase();
-        lower != "host" && !HOP_BY_HOP.contains(&lower.as_str()) && !named.contains(&lower)
+        lower != "host"
+            && !HOP_BY_HOP.contains(&lower.as_str())
+            && !is_attribution(&lower)
+            && !named.contains(&lower)
     })
 }
 
@@ -457,7 +457,7 @@ mod tests {
                     X-Secret: 1\r\nProxy-Authorization: Basic abc\r\nProxy-Connection: keep-alive\r\n\
                     Keep-Alive: 5\r\nTE: trailers\r\nUpgrade: h2c\r\nAccept: */*\r\n\
                     Sandgate-Task: forged\r\nsandgate-project: p\r\nSANDGATE-JOB: j\r\nsandgate-access: http\r\n\
-                    sandgate_project: p\r\n\r\n";
+                    sandgate_project: p\r\nSandgate-Subject: boss\r\nsandgate_subject: b\r\n\r\n";
         let (head, _) = req(text).unwrap().unwrap();
         let kept: Vec<&str> = end_to_end_fields(&head.fields).map(|f| f.name.as_str()).collect();
         assert_eq!(kept, ["Accept"]);

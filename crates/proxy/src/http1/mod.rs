@@ -176,7 +176,8 @@ fn requested(head: &RequestHead) -> Option<(Target, Access)> {
 
 /// Checks a request's task credentials (RFC 7617 Basic in `Proxy-Authorization`); the
 /// credential's task and project replace the listener's (empty) identity for this request.
-/// The policy file refuses a project on an auth listener; the listener adds only its job.
+/// The policy file refuses a project on an auth listener; the listener adds only its job
+/// and subject.
 fn authenticate(
     egress: &Egress,
     head: &RequestHead,
@@ -194,6 +195,7 @@ fn authenticate(
         task: Some(cred.task.clone()),
         project: cred.project.clone(),
         job: listener.job.clone(),
+        subject: listener.subject.clone(),
     }))
 }
 

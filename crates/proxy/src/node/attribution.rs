@@ -1,14 +1,16 @@
 //! Attribution: what a node-local proxy says about each request it forwards (the task,
-//! project and job of the listener or credentials it arrived on), as fields of the stream's
-//! CONNECT request. A central proxy believes them only on a `role: node` listener and only
-//! within the node's `spec.nodes` entry; no other front end reads them, and the HTTP/1
-//! forwarder strips them from requests it passes on.
+//! project and job of the listener or credentials it arrived on, and the subject that
+//! started it), as fields of the stream's CONNECT request. A central proxy believes them
+//! only on a `role: node` listener and only within the node's `spec.nodes` entry (the
+//! subject is recorded as the node's statement and decides nothing); no other front end
+//! reads them, and the HTTP/1 forwarder strips them from requests it passes on.
 
 use sandgate_policy::Identity;
 
 pub const TASK: &str = "sandgate-task";
 pub const PROJECT: &str = "sandgate-project";
 pub const JOB: &str = "sandgate-job";
+pub const SUBJECT: &str = "sandgate-subject";
 
 /// The fields for `identity`.
 pub fn fields(identity: &Identity) -> impl Iterator<Item = (&'static str, &str)> {
@@ -16,6 +18,7 @@ pub fn fields(identity: &Identity) -> impl Iterator<Item = (&'static str, &str)>
         (TASK, identity.task.as_deref()),
         (PROJECT, identity.project.as_deref()),
         (JOB, identity.job.as_deref()),
+        (SUBJECT, identity.subject.as_deref()),
     ]
     .into_iter()
     .filter_map(|(k, v)| Some((k, v?)))
@@ -26,15 +29,8 @@ pub fn fields(identity: &Identity) -> impl Iterator<Item = (&'static str, &str)>
 pub enum AttributionError {
     #[error("{0} is given more than once")]
     Repeated(&'static str),
-    #[error("{0} is not a plain id (1 to 128 letters, digits, and . _ - : /)")]
+    #[error("{0} is not a plain id (1 to 128 letters, digits, and . _ - :)")]
     NotPlain(&'static str),
-}
-
-/// Ids are what the control plane accepts: short, plain characters.
-fn plain(v: &[u8]) -> bool {
-    (1..=128).contains(&v.len())
-        && v.iter()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':' | b'/'))
 }
 
 /// Reads the claimed identity from a request's fields.
@@ -47,15 +43,16 @@ pub fn read(headers: &hyper::HeaderMap) -> Result<Identity, AttributionError> {
         if values.next().is_some() {
             return Err(AttributionError::Repeated(name));
         }
-        if !plain(first.as_bytes()) {
-            return Err(AttributionError::NotPlain(name));
+        match first.to_str() {
+            Ok(v) if sandgate_policy::ids::valid(v) => Ok(Some(v.to_owned())),
+            _ => Err(AttributionError::NotPlain(name)),
         }
-        Ok(first.to_str().ok().map(str::to_owned))
     };
     Ok(Identity {
         task: one(TASK)?,
         project: one(PROJECT)?,
         job: one(JOB)?,
+        subject: one(SUBJECT)?,
     })
 }
 
@@ -73,9 +70,16 @@ mod tests {
 
     #[test]
     fn reads_and_refuses() {
-        let id = read(&headers(&[(TASK, "t1"), (PROJECT, "p/1"), (JOB, "j")])).unwrap();
+        let id = read(&headers(&[
+            (TASK, "t1"),
+            (PROJECT, "p.1"),
+            (JOB, "j"),
+            (SUBJECT, "uid-7"),
+        ]))
+        .unwrap();
         assert_eq!(id.task.as_deref(), Some("t1"));
-        assert_eq!(id.project.as_deref(), Some("p/1"));
+        assert_eq!(id.project.as_deref(), Some("p.1"));
+        assert_eq!(id.subject.as_deref(), Some("uid-7"));
         assert_eq!(read(&headers(&[])).unwrap(), Identity::default());
         assert_eq!(
             read(&headers(&[(TASK, "a"), (TASK, "b")])),
@@ -88,6 +92,10 @@ mod tests {
         assert_eq!(
             read(&headers(&[(TASK, "")])),
             Err(AttributionError::NotPlain(TASK))
+        );
+        assert_eq!(
+            read(&headers(&[(SUBJECT, "a/b")])),
+            Err(AttributionError::NotPlain(SUBJECT))
         );
         let long = "x".repeat(129);
         assert_eq!(
@@ -102,6 +110,7 @@ mod tests {
             task: Some("t".into()),
             project: None,
             job: Some("j".into()),
+            subject: Some("mcp:client".into()),
         };
         let pairs: Vec<_> = fields(&id).map(|(k, v)| (k, v.to_owned())).collect();
         let h = {

@@ -231,6 +231,7 @@ async fn login(
                 task: Some(cred.task.clone()),
                 project: cred.project.clone(),
                 job: listener.job.clone(),
+                subject: listener.subject.clone(),
             }))
         }
         Err(e) => {

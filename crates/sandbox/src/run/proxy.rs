@@ -22,6 +22,8 @@ use crate::state::RunState;
 pub(super) struct ProxyRun {
     /// The run's task id (`run-PID-XXXXXXXX`), on every audit event.
     pub(super) task: String,
+    /// Who started the run, on every audit event and forwarded to central proxies.
+    pub(super) subject: String,
     pub(super) ask: Option<std::time::Duration>,
     pub(super) learn: bool,
     /// Print each deny on stderr as it happens.
@@ -59,7 +61,7 @@ pub(super) async fn start_proxy(
     // Only this run's bridges may talk to its proxy: the listeners share one filter, and
     // one task identity, so HTTP and SOCKS5 requests are the same run's in the audit log.
     let peers = PeerFilter::new();
-    let config = proxy_config(policy, audit_path, &peers, &how.task)?;
+    let config = proxy_config(policy, audit_path, &peers, &how.task, &how.subject)?;
     let listeners = config.listen.len();
     let proxy = Proxy::bind(config)
         .await
@@ -101,6 +103,7 @@ fn proxy_config(
     audit_path: &std::path::Path,
     peers: &PeerFilter,
     task: &str,
+    subject: &str,
 ) -> Result<ProxyConfig, RunError> {
     let egress = policy.egress.as_deref();
     let mut rules = Ruleset::from_parts(&policy.allow, &[], egress);
@@ -146,6 +149,7 @@ fn proxy_config(
             task: Some(task.clone()),
             project: None,
             job: None,
+            subject: Some(subject.to_owned()),
         },
         require_auth: false,
         peers: Some(peers.clone()),

@@ -229,7 +229,7 @@ pub fn node(
         let p = policy_dir.path().join("node.yaml");
         std::fs::write(
             &p,
-            format!("apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: node }}\nspec:\n  listeners:\n    - listen: 127.0.0.1:0\n      task: {task}\n      project: {project}\n"),
+            format!("apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: node }}\nspec:\n  listeners:\n    - listen: 127.0.0.1:0\n      task: {task}\n      project: {project}\n      subject: ci-bot\n"),
         )
         .unwrap();
         args.extend(["--policy".to_owned(), p.to_str().unwrap().to_owned()]);
