@@ -89,6 +89,10 @@ pub enum NodeRefusal {
     /// A stream that is not a CONNECT.
     #[error("a node stream must be a CONNECT, not {0}")]
     NotConnect(String),
+    /// A request a node's stream of plain HTTP requests may not carry: a CONNECT, or one
+    /// for another destination than the stream's.
+    #[error("a node's request stream carries plain HTTP for its own destination only, not {0}")]
+    StreamRequest(String),
 }
 
 impl NodeRefusal {
@@ -99,6 +103,7 @@ impl NodeRefusal {
             NodeRefusal::Attribution(_) => "node_attribution_invalid",
             NodeRefusal::NotVouched(_) => "node_not_vouched",
             NodeRefusal::NotConnect(_) => "node_stream_not_connect",
+            NodeRefusal::StreamRequest(_) => "node_stream_request_invalid",
         }
     }
 }
@@ -301,7 +306,7 @@ impl Refusal {
             ),
             Refusal::Node(n) => (
                 match n {
-                    NodeRefusal::Attribution(_) => 400,
+                    NodeRefusal::Attribution(_) | NodeRefusal::StreamRequest(_) => 400,
                     NodeRefusal::NotConnect(_) => 405,
                     _ => 403,
                 },

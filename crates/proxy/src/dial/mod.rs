@@ -258,10 +258,11 @@ impl Dialer {
         self.upstream_proxy.is_some() || self.central.is_some()
     }
 
-    /// Whether requests go to an HTTP upstream proxy, which takes them in absolute form
-    /// (a central proxy's stream carries them as an origin would).
+    /// Whether requests go to a proxy, which takes them in absolute form: an HTTP upstream
+    /// proxy, or a central proxy, whose stream of plain HTTP requests it decides and records
+    /// request by request.
     pub fn sends_absolute_form(&self) -> bool {
-        self.upstream_proxy.is_some()
+        self.is_chained()
     }
 
     /// The central proxies, when this is a node-local proxy.

@@ -86,6 +86,13 @@ pub(crate) struct Pending {
     started: Instant,
 }
 
+impl Pending {
+    /// Gives up a request that is not one after all, with no record: a node's stream of
+    /// plain HTTP requests (refused as a stream, or else each request on it begun, decided
+    /// and recorded on its own).
+    pub(crate) fn forgo(self) {}
+}
+
 /// An allowed request, before the guard has seen its addresses.
 #[must_use = "an allowed request must be opened or reused, which records its decision"]
 #[derive(Debug)]

@@ -50,17 +50,13 @@ impl Outbound {
 }
 
 /// Handles one absolute-form request. Returns whether the client connection may carry on.
-pub(crate) async fn handle_http(
+pub(crate) async fn handle_http<S: AsyncRead + AsyncWrite + Unpin>(
     egress: &Egress,
-    client: &mut ClientConn,
+    client: &mut ClientConn<S>,
     head: RequestHead,
     outbound: &mut Option<Outbound>,
 ) -> Next {
-    let pending = egress.begin(
-        client.peer,
-        client.identity.clone(),
-        Some(head.method.clone().into()),
-    );
+    let pending = client.begin(egress, Some(head.method.clone()));
     let decided = match parse_http_target(&head.target) {
         Err(e) => Err(egress.refuse(pending, None, Refusal::Target(e)).await),
         Ok(http) => egress
@@ -209,9 +205,9 @@ impl Exchange {
     }
 }
 
-async fn exchange(
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     egress: &Egress,
-    client: &mut ClientConn,
+    client: &mut ClientConn<S>,
     head: &RequestHead,
     http: &HttpTarget,
     up: &mut Outbound,
@@ -229,7 +225,7 @@ async fn exchange(
     }
     let mut sent = out_head.len() as u64;
     let body_done = Notify::new();
-    let (client_read, mut client_write) = client.stream.split();
+    let (client_read, mut client_write) = tokio::io::split(&mut client.stream);
     let (up_read, mut up_write) = tokio::io::split(&mut up.stream);
     let mut client_read = client_read;
     let mut up_read = up_read;
@@ -298,9 +294,9 @@ async fn exchange(
 }
 
 /// Sends the response head (with a small body that came along) and relays the body.
-async fn relay_response(
+async fn relay_response<S: AsyncRead + AsyncWrite + Unpin>(
     egress: &Egress,
-    client: &mut ClientConn,
+    client: &mut ClientConn<S>,
     head: &RequestHead,
     up: &mut Outbound,
     response: ResponseHead,

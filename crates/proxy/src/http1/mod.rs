@@ -17,43 +17,68 @@ use std::sync::Arc;
 
 use bytes::{Buf, BytesMut};
 use sandgate_policy::{Access, Target, parse_connect_target, parse_http_target};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Identity, Limits};
-use crate::egress::{Egress, Refused};
-use crate::refusal::Refusal;
+use crate::egress::{Egress, Pending, Refused};
+use crate::refusal::{NodeRefusal, Refusal};
 use head::{HeadError, RequestHead, parse_request_head};
 
-/// A client connection with its read buffer (bytes received but not yet consumed).
+/// A client connection with its read buffer (bytes received but not yet consumed): a
+/// client's socket, or a node's stream of requests on a central proxy.
 #[derive(Debug)]
-pub(crate) struct ClientConn {
-    pub stream: TcpStream,
+pub(crate) struct ClientConn<S = TcpStream> {
+    pub stream: S,
     pub buf: BytesMut,
     pub peer: SocketAddr,
     pub identity: Arc<Identity>,
+    /// On a central proxy: the node that forwarded the requests.
+    pub node: Option<Arc<str>>,
     /// Set once a request on this connection was allowed by a revocable rule (an
     /// exception): its revocation closes the kept-alive connection too.
     pub cut: Option<(CancellationToken, crate::rules::CutGuard)>,
 }
 
-impl ClientConn {
-    pub fn new(stream: TcpStream, peer: SocketAddr, identity: Arc<Identity>) -> ClientConn {
+impl<S: AsyncRead + AsyncWrite + Unpin> ClientConn<S> {
+    pub fn new(stream: S, peer: SocketAddr, identity: Arc<Identity>) -> ClientConn<S> {
         ClientConn {
             stream,
             buf: BytesMut::new(),
             peer,
             identity,
+            node: None,
             cut: None,
         }
+    }
+
+    /// A request from this client (named `method`, when its head was read).
+    pub fn begin(&self, egress: &Egress, method: Option<String>) -> Pending {
+        egress.begin_via(
+            self.peer,
+            self.identity.clone(),
+            method.map(Into::into),
+            self.node.clone(),
+        )
     }
 
     /// Writes a recorded refusal as an HTTP/1 response (the connection then closes).
     pub async fn reply(&mut self, refused: &Refused) {
         let bytes = render::render(&refused.classified, &refused.id);
         let _ = self.stream.write_all(&bytes).await;
+        let _ = self.stream.flush().await;
     }
+}
+
+/// Where a connection's requests come from: a client of this proxy (credentials checked
+/// when the listener requires them; CONNECT becomes a tunnel), or a node's stream of plain
+/// HTTP requests for one destination (`stream`: the authority its CONNECT named; the node
+/// vouched for the identity, and a CONNECT or another destination inside is refused).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Source<'a> {
+    Client { require_auth: bool },
+    Node { stream: &'a Target },
 }
 
 /// What to do after one exchange.
@@ -65,11 +90,17 @@ pub(crate) enum Next {
 
 /// Serves one client connection: requests until it ends, then a CONNECT tunnel if the last
 /// request asked for one.
-pub(crate) async fn serve(egress: &Egress, client: ClientConn, require_auth: bool, stop: &CancellationToken) {
+pub(crate) async fn serve(
+    egress: &Egress,
+    mut client: ClientConn,
+    require_auth: bool,
+    stop: &CancellationToken,
+) {
     // The request loop is boxed and gone before a tunnel starts, so a long-lived tunnel's
     // task holds only the tunnel's own small state.
-    let handoff = Box::pin(request_loop(egress, client, require_auth, stop)).await;
-    if let Some((client, head)) = handoff {
+    let source = Source::Client { require_auth };
+    let handoff = Box::pin(request_loop(egress, &mut client, source, stop)).await;
+    if let Some(head) = handoff {
         connect::handle_connect(egress, client, head).await;
     }
 }
@@ -78,7 +109,7 @@ pub(crate) async fn serve(egress: &Egress, client: ClientConn, require_auth: boo
 /// closes it after reading what the client sent, so the answer is not lost to a reset.
 pub(crate) async fn refuse_connection(egress: &Egress, mut client: ClientConn, refusal: Refusal) {
     let limit = std::time::Duration::from_secs(1);
-    let pending = egress.begin(client.peer, client.identity.clone(), None);
+    let pending = client.begin(egress, None);
     let answered = async {
         let refused = egress.refuse(pending, None, refusal).await;
         client.reply(&refused).await;
@@ -98,49 +129,67 @@ pub(crate) async fn refuse_connection(egress: &Egress, mut client: ClientConn, r
     .await;
 }
 
-/// Serves requests until the connection ends, or returns it with a CONNECT head to become
-/// a tunnel.
-async fn request_loop(
+/// Serves a node's stream of plain HTTP requests (on a central proxy) until it ends or must
+/// end (a refusal, `Connection: close`, idle past the head timeout, the proxy stopping):
+/// each request decided, dialled, forwarded and recorded like a client's. The caller ends
+/// the stream.
+pub(crate) async fn serve_node_stream<S>(
     egress: &Egress,
-    mut client: ClientConn,
-    require_auth: bool,
+    client: &mut ClientConn<S>,
+    stream: &Target,
     stop: &CancellationToken,
-) -> Option<(ClientConn, RequestHead)> {
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let source = Source::Node { stream };
+    let _ = Box::pin(request_loop(egress, client, source, stop)).await;
+}
+
+/// Serves requests until the connection ends, or returns a CONNECT head, for the
+/// connection to become a tunnel.
+async fn request_loop<S>(
+    egress: &Egress,
+    client: &mut ClientConn<S>,
+    source: Source<'_>,
+    stop: &CancellationToken,
+) -> Option<RequestHead>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
     let listener_identity = client.identity.clone();
     let mut outbound = forward::Kept::default();
     loop {
-        let head = match read_request_head(&mut client, &egress.limits, stop).await {
+        let head = match read_request_head(client, &egress.limits, stop).await {
             Ok(Some(head)) => head,
             Ok(None) => return None,
             Err(refusal) => {
-                let pending = egress.begin(client.peer, client.identity.clone(), None);
+                let pending = client.begin(egress, None);
                 let refused = egress.refuse(pending, None, refusal).await;
                 client.reply(&refused).await;
                 return None;
             }
         };
         // Fail closed: while the audit trail cannot be written, nothing new passes.
-        let refusal = match egress.audit.available() {
-            Err(cause) => Some(Refusal::AuditUnavailable(cause)),
-            Ok(()) if require_auth => match authenticate(egress, &head, &listener_identity) {
-                Ok(identity) => {
-                    client.identity = identity;
-                    None
+        let refusal = match (egress.audit.available(), source) {
+            (Err(cause), _) => Some(Refusal::AuditUnavailable(cause)),
+            (Ok(()), Source::Node { stream }) => node_request(&head, stream).err(),
+            (Ok(()), Source::Client { require_auth: false }) => None,
+            (Ok(()), Source::Client { require_auth: true }) => {
+                match authenticate(egress, &head, &listener_identity) {
+                    Ok(identity) => {
+                        client.identity = identity;
+                        None
+                    }
+                    Err(e) => {
+                        // A refused request carries no identity an earlier request proved.
+                        client.identity = listener_identity.clone();
+                        Some(Refusal::ProxyAuth(e))
+                    }
                 }
-                Err(e) => {
-                    // A refused request carries no identity an earlier request proved.
-                    client.identity = listener_identity.clone();
-                    Some(Refusal::ProxyAuth(e))
-                }
-            },
-            Ok(()) => None,
+            }
         };
         if let Some(refusal) = refusal {
-            let pending = egress.begin(
-                client.peer,
-                client.identity.clone(),
-                Some(head.method.clone().into()),
-            );
+            let pending = client.begin(egress, Some(head.method.clone()));
             // Refused before any decision, but the record still names where it was going.
             let dest = requested(&head);
             let refused = egress
@@ -150,11 +199,11 @@ async fn request_loop(
             return None;
         }
         if head.is_connect() {
-            return Some((client, head));
+            return Some(head);
         }
         // Boxed: the HTTP exchange state would otherwise enlarge every connection's future,
         // tunnels included.
-        if Box::pin(forward::handle_http(egress, &mut client, head, &mut outbound.0)).await == Next::Close {
+        if Box::pin(forward::handle_http(egress, client, head, &mut outbound.0)).await == Next::Close {
             return None;
         }
     }
@@ -199,10 +248,24 @@ fn authenticate(
     }))
 }
 
+/// Whether a request on a node's stream is one the stream may carry: plain HTTP in absolute
+/// form for the destination the stream was opened for.
+fn node_request(head: &RequestHead, stream: &Target) -> Result<(), Refusal> {
+    let other = |what: String| Err(Refusal::Node(NodeRefusal::StreamRequest(what)));
+    if head.is_connect() {
+        return other(format!("CONNECT {}", head.target));
+    }
+    match parse_http_target(&head.target) {
+        Ok(t) if t.target == *stream => Ok(()),
+        Ok(t) => other(format!("a request for {} on a stream for {stream}", t.target)),
+        Err(e) => Err(Refusal::Target(e)),
+    }
+}
+
 /// Reads one request head. `Ok(None)`: the connection ended (or idled out, or the proxy is
 /// stopping) between requests, which needs no answer.
-async fn read_request_head(
-    client: &mut ClientConn,
+async fn read_request_head<S: AsyncRead + Unpin>(
+    client: &mut ClientConn<S>,
     limits: &Limits,
     stop: &CancellationToken,
 ) -> Result<Option<RequestHead>, Refusal> {

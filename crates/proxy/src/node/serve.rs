@@ -16,7 +16,8 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use sandgate_policy::{Access, Identity, NodeSpec};
+use sandgate_policy::{Access, Identity, NodeSpec, Target};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -24,6 +25,7 @@ use tokio_util::task::TaskTracker;
 use super::{ACCESS_FIELD, NodeListener, attribution, bridge, tls};
 use crate::admission::Permit;
 use crate::egress::{Dialed, Egress, Refused};
+use crate::http1::{self, ClientConn};
 use crate::refusal::{NodeRefusal, Refusal};
 use crate::relay::{Leg, NodeStream};
 
@@ -107,6 +109,7 @@ pub(crate) async fn serve(
         listener,
         names,
         gate,
+        stop: stop.clone(),
     };
     if h2 {
         serve_h2(conn, tls, tracker, stop).await;
@@ -124,6 +127,8 @@ struct Conn {
     /// The names of the node's certificate.
     names: Arc<[String]>,
     gate: StreamGate,
+    /// The proxy is stopping: a stream of requests ends between requests.
+    stop: CancellationToken,
 }
 
 impl Conn {
@@ -186,14 +191,15 @@ async fn serve_h2(
     }
 }
 
-/// One HTTP/2 stream: checked, decided and dialled; on success answered 200 and carried.
+/// One HTTP/2 stream: checked; a tunnel decided and dialled, then answered 200 and
+/// carried; a stream of plain HTTP requests answered 200 and served request by request.
 async fn h2_stream(
     conn: Conn,
     request: Request<h2::RecvStream>,
     mut respond: h2::server::SendResponse<Bytes>,
 ) {
     let (parts, body) = request.into_parts();
-    let (dialed, _permits) = match admit(&conn, &parts).await {
+    let (admitted, _permits) = match admit(&conn, &parts).await {
         Ok(admitted) => admitted,
         Err(refused) => {
             let (head, body) = refusal(refused);
@@ -203,14 +209,46 @@ async fn h2_stream(
             return;
         }
     };
-    let send = match respond.send_response(Response::new(()), false) {
-        Ok(send) => send,
-        Err(_) => return conn.egress.abandon(dialed, Some(200)).await,
-    };
-    let mut stream = NodeStream::new(send, body, None);
-    conn.egress
-        .carry(Leg::Stream(&mut stream), dialed, Vec::new(), Some(200))
-        .await;
+    let send = respond.send_response(Response::new(()), false);
+    match (admitted, send) {
+        (Admitted::Tunnel(dialed), Ok(send)) => {
+            let dialed = *dialed;
+            let mut stream = NodeStream::new(send, body, None);
+            conn.egress
+                .carry(Leg::Stream(&mut stream), dialed, Vec::new(), Some(200))
+                .await;
+        }
+        (Admitted::Tunnel(dialed), Err(_)) => conn.egress.abandon(*dialed, Some(200)).await,
+        (Admitted::Requests(r), Ok(send)) => {
+            let mut client = r.client(&conn, NodeStream::new(send, body, None));
+            http1::serve_node_stream(&conn.egress, &mut client, &r.target, &conn.stop).await;
+            client.stream.linger().await;
+        }
+        (Admitted::Requests(_), Err(_)) => {}
+    }
+}
+
+/// What an admitted stream carries.
+enum Admitted {
+    /// A tunnel, decided and dialled.
+    Tunnel(Box<Dialed>),
+    /// Plain HTTP requests for one destination, each to be decided on its own.
+    Requests(Requests),
+}
+
+/// A node's stream of plain HTTP requests: who they are from and where they go.
+struct Requests {
+    target: Target,
+    identity: Arc<Identity>,
+    node: Arc<str>,
+}
+
+impl Requests {
+    fn client<S: AsyncRead + AsyncWrite + Unpin>(&self, conn: &Conn, stream: S) -> ClientConn<S> {
+        let mut client = ClientConn::new(stream, conn.peer, self.identity.clone());
+        client.node = Some(self.node.clone());
+        client
+    }
 }
 
 /// HTTP/1.1: one tunnel per connection (`--upstream-transport http1`, for comparison),
@@ -251,14 +289,26 @@ async fn serve_http1(
     }
 }
 
-/// One HTTP/1.1 CONNECT: on success answers 200 and carries the tunnel in a tracked task.
+/// One HTTP/1.1 CONNECT: on success answers 200 and carries the tunnel, or serves the
+/// stream of plain HTTP requests, in a tracked task.
 async fn http1_request(
     conn: Conn,
     tracker: TaskTracker,
     mut req: Request<hyper::body::Incoming>,
 ) -> Response<Full<Bytes>> {
     let (dialed, permits) = match admit(&conn, &to_parts(&req)).await {
-        Ok(admitted) => admitted,
+        Ok((Admitted::Tunnel(dialed), permits)) => (*dialed, permits),
+        Ok((Admitted::Requests(r), permits)) => {
+            let upgrade = hyper::upgrade::on(&mut req);
+            tracker.spawn(async move {
+                let _permits = permits;
+                let Ok(stream) = upgrade.await else { return };
+                let mut client = r.client(&conn, TokioIo::new(stream));
+                http1::serve_node_stream(&conn.egress, &mut client, &r.target, &conn.stop).await;
+                let _ = client.stream.shutdown().await;
+            });
+            return Response::new(Full::new(Bytes::new()));
+        }
         Err(refused) => {
             let (head, body) = refusal(refused);
             return head.map(|()| Full::new(body));
@@ -313,9 +363,10 @@ async fn refuse_connection(egress: &Egress, peer: SocketAddr, why: NodeRefusal) 
 }
 
 /// One stream's request: admitted against the connection limits, the node's entry checked
-/// (known, a CONNECT, attribution it may vouch for), then decided and dialled by the core.
-/// The permits are the tunnel's for as long as it lasts.
-async fn admit(conn: &Conn, req: &hyper::http::request::Parts) -> Result<(Dialed, Permit), Refused> {
+/// (known, a CONNECT, attribution it may vouch for), then a tunnel decided and dialled by
+/// the core (a stream of plain HTTP requests is decided request by request). The permits
+/// are the stream's for as long as it lasts.
+async fn admit(conn: &Conn, req: &hyper::http::request::Parts) -> Result<(Admitted, Permit), Refused> {
     let egress = &conn.egress;
     let node = conn.node();
     let method = Cow::Owned(req.method.as_str().to_owned());
@@ -350,13 +401,19 @@ async fn admit(conn: &Conn, req: &hyper::http::request::Parts) -> Result<(Dialed
         Ok(t) => t,
         Err(e) => return Err(egress.refuse(pending, None, Refusal::Target(e)).await),
     };
-    let access = match req.headers.get(ACCESS_FIELD).map(|v| v.as_bytes()) {
-        Some(b"http") => Access::Http,
-        _ => Access::Connect,
-    };
-    let decided = egress.decide(pending, &target, access).await?;
+    if let Some(b"http") = req.headers.get(ACCESS_FIELD).map(|v| v.as_bytes()) {
+        // Each request on the stream is its own record; the stream is none.
+        pending.forgo();
+        let requests = Requests {
+            target,
+            identity,
+            node: Arc::from(node.name.as_str()),
+        };
+        return Ok((Admitted::Requests(requests), permits));
+    }
+    let decided = egress.decide(pending, &target, Access::Connect).await?;
     let dialed = decided.dial(egress).await?;
-    Ok((dialed, permits))
+    Ok((Admitted::Tunnel(Box::new(dialed)), permits))
 }
 
 /// A refusal as a response head and body: the status, `Proxy-Status` (RFC 9209) and a

@@ -75,7 +75,7 @@ impl NodeStream {
     /// END_STREAM, then the peer's remaining bytes are read and dropped until it ends its
     /// half too, for at most [`LINGER`]. Dropping a stream resets it, which its peer records
     /// as the client's reset.
-    async fn linger(mut self) {
+    pub(crate) async fn linger(mut self) {
         if !self.finished {
             let _ = self.send.send_data(Bytes::new(), true);
         }
