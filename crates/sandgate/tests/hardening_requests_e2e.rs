@@ -231,3 +231,33 @@ fn the_request_hardening_suite_passes_as_an_ordinary_user() {
         5,
     );
 }
+
+/// The attacker names the framing field in `Connection`, so a proxy that drops what
+/// `Connection` names would forward the body without it, and the origin would read the body,
+/// itself a request (here for another virtual host), as a second one that nothing decided or
+/// recorded. The origin sees one request, with its whole body.
+#[test]
+fn a_body_cannot_become_a_request_by_naming_its_length_in_connection() {
+    let rt = runtime();
+    let origin = rt.block_on(Origin::http());
+    let dns = rt.block_on(DnsServer::start(Zone::new().with("ok.test", &["127.0.0.1"])));
+    let mut args = base_args(&dns);
+    args.extend(["--allow".into(), format!("ok.test:{}", origin.port())]);
+    let p = ProxyProcess::start(&strs(&args));
+    let inner = "GET /smuggled HTTP/1.1\r\nHost: other.test\r\n\r\n";
+    let reply = raw(
+        p.addr,
+        format!(
+            "POST http://ok.test:{port}/ HTTP/1.1\r\nHost: ok.test:{port}\r\nConnection: close, content-length\r\nContent-Length: {len}\r\n\r\n{inner}",
+            port = origin.port(),
+            len = inner.len()
+        )
+        .as_bytes(),
+    );
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
+    assert!(
+        reply.contains(&format!("\"body_len\":{}", inner.len())),
+        "the origin did not get the body as a body: {reply:?}"
+    );
+    assert!(!reply.contains("/smuggled"), "{reply:?}");
+}

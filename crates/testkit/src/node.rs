@@ -55,7 +55,10 @@ pub async fn stream(
         .with_client_auth_cert(chain, key)
         .expect("client auth");
     config.alpn_protocols = vec![b"h2".to_vec()];
-    #[expect(clippy::disallowed_methods, reason = "a test's node connects to its own central on loopback")]
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "a test's node connects to its own central on loopback"
+    )]
     let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let name = ServerName::try_from(tls.central_name.to_owned()).expect("name");
     let tls_stream = tokio_rustls::TlsConnector::from(Arc::new(config))

@@ -23,10 +23,15 @@ pub(crate) enum RelayError {
     Framing(ChunkError),
     #[error("the body stalled")]
     Idle,
+    /// The receiving side took nothing for the idle time.
+    #[error("the receiver stopped reading")]
+    Stalled,
 }
 
 /// Copies one message body from `src` (starting with what is already in `buf`) to `dst`,
-/// unchanged, and stops exactly at its end. Returns the bytes copied.
+/// unchanged, and stops exactly at its end, flushed (a TLS stream keeps what it could not
+/// send yet until flushed). Returns the bytes copied. A read or a write that makes no
+/// progress for `idle` ends it: a peer that stops reading holds nothing for longer.
 pub(crate) async fn relay_body<R, W>(
     src: &mut R,
     buf: &mut BytesMut,
@@ -40,7 +45,7 @@ where
 {
     let mut copied = 0u64;
     let mut remaining = match kind {
-        BodyKind::Empty => return Ok(0),
+        BodyKind::Empty => return flush(dst, idle).await.map(|()| 0),
         BodyKind::Length(n) => n,
         BodyKind::Chunked | BodyKind::UntilClose => u64::MAX,
     };
@@ -56,7 +61,7 @@ where
             if n == 0 {
                 return match kind {
                     BodyKind::UntilClose => {
-                        dst.flush().await.map_err(RelayError::Dest)?;
+                        flush(dst, idle).await?;
                         Ok(copied)
                     }
                     _ => Err(RelayError::Truncated),
@@ -67,9 +72,11 @@ where
             BodyKind::Chunked => scanner.feed(buf).map_err(RelayError::Framing)?,
             _ => usize::try_from(remaining).unwrap_or(usize::MAX).min(buf.len()),
         };
-        dst.write_all(buf.get(..take).unwrap_or_default())
-            .await
-            .map_err(RelayError::Dest)?;
+        match tokio::time::timeout(idle, dst.write_all(buf.get(..take).unwrap_or_default())).await {
+            Err(_) => return Err(RelayError::Stalled),
+            Ok(Err(e)) => return Err(RelayError::Dest(e)),
+            Ok(Ok(())) => {}
+        }
         buf.advance(take);
         copied += take as u64;
         if matches!(kind, BodyKind::Length(_)) {
@@ -81,7 +88,15 @@ where
             _ => false,
         };
         if done {
+            flush(dst, idle).await?;
             return Ok(copied);
         }
+    }
+}
+
+async fn flush<W: AsyncWrite + Unpin>(dst: &mut W, idle: std::time::Duration) -> Result<(), RelayError> {
+    match tokio::time::timeout(idle, dst.flush()).await {
+        Err(_) => Err(RelayError::Stalled),
+        Ok(r) => r.map_err(RelayError::Dest),
     }
 }

@@ -39,6 +39,10 @@ pub(crate) struct Outbound {
     buf: BytesMut,
     /// The connection goes to an upstream proxy: requests go in absolute form.
     chained: bool,
+    /// Who it was opened for: a central's stream carries the identity it was opened with,
+    /// so a request of another (a second credential on the same client connection) gets a
+    /// stream of its own.
+    identity: std::sync::Arc<sandgate_policy::Identity>,
 }
 
 impl Outbound {
@@ -71,7 +75,7 @@ pub(crate) async fn handle_http<S: AsyncRead + AsyncWrite + Unpin>(
             return Next::Close;
         }
     };
-    let mut grant = match connect(egress, decided, &http, outbound).await {
+    let mut grant = match connect(egress, decided, &http, &client.identity, outbound).await {
         Ok(grant) => grant,
         Err(refused) => {
             client.reply(&refused).await;
@@ -138,11 +142,12 @@ async fn connect(
     egress: &Egress,
     decided: crate::egress::Decided,
     http: &HttpTarget,
+    identity: &std::sync::Arc<sandgate_policy::Identity>,
     outbound: &mut Option<Outbound>,
 ) -> Result<crate::egress::Grant, crate::egress::Refused> {
     let reusable = outbound
         .as_mut()
-        .filter(|u| u.host == http.target.host && u.port == http.target.port)
+        .filter(|u| u.host == http.target.host && u.port == http.target.port && u.identity == *identity)
         .and_then(|u| u.is_alive().then_some(u.addr));
     if let Some(addr) = reusable {
         return Ok(decided.reuse(egress, addr).await);
@@ -156,6 +161,7 @@ async fn connect(
         stream: opened.stream,
         buf: BytesMut::new(),
         chained: opened.chained,
+        identity: identity.clone(),
     });
     Ok(opened.grant)
 }
@@ -263,7 +269,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
         Err(RelayError::Source(_) | RelayError::Truncated | RelayError::Framing(_)) => {
             return Exchange::failed(sent, received, Outcome::ClientFailure);
         }
-        Err(RelayError::Dest(_) | RelayError::Idle) => {}
+        Err(RelayError::Dest(_) | RelayError::Idle | RelayError::Stalled) => {}
     }
     let response = match head_result {
         Ok((response, _)) => response,
@@ -314,7 +320,11 @@ async fn relay_response<S: AsyncRead + AsyncWrite + Unpin>(
         up.buf.advance(whole.len());
         body = BodyKind::Empty;
     }
-    if client.stream.write_all(&out).await.is_err() {
+    let idle = egress.limits.body_idle_timeout;
+    if !matches!(
+        tokio::time::timeout(idle, client.stream.write_all(&out)).await,
+        Ok(Ok(()))
+    ) {
         return Exchange::failed(sent, received, Outcome::ClientFailure);
     }
     received += out.len() as u64;
@@ -347,7 +357,7 @@ async fn relay_response<S: AsyncRead + AsyncWrite + Unpin>(
         Err(e) => {
             tracing::debug!(error = %e, "response body relay stopped");
             let label = match e {
-                RelayError::Dest(_) => Outcome::ClientFailure,
+                RelayError::Dest(_) | RelayError::Stalled => Outcome::ClientFailure,
                 RelayError::Idle => Outcome::Upstream(F::IdleTimeout),
                 _ => Outcome::Upstream(F::ResponseBody),
             };

@@ -302,8 +302,14 @@ fn is_attribution(lower: &str) -> bool {
     lower.starts_with("sandgate-") || lower.starts_with("sandgate_")
 }
 
+/// The fields that say where a message's body ends. sandgate relays bodies verbatim, so
+/// these go on with the body whatever `Connection` names: dropped, the next hop would read
+/// the body as the next message (request smuggling past the decision and the record).
+const FRAMING: &[&str] = &["content-length", "transfer-encoding"];
+
 /// Fields to forward: everything but hop-by-hop fields, attribution fields, the fields the
-/// Connection header names, and Host (which the caller sets from the request-target).
+/// Connection header names (never the framing fields), and Host (which the caller sets from
+/// the request-target).
 pub fn end_to_end_fields(fields: &[Field]) -> impl Iterator<Item = &Field> {
     let named: Vec<String> = tokens(fields, "connection").collect();
     fields.iter().filter(move |f| {
@@ -311,7 +317,7 @@ pub fn end_to_end_fields(fields: &[Field]) -> impl Iterator<Item = &Field> {
         lower != "host"
             && !HOP_BY_HOP.contains(&lower.as_str())
             && !is_attribution(&lower)
-            && !named.contains(&lower)
+            && (FRAMING.contains(&lower.as_str()) || !named.contains(&lower))
     })
 }
 
@@ -461,6 +467,22 @@ mod tests {
         let (head, _) = req(text).unwrap().unwrap();
         let kept: Vec<&str> = end_to_end_fields(&head.fields).map(|f| f.name.as_str()).collect();
         assert_eq!(kept, ["Accept"]);
+    }
+
+    #[test]
+    fn framing_fields_stay_whatever_connection_names() {
+        // The body below is a whole request: without its Content-Length the next hop would
+        // read it as one, which nothing decided or recorded.
+        let text = "POST http://a.test/ HTTP/1.1\r\nHost: a.test\r\nConnection: Content-Length, x-a\r\n\
+                    Content-Length: 27\r\nX-A: 1\r\n\r\n";
+        let (head, _) = req(text).unwrap().unwrap();
+        let kept: Vec<&str> = end_to_end_fields(&head.fields).map(|f| f.name.as_str()).collect();
+        assert_eq!(kept, ["Content-Length"]);
+        let text = "POST http://a.test/ HTTP/1.1\r\nHost: a.test\r\nConnection: transfer-encoding\r\n\
+                    Transfer-Encoding: chunked\r\n\r\n";
+        let (head, _) = req(text).unwrap().unwrap();
+        let kept: Vec<&str> = end_to_end_fields(&head.fields).map(|f| f.name.as_str()).collect();
+        assert_eq!(kept, ["Transfer-Encoding"]);
     }
 
     #[test]

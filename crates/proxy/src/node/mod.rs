@@ -1,13 +1,15 @@
 //! The node-to-central transport (docs/central.md): node-local proxies forward to central
-//! ones over mutual TLS, each tunnel or request one HTTP/2 stream (RFC 9113 section 8.5
-//! CONNECT) on one connection per node and central. This module is the central's front end
-//! (`serve.rs`: a `role: node` listener: the TLS handshake requires a client certificate,
-//! the node is known by its certificate's names in `spec.nodes`, each stream's attribution
-//! is checked against the node's entry, then the stream is a request like any other for the
-//! egress core, which relays the stream itself: `relay/leg.rs`), with the TLS files
-//! (`tls.rs`), the attribution fields (`attribution.rs`) and the bridge that gives the
-//! HTTP/1.1 transport and a node's plain HTTP requests a socket (`bridge.rs`). The node's
-//! side, which dials out, is `dial/central.rs`.
+//! ones over mutual TLS, each tunnel, or each client connection's plain HTTP requests to one
+//! destination, one HTTP/2 stream (RFC 9113 section 8.5 CONNECT) on one connection per node
+//! and central. This module is the central's front end (`serve.rs`: a `role: node`
+//! listener: the TLS handshake requires a client certificate, the node is known by its
+//! certificate's names in `spec.nodes`, each stream's attribution is checked against the
+//! node's entry; then a tunnel is a request like any other for the egress core, which
+//! relays the stream itself (`relay/leg.rs`), and a stream of plain HTTP requests is a
+//! client connection of the HTTP/1 front end, each request decided on its own), with the
+//! TLS files (`tls.rs`), the attribution fields (`attribution.rs`) and the bridge that
+//! gives the HTTP/1.1 transport's tunnels a socket (`bridge.rs`). The node's side, which
+//! dials out, is `dial/central.rs`.
 
 pub mod attribution;
 pub(crate) mod bridge;
@@ -20,8 +22,9 @@ use sandgate_policy::Nodes;
 
 pub use tls::{ClientFiles, ServerFiles, TlsError};
 
-/// Field naming whether a stream carries plain HTTP (`http`) rather than a tunnel: the
-/// central then decides it as an HTTP request (the bytes are relayed all the same).
+/// Field naming whether a stream carries plain HTTP requests (`http`, in absolute form, for
+/// the stream's destination only) rather than a tunnel: the central then serves it with its
+/// HTTP/1 front end and decides each request.
 pub const ACCESS_FIELD: &str = "sandgate-access";
 
 /// PINGs a connection every [`serve::KEEPALIVE`]; returns when one goes unanswered for

@@ -1,10 +1,11 @@
 //! A central proxy's front end for node-local proxies (`role: node`): a TLS handshake that
 //! requires a client certificate from the listener's CA, the node known by its
-//! certificate's names in `spec.nodes`, then HTTP/2. Each stream is one request: a CONNECT
-//! (RFC 9113 section 8.5) whose attribution fields the node's entry must vouch for; the
-//! core decides, vets, dials and records it like any other, and the stream is bridged to
-//! the core's relay. A refused handshake, an unknown node and a refused stream are each one
-//! deny on record.
+//! certificate's names in `spec.nodes`, then HTTP/2. Each stream is a CONNECT (RFC 9113
+//! section 8.5) whose attribution fields the node's entry must vouch for: a tunnel, which
+//! the core decides, vets, dials, records and relays like any other, or (`sandgate-access:
+//! http`) a stream of plain HTTP requests for one destination, served by the HTTP/1 front
+//! end, each request decided and recorded on its own. A refused handshake, an unknown node
+//! and a refused stream are each one deny on record.
 
 use std::borrow::Cow;
 use std::convert::Infallible;
