@@ -26,13 +26,6 @@ use common::{curl, read_audit};
 use sandgate_testkit::dns::Zone;
 use serde_json::Value;
 
-/// Central spec: `ok.test` allowed for project p1's tasks; the node `node-a` vouches for p1.
-fn spec(origin_port: u16) -> String {
-    format!(
-        "  network:\n    allowlist:\n      - host: ok.test\n        ports: [{origin_port}]\n  nodes:\n    - name: node-a\n      projects: [p1]\n      tasks: [t1]\n"
-    )
-}
-
 /// A node-local proxy (node-a, task t1 in p1) forwarding to one central that allows only a
 /// loopback echo server, with the central's `extra` flags.
 struct EchoChain {
@@ -83,7 +76,7 @@ fn a_node_forwards_each_request_as_a_stream_and_the_central_decides_and_attribut
             .with("no.test", &["127.0.0.1"]),
     );
     let pki = Pki::new();
-    let c = central(&pki, dns.addr(), &spec(origin.port()), &[]);
+    let c = central(&pki, dns.addr(), &central::spec_ok(origin.port()), &[]);
     let cert = pki.node("node-a", &[]);
     // The node allows both names locally: the central's policy is what refuses no.test.
     let (ok_p, no_p) = (
@@ -204,7 +197,7 @@ fn a_node_that_cannot_prove_itself_or_overclaims_is_refused_and_audited() {
     let origin = w.origin();
     let dns = w.dns(Zone::new().with("ok.test", &["127.0.0.1"]));
     let pki = Pki::new();
-    let c = central(&pki, dns.addr(), &spec(origin.port()), &[]);
+    let c = central(&pki, dns.addr(), &central::spec_ok(origin.port()), &[]);
     let url = format!("http://ok.test:{}/", origin.port());
     let ok_p = format!("ok.test:{}", origin.port());
     let status = |n: &central::Node, flags: &[&str]| -> String {
@@ -304,7 +297,7 @@ fn attribution_fields_count_only_from_a_node_on_a_node_listener() {
     let origin = w.origin();
     let dns = w.dns(Zone::new().with("ok.test", &["127.0.0.1"]));
     let pki = Pki::new();
-    let c = central(&pki, dns.addr(), &spec(origin.port()), &[]);
+    let c = central(&pki, dns.addr(), &central::spec_ok(origin.port()), &[]);
     let url = format!("http://ok.test:{}/", origin.port());
     let (code, body, _) = curl(
         &c.proxy.url(),
@@ -673,7 +666,7 @@ fn the_http1_transport_opens_a_connection_per_tunnel() {
     let origin = w.origin();
     let dns = w.dns(Zone::new().with("ok.test", &["127.0.0.1"]));
     let pki = Pki::new();
-    let c = central(&pki, dns.addr(), &spec(origin.port()), &[]);
+    let c = central(&pki, dns.addr(), &central::spec_ok(origin.port()), &[]);
     let cert = pki.node("node-a", &[]);
     let mut args = central::upstream_args(&cert, &[c.node_addr]);
     args.extend(["--upstream-transport", "http1", "--dns-server", "127.0.0.1:9"].map(String::from));
@@ -705,7 +698,7 @@ fn a_node_dropped_from_the_policy_loses_its_open_connection_at_the_next_stream()
     let origin = w.origin();
     let dns = w.dns(Zone::new().with("ok.test", &["127.0.0.1"]));
     let pki = Pki::new();
-    let c = central(&pki, dns.addr(), &spec(origin.port()), &[]);
+    let c = central(&pki, dns.addr(), &central::spec_ok(origin.port()), &[]);
     let cert = pki.node("node-a", &[]);
     let ok_p = format!("ok.test:{}", origin.port());
     let n = node(&cert, &[c.node_addr], &[&ok_p], Some(("t1", "p1")));

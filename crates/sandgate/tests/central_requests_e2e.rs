@@ -24,11 +24,38 @@ use common::world::World;
 use sandgate_testkit::dns::Zone;
 use sandgate_testkit::node::{Answer, NodeTls, stream};
 
-/// ok.test allowed, no.test not; node-a vouches for t1 in p1.
-fn spec(port: u16) -> String {
-    format!(
-        "  network:\n    allowlist:\n      - host: ok.test\n        ports: [{port}]\n  nodes:\n    - name: node-a\n      projects: [p1]\n      tasks: [t1]\n"
-    )
+/// A central allowing ok.test and not no.test (both resolving to loopback), whose node
+/// node-a vouches for t1 in p1, with the origin behind both names.
+struct Setup {
+    c: central::Central,
+    cert: central::NodeCert,
+    origin: sandgate_testkit::origin::Origin,
+    _dns: sandgate_testkit::dns::DnsServer,
+    _pki: Pki,
+    _w: World,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let w = World::new();
+        let origin = w.origin();
+        let dns = w.dns(
+            Zone::new()
+                .with("ok.test", &["127.0.0.1"])
+                .with("no.test", &["127.0.0.1"]),
+        );
+        let pki = Pki::new();
+        let c = central(&pki, dns.addr(), &central::spec_ok(origin.port()), &[]);
+        let cert = pki.node("node-a", &[]);
+        Setup {
+            c,
+            cert,
+            origin,
+            _dns: dns,
+            _pki: pki,
+            _w: w,
+        }
+    }
 }
 
 /// Every request a node's sandgate forwards is decided and recorded at the central with
@@ -36,19 +63,10 @@ fn spec(port: u16) -> String {
 /// the central's, which the node records as a refusal upstream.
 #[test]
 fn the_central_records_each_plain_http_request_a_node_forwards() {
-    let w = World::new();
-    let origin = w.origin();
-    let dns = w.dns(
-        Zone::new()
-            .with("ok.test", &["127.0.0.1"])
-            .with("no.test", &["127.0.0.1"]),
-    );
-    let pki = Pki::new();
-    let c = central(&pki, dns.addr(), &spec(origin.port()), &[]);
-    let cert = pki.node("node-a", &[]);
+    let Setup { c, cert, origin, .. } = &Setup::new();
     let p = origin.port();
     let (ok_p, no_p) = (format!("ok.test:{p}"), format!("no.test:{p}"));
-    let n = node(&cert, &[c.node_addr], &[&ok_p, &no_p], Some(("t1", "p1")));
+    let n = node(cert, &[c.node_addr], &[&ok_p, &no_p], Some(("t1", "p1")));
     let proxy = format!("http://{}", n.addr);
 
     // Two requests on one client connection: the node keeps one stream for both.
@@ -141,16 +159,7 @@ fn the_central_records_each_plain_http_request_a_node_forwards() {
 /// request. Each is refused with 400 and on record; none reaches an origin.
 #[test]
 fn a_node_cannot_smuggle_other_requests_on_a_stream_of_plain_http() {
-    let w = World::new();
-    let origin = w.origin();
-    let dns = w.dns(
-        Zone::new()
-            .with("ok.test", &["127.0.0.1"])
-            .with("no.test", &["127.0.0.1"]),
-    );
-    let pki = Pki::new();
-    let c = central(&pki, dns.addr(), &spec(origin.port()), &[]);
-    let cert = pki.node("node-a", &[]);
+    let Setup { c, cert, origin, .. } = &Setup::new();
     let p = origin.port();
     let tls = NodeTls {
         cert: &cert.cert,

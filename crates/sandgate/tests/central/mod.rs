@@ -287,6 +287,13 @@ pub fn tunnel(proxy: SocketAddr, target: &str) -> std::net::TcpStream {
     t
 }
 
+/// A central's `spec` body: `ok.test` on `port` allowed; node-a vouches for t1 in p1.
+pub fn spec_ok(port: u16) -> String {
+    format!(
+        "  network:\n    allowlist:\n      - host: ok.test\n        ports: [{port}]\n  nodes:\n    - name: node-a\n      projects: [p1]\n      tasks: [t1]\n"
+    )
+}
+
 /// A central's `spec` body allowing each `(host, port)`, tunnels carrying any protocol, and
 /// node-a vouching for project p1.
 pub fn spec_allowing(dests: &[(&str, u16)]) -> String {
