@@ -34,5 +34,6 @@ pub use config::{Identity, Limits, Listener, PeerFilter, Protocol, ProxyConfig};
 pub use dial::Nameservers;
 pub use egress::unix_now;
 pub use http1::{framing, head};
+pub use node::TlsHandle;
 pub use rules::PolicyHandle;
-pub use server::{Proxy, StartError, TlsHandle};
+pub use server::{Proxy, StartError};

@@ -27,6 +27,7 @@ use crate::dial::{DialConfig, Dialer};
 use crate::egress::Egress;
 use crate::http1::{self, ClientConn};
 use crate::metrics::{KindLabels, Metrics};
+use crate::node::TlsHandle;
 use crate::refusal::Refusal;
 use crate::rules::PolicyHandle;
 
@@ -281,34 +282,6 @@ impl Proxy {
         let written = writer.finish().await?;
         tracing::info!(audit_events = written, "stopped");
         Ok(written)
-    }
-}
-
-/// Reloads TLS files (SIGHUP): new connections use the new certificates; connections
-/// already up, and the tunnels on them, carry on.
-#[derive(Debug, Clone)]
-pub struct TlsHandle {
-    listeners: Vec<Arc<crate::node::NodeListener>>,
-    centrals: Option<Arc<crate::dial::Centrals>>,
-}
-
-impl TlsHandle {
-    /// Reads every TLS file again; on an error that configuration stays as it was. Returns
-    /// the errors.
-    pub fn reload(&self) -> Vec<crate::node::TlsError> {
-        let mut errors = Vec::new();
-        for l in &self.listeners {
-            errors.extend(l.tls.reload().err());
-        }
-        if let Some(c) = &self.centrals {
-            errors.extend(c.reload_tls().err());
-        }
-        errors
-    }
-
-    /// Whether there is anything to reload.
-    pub fn is_empty(&self) -> bool {
-        self.listeners.is_empty() && self.centrals.is_none()
     }
 }
 

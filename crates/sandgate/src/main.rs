@@ -271,7 +271,13 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
         // Caught from before the first "listening" line: a SIGHUP sent as soon as the proxy
         // is up must not meet the signal's default action (the end of the process).
         let (hup_tx, hup_rx) = tokio::sync::mpsc::channel(1);
-        forward_sighup(hup_tx, proxy.tls_handle());
+        let tls = proxy.tls_handle();
+        if !tls.is_empty() {
+            // Certificates rotated on disk (cert-manager, a Secret's update) are picked up
+            // without a signal; the watcher ends with the runtime.
+            tokio::spawn(tls.clone().watch());
+        }
+        forward_sighup(hup_tx, tls);
         for (addr, role) in proxy.listener_roles() {
             tracing::info!(%addr, %role, allow_rules = allow, deny_rules = deny, "listening");
         }

@@ -19,52 +19,12 @@ mod sandbox_support;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use central::{Pki, central, events_where, node};
+use central::{EchoCentral, Pki, central, events_where, node};
 use common::control::{get_status, within};
 use common::world::{World, events_of};
 use common::{curl, read_audit};
 use sandgate_testkit::dns::Zone;
 use serde_json::Value;
-
-/// A node-local proxy (node-a, task t1 in p1) forwarding to one central that allows only a
-/// loopback echo server, with the central's `extra` flags.
-struct EchoChain {
-    n: central::Node,
-    c: central::Central,
-    pki: Pki,
-    /// `echo.test:PORT`, the one destination.
-    target: String,
-    _dns: sandgate_testkit::dns::DnsServer,
-    _echo: sandgate_testkit::echo::EchoServer,
-    _w: World,
-}
-
-impl EchoChain {
-    fn new(extra: &[&str]) -> EchoChain {
-        let w = World::new();
-        let echo = w.echo();
-        let dns = w.dns(Zone::new().with("echo.test", &["127.0.0.1"]));
-        let pki = Pki::new();
-        let target = format!("echo.test:{}", echo.addr().port());
-        let c = central(
-            &pki,
-            dns.addr(),
-            &central::spec_allowing(&[("echo.test", echo.addr().port())]),
-            extra,
-        );
-        let cert = pki.node("node-a", &[]);
-        let n = node(&cert, &[c.node_addr], &[&target], Some(("t1", "p1")));
-        EchoChain {
-            n,
-            c,
-            pki,
-            target,
-            _dns: dns,
-            _echo: echo,
-            _w: w,
-        }
-    }
-}
 
 #[test]
 fn a_node_forwards_each_request_as_a_stream_and_the_central_decides_and_attributes() {
@@ -402,8 +362,9 @@ fn a_node_fails_over_to_the_next_central_and_never_goes_direct() {
 /// HTTP/2 flow control holds the slow stream at its own window.
 #[test]
 fn a_slow_tunnel_does_not_stall_the_others_on_the_same_connection() {
-    let chain = EchoChain::new(&[]);
-    let (n, target) = (&chain.n, chain.target.clone());
+    let chain = EchoCentral::new(&[]);
+    let n = &chain.node(&chain.pki.node("node-a", &[]));
+    let target = chain.target.clone();
     let open = || {
         let t = central::tunnel(n.addr, &target);
         t.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -450,42 +411,6 @@ fn a_slow_tunnel_does_not_stall_the_others_on_the_same_connection() {
     assert!(started.elapsed() < Duration::from_secs(20));
     let (_slow, sent) = writer.join().unwrap();
     assert!(sent > 0);
-}
-
-/// SIGHUP reads the TLS files again: tunnels already open carry on, new connections use
-/// the new files; a broken file leaves the old configuration in force.
-#[test]
-fn sighup_reloads_certificates_without_dropping_tunnels() {
-    let chain = EchoChain::new(&[]);
-    let (n, c, target) = (&chain.n, &chain.c, chain.target.clone());
-    let pki = &chain.pki;
-    let mut t = central::tunnel(n.addr, &target);
-
-    let hup = central::hup;
-    // A new central certificate, then SIGHUP to both.
-    let (code, _, err) = central::pki(&["issue", "--central", "127.0.0.1", "--force"], pki.dir.path());
-    assert_eq!(code, 0, "{err}");
-    pki.open_up();
-    hup(c.proxy.child.id());
-    hup(n.proxy.child.id());
-    assert!(c.proxy.log_line("TLS files reloaded").is_some());
-    assert!(n.proxy.log_line("TLS files reloaded").is_some());
-    t.write_all(b"still").unwrap();
-    let mut buf = [0u8; 5];
-    t.read_exact(&mut buf).unwrap();
-    assert_eq!(&buf, b"still", "the open tunnel carries on");
-
-    // A broken key: the reload is refused and the configuration in force stays.
-    std::fs::write(pki.path("central-127.0.0.1.key"), "not a key").unwrap();
-    hup(c.proxy.child.id());
-    assert!(c.proxy.log_line("TLS files not reloaded").is_some());
-    let fresh = pki.node("node-a", &[]);
-    let n2 = node(&fresh, &[c.node_addr], &[&target], Some(("t1", "p1")));
-    let (head, _t2) = central::connect(n2.addr, &target);
-    assert!(
-        head.starts_with("HTTP/1.1 200"),
-        "new connections still served: {head}"
-    );
 }
 
 /// `sandgate pki` refuses what it cannot do well: no CA yet, a name that is not one, a file
@@ -842,8 +767,9 @@ fn a_client_holding_every_stream_of_a_connection_does_not_block_the_others() {
 /// stream is refused, and on record.
 #[test]
 fn a_nodes_streams_count_against_the_centrals_connection_limits() {
-    let chain = EchoChain::new(&["--max-connections-per-client", "11"]);
-    let (n, c, target) = (&chain.n, &chain.c, chain.target.clone());
+    let chain = EchoCentral::new(&["--max-connections-per-client", "11"]);
+    let n = &chain.node(&chain.pki.node("node-a", &[]));
+    let (c, target) = (&chain.c, chain.target.clone());
     let mut statuses = Vec::new();
     let mut held = Vec::new();
     for _ in 0..12 {

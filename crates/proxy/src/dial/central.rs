@@ -163,6 +163,11 @@ impl Centrals {
         self.tls.reload()
     }
 
+    /// The TLS files [`Centrals::reload_tls`] reads.
+    pub fn tls_paths(&self) -> Vec<std::path::PathBuf> {
+        self.tls.paths()
+    }
+
     /// Opens a stream to `target` on a central, attributed to `identity`; returns the core's
     /// end of it and the central's address.
     pub(super) async fn open(

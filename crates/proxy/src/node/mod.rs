@@ -20,7 +20,7 @@ use std::sync::{Arc, RwLock};
 
 use sandgate_policy::Nodes;
 
-pub use tls::{ClientFiles, ServerFiles, TlsError};
+pub use tls::{ClientFiles, ServerFiles, TlsError, TlsHandle};
 
 /// Field naming whether a stream carries plain HTTP requests (`http`, in absolute form, for
 /// the stream's destination only) rather than a tunnel: the central then serves it with its

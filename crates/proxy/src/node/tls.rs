@@ -140,17 +140,25 @@ pub struct Reloadable<C, F> {
 /// Loads a configuration from its files.
 pub trait Load<C> {
     fn load_config(&self) -> Result<Arc<C>, TlsError>;
+    /// The files it reads.
+    fn paths(&self) -> Vec<PathBuf>;
 }
 
 impl Load<rustls::ServerConfig> for ServerFiles {
     fn load_config(&self) -> Result<Arc<rustls::ServerConfig>, TlsError> {
         self.load()
     }
+    fn paths(&self) -> Vec<PathBuf> {
+        vec![self.cert.clone(), self.key.clone(), self.client_ca.clone()]
+    }
 }
 
 impl Load<rustls::ClientConfig> for ClientFiles {
     fn load_config(&self) -> Result<Arc<rustls::ClientConfig>, TlsError> {
         self.load()
+    }
+    fn paths(&self) -> Vec<PathBuf> {
+        vec![self.ca.clone(), self.cert.clone(), self.key.clone()]
     }
 }
 
@@ -168,6 +176,11 @@ impl<C, F: Load<C>> Reloadable<C, F> {
         }
     }
 
+    /// The files it is read from.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        self.files.paths()
+    }
+
     /// Reads the files again; on an error the configuration in force stays.
     pub fn reload(&self) -> Result<(), TlsError> {
         let fresh = self.files.load_config()?;
@@ -177,6 +190,89 @@ impl<C, F: Load<C>> Reloadable<C, F> {
         }
         Ok(())
     }
+}
+
+/// Reloads TLS files, on SIGHUP and when they change on disk: new connections use the new
+/// certificates; connections already up, and the tunnels on them, carry on.
+#[derive(Debug, Clone)]
+pub struct TlsHandle {
+    pub(crate) listeners: Vec<Arc<super::NodeListener>>,
+    pub(crate) centrals: Option<Arc<crate::dial::Centrals>>,
+}
+
+/// How often [`TlsHandle::watch`] looks at the files.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl TlsHandle {
+    /// Reads every TLS file again; on an error that configuration stays as it was. Returns
+    /// the errors.
+    pub fn reload(&self) -> Vec<TlsError> {
+        let mut errors = Vec::new();
+        for l in &self.listeners {
+            errors.extend(l.tls.reload().err());
+        }
+        if let Some(c) = &self.centrals {
+            errors.extend(c.reload_tls().err());
+        }
+        errors
+    }
+
+    /// Whether there is anything to reload.
+    pub fn is_empty(&self) -> bool {
+        self.listeners.is_empty() && self.centrals.is_none()
+    }
+
+    /// Every TLS file of the node listeners and of the connections to central proxies.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        let mut paths: Vec<PathBuf> = self.listeners.iter().flat_map(|l| l.tls.paths()).collect();
+        if let Some(c) = &self.centrals {
+            paths.extend(c.tls_paths());
+        }
+        paths.sort();
+        paths.dedup();
+        paths
+    }
+
+    /// Reloads whenever a file changes (checked every second), as a certificate rotated
+    /// by cert-manager or by a Kubernetes Secret's update does: nobody has to send
+    /// SIGHUP. A change is the file's modification time, size or inode (a Secret volume
+    /// swaps a symlink to a new file); a set that does not load (a certificate written
+    /// before its key) leaves the configuration in force and is tried again at the next
+    /// change. Runs until the task is dropped.
+    pub async fn watch(self) {
+        let paths = self.paths();
+        let mut seen = stamps(&paths);
+        loop {
+            tokio::time::sleep(WATCH_EVERY).await;
+            let now = stamps(&paths);
+            if now == seen {
+                continue;
+            }
+            seen = now;
+            let errors = self.reload();
+            for e in &errors {
+                tracing::error!(error = %e, "TLS files changed but not reloaded; the previous ones stay in force");
+            }
+            if errors.is_empty() {
+                tracing::info!("TLS files changed and reloaded; new connections use them");
+            }
+        }
+    }
+}
+
+/// What tells a file's versions apart: modification time, size and inode (`None`: it
+/// cannot be read now).
+type Stamp = Option<(std::time::SystemTime, u64, u64)>;
+
+fn stamps(paths: &[PathBuf]) -> Vec<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    paths
+        .iter()
+        .map(|p| {
+            let m = std::fs::metadata(p).ok()?;
+            Some((m.modified().ok()?, m.len(), m.ino()))
+        })
+        .collect()
 }
 
 /// The names a certificate carries: its DNS and IP subject alternative names, lower case

@@ -125,7 +125,17 @@ impl AsyncWrite for NodeStream {
         }
         let send = &mut self.send;
         send.reserve_capacity(buf.len());
-        match send.poll_capacity(cx) {
+        // h2 can report a capacity of 0 (its issue 270: a window update cancelled out in the
+        // same poll). That report is consumed, so polling again registers this task for the
+        // next real capacity instead of waking itself in a loop; a few tries bound it.
+        let mut polled = send.poll_capacity(cx);
+        for _ in 0..3 {
+            if !matches!(polled, Poll::Ready(Some(Ok(0)))) {
+                break;
+            }
+            polled = send.poll_capacity(cx);
+        }
+        match polled {
             Poll::Ready(Some(Ok(0))) => {
                 cx.waker().wake_by_ref();
                 Poll::Pending

@@ -313,3 +313,43 @@ pub fn hup(pid: u32) {
         .unwrap();
     assert!(status.success(), "kill -HUP {pid}");
 }
+
+/// A central allowing one loopback echo server, `echo.test:PORT` (`target`), with `extra`
+/// flags; node-a vouches for project p1.
+pub struct EchoCentral {
+    pub c: Central,
+    pub pki: Pki,
+    pub target: String,
+    _dns: sandgate_testkit::dns::DnsServer,
+    _echo: sandgate_testkit::echo::EchoServer,
+    _w: crate::common::world::World,
+}
+
+impl EchoCentral {
+    pub fn new(extra: &[&str]) -> EchoCentral {
+        let w = crate::common::world::World::new();
+        let echo = w.echo();
+        let dns = w.dns(sandgate_testkit::dns::Zone::new().with("echo.test", &["127.0.0.1"]));
+        let pki = Pki::new();
+        let target = format!("echo.test:{}", echo.addr().port());
+        let c = central(
+            &pki,
+            dns.addr(),
+            &spec_allowing(&[("echo.test", echo.addr().port())]),
+            extra,
+        );
+        EchoCentral {
+            c,
+            pki,
+            target,
+            _dns: dns,
+            _echo: echo,
+            _w: w,
+        }
+    }
+
+    /// A node-local proxy (task t1 in p1) with `cert`, allowing the echo server.
+    pub fn node(&self, cert: &NodeCert) -> Node {
+        node(cert, &[self.c.node_addr], &[&self.target], Some(("t1", "p1")))
+    }
+}

@@ -1,0 +1,178 @@
+//! Certificates that change while node-local and central proxies run: rotated on disk, as a
+//! Kubernetes Secret's update or cert-manager does it (a new file, then a rename over the
+//! old name), with no signal (a scratch image has no `kill`, and nobody should have to
+//! restart a central to rotate a CA); and reloaded on SIGHUP.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::disallowed_methods,
+    reason = "integration tests: a failed setup step should fail loudly, and tests connect to their own loopback fixtures"
+)]
+
+mod central;
+mod common;
+
+use std::io::{Read, Write};
+use std::path::Path;
+
+use central::{EchoCentral, NodeCert, Pki, events_where};
+
+/// Writes and reads `bytes` through an echo tunnel.
+fn echoes(t: &mut std::net::TcpStream, bytes: &[u8]) {
+    t.write_all(bytes).unwrap();
+    let mut buf = vec![0u8; bytes.len()];
+    t.read_exact(&mut buf).unwrap();
+    assert_eq!(buf, bytes);
+}
+
+/// Replaces `dst` with `src`'s bytes the way a Secret volume does: written beside it, then
+/// renamed over it (a new inode; the old file is never half-written).
+fn swap_in(src: &Path, dst: &Path) {
+    let tmp = dst.with_extension("swap");
+    std::fs::copy(src, &tmp).unwrap();
+    std::fs::rename(&tmp, dst).unwrap();
+}
+
+/// A copy of `cert`'s three files in a directory of their own, so that rotating the
+/// originals leaves this node as it was.
+fn keep(cert: &NodeCert, dir: &Path) -> NodeCert {
+    let copy = |p: &Path, name: &str| {
+        let to = dir.join(name);
+        std::fs::copy(p, &to).unwrap();
+        to
+    };
+    NodeCert {
+        cert: copy(&cert.cert, "node.pem"),
+        key: copy(&cert.key, "node.key"),
+        ca: copy(&cert.ca, "ca.pem"),
+    }
+}
+
+/// The operator rotates the central's client CA (the old one leaked, say): a node holding a
+/// certificate of the old CA is refused from then on, and on record, while a node of the
+/// new CA is served and a tunnel already open carries on. Then a broken file (a key that is
+/// not the certificate's) leaves the configuration in force. On the code before the
+/// watcher, the central kept trusting the old CA until a SIGHUP or a restart.
+#[test]
+fn a_rotated_client_ca_is_in_force_without_a_signal() {
+    let s = &EchoCentral::new(&[]);
+    let EchoCentral { c, pki, target, .. } = s;
+    // The old node keeps its files (CA A) where the rotation does not touch them.
+    let old_dir = tempfile::tempdir().unwrap();
+    let old = keep(&pki.node("node-a", &[]), old_dir.path());
+    let before = s.node(&old);
+    let mut open = central::tunnel(before.addr, target);
+
+    // CA B: a node certificate of it (still trusting the central's certificate, of CA A).
+    let b = Pki::new();
+    let new = NodeCert {
+        ca: old.ca.clone(),
+        ..b.node("node-a", &[])
+    };
+    swap_in(&b.path("ca.pem"), &pki.path("ca.pem"));
+    assert!(
+        c.proxy.log_line("TLS files changed and reloaded").is_some(),
+        "the central notices the new CA file by itself"
+    );
+
+    let after_old = s.node(&old);
+    let (head, _) = central::connect(after_old.addr, target);
+    assert!(
+        head.starts_with("HTTP/1.1 502"),
+        "a node of the rotated-out CA gets no stream: {head}"
+    );
+    let refused = events_where(&c.proxy.audit_path, 1, |e| e["reason_code"] == "node_tls_refused");
+    assert!(!refused.is_empty(), "the refusal is on record");
+
+    let after_new = s.node(&new);
+    echoes(&mut central::tunnel(after_new.addr, target), b"fresh");
+    // A tunnel open before the rotation carries on.
+    echoes(&mut open, b"still");
+
+    // A key that is not the certificate's: refused, the configuration in force stays.
+    swap_in(&b.path("node-node-a.key"), &pki.path("central-127.0.0.1.key"));
+    assert!(c.proxy.log_line("TLS files changed but not reloaded").is_some());
+    let again = s.node(&new);
+    let (head, _t) = central::connect(again.addr, target);
+    assert!(
+        head.starts_with("HTTP/1.1 200"),
+        "new connections are still served with the files in force: {head}"
+    );
+}
+
+/// A node-local proxy notices a rotated client certificate too: its next connection to the
+/// central presents the new one. With the TLS-per-tunnel transport every tunnel is a new
+/// connection; the new certificate names node-b, which the central does not list, so the
+/// switch shows as a refusal.
+#[test]
+fn a_node_presents_a_rotated_certificate_without_a_signal() {
+    let EchoCentral { c, pki, target, .. } = &EchoCentral::new(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let mine = keep(&pki.node("node-a", &[]), dir.path());
+    let mut args = central::upstream_args(&mine, &[c.node_addr]);
+    args.extend(
+        [
+            "--upstream-transport",
+            "http1",
+            "--dns-server",
+            "127.0.0.1:9",
+            "--allow",
+            target,
+        ]
+        .map(str::to_owned),
+    );
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let n = common::ProxyProcess::start(&refs);
+    let (head, _) = central::connect(n.addr, target);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+
+    let other = pki.node("node-b", &[]);
+    swap_in(&other.cert, &mine.cert);
+    swap_in(&other.key, &mine.key);
+    assert!(
+        n.log_line("TLS files changed and reloaded").is_some(),
+        "the node notices its new certificate by itself"
+    );
+    let (head, _) = central::connect(n.addr, target);
+    assert!(
+        head.starts_with("HTTP/1.1 502"),
+        "the next connection presents node-b's certificate: {head}"
+    );
+    let unknown = events_where(&c.proxy.audit_path, 1, |e| e["reason_code"] == "node_unknown");
+    assert!(!unknown.is_empty(), "the central refused node-b, on record");
+}
+
+/// SIGHUP reads the TLS files again: tunnels already open carry on, new connections use
+/// the new files; a broken file leaves the old configuration in force.
+#[test]
+fn sighup_reloads_certificates_without_dropping_tunnels() {
+    let s = &EchoCentral::new(&[]);
+    let EchoCentral { c, pki, target, .. } = s;
+    let n = s.node(&pki.node("node-a", &[]));
+    let mut t = central::tunnel(n.addr, target);
+
+    let hup = central::hup;
+    // A new central certificate, then SIGHUP to both.
+    let (code, _, err) = central::pki(&["issue", "--central", "127.0.0.1", "--force"], pki.dir.path());
+    assert_eq!(code, 0, "{err}");
+    pki.open_up();
+    hup(c.proxy.child.id());
+    hup(n.proxy.child.id());
+    assert!(c.proxy.log_line("TLS files reloaded").is_some());
+    assert!(n.proxy.log_line("TLS files reloaded").is_some());
+    echoes(&mut t, b"still");
+
+    // A broken key: the reload is refused and the configuration in force stays.
+    std::fs::write(pki.path("central-127.0.0.1.key"), "not a key").unwrap();
+    hup(c.proxy.child.id());
+    assert!(c.proxy.log_line("TLS files not reloaded").is_some());
+    let n2 = s.node(&pki.node("node-a", &[]));
+    let (head, _t2) = central::connect(n2.addr, target);
+    assert!(
+        head.starts_with("HTTP/1.1 200"),
+        "new connections still served: {head}"
+    );
+}
