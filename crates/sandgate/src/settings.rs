@@ -269,7 +269,7 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
 
 /// What would start but cannot work as meant: the file's warnings; allowed IP literals the
 /// guard refuses (flags and file together, against every allow range); and listeners on
-/// every interface.
+/// every interface (but node listeners).
 fn start_warnings(config: &ProxyConfig, file: Option<&PolicyFile>, env: &dyn Env) -> Vec<String> {
     let mut out = match file {
         Some(f) => crate::check::warnings(f, &config.guard),
@@ -284,7 +284,12 @@ fn start_warnings(config: &ProxyConfig, file: Option<&PolicyFile>, env: &dyn Env
             ));
         }
     }
-    for l in config.listen.iter().filter(|l| l.addr.ip().is_unspecified()) {
+    // A node listener is meant for other hosts, and admits only certificates of its CA.
+    for l in config
+        .listen
+        .iter()
+        .filter(|l| l.addr.ip().is_unspecified() && l.node.is_none())
+    {
         let via_env = env.get("PROXY_PORT").is_some() && env.get("SANDGATE_LISTEN").is_none();
         out.push(format!(
             "listening on {}{}: every interface of this host can reach the proxy; unless other hosts or containers must use it, listen on 127.0.0.1:{} ({})",
