@@ -433,3 +433,86 @@ fn tunnel_counts_bytes_each_way_exactly() {
     assert_eq!(close["bytes_received"], 1_000_005);
     assert_eq!(close["outcome"], "ok");
 }
+
+/// An origin whose keep-alive timer ends as the client's next request arrives: it reads
+/// the request and closes without an answer, as a server whose idle timeout (Apache httpd
+/// and Node.js: 5 s) fires while the request crosses its FIN does. The proxy must not
+/// reuse a connection idle that long: the second request goes on a new connection and is
+/// answered. On the code before the idle limit, the proxy reused the connection and the
+/// client got a 502 for a request the origin would have served.
+#[test]
+fn a_connection_idle_past_common_keep_alive_timeouts_is_not_reused() {
+    use std::io::BufRead;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // The origin: at most three connections, each served until a request comes after
+    // 4.5 s of idleness (then closed unanswered) or the client goes.
+    let origin = std::thread::spawn(move || {
+        let mut connections = 0;
+        listener.set_nonblocking(false).unwrap();
+        for stream in listener.incoming().take(3) {
+            let Ok(stream) = stream else { break };
+            connections += 1;
+            stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let mut writer = stream.try_clone().unwrap();
+            let mut reader = std::io::BufReader::new(stream);
+            let mut idle_since = None::<std::time::Instant>;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+                // The rest of the head.
+                loop {
+                    let mut field = String::new();
+                    if reader.read_line(&mut field).unwrap_or(0) == 0 || field == "\r\n" {
+                        break;
+                    }
+                }
+                if idle_since.is_some_and(|t| t.elapsed() > Duration::from_millis(4500)) {
+                    break;
+                }
+                writer
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .unwrap();
+                idle_since = Some(std::time::Instant::now());
+            }
+            if connections == 2 {
+                break;
+            }
+        }
+        connections
+    });
+    let w = World::new();
+    let dns = w.dns(Zone::new().with("idle.test", &["127.0.0.1"]));
+    let allow = format!("idle.test:{port}");
+    let p = proxy(&dns, &["--allow", &allow]);
+    let mut s = TcpStream::connect(p.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let request = format!("GET http://idle.test:{port}/ HTTP/1.1\r\nHost: idle.test\r\n\r\n");
+    let answer = |s: &mut TcpStream| {
+        s.write_all(request.as_bytes()).unwrap();
+        let mut buf = [0u8; 512];
+        let mut got = Vec::new();
+        while !got.ends_with(b"ok") && !got.windows(4).any(|w| w == b"502 ") {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    };
+    assert!(answer(&mut s).starts_with("HTTP/1.1 200"));
+    std::thread::sleep(Duration::from_millis(4700));
+    let second = answer(&mut s);
+    assert!(
+        second.starts_with("HTTP/1.1 200"),
+        "the request after the idle time got: {second}"
+    );
+    drop(s);
+    assert_eq!(
+        origin.join().unwrap(),
+        2,
+        "the second request came on a new connection"
+    );
+}

@@ -27,6 +27,12 @@ use crate::relay::Upstream;
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// Added to every forwarded message (RFC 9110 section 7.6.3).
 const VIA: &str = "1.1 sandgate";
+/// A kept outbound connection idle for longer is not reused. A server closes an idle
+/// connection on its own timer (Apache httpd and Node.js after 5 s, a central proxy after
+/// its head timeout, 10 s by default); a request written as it does so is lost, and the
+/// client would get a 502 for a request a fresh connection serves. Below the shortest
+/// common timeout, that race cannot happen with those servers.
+const KEEP_IDLE: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// A kept-alive outbound connection (to the origin, or to the upstream proxy when chained)
 /// and the destination it was vetted for.
@@ -43,13 +49,16 @@ pub(crate) struct Outbound {
     /// so a request of another (a second credential on the same client connection) gets a
     /// stream of its own.
     identity: std::sync::Arc<sandgate_policy::Identity>,
+    /// When its last exchange ended (or it was opened).
+    idle_since: std::time::Instant,
 }
 
 impl Outbound {
-    /// A kept connection is reusable only if the origin has not closed it and has sent
-    /// nothing unasked (a non-blocking read that would block means both).
+    /// A kept connection is reusable only if it has not idled past [`KEEP_IDLE`], the
+    /// origin has not closed it and has sent nothing unasked (a non-blocking read that
+    /// would block means both).
     fn is_alive(&mut self) -> bool {
-        self.buf.is_empty() && self.stream.is_idle()
+        self.idle_since.elapsed() < KEEP_IDLE && self.buf.is_empty() && self.stream.is_idle()
     }
 }
 
@@ -128,6 +137,8 @@ pub(crate) async fn handle_http<S: AsyncRead + AsyncWrite + Unpin>(
         } else {
             *outbound = None;
         }
+    } else if let Some(kept) = outbound.as_mut() {
+        kept.idle_since = std::time::Instant::now();
     }
     if outcome.client_reusable && !head.close {
         Next::KeepAlive
@@ -162,6 +173,7 @@ async fn connect(
         buf: BytesMut::new(),
         chained: opened.chained,
         identity: identity.clone(),
+        idle_since: std::time::Instant::now(),
     });
     Ok(opened.grant)
 }
