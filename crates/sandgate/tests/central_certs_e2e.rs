@@ -51,14 +51,39 @@ fn keep(cert: &NodeCert, dir: &Path) -> NodeCert {
     }
 }
 
-/// The operator rotates the central's client CA (the old one leaked, say): a node holding a
-/// certificate of the old CA is refused from then on, and on record, while a node of the
-/// new CA is served and a tunnel already open carries on. Then a broken file (a key that is
-/// not the certificate's) leaves the configuration in force. On the code before the
-/// watcher, the central kept trusting the old CA until a SIGHUP or a restart.
+/// Turns `dir/name` into what a Secret volume holds: `name -> ..data/name`, `..data ->
+/// ..v1` (a directory holding the file).
+fn kubelet_layout(dir: &Path, name: &str) {
+    let v1 = dir.join("..v1");
+    std::fs::create_dir(&v1).unwrap();
+    std::fs::rename(dir.join(name), v1.join(name)).unwrap();
+    std::os::unix::fs::symlink("..v1", dir.join("..data")).unwrap();
+    std::os::unix::fs::symlink(format!("..data/{name}"), dir.join(name)).unwrap();
+}
+
+/// The kubelet's update of a Secret volume: the new file in a new directory, then
+/// `..data` swapped to it by one rename.
+fn kubelet_update(dir: &Path, name: &str, from: &Path) {
+    let v2 = dir.join("..v2");
+    std::fs::create_dir(&v2).unwrap();
+    std::fs::copy(from, v2.join(name)).unwrap();
+    std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+}
+
+/// The operator rotates the central's client CA (the old one leaked, say), as a Secret
+/// update does it. Without a signal, the central reloads and sends GOAWAY on its node
+/// connections: a node of the old CA that was connected can open no new tunnel (its next
+/// stream needs a new handshake, which fails), one that connects afterwards gets nothing,
+/// both on record; a node of the new CA is served, and a tunnel already open carries on.
+/// Then a broken file (a key that is not the certificate's) leaves the configuration in
+/// force. On the code before, the central kept trusting the old CA until a SIGHUP or a
+/// restart, and a connected node kept opening streams even after one.
 #[test]
 fn a_rotated_client_ca_is_in_force_without_a_signal() {
-    let s = &EchoCentral::new(&[]);
+    let pki = Pki::new();
+    kubelet_layout(pki.dir.path(), "ca.pem");
+    let s = &EchoCentral::with_pki(pki, &[]);
     let EchoCentral { c, pki, target, .. } = s;
     // The old node keeps its files (CA A) where the rotation does not touch them.
     let old_dir = tempfile::tempdir().unwrap();
@@ -72,20 +97,25 @@ fn a_rotated_client_ca_is_in_force_without_a_signal() {
         ca: old.ca.clone(),
         ..b.node("node-a", &[])
     };
-    swap_in(&b.path("ca.pem"), &pki.path("ca.pem"));
+    kubelet_update(pki.dir.path(), "ca.pem", &b.path("ca.pem"));
     assert!(
         c.proxy.log_line("TLS files changed and reloaded").is_some(),
         "the central notices the new CA file by itself"
     );
 
+    let (head, _) = central::connect(before.addr, target);
+    assert!(
+        head.starts_with("HTTP/1.1 502"),
+        "a connected node of the rotated-out CA opens no new tunnel: {head}"
+    );
     let after_old = s.node(&old);
     let (head, _) = central::connect(after_old.addr, target);
     assert!(
         head.starts_with("HTTP/1.1 502"),
         "a node of the rotated-out CA gets no stream: {head}"
     );
-    let refused = events_where(&c.proxy.audit_path, 1, |e| e["reason_code"] == "node_tls_refused");
-    assert!(!refused.is_empty(), "the refusal is on record");
+    let refused = events_where(&c.proxy.audit_path, 2, |e| e["reason_code"] == "node_tls_refused");
+    assert!(refused.len() >= 2, "the refusals are on record: {refused:?}");
 
     let after_new = s.node(&new);
     echoes(&mut central::tunnel(after_new.addr, target), b"fresh");
@@ -103,46 +133,65 @@ fn a_rotated_client_ca_is_in_force_without_a_signal() {
     );
 }
 
-/// A node-local proxy notices a rotated client certificate too: its next connection to the
-/// central presents the new one. With the TLS-per-tunnel transport every tunnel is a new
-/// connection; the new certificate names node-b, which the central does not list, so the
-/// switch shows as a refusal.
+/// A node-local proxy notices a rotated client certificate too: its next stream goes on a
+/// new connection, which presents the new certificate, though the one it had is still up.
+/// The new certificate names node-b, which the central does not list, so the switch shows
+/// as a refusal. On the code before, the node kept opening streams on its old connection,
+/// as node-a.
 #[test]
 fn a_node_presents_a_rotated_certificate_without_a_signal() {
-    let EchoCentral { c, pki, target, .. } = &EchoCentral::new(&[]);
+    let s = &EchoCentral::new(&[]);
+    let EchoCentral { c, pki, target, .. } = s;
     let dir = tempfile::tempdir().unwrap();
     let mine = keep(&pki.node("node-a", &[]), dir.path());
-    let mut args = central::upstream_args(&mine, &[c.node_addr]);
-    args.extend(
-        [
-            "--upstream-transport",
-            "http1",
-            "--dns-server",
-            "127.0.0.1:9",
-            "--allow",
-            target,
-        ]
-        .map(str::to_owned),
-    );
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let n = common::ProxyProcess::start(&refs);
-    let (head, _) = central::connect(n.addr, target);
+    let n = s.node(&mine);
+    let (head, _first) = central::connect(n.addr, target);
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
 
     let other = pki.node("node-b", &[]);
     swap_in(&other.cert, &mine.cert);
     swap_in(&other.key, &mine.key);
     assert!(
-        n.log_line("TLS files changed and reloaded").is_some(),
+        n.proxy.log_line("TLS files changed and reloaded").is_some(),
         "the node notices its new certificate by itself"
     );
     let (head, _) = central::connect(n.addr, target);
     assert!(
         head.starts_with("HTTP/1.1 502"),
-        "the next connection presents node-b's certificate: {head}"
+        "the next stream presents node-b's certificate: {head}"
     );
     let unknown = events_where(&c.proxy.audit_path, 1, |e| e["reason_code"] == "node_unknown");
     assert!(!unknown.is_empty(), "the central refused node-b, on record");
+}
+
+/// A central's reload (its own certificate renewed) sends GOAWAY on its node connections.
+/// A connected node's next tunnel goes on a new connection at once and is served: a
+/// renewal costs the nodes no 502 and no central counted down, and the tunnel open on the
+/// old connection carries on. On the code before, the node counted the central down on its
+/// old connection's GOAWAY and answered 502 until its health check (1 s) passed.
+#[test]
+fn a_centrals_reload_costs_its_connected_nodes_nothing() {
+    let s = &EchoCentral::new(&[]);
+    let EchoCentral { c, pki, target, .. } = s;
+    let n = s.node(&pki.node("node-a", &[]));
+    let mut open = central::tunnel(n.addr, target);
+    let (code, _, err) = central::pki(&["issue", "--central", "127.0.0.1", "--force"], pki.dir.path());
+    assert_eq!(code, 0, "{err}");
+    pki.open_up();
+    assert!(c.proxy.log_line("TLS files changed and reloaded").is_some());
+    for round in 0..3 {
+        let (head, _t) = central::connect(n.addr, target);
+        assert!(
+            head.starts_with("HTTP/1.1 200"),
+            "tunnel {round} after the reload: {head}"
+        );
+    }
+    echoes(&mut open, b"still");
+    let log = n.proxy.log.lock().unwrap();
+    assert!(
+        !log.iter().any(|l| l.contains("central proxy unavailable")),
+        "the node counted the central down: {log:?}"
+    );
 }
 
 /// SIGHUP reads the TLS files again: tunnels already open carry on, new connections use

@@ -208,12 +208,11 @@ fn kubernetes_central_mode_runs_as_rendered() {
     let listen: SocketAddr = listener["listen"].as_str().unwrap().parse().unwrap();
     assert_eq!(Some(u64::from(listen.port())), target["containerPort"].as_u64());
 
-    // The central's plain listener (the image's PROXY_PORT) only on loopback; the store
-    // from an optional Secret.
+    // No plain listener (the image's PROXY_PORT; the running central below shows it);
+    // the store from an optional Secret.
     let env = container["env"].as_array().unwrap();
     let var = |name: &str| env.iter().find(|e| e["name"] == name).unwrap();
-    let plain: SocketAddr = var("SANDGATE_LISTEN")["value"].as_str().unwrap().parse().unwrap();
-    assert!(plain.ip().is_loopback(), "{plain}");
+    assert_eq!(var("SANDGATE_LISTEN")["value"], "");
     assert_eq!(
         var("SANDGATE_STATE")["valueFrom"]["secretKeyRef"],
         serde_json::json!({ "name": "sandgate-state", "key": "url", "optional": true })
@@ -275,8 +274,31 @@ fn kubernetes_central_mode_runs_as_rendered() {
         .map(str::to_owned),
     );
     let refs: Vec<&str> = c_args.iter().map(String::as_str).collect();
-    let c = ProxyProcess::start(&refs);
+    // The image's PROXY_PORT, on a port this test holds: were SANDGATE_LISTEN not to
+    // override it, the central could not bind it and would not start.
+    let held = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sandgate"));
+    command.env("PROXY_PORT", held.local_addr().unwrap().port().to_string());
+    for (name, value) in env
+        .iter()
+        .filter_map(|e| Some((e["name"].as_str()?, e["value"].as_str()?)))
+    {
+        command.env(name, value);
+    }
+    let c = ProxyProcess::start_as_configured(command, &refs);
     let node_addr = central::listener_with_role(&c, "node");
+    let listeners: Vec<String> = c
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains(" listening ") && l.contains("role="))
+        .cloned()
+        .collect();
+    assert!(
+        listeners.len() == 1 && listeners[0].contains("role=node"),
+        "the node listener is the one way in: {listeners:?}"
+    );
 
     // The node-local proxy: base's policy, the rendered flags, its own allowlist wider than
     // the central's (other.test), the central's port as the kernel picked it.
@@ -355,4 +377,88 @@ fn kubernetes_central_mode_runs_as_rendered() {
     assert_eq!(get(&stranger, &ok), "502", "an unlisted node gets nothing");
     let refused = central::events_where(&c.audit_path, 1, |e| e["reason_code"] == "node_unknown");
     assert!(!refused.is_empty(), "the refusal is on record");
+}
+
+/// Makes everything under `dir` readable (and its directories enterable) by anyone: the
+/// central below runs as `nobody`, and `sandgate pki` writes keys for its owner only.
+fn open_up(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            open_up(&path);
+        } else {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+    }
+}
+
+/// docs/deploy.md: without the sandgate-state Secret, a central whose policy has admin
+/// tokens does not start, rather than keep exceptions of its own that the other replica
+/// never sees. Run as the pod runs: not root, its state directory (the image's
+/// STATE_DIRECTORY) not writable, as under `readOnlyRootFilesystem`.
+#[test]
+fn a_central_with_admin_tokens_and_no_shared_database_does_not_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let docs = yaml_docs(&kustomize("central"));
+    let deployment = find(&docs, "Deployment", "sandgate-central");
+    let (mount, secret_name) = secret_mount(deployment, "tls");
+    let dir = tempfile::tempdir().unwrap();
+    let secrets = secrets_as_documented(dir.path());
+    let tls = &secrets.iter().find(|(n, _)| *n == secret_name).unwrap().1;
+    let cm = find(&docs, "ConfigMap", "sandgate-central-policy");
+    let text = format!(
+        "{}  admin:\n    tokens:\n      - {{ name: alice, role: approver, secret_sha256: {} }}\n",
+        cm["data"]["policy.yaml"]
+            .as_str()
+            .unwrap()
+            .replace(&mount, tls.to_str().unwrap())
+            .replace("0.0.0.0:3130", "127.0.0.1:0"),
+        sandgate_policy::auth::secret_hash("tok-alice")
+    );
+    let policy = dir.path().join("central.yaml");
+    std::fs::write(&policy, text).unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let bin = dir.path().join("sandgate");
+    std::fs::copy(env!("CARGO_BIN_EXE_sandgate"), &bin).unwrap();
+    open_up(dir.path());
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o555)).unwrap();
+
+    let mut command = if common::is_root() {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(&bin);
+        c
+    } else {
+        Command::new(&bin)
+    };
+    let args = loopback_args(&args_of(deployment), &policy, &[]);
+    command
+        .arg("proxy")
+        .args(&args)
+        .env("SANDGATE_LISTEN", "")
+        .env("STATE_DIRECTORY", &state)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = command.spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("a central with admin tokens and nowhere to keep exceptions started");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("exceptions.sqlite3"), "{stderr}");
 }

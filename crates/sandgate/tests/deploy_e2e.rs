@@ -493,6 +493,21 @@ fn kubernetes_overlays_validate_and_sandboxes_reach_only_the_node_local_proxy() 
     }
     let docs = |name: &str| &rendered.iter().find(|(o, _, _)| *o == name).unwrap().2;
 
+    // Every overlay that makes the proxies' namespace makes the same one: applying one
+    // again must not change what another needs (node-local's hostPort and Pod Security).
+    let namespaces: Vec<(&str, &Value)> = rendered
+        .iter()
+        .filter_map(|(o, _, d)| {
+            d.iter()
+                .find(|x| x["kind"] == "Namespace" && x["metadata"]["name"] == "sandgate")
+                .map(|n| (*o, n))
+        })
+        .collect();
+    assert!(namespaces.len() >= 3, "{namespaces:?}");
+    for (overlay, ns) in &namespaces {
+        assert_eq!(*ns, namespaces[0].1, "{overlay} and {} differ", namespaces[0].0);
+    }
+
     // The sandbox namespace's policy: every pod, no way in, one way out.
     let np = find(docs("sandboxes"), "NetworkPolicy", "egress-only-through-sandgate");
     assert_eq!(np["metadata"]["namespace"], "sandboxes");

@@ -24,7 +24,8 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::DialError;
-use crate::node::tls::{ClientFiles, Reloadable, TlsError};
+use crate::node::reload::Reloadable;
+use crate::node::tls::{ClientFiles, TlsError};
 use crate::node::{ACCESS_FIELD, attribution, bridge, serve};
 use crate::relay::{NodeStream, StreamSlot, Upstream};
 
@@ -100,8 +101,21 @@ struct Conn {
     sender: SendRequest<Bytes>,
     addr: SocketAddr,
     open: Arc<AtomicUsize>,
-    /// Cancelled when the connection has ended.
+    /// Cancelled when the connection has ended, or failed a stream.
     closed: CancellationToken,
+    /// The TLS configuration's generation it was made with: after a reload (a rotated
+    /// certificate) it takes no new streams, so the next ones present the new files.
+    generation: u64,
+}
+
+/// Room for one stream on a connection to a central.
+struct Room {
+    sender: SendRequest<Bytes>,
+    addr: SocketAddr,
+    slot: StreamSlot,
+    /// The connection was kept from earlier streams (its token, to give it up if it
+    /// fails); `None` for one made for this stream.
+    kept: Option<CancellationToken>,
 }
 
 /// The connections to one central, and whether it is down. A connection carries at most
@@ -163,6 +177,11 @@ impl Centrals {
         self.tls.reload()
     }
 
+    /// Reads the TLS files again if they changed on disk (`None`: they did not).
+    pub(crate) fn reload_tls_if_stale(&self) -> Option<Result<(), TlsError>> {
+        self.tls.reload_if_stale()
+    }
+
     /// The TLS files [`Centrals::reload_tls`] reads.
     pub fn tls_paths(&self) -> Vec<std::path::PathBuf> {
         self.tls.paths()
@@ -184,12 +203,18 @@ impl Centrals {
             let attempt = if self.http1 {
                 self.tunnel_http1(dialer, hop, state, request, timeout).await
             } else {
-                match self.sender(dialer, hop, state).await {
-                    Ok(Some((sender, addr, slot))) => open_stream(sender, request, timeout, slot)
-                        .await
-                        .map(|up| Some((up, addr))),
-                    Ok(None) => Ok(None),
-                    Err(e) => Err(e),
+                match self.stream(dialer, hop, state, request, timeout).await {
+                    // A kept connection that failed (the central sent GOAWAY on its way
+                    // out, or went away unnoticed): once more on a new connection before
+                    // the central counts as down.
+                    Err((HopError::Unavailable(why), Some(failed))) => {
+                        tracing::debug!(central = %hop.name, error = %why, "a kept connection failed; trying a new one");
+                        failed.cancel();
+                        self.stream(dialer, hop, state, request, timeout)
+                            .await
+                            .map_err(|(e, _)| e)
+                    }
+                    other => other.map_err(|(e, _)| e),
                 }
             };
             match attempt {
@@ -211,6 +236,26 @@ impl Centrals {
         Err(DialError::CentralUnavailable(last))
     }
 
+    /// Opens a stream on the hop (`None` while it is down). On failure, the kept
+    /// connection the stream was tried on, if it was a kept one.
+    async fn stream(
+        &self,
+        dialer: &super::Dialer,
+        hop: &Hop,
+        state: &Mutex<HopState>,
+        request: impl FnOnce() -> Result<hyper::Request<()>, HopError>,
+        timeout: Duration,
+    ) -> Result<Option<(Upstream, SocketAddr)>, (HopError, Option<CancellationToken>)> {
+        match self.sender(dialer, hop, state).await {
+            Ok(Some(room)) => open_stream(room.sender, request, timeout, room.slot)
+                .await
+                .map(|up| Some((up, room.addr)))
+                .map_err(|e| (e, room.kept)),
+            Ok(None) => Ok(None),
+            Err(e) => Err((e, None)),
+        }
+    }
+
     /// A connection to the hop with room for one more stream, and that stream's slot: a
     /// kept one, or one made now; `None` while the hop is down. The lock is held only while
     /// connecting, so streams are opened on the connections concurrently.
@@ -219,32 +264,45 @@ impl Centrals {
         dialer: &super::Dialer,
         hop: &Hop,
         state: &Mutex<HopState>,
-    ) -> Result<Option<(SendRequest<Bytes>, SocketAddr, StreamSlot)>, HopError> {
+    ) -> Result<Option<Room>, HopError> {
         let mut state = state.lock().await;
-        state.conns.retain(|c| !c.closed.is_cancelled());
+        let generation = self.tls.generation();
+        // Dropped from the list, a connection still carries its streams to their end.
+        state
+            .conns
+            .retain(|c| !c.closed.is_cancelled() && c.generation == generation);
         let room = state
             .conns
             .iter()
             .find(|c| c.open.load(Ordering::Relaxed) < serve::MAX_STREAMS as usize);
         if let Some(c) = room {
             c.open.fetch_add(1, Ordering::Relaxed);
-            return Ok(Some((c.sender.clone(), c.addr, StreamSlot(c.open.clone()))));
+            return Ok(Some(Room {
+                sender: c.sender.clone(),
+                addr: c.addr,
+                slot: StreamSlot(c.open.clone()),
+                kept: Some(c.closed.clone()),
+            }));
         }
         if state.down {
             return Ok(None);
         }
         let conn = self.h2_connect(dialer, hop).await?;
-        let sender = conn.sender.clone();
-        let addr = conn.addr;
-        let open = conn.open.clone();
-        open.store(1, Ordering::Relaxed);
+        let room = Room {
+            sender: conn.sender.clone(),
+            addr: conn.addr,
+            slot: StreamSlot(conn.open.clone()),
+            kept: None,
+        };
+        conn.open.store(1, Ordering::Relaxed);
         state.conns.push(conn);
-        Ok(Some((sender, addr, StreamSlot(open))))
+        Ok(Some(room))
     }
 
     /// A new mutual-TLS HTTP/2 connection to the hop, its driver (and keep-alive) running in
     /// a task of its own; no stream open on it yet.
     async fn h2_connect(&self, dialer: &super::Dialer, hop: &Hop) -> Result<Conn, HopError> {
+        let generation = self.tls.generation();
         let (tls, addr) = self.tls_connect(dialer, hop).await?;
         let mut builder = h2::client::Builder::new();
         builder
@@ -277,6 +335,7 @@ impl Centrals {
             addr,
             open: Arc::new(AtomicUsize::new(0)),
             closed,
+            generation,
         })
     }
 

@@ -7,12 +7,14 @@
 //! node's entry; then a tunnel is a request like any other for the egress core, which
 //! relays the stream itself (`relay/leg.rs`), and a stream of plain HTTP requests is a
 //! client connection of the HTTP/1 front end, each request decided on its own), with the
-//! TLS files (`tls.rs`), the attribution fields (`attribution.rs`) and the bridge that
+//! TLS files (`tls.rs`; `reload.rs` reads them again on SIGHUP and when they change on
+//! disk), the attribution fields (`attribution.rs`) and the bridge that
 //! gives the HTTP/1.1 transport's tunnels a socket (`bridge.rs`). The node's side, which
 //! dials out, is `dial/central.rs`.
 
 pub mod attribution;
 pub(crate) mod bridge;
+pub mod reload;
 pub(crate) mod serve;
 pub mod tls;
 
@@ -20,7 +22,8 @@ use std::sync::{Arc, RwLock};
 
 use sandgate_policy::Nodes;
 
-pub use tls::{ClientFiles, ServerFiles, TlsError, TlsHandle};
+pub use reload::TlsHandle;
+pub use tls::{ClientFiles, ServerFiles, TlsError};
 
 /// Field naming whether a stream carries plain HTTP requests (`http`, in absolute form, for
 /// the stream's destination only) rather than a tunnel: the central then serves it with its
@@ -46,7 +49,7 @@ pub(crate) async fn keepalive(ping: Option<h2::PingPong>) {
 /// A central proxy's node listener: its TLS (reloadable) and the nodes it serves.
 #[derive(Debug)]
 pub struct NodeListener {
-    pub tls: tls::Reloadable<rustls::ServerConfig, ServerFiles>,
+    pub tls: reload::Reloadable<rustls::ServerConfig, ServerFiles>,
     nodes: RwLock<Arc<Nodes>>,
 }
 
@@ -54,7 +57,7 @@ impl NodeListener {
     /// Reads the TLS files.
     pub fn new(files: ServerFiles, nodes: Nodes) -> Result<NodeListener, TlsError> {
         Ok(NodeListener {
-            tls: tls::Reloadable::new(files)?,
+            tls: reload::Reloadable::new(files)?,
             nodes: RwLock::new(Arc::new(nodes)),
         })
     }

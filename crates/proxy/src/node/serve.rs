@@ -75,6 +75,9 @@ pub(crate) async fn serve(
     tracker: TaskTracker,
     stop: CancellationToken,
 ) {
+    // Told of the TLS files' next reload (subscribed before the configuration is taken,
+    // so none is missed): the connection then takes no new streams.
+    let reloads = listener.tls.subscribe();
     let acceptor = tokio_rustls::TlsAcceptor::from(listener.tls.get());
     let handshake = tokio::time::timeout(egress.limits.head_timeout, acceptor.accept(stream)).await;
     let tls = match handshake {
@@ -113,7 +116,7 @@ pub(crate) async fn serve(
         stop: stop.clone(),
     };
     if h2 {
-        serve_h2(conn, tls, tracker, stop).await;
+        serve_h2(conn, tls, tracker, stop, reloads).await;
     } else {
         serve_http1(conn, tls, tracker, stop).await;
     }
@@ -144,12 +147,16 @@ impl Conn {
 }
 
 /// HTTP/2: each stream in a tracked task of its own (a stream the node resets mid-decision
-/// is still decided, dialled and recorded to the end), relayed by the core as it is.
+/// is still decided, dialled and recorded to the end), relayed by the core as it is. When
+/// the listener's TLS files are reloaded (a rotated client CA among them), the connection
+/// gets GOAWAY: the node opens its next streams on a new connection, which must pass the
+/// new files, while the streams open here run on.
 async fn serve_h2(
     conn: Conn,
     tls: tokio_rustls::server::TlsStream<TcpStream>,
     tracker: TaskTracker,
     stop: CancellationToken,
+    mut reloads: tokio::sync::watch::Receiver<u64>,
 ) {
     let mut builder = h2::server::Builder::new();
     builder
@@ -182,6 +189,13 @@ async fn serve_h2(
             // No new streams; the ones open run on (the connection is served until they end).
             () = stop.cancelled(), if !stopping => {
                 connection.graceful_shutdown();
+                stopping = true;
+            }
+            changed = reloads.changed(), if !stopping => {
+                if changed.is_ok() {
+                    tracing::debug!(peer = %conn.peer, "TLS files reloaded; the node's connection takes no new streams");
+                    connection.graceful_shutdown();
+                }
                 stopping = true;
             }
             () = &mut keepalive => {

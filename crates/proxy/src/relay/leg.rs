@@ -125,17 +125,9 @@ impl AsyncWrite for NodeStream {
         }
         let send = &mut self.send;
         send.reserve_capacity(buf.len());
-        // h2 can report a capacity of 0 (its issue 270: a window update cancelled out in the
-        // same poll). That report is consumed, so polling again registers this task for the
-        // next real capacity instead of waking itself in a loop; a few tries bound it.
-        let mut polled = send.poll_capacity(cx);
-        for _ in 0..3 {
-            if !matches!(polled, Poll::Ready(Some(Ok(0)))) {
-                break;
-            }
-            polled = send.poll_capacity(cx);
-        }
-        match polled {
+        // h2 0.4.15 and later never report a capacity of 0 (h2 issue 270). Were one
+        // reported, the report is consumed: the next poll registers this task and waits.
+        match send.poll_capacity(cx) {
             Poll::Ready(Some(Ok(0))) => {
                 cx.waker().wake_by_ref();
                 Poll::Pending

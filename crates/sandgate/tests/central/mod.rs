@@ -327,10 +327,14 @@ pub struct EchoCentral {
 
 impl EchoCentral {
     pub fn new(extra: &[&str]) -> EchoCentral {
+        EchoCentral::with_pki(Pki::new(), extra)
+    }
+
+    /// As [`EchoCentral::new`], with certificates from `pki`.
+    pub fn with_pki(pki: Pki, extra: &[&str]) -> EchoCentral {
         let w = crate::common::world::World::new();
         let echo = w.echo();
         let dns = w.dns(sandgate_testkit::dns::Zone::new().with("echo.test", &["127.0.0.1"]));
-        let pki = Pki::new();
         let target = format!("echo.test:{}", echo.addr().port());
         let c = central(
             &pki,

@@ -58,9 +58,20 @@ impl ProxyProcess {
     }
 
     /// As [`ProxyProcess::start_with`], writing the audit log at `audit_path` when given.
-    pub fn start_with_audit(
+    pub fn start_with_audit(command: Command, audit_path: Option<PathBuf>, args: &[&str]) -> ProxyProcess {
+        ProxyProcess::spawn(command, audit_path, &["--listen", "127.0.0.1:0"], args)
+    }
+
+    /// Starts `command` with `proxy`, an audit file and `args` only: its listeners are
+    /// what `args`, its environment and its policy say (`addr` is the first one logged).
+    pub fn start_as_configured(command: Command, args: &[&str]) -> ProxyProcess {
+        ProxyProcess::spawn(command, None, &[], args)
+    }
+
+    fn spawn(
         mut command: Command,
         audit_path: Option<PathBuf>,
+        listen: &[&str],
         args: &[&str],
     ) -> ProxyProcess {
         use std::os::unix::fs::PermissionsExt;
@@ -70,7 +81,8 @@ impl ProxyProcess {
         let audit_path = audit_path.unwrap_or_else(|| dir.path().join("audit.jsonl"));
         let mut child = command
             .arg("proxy")
-            .args(["--listen", "127.0.0.1:0", "--audit-log"])
+            .args(listen)
+            .arg("--audit-log")
             .arg(&audit_path)
             .args(args)
             .env("SANDGATE_LOG", "info")

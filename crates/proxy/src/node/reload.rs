@@ -1,0 +1,242 @@
+//! TLS configurations that change while the proxy runs: read again on SIGHUP and when their
+//! files change on disk (a Kubernetes Secret's update, cert-manager's renewal), swapped
+//! whole, and each swap counted, so that connections made under an older configuration
+//! take no new streams (a central sends them GOAWAY; a node opens a fresh connection)
+//! while the tunnels already on them carry on.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::tls::{ClientFiles, ServerFiles, TlsError};
+
+/// Loads a configuration from its files.
+pub trait Load<C> {
+    fn load_config(&self) -> Result<Arc<C>, TlsError>;
+    /// The files it reads.
+    fn paths(&self) -> Vec<PathBuf>;
+}
+
+impl Load<rustls::ServerConfig> for ServerFiles {
+    fn load_config(&self) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+        self.load()
+    }
+    fn paths(&self) -> Vec<PathBuf> {
+        vec![self.cert.clone(), self.key.clone(), self.client_ca.clone()]
+    }
+}
+
+impl Load<rustls::ClientConfig> for ClientFiles {
+    fn load_config(&self) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+        self.load()
+    }
+    fn paths(&self) -> Vec<PathBuf> {
+        vec![self.ca.clone(), self.cert.clone(), self.key.clone()]
+    }
+}
+
+/// What tells a file's versions apart: its contents (length and hash; `None`: unreadable
+/// now). A Secret volume's symlink swap, a renewal, a rewrite in place that keeps the size
+/// and the modification time: each changes them; a `chmod` or a `touch` does not.
+type Stamp = Option<(usize, u64)>;
+
+/// Only a file's first MiB is read: a certificate chain or a key is far smaller.
+const MAX_STAMPED: u64 = 1 << 20;
+
+fn stamps(paths: &[PathBuf]) -> Vec<Stamp> {
+    use std::hash::{Hash, Hasher};
+    use std::io::Read;
+    paths
+        .iter()
+        .map(|p| {
+            let mut bytes = Vec::new();
+            std::fs::File::open(p)
+                .ok()?
+                .take(MAX_STAMPED)
+                .read_to_end(&mut bytes)
+                .ok()?;
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            bytes.hash(&mut h);
+            Some((bytes.len(), h.finish()))
+        })
+        .collect()
+}
+
+/// A configuration swapped whole when its files are read again: new connections use the
+/// new one; established connections keep theirs, and can tell by [`Reloadable::generation`]
+/// that they are older.
+#[derive(Debug)]
+pub struct Reloadable<C, F> {
+    files: F,
+    current: RwLock<Arc<C>>,
+    /// The files' stamps taken just before the version in force was read: a change after
+    /// that, even one made while the proxy was starting, makes the files stale.
+    loaded: Mutex<Vec<Stamp>>,
+    /// Counts the swaps; connections made earlier take no new streams.
+    generation: watch::Sender<u64>,
+}
+
+impl<C, F: Load<C>> Reloadable<C, F> {
+    pub fn new(files: F) -> Result<Reloadable<C, F>, TlsError> {
+        let loaded = stamps(&files.paths());
+        let current = RwLock::new(files.load_config()?);
+        Ok(Reloadable {
+            files,
+            current,
+            loaded: Mutex::new(loaded),
+            generation: watch::Sender::new(0),
+        })
+    }
+
+    /// The configuration in force.
+    pub fn get(&self) -> Arc<C> {
+        match self.current.read() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// How many times the configuration has been swapped.
+    pub fn generation(&self) -> u64 {
+        *self.generation.borrow()
+    }
+
+    /// Told of every swap.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
+    /// The files it is read from.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        self.files.paths()
+    }
+
+    /// Reads the files again; on an error the configuration in force stays. Connections
+    /// count as older (and take no new streams) only when the files changed: a SIGHUP
+    /// that reloads the policy alone leaves them be.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let seen = stamps(&self.paths());
+        let fresh = self.files.load_config()?;
+        match self.current.write() {
+            Ok(mut c) => *c = fresh,
+            Err(poisoned) => *poisoned.into_inner() = fresh,
+        }
+        let previous = match self.loaded.lock() {
+            Ok(mut l) => std::mem::replace(&mut *l, seen.clone()),
+            Err(poisoned) => std::mem::replace(&mut *poisoned.into_inner(), seen.clone()),
+        };
+        if previous != seen {
+            self.generation.send_modify(|g| *g += 1);
+        }
+        Ok(())
+    }
+
+    /// Whether the files on disk differ from the ones in force.
+    fn stale(&self) -> bool {
+        let now = stamps(&self.paths());
+        match self.loaded.lock() {
+            Ok(l) => *l != now,
+            Err(poisoned) => *poisoned.into_inner() != now,
+        }
+    }
+
+    /// Reloads when the files are stale: `None` when they are not.
+    pub(crate) fn reload_if_stale(&self) -> Option<Result<(), TlsError>> {
+        self.stale().then(|| self.reload())
+    }
+}
+
+/// Reloads TLS files, on SIGHUP and when they change on disk: new connections use the new
+/// certificates; connections already up take no new streams, and the tunnels on them
+/// carry on.
+#[derive(Debug, Clone)]
+pub struct TlsHandle {
+    pub(crate) listeners: Vec<Arc<super::NodeListener>>,
+    pub(crate) centrals: Option<Arc<crate::dial::Centrals>>,
+}
+
+/// How often [`TlsHandle::watch`] looks at the files.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+impl TlsHandle {
+    /// Reads every TLS file again; on an error that configuration stays as it was. Returns
+    /// the errors.
+    pub fn reload(&self) -> Vec<TlsError> {
+        let mut errors = Vec::new();
+        for l in &self.listeners {
+            errors.extend(l.tls.reload().err());
+        }
+        if let Some(c) = &self.centrals {
+            errors.extend(c.reload_tls().err());
+        }
+        errors
+    }
+
+    /// Whether there is anything to reload.
+    pub fn is_empty(&self) -> bool {
+        self.listeners.is_empty() && self.centrals.is_none()
+    }
+
+    /// Every TLS file of the node listeners and of the connections to central proxies.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        let mut paths: Vec<PathBuf> = self.listeners.iter().flat_map(|l| l.tls.paths()).collect();
+        if let Some(c) = &self.centrals {
+            paths.extend(c.tls_paths());
+        }
+        paths.sort();
+        paths.dedup();
+        paths
+    }
+
+    /// Reloads each configuration whose files differ from the ones in force: `None` when
+    /// none does, else the errors.
+    fn reload_stale(&self) -> Option<Vec<TlsError>> {
+        let mut tried = false;
+        let mut errors = Vec::new();
+        let outcomes = self
+            .listeners
+            .iter()
+            .map(|l| l.tls.reload_if_stale())
+            .chain(self.centrals.iter().map(|c| c.reload_tls_if_stale()));
+        for outcome in outcomes.flatten() {
+            tried = true;
+            errors.extend(outcome.err());
+        }
+        tried.then_some(errors)
+    }
+
+    /// Reloads whenever files differ from the ones in force (checked every second, off the
+    /// request workers), so a rotated certificate needs no SIGHUP. A set that does not load
+    /// (a certificate written before its key, a CA not valid yet) leaves the configuration
+    /// in force and is tried again every second until it loads; its error is logged once
+    /// per version of the files. Runs until the task is dropped.
+    pub async fn watch(self) {
+        let paths = self.paths();
+        let mut reported: Option<Vec<Stamp>> = None;
+        loop {
+            tokio::time::sleep(WATCH_EVERY).await;
+            let handle = self.clone();
+            let Ok(errors) = tokio::task::spawn_blocking(move || handle.reload_stale()).await else {
+                continue;
+            };
+            match errors {
+                None => {}
+                Some(errors) if errors.is_empty() => {
+                    reported = None;
+                    tracing::info!("TLS files changed and reloaded; new connections use them");
+                }
+                Some(errors) => {
+                    let now = stamps(&paths);
+                    if reported.as_ref() != Some(&now) {
+                        for e in &errors {
+                            tracing::error!(error = %e, "TLS files changed but not reloaded; the previous ones stay in force (tried again every second)");
+                        }
+                        reported = Some(now);
+                    }
+                }
+            }
+        }
+    }
+}
