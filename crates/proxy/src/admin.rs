@@ -31,7 +31,7 @@ fn probes(metrics: Arc<Metrics>) -> Router {
         .route(
             "/readyz",
             get(|State(metrics): State<Arc<Metrics>>| async move {
-                if metrics.audit_healthy.get() == 1 {
+                if metrics.audit.healthy.get() == 1 {
                     (StatusCode::OK, "ready\n")
                 } else {
                     (
@@ -86,7 +86,7 @@ mod tests {
     #[tokio::test]
     async fn probes_answer_without_the_control_plane() {
         let metrics = Arc::new(Metrics::new());
-        metrics.audit_healthy.set(1);
+        metrics.audit.healthy.set(1);
         let app = router(metrics.clone()).merge(probes(metrics.clone()));
         let get = |path: &'static str| {
             axum::http::Request::get(path)
@@ -98,7 +98,7 @@ mod tests {
         assert_eq!(ok.ok(), Some(StatusCode::OK));
         let ready = app.clone().oneshot(get("/readyz")).await.map(status);
         assert_eq!(ready.ok(), Some(StatusCode::OK));
-        metrics.audit_healthy.set(0);
+        metrics.audit.healthy.set(0);
         let ready = app.oneshot(get("/readyz")).await.map(status);
         assert_eq!(ready.ok(), Some(StatusCode::SERVICE_UNAVAILABLE));
     }

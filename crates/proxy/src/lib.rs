@@ -13,7 +13,7 @@
 pub(crate) mod admin;
 pub mod admission;
 pub mod ask;
-pub mod audit;
+pub use sandgate_audit as audit;
 pub mod config;
 pub mod dial;
 pub(crate) mod egress;

@@ -45,14 +45,9 @@ pub struct Metrics {
     pub upstream_errors: Family<KindLabels, Counter>,
     pub dns_seconds: Histogram,
     pub connect_seconds: Histogram,
-    pub audit_queue_depth: Gauge,
-    pub audit_waits: Counter,
-    pub audit_lag_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
-    pub audit_events_written: Counter,
-    pub audit_healthy: Gauge,
+    /// The audit trail's own (`sandgate_audit_*`).
+    pub audit: std::sync::Arc<crate::audit::AuditMetrics>,
     pub state_store_unavailable: Gauge,
-    pub audit_write_errors: Counter,
-    pub audit_events_not_queued: Counter,
     pub connections_refused: Family<KindLabels, Counter>,
     pub policy_reloads: Family<OutcomeLabels, Counter>,
     pub policy_generation: Gauge,
@@ -77,14 +72,8 @@ impl Metrics {
             // 100 µs to ~6.5 s.
             dns_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 17)),
             connect_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 17)),
-            audit_queue_depth: Gauge::default(),
-            audit_waits: Counter::default(),
-            audit_lag_seconds: Gauge::default(),
-            audit_events_written: Counter::default(),
-            audit_healthy: Gauge::default(),
+            audit: Default::default(),
             state_store_unavailable: Gauge::default(),
-            audit_write_errors: Counter::default(),
-            audit_events_not_queued: Counter::default(),
             connections_refused: Family::default(),
             policy_reloads: Family::default(),
             policy_generation: Gauge::default(),
@@ -129,27 +118,27 @@ impl Metrics {
         registry.register(
             "audit_queue_depth",
             "Audit events waiting for the writer",
-            m.audit_queue_depth.clone(),
+            m.audit.queue_depth.clone(),
         );
         registry.register(
             "audit_waits",
             "Times a request waited because the audit queue was full",
-            m.audit_waits.clone(),
+            m.audit.waits.clone(),
         );
         registry.register(
             "audit_lag_seconds",
             "Age of the last audit event when it was written",
-            m.audit_lag_seconds.clone(),
+            m.audit.lag_seconds.clone(),
         );
         registry.register(
             "audit_events_written",
             "Audit events written",
-            m.audit_events_written.clone(),
+            m.audit.events_written.clone(),
         );
         registry.register(
             "audit_healthy",
             "1 while the audit log can be written; 0 while it cannot (new requests get 503)",
-            m.audit_healthy.clone(),
+            m.audit.healthy.clone(),
         );
         registry.register(
             "state_store_unavailable",
@@ -159,12 +148,12 @@ impl Metrics {
         registry.register(
             "audit_write_errors",
             "Failed attempts to write the audit log (each retried)",
-            m.audit_write_errors.clone(),
+            m.audit.write_errors.clone(),
         );
         registry.register(
             "audit_events_not_queued",
             "503 refusals made while the audit log failed whose event went to stderr (queue full)",
-            m.audit_events_not_queued.clone(),
+            m.audit.events_not_queued.clone(),
         );
         registry.register(
             "connections_refused",
@@ -186,7 +175,7 @@ impl Metrics {
     }
 
     /// Counts what an audit event records.
-    pub fn observe(&self, e: &Event) {
+    fn count(&self, e: &Event) {
         match e {
             Event::Decision(d) => {
                 let decision = match d.verdict {
@@ -222,5 +211,11 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+impl crate::audit::Observe for Metrics {
+    fn observe(&self, event: &Event) {
+        self.count(event);
     }
 }

@@ -120,14 +120,19 @@ impl Proxy {
         let mut dialer = Dialer::new(&dial_config, own).map_err(|e| StartError::Resolver(e.to_string()))?;
         let metrics = Arc::new(Metrics::new());
         dialer.set_metrics(metrics.clone());
-        let (audit, writer) = AuditWriter::start(&config.audit, &config.audit_options, metrics.clone())
-            .map_err(|source| StartError::Audit {
-                path: match &config.audit {
-                    AuditDestination::File(path) => path.clone(),
-                    AuditDestination::Stdout => "(stdout)".into(),
-                },
-                source,
-            })?;
+        let (audit, writer) = AuditWriter::start(
+            &config.audit,
+            &config.audit_options,
+            metrics.audit.clone(),
+            metrics.clone(),
+        )
+        .map_err(|source| StartError::Audit {
+            path: match &config.audit {
+                AuditDestination::File(path) => path.clone(),
+                AuditDestination::Stdout => "(stdout)".into(),
+            },
+            source,
+        })?;
         let egress = Arc::new(Egress::new(config.rules, dialer, audit, config.limits, metrics));
         Ok(Proxy {
             listeners,

@@ -14,7 +14,7 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
-use crate::audit::{AuditDestination, AuditOptions};
+use crate::{AuditDestination, AuditOptions};
 
 /// A destination with its unwritten lines.
 pub(crate) struct Sink {

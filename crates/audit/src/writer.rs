@@ -12,8 +12,7 @@ use tokio::sync::mpsc;
 use super::aggregate::Aggregator;
 use super::event::{Line, Stamped};
 use super::sink::Sink;
-use super::{Audit, AuditDestination, AuditHealth, AuditOptions};
-use crate::metrics::Metrics;
+use super::{Audit, AuditDestination, AuditHealth, AuditMetrics, AuditOptions, Observe};
 
 /// Events queued before senders wait.
 const QUEUE_DEPTH: usize = 8192;
@@ -33,13 +32,14 @@ impl AuditWriter {
     pub fn start(
         dest: &AuditDestination,
         options: &AuditOptions,
-        metrics: Arc<Metrics>,
+        metrics: Arc<AuditMetrics>,
+        observer: Arc<dyn Observe>,
     ) -> io::Result<(Audit, AuditWriter)> {
         let sink = Sink::open(dest, options)?;
         let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
         let window = options.aggregate_window;
         let health = Arc::new(AuditHealth::default());
-        metrics.audit_healthy.set(1);
+        metrics.healthy.set(1);
         let thread = std::thread::Builder::new()
             .name("sandgate-audit".to_owned())
             .spawn({
@@ -51,6 +51,7 @@ impl AuditWriter {
             Audit {
                 tx,
                 metrics,
+                observer,
                 health,
                 live: super::Live::default(),
             },
@@ -79,7 +80,7 @@ const FINAL_RETRY: Duration = Duration::from_secs(5);
 fn write_loop(
     rx: mpsc::Receiver<Box<Stamped>>,
     sink: Sink,
-    metrics: &Metrics,
+    metrics: &AuditMetrics,
     health: &AuditHealth,
     window: Option<Duration>,
 ) -> io::Result<u64> {
@@ -135,7 +136,7 @@ fn write_loop(
         }
         // Only the writer sets the depth, after each batch: a sender that set it after its
         // own send could leave a stale 1 behind once the writer had drained the queue.
-        metrics.audit_queue_depth.set(w.rx.len() as i64);
+        metrics.queue_depth.set(w.rx.len() as i64);
     }
     w.close_window();
     w.finish()
@@ -144,7 +145,7 @@ fn write_loop(
 struct Writer<'a> {
     rx: mpsc::Receiver<Box<Stamped>>,
     sink: Sink,
-    metrics: &'a Metrics,
+    metrics: &'a AuditMetrics,
     health: &'a AuditHealth,
     written: u64,
     line: Vec<u8>,
@@ -191,13 +192,13 @@ impl Writer<'_> {
                 Ok(()) => {
                     if self.health.is_failing() {
                         self.health.recover();
-                        self.metrics.audit_healthy.set(1);
+                        self.metrics.healthy.set(1);
                         tracing::warn!("audit log writable again; traffic resumes");
                     }
                     return;
                 }
                 Err(e) => {
-                    self.metrics.audit_write_errors.inc();
+                    self.metrics.write_errors.inc();
                     if !self.health.is_failing() {
                         tracing::error!(
                             error = %e,
@@ -205,14 +206,14 @@ impl Writer<'_> {
                             "cannot write the audit log; refusing new requests (503) until it can be written"
                         );
                         self.health.fail(e.to_string());
-                        self.metrics.audit_healthy.set(0);
+                        self.metrics.healthy.set(0);
                     }
                     if self.rx.is_closed() {
                         // Shutting down: `finish` retries for a bounded time.
                         return;
                     }
                     // The queue fills while this waits; the gauge shows it.
-                    self.metrics.audit_queue_depth.set(self.rx.len() as i64);
+                    self.metrics.queue_depth.set(self.rx.len() as i64);
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(RETRY_MAX);
                 }
@@ -237,7 +238,7 @@ impl Writer<'_> {
                     return Err(e);
                 }
                 Err(_) => {
-                    self.metrics.audit_write_errors.inc();
+                    self.metrics.write_errors.inc();
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(RETRY_MAX);
                 }
@@ -247,13 +248,11 @@ impl Writer<'_> {
 }
 
 /// Serialises one event as a JSON line into `line` (reused between events).
-fn encode<'a>(line: &'a mut Vec<u8>, event: &Stamped, metrics: &Metrics) -> io::Result<&'a [u8]> {
+fn encode<'a>(line: &'a mut Vec<u8>, event: &Stamped, metrics: &AuditMetrics) -> io::Result<&'a [u8]> {
     line.clear();
     serde_json::to_writer(&mut *line, &Line::of(event))?;
     line.push(b'\n');
-    metrics.audit_events_written.inc();
-    metrics
-        .audit_lag_seconds
-        .set(event.made_at.elapsed().as_secs_f64());
+    metrics.events_written.inc();
+    metrics.lag_seconds.set(event.made_at.elapsed().as_secs_f64());
     Ok(line)
 }

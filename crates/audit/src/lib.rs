@@ -7,7 +7,7 @@
 //! event is written and flushed before [`AuditWriter::finish`] returns.
 //!
 //! Fail closed: when a write fails (a full disk, `EMFILE` while rotating), the writer keeps
-//! the unwritten lines ([`crate::audit_sink`]), marks [`AuditHealth`] as failing, and retries
+//! the unwritten lines (`sink`), marks [`AuditHealth`] as failing, and retries
 //! until it can write again. While it fails, the request path refuses new requests with 503
 //! (`Audit::available`), so no traffic passes unrecorded; requests already allowed finish
 //! and their events wait in memory. Field names follow the seed spec (`docs/audit.md`).
@@ -30,8 +30,9 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::metrics::Metrics;
 pub use event::{Event, EventKind, Line, Outcome, SCHEMA_VERSION, Stamped, UpstreamFailure};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 pub use writer::AuditWriter;
 
 /// Where audit lines go.
@@ -78,11 +79,35 @@ impl AuditHealth {
     }
 }
 
+/// The audit trail's own metrics; the proxy registers them as `sandgate_audit_*`.
+#[derive(Debug, Default)]
+pub struct AuditMetrics {
+    /// Events waiting for the writer.
+    pub queue_depth: Gauge,
+    /// Times a request waited because the queue was full.
+    pub waits: Counter,
+    /// Age of the last event when it was written.
+    pub lag_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub events_written: Counter,
+    /// 1 while the trail can be written; 0 while it cannot.
+    pub healthy: Gauge,
+    /// Failed attempts to write (each retried).
+    pub write_errors: Counter,
+    /// Refusals made while the trail failed whose event went to stderr (queue full).
+    pub events_not_queued: Counter,
+}
+
+/// Told of every event as it is recorded (the proxy counts decisions and bytes from them).
+pub trait Observe: Send + Sync + std::fmt::Debug {
+    fn observe(&self, event: &Event);
+}
+
 /// Cloneable handle that queues events.
 #[derive(Debug, Clone)]
 pub struct Audit {
     tx: mpsc::Sender<Box<Stamped>>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<AuditMetrics>,
+    observer: Arc<dyn Observe>,
     health: Arc<AuditHealth>,
     live: Live,
 }
@@ -119,7 +144,8 @@ impl Live {
 #[derive(Debug, Clone)]
 pub struct WeakAudit {
     tx: mpsc::WeakSender<Box<Stamped>>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<AuditMetrics>,
+    observer: Arc<dyn Observe>,
     health: Arc<AuditHealth>,
     live: Live,
 }
@@ -136,6 +162,7 @@ impl WeakAudit {
             Audit {
                 tx,
                 metrics: self.metrics.clone(),
+                observer: self.observer.clone(),
                 health: self.health.clone(),
                 live: self.live.clone(),
             }
@@ -150,6 +177,7 @@ impl Audit {
         WeakAudit {
             tx: self.tx.downgrade(),
             metrics: self.metrics.clone(),
+            observer: self.observer.clone(),
             health: self.health.clone(),
             live: self.live.clone(),
         }
@@ -168,12 +196,12 @@ impl Audit {
     /// The event is boxed before the future starts, so a caller's future (a tunnel's, for
     /// its whole life) holds a pointer rather than the event.
     pub fn record(&self, event: Event) -> impl Future<Output = ()> + Send + '_ {
-        self.metrics.observe(&event);
+        self.observer.observe(&event);
         let event = Box::new(event.stamp());
         self.live.publish(&event);
         async move {
             if self.tx.capacity() == 0 {
-                self.metrics.audit_waits.inc();
+                self.metrics.waits.inc();
             }
             if let Err(e) = self.tx.send(event).await {
                 let line = serde_json::to_string(&Line::of(&e.0)).unwrap_or_default();
@@ -187,14 +215,14 @@ impl Audit {
     /// is broken: their client is answered 503 whatever happens to the record, and they must
     /// never wait behind a queue that cannot drain.
     pub fn record_now_or_log(&self, event: Event) {
-        self.metrics.observe(&event);
+        self.observer.observe(&event);
         let event = Box::new(event.stamp());
         self.live.publish(&event);
         if let Err(e) = self.tx.try_send(event) {
             let event = match e {
                 mpsc::error::TrySendError::Full(ev) | mpsc::error::TrySendError::Closed(ev) => ev,
             };
-            self.metrics.audit_events_not_queued.inc();
+            self.metrics.events_not_queued.inc();
             let line = serde_json::to_string(&Line::of(&event)).unwrap_or_default();
             tracing::warn!(event = %line, "audit queue full while the audit log is failing; event logged here");
         }
