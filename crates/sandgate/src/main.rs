@@ -331,7 +331,11 @@ fn forward_sighup(tx: tokio::sync::mpsc::Sender<()>, tls: sandgate_proxy::TlsHan
     tokio::spawn(async move {
         while hup.recv().await.is_some() {
             if !tls.is_empty() {
-                let errors = tls.reload();
+                // File reads and parsing, off the request workers.
+                let reloading = tls.clone();
+                let errors = tokio::task::spawn_blocking(move || reloading.reload())
+                    .await
+                    .unwrap_or_default();
                 for e in &errors {
                     tracing::error!(error = %e, "TLS files not reloaded; the previous ones stay in force");
                 }

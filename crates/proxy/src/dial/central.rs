@@ -146,7 +146,16 @@ enum HopError {
     /// It answered with this status: the request's answer.
     #[error("answered {0}")]
     Refused(u16),
+    /// A kept connection could not take the stream (GOAWAY, closed, REFUSED_STREAM): the
+    /// request never reached the central, so it may go on another connection.
+    #[error("{0}")]
+    NotSent(String),
 }
+
+/// At most this many kept connections are given up, one after another, for one request
+/// whose stream none of them could take, before a new connection is made or the central
+/// counts as down.
+const KEPT_RETRIES: usize = 8;
 
 impl Centrals {
     /// Parses each `https://HOST:PORT` of `urls` and reads the TLS files (what both the
@@ -203,25 +212,26 @@ impl Centrals {
             let attempt = if self.http1 {
                 self.tunnel_http1(dialer, hop, state, request, timeout).await
             } else {
-                match self.stream(dialer, hop, state, request, timeout).await {
-                    // A kept connection that failed (the central sent GOAWAY on its way
-                    // out, or went away unnoticed): once more on a new connection before
-                    // the central counts as down.
-                    Err((HopError::Unavailable(why), Some(failed))) => {
-                        tracing::debug!(central = %hop.name, error = %why, "a kept connection failed; trying a new one");
-                        failed.cancel();
-                        self.stream(dialer, hop, state, request, timeout)
-                            .await
-                            .map_err(|(e, _)| e)
-                    }
-                    other => other.map_err(|(e, _)| e),
+                // A kept connection that could not take the stream (the central sent
+                // GOAWAY on its way out or on a reload): given up, and the request goes on
+                // another, or a new one, before the central counts as down. Only a
+                // request that never reached the central is sent again.
+                let mut attempt = self.stream(dialer, hop, state, request, timeout).await;
+                for _ in 0..KEPT_RETRIES {
+                    let Err((HopError::NotSent(why), Some(failed))) = &attempt else {
+                        break;
+                    };
+                    tracing::debug!(central = %hop.name, error = %why, "a kept connection takes no new streams; trying another");
+                    failed.cancel();
+                    attempt = self.stream(dialer, hop, state, request, timeout).await;
                 }
+                attempt.map_err(|(e, _)| e)
             };
             match attempt {
                 Ok(Some(opened)) => return Ok(opened),
                 Ok(None) => last = format!("{}: down (its health check retries it)", hop.name),
                 Err(HopError::Refused(status)) => return Err(DialError::UpstreamRefused(status)),
-                Err(HopError::Unavailable(why)) => {
+                Err(HopError::Unavailable(why) | HopError::NotSent(why)) => {
                     tracing::warn!(central = %hop.name, error = %why, "central proxy unavailable; trying the next");
                     let mut state = state.lock().await;
                     state.conns.clear();
@@ -460,11 +470,19 @@ async fn open_stream(
     slot: StreamSlot,
 ) -> Result<Upstream, HopError> {
     let request = request()?;
-    let unavailable = |e: h2::Error| HopError::Unavailable(e.to_string());
+    let not_sent = |e: h2::Error| HopError::NotSent(e.to_string());
     let exchange = async {
-        let mut sender = sender.ready().await.map_err(unavailable)?;
-        let (response, send) = sender.send_request(request, false).map_err(unavailable)?;
-        let response = response.await.map_err(unavailable)?;
+        let mut sender = sender.ready().await.map_err(not_sent)?;
+        let (response, send) = sender.send_request(request, false).map_err(not_sent)?;
+        // Refused before the central looked at it (beyond a GOAWAY's last stream, or
+        // REFUSED_STREAM), or lost after it may have: only the first may be sent again.
+        let response = response.await.map_err(|e| {
+            if e.is_go_away() || e.reason() == Some(h2::Reason::REFUSED_STREAM) {
+                not_sent(e)
+            } else {
+                HopError::Unavailable(e.to_string())
+            }
+        })?;
         Ok::<_, HopError>((response, send))
     };
     let (response, send) = tokio::time::timeout(timeout, exchange)

@@ -37,26 +37,18 @@ impl Load<rustls::ClientConfig> for ClientFiles {
     }
 }
 
-/// What tells a file's versions apart: its contents (length and hash; `None`: unreadable
-/// now). A Secret volume's symlink swap, a renewal, a rewrite in place that keeps the size
-/// and the modification time: each changes them; a `chmod` or a `touch` does not.
+/// What tells a file's versions apart: its contents (length and hash; `None`: it cannot be
+/// read now, or is not a regular file of at most 1 MiB). A Secret volume's symlink swap, a
+/// renewal, a rewrite in place that keeps the size and the modification time: each
+/// changes them; a `chmod` or a `touch` does not.
 type Stamp = Option<(usize, u64)>;
-
-/// Only a file's first MiB is read: a certificate chain or a key is far smaller.
-const MAX_STAMPED: u64 = 1 << 20;
 
 fn stamps(paths: &[PathBuf]) -> Vec<Stamp> {
     use std::hash::{Hash, Hasher};
-    use std::io::Read;
     paths
         .iter()
         .map(|p| {
-            let mut bytes = Vec::new();
-            std::fs::File::open(p)
-                .ok()?
-                .take(MAX_STAMPED)
-                .read_to_end(&mut bytes)
-                .ok()?;
+            let bytes = super::tls::read_tls_file(p).ok()?;
             let mut h = std::collections::hash_map::DefaultHasher::new();
             bytes.hash(&mut h);
             Some((bytes.len(), h.finish()))
@@ -76,6 +68,9 @@ pub struct Reloadable<C, F> {
     loaded: Mutex<Vec<Stamp>>,
     /// Counts the swaps; connections made earlier take no new streams.
     generation: watch::Sender<u64>,
+    /// Held through a whole reload (stamp, load, swap, record), so a SIGHUP's and the
+    /// watcher's cannot interleave into a configuration older than its recorded stamps.
+    reloading: Mutex<()>,
 }
 
 impl<C, F: Load<C>> Reloadable<C, F> {
@@ -87,6 +82,7 @@ impl<C, F: Load<C>> Reloadable<C, F> {
             current,
             loaded: Mutex::new(loaded),
             generation: watch::Sender::new(0),
+            reloading: Mutex::new(()),
         })
     }
 
@@ -117,6 +113,10 @@ impl<C, F: Load<C>> Reloadable<C, F> {
     /// count as older (and take no new streams) only when the files changed: a SIGHUP
     /// that reloads the policy alone leaves them be.
     pub fn reload(&self) -> Result<(), TlsError> {
+        let _one_at_a_time = match self.reloading.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
         let seen = stamps(&self.paths());
         let fresh = self.files.load_config()?;
         match self.current.write() {
@@ -213,29 +213,33 @@ impl TlsHandle {
     /// in force and is tried again every second until it loads; its error is logged once
     /// per version of the files. Runs until the task is dropped.
     pub async fn watch(self) {
-        let paths = self.paths();
+        let paths = Arc::new(self.paths());
         let mut reported: Option<Vec<Stamp>> = None;
         loop {
             tokio::time::sleep(WATCH_EVERY).await;
-            let handle = self.clone();
-            let Ok(errors) = tokio::task::spawn_blocking(move || handle.reload_stale()).await else {
+            let (handle, paths) = (self.clone(), paths.clone());
+            let tick = tokio::task::spawn_blocking(move || {
+                let outcome = handle.reload_stale();
+                let failed_on = matches!(&outcome, Some(e) if !e.is_empty()).then(|| stamps(&paths));
+                (outcome, failed_on)
+            });
+            let Ok((outcome, failed_on)) = tick.await else {
                 continue;
             };
-            match errors {
+            match outcome {
                 None => {}
                 Some(errors) if errors.is_empty() => {
                     reported = None;
                     tracing::info!("TLS files changed and reloaded; new connections use them");
                 }
-                Some(errors) => {
-                    let now = stamps(&paths);
-                    if reported.as_ref() != Some(&now) {
-                        for e in &errors {
-                            tracing::error!(error = %e, "TLS files changed but not reloaded; the previous ones stay in force (tried again every second)");
-                        }
-                        reported = Some(now);
+                // Logged once per version of the files.
+                Some(errors) if reported != failed_on => {
+                    for e in &errors {
+                        tracing::error!(error = %e, "TLS files changed but not reloaded; the previous ones stay in force (tried again every second)");
                     }
+                    reported = failed_on;
                 }
+                Some(_) => {}
             }
         }
     }

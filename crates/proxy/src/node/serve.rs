@@ -174,6 +174,8 @@ async fn serve_h2(
     let keepalive = super::keepalive(connection.ping_pong());
     tokio::pin!(keepalive);
     let mut stopping = false;
+    // Told of a reload once (or the listener is gone: nothing more to hear).
+    let mut retired = false;
     loop {
         tokio::select! {
             next = connection.accept() => match next {
@@ -191,12 +193,13 @@ async fn serve_h2(
                 connection.graceful_shutdown();
                 stopping = true;
             }
-            changed = reloads.changed(), if !stopping => {
+            changed = reloads.changed(), if !stopping && !retired => {
+                retired = true;
                 if changed.is_ok() {
                     tracing::debug!(peer = %conn.peer, "TLS files reloaded; the node's connection takes no new streams");
                     connection.graceful_shutdown();
+                    stopping = true;
                 }
-                stopping = true;
             }
             () = &mut keepalive => {
                 tracing::warn!(peer = %conn.peer, "node stopped answering pings; connection dropped");

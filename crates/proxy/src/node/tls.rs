@@ -26,10 +26,36 @@ fn file_error(path: &Path, reason: impl ToString) -> TlsError {
     }
 }
 
+/// The largest TLS file read: a certificate chain or a key is a few KiB.
+const MAX_TLS_FILE: u64 = 1 << 20;
+
+/// A TLS file's bytes. Only a regular file (checked before and after opening: a FIFO at the
+/// path would block the reader for good, a device might never end) of at most
+/// [`MAX_TLS_FILE`] bytes.
+pub(crate) fn read_tls_file(path: &Path) -> Result<Vec<u8>, TlsError> {
+    use std::io::Read;
+    let regular = |m: std::io::Result<std::fs::Metadata>| match m {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(_) => Err(file_error(path, "not a regular file")),
+        Err(e) => Err(file_error(path, e)),
+    };
+    regular(std::fs::metadata(path))?;
+    let file = std::fs::File::open(path).map_err(|e| file_error(path, e))?;
+    regular(file.metadata())?;
+    let mut bytes = Vec::new();
+    file.take(MAX_TLS_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| file_error(path, e))?;
+    if bytes.len() as u64 > MAX_TLS_FILE {
+        return Err(file_error(path, "larger than 1 MiB: not a certificate or a key"));
+    }
+    Ok(bytes)
+}
+
 /// Every certificate in a PEM file (at least one).
 pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| file_error(path, e))?
+    let bytes = read_tls_file(path)?;
+    let certs = CertificateDer::pem_slice_iter(&bytes)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| file_error(path, e))?;
     if certs.is_empty() {
@@ -40,7 +66,8 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
 
 /// The private key in a PEM file (PKCS#8, PKCS#1 or SEC1).
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| file_error(path, format!("no usable private key: {e}")))
+    PrivateKeyDer::from_pem_slice(&read_tls_file(path)?)
+        .map_err(|e| file_error(path, format!("no usable private key: {e}")))
 }
 
 /// The CA certificates in a PEM file as trust anchors; a CA that is not valid now is refused.
@@ -156,4 +183,26 @@ pub fn cert_names(cert: &CertificateDer<'_>) -> Vec<String> {
             _ => None,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A FIFO, a device or an endless file at a TLS path is refused at once: the reader
+    /// (the watcher's thread, SIGHUP's, a start-up) never blocks on it or fills memory.
+    #[test]
+    fn a_fifo_a_device_or_a_huge_file_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("ca.pem");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(made.success());
+        let refused = |path: &Path| read_tls_file(path).unwrap_err().to_string();
+        assert!(refused(&fifo).contains("not a regular file"));
+        assert!(refused(Path::new("/dev/zero")).contains("not a regular file"));
+        let big = dir.path().join("big.pem");
+        std::fs::write(&big, vec![b'A'; 2 << 20]).unwrap();
+        assert!(refused(&big).contains("larger than 1 MiB"));
+        assert!(load_certs(&fifo).is_err() && load_key(&big).is_err() && roots(&fifo).is_err());
+    }
 }
