@@ -113,39 +113,42 @@ impl<C, F: Load<C>> Reloadable<C, F> {
     /// count as older (and take no new streams) only when the files changed: a SIGHUP
     /// that reloads the policy alone leaves them be.
     pub fn reload(&self) -> Result<(), TlsError> {
-        let _one_at_a_time = match self.reloading.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let _one_at_a_time = lock(&self.reloading);
+        self.load_stamped(stamps(&self.paths()))
+    }
+
+    /// Reloads when the files on disk differ from the ones in force: `None` when they do
+    /// not. The files are read once for both.
+    pub(crate) fn reload_if_stale(&self) -> Option<Result<(), TlsError>> {
+        let _one_at_a_time = lock(&self.reloading);
         let seen = stamps(&self.paths());
+        if *lock(&self.loaded) == seen {
+            return None;
+        }
+        Some(self.load_stamped(seen))
+    }
+
+    /// Loads the files whose stamps, taken just before, are `seen`, and puts them in force
+    /// (the caller holds `reloading`, so a SIGHUP's reload and the watcher's cannot
+    /// interleave into a configuration older than its recorded stamps).
+    fn load_stamped(&self, seen: Vec<Stamp>) -> Result<(), TlsError> {
         let fresh = self.files.load_config()?;
         match self.current.write() {
             Ok(mut c) => *c = fresh,
             Err(poisoned) => *poisoned.into_inner() = fresh,
         }
-        let previous = match self.loaded.lock() {
-            Ok(mut l) => std::mem::replace(&mut *l, seen.clone()),
-            Err(poisoned) => std::mem::replace(&mut *poisoned.into_inner(), seen.clone()),
-        };
+        let previous = std::mem::replace(&mut *lock(&self.loaded), seen.clone());
         if previous != seen {
             self.generation.send_modify(|g| *g += 1);
         }
         Ok(())
     }
+}
 
-    /// Whether the files on disk differ from the ones in force.
-    fn stale(&self) -> bool {
-        let now = stamps(&self.paths());
-        match self.loaded.lock() {
-            Ok(l) => *l != now,
-            Err(poisoned) => *poisoned.into_inner() != now,
-        }
-    }
-
-    /// Reloads when the files are stale: `None` when they are not.
-    pub(crate) fn reload_if_stale(&self) -> Option<Result<(), TlsError>> {
-        self.stale().then(|| self.reload())
-    }
+/// A mutex's guard, whether or not a thread panicked holding it (what it guards is
+/// replaced whole, never left half-written).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Reloads TLS files, on SIGHUP and when they change on disk: new connections use the new
