@@ -19,7 +19,7 @@ mod sandbox_support;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use central::{EchoCentral, Pki, central, events_where, node};
+use central::{EchoCentral, OkCentral, Pki, central, events_where, node};
 use common::control::{get_status, within};
 use common::world::{World, events_of};
 use common::{curl, read_audit};
@@ -28,22 +28,13 @@ use serde_json::Value;
 
 #[test]
 fn a_node_forwards_each_request_as_a_stream_and_the_central_decides_and_attributes() {
-    let w = World::new();
-    let origin = w.origin();
-    let dns = w.dns(
-        Zone::new()
-            .with("ok.test", &["127.0.0.1"])
-            .with("no.test", &["127.0.0.1"]),
-    );
-    let pki = Pki::new();
-    let c = central(&pki, dns.addr(), &central::spec_ok(origin.port()), &[]);
-    let cert = pki.node("node-a", &[]);
+    let OkCentral { c, cert, origin, .. } = &OkCentral::new();
     // The node allows both names locally: the central's policy is what refuses no.test.
     let (ok_p, no_p) = (
         format!("ok.test:{}", origin.port()),
         format!("no.test:{}", origin.port()),
     );
-    let n = node(&cert, &[c.node_addr], &[&ok_p, &no_p], Some(("t1", "p1")));
+    let n = node(cert, &[c.node_addr], &[&ok_p, &no_p], Some(("t1", "p1")));
     let proxy = format!("http://{}", n.addr);
     let ok = format!("http://ok.test:{}/hello", origin.port());
     let no = format!("http://no.test:{}/", origin.port());
@@ -153,11 +144,7 @@ fn a_node_forwards_each_request_as_a_stream_and_the_central_decides_and_attribut
 /// may not vouch for. Each is refused, and each is on record at the central.
 #[test]
 fn a_node_that_cannot_prove_itself_or_overclaims_is_refused_and_audited() {
-    let w = World::new();
-    let origin = w.origin();
-    let dns = w.dns(Zone::new().with("ok.test", &["127.0.0.1"]));
-    let pki = Pki::new();
-    let c = central(&pki, dns.addr(), &central::spec_ok(origin.port()), &[]);
+    let OkCentral { c, origin, pki, .. } = &OkCentral::new();
     let url = format!("http://ok.test:{}/", origin.port());
     let ok_p = format!("ok.test:{}", origin.port());
     let status = |n: &central::Node, flags: &[&str]| -> String {
@@ -253,11 +240,7 @@ fn a_node_that_cannot_prove_itself_or_overclaims_is_refused_and_audited() {
 /// mean nothing there (the request is the listener's), and they are not passed on.
 #[test]
 fn attribution_fields_count_only_from_a_node_on_a_node_listener() {
-    let w = World::new();
-    let origin = w.origin();
-    let dns = w.dns(Zone::new().with("ok.test", &["127.0.0.1"]));
-    let pki = Pki::new();
-    let c = central(&pki, dns.addr(), &central::spec_ok(origin.port()), &[]);
+    let OkCentral { c, origin, .. } = &OkCentral::new();
     let url = format!("http://ok.test:{}/", origin.port());
     let (code, body, _) = curl(
         &c.proxy.url(),
@@ -587,13 +570,8 @@ fn check_config_refuses_node_listeners_that_cannot_work() {
 /// comparison the benchmark makes); the central sees a new connection for each.
 #[test]
 fn the_http1_transport_opens_a_connection_per_tunnel() {
-    let w = World::new();
-    let origin = w.origin();
-    let dns = w.dns(Zone::new().with("ok.test", &["127.0.0.1"]));
-    let pki = Pki::new();
-    let c = central(&pki, dns.addr(), &central::spec_ok(origin.port()), &[]);
-    let cert = pki.node("node-a", &[]);
-    let mut args = central::upstream_args(&cert, &[c.node_addr]);
+    let OkCentral { c, cert, origin, .. } = &OkCentral::new();
+    let mut args = central::upstream_args(cert, &[c.node_addr]);
     args.extend(["--upstream-transport", "http1", "--dns-server", "127.0.0.1:9"].map(String::from));
     let allow = format!("ok.test:{}", origin.port());
     args.extend(["--allow".to_owned(), allow]);
@@ -619,14 +597,9 @@ fn the_http1_transport_opens_a_connection_per_tunnel() {
 /// its next stream is refused even on the connection it already holds, and on record.
 #[test]
 fn a_node_dropped_from_the_policy_loses_its_open_connection_at_the_next_stream() {
-    let w = World::new();
-    let origin = w.origin();
-    let dns = w.dns(Zone::new().with("ok.test", &["127.0.0.1"]));
-    let pki = Pki::new();
-    let c = central(&pki, dns.addr(), &central::spec_ok(origin.port()), &[]);
-    let cert = pki.node("node-a", &[]);
+    let OkCentral { c, cert, origin, .. } = &OkCentral::new();
     let ok_p = format!("ok.test:{}", origin.port());
-    let n = node(&cert, &[c.node_addr], &[&ok_p], Some(("t1", "p1")));
+    let n = node(cert, &[c.node_addr], &[&ok_p], Some(("t1", "p1")));
     let url = format!("http://ok.test:{}/", origin.port());
     let get = || get_status(n.addr, &url);
     assert_eq!(get(), "200");

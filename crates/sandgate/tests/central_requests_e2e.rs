@@ -18,52 +18,16 @@ mod common;
 
 use std::time::Duration;
 
-use central::{Pki, central, events_where, node};
+use central::{OkCentral, events_where, node};
 use common::curl;
-use common::world::World;
-use sandgate_testkit::dns::Zone;
 use sandgate_testkit::node::{Answer, NodeTls, stream};
-
-/// A central allowing ok.test and not no.test (both resolving to loopback), whose node
-/// node-a vouches for t1 in p1, with the origin behind both names.
-struct Setup {
-    c: central::Central,
-    cert: central::NodeCert,
-    origin: sandgate_testkit::origin::Origin,
-    _dns: sandgate_testkit::dns::DnsServer,
-    _pki: Pki,
-    _w: World,
-}
-
-impl Setup {
-    fn new() -> Setup {
-        let w = World::new();
-        let origin = w.origin();
-        let dns = w.dns(
-            Zone::new()
-                .with("ok.test", &["127.0.0.1"])
-                .with("no.test", &["127.0.0.1"]),
-        );
-        let pki = Pki::new();
-        let c = central(&pki, dns.addr(), &central::spec_ok(origin.port()), &[]);
-        let cert = pki.node("node-a", &[]);
-        Setup {
-            c,
-            cert,
-            origin,
-            _dns: dns,
-            _pki: pki,
-            _w: w,
-        }
-    }
-}
 
 /// Every request a node's sandgate forwards is decided and recorded at the central with
 /// its method and status: several on one kept stream, and a refusal the client sees as
 /// the central's, which the node records as a refusal upstream.
 #[test]
 fn the_central_records_each_plain_http_request_a_node_forwards() {
-    let Setup { c, cert, origin, .. } = &Setup::new();
+    let OkCentral { c, cert, origin, .. } = &OkCentral::new();
     let p = origin.port();
     let (ok_p, no_p) = (format!("ok.test:{p}"), format!("no.test:{p}"));
     let n = node(cert, &[c.node_addr], &[&ok_p, &no_p], Some(("t1", "p1")));
@@ -159,7 +123,7 @@ fn the_central_records_each_plain_http_request_a_node_forwards() {
 /// request. Each is refused with 400 and on record; none reaches an origin.
 #[test]
 fn a_node_cannot_smuggle_other_requests_on_a_stream_of_plain_http() {
-    let Setup { c, cert, origin, .. } = &Setup::new();
+    let OkCentral { c, cert, origin, .. } = &OkCentral::new();
     let p = origin.port();
     let tls = NodeTls {
         cert: &cert.cert,

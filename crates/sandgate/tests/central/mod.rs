@@ -357,3 +357,37 @@ impl EchoCentral {
         node(cert, &[self.c.node_addr], &[&self.target], Some(("t1", "p1")))
     }
 }
+
+/// A central allowing ok.test and not no.test (both resolving to loopback, the origin
+/// behind both), whose node node-a vouches for t1 in p1; node-a's certificate.
+pub struct OkCentral {
+    pub c: Central,
+    pub cert: NodeCert,
+    pub origin: sandgate_testkit::origin::Origin,
+    pub pki: Pki,
+    _dns: sandgate_testkit::dns::DnsServer,
+    _w: crate::common::world::World,
+}
+
+impl OkCentral {
+    pub fn new() -> OkCentral {
+        let w = crate::common::world::World::new();
+        let origin = w.origin();
+        let dns = w.dns(
+            sandgate_testkit::dns::Zone::new()
+                .with("ok.test", &["127.0.0.1"])
+                .with("no.test", &["127.0.0.1"]),
+        );
+        let pki = Pki::new();
+        let c = central(&pki, dns.addr(), &spec_ok(origin.port()), &[]);
+        let cert = pki.node("node-a", &[]);
+        OkCentral {
+            c,
+            cert,
+            origin,
+            pki,
+            _dns: dns,
+            _w: w,
+        }
+    }
+}
