@@ -421,21 +421,11 @@ fn a_central_with_admin_tokens_and_no_shared_database_does_not_start() {
     std::fs::write(&policy, text).unwrap();
     let state = dir.path().join("state");
     std::fs::create_dir(&state).unwrap();
-    let bin = dir.path().join("sandgate");
-    std::fs::copy(env!("CARGO_BIN_EXE_sandgate"), &bin).unwrap();
     open_up(dir.path());
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o555)).unwrap();
 
-    let mut command = if common::is_root() {
-        let mut c = Command::new("setpriv");
-        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-            .arg(&bin);
-        c
-    } else {
-        Command::new(&bin)
-    };
+    let (mut command, _bin_dir) = common::unprivileged_sandgate();
     let args = loopback_args(&args_of(deployment), &policy, &[]);
     command
         .arg("proxy")

@@ -34,20 +34,7 @@ impl ProxyProcess {
     /// directory that user can read, so the unprivileged path is exercised. When the tests
     /// already run unprivileged, this is the same as [`ProxyProcess::start`].
     pub fn start_unprivileged(args: &[&str]) -> (ProxyProcess, tempfile::TempDir) {
-        use std::os::unix::fs::PermissionsExt;
-        let bin_dir = tempfile::tempdir().expect("tempdir");
-        let bin = bin_dir.path().join("sandgate");
-        std::fs::copy(env!("CARGO_BIN_EXE_sandgate"), &bin).expect("copy binary");
-        std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let mut cmd = if is_root() {
-            let mut c = Command::new("setpriv");
-            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-                .arg(&bin);
-            c
-        } else {
-            Command::new(&bin)
-        };
-        cmd.current_dir(bin_dir.path());
+        let (cmd, bin_dir) = unprivileged_sandgate();
         (ProxyProcess::start_with(cmd, args), bin_dir)
     }
 
@@ -236,6 +223,27 @@ pub fn sandgate_bin() -> String {
 }
 
 /// True when the tests run as root.
+/// A command that runs sandgate as user `nobody` when the tests run as root (else as the
+/// tests' user), from a copy of the binary in a directory that user can read (kept while
+/// the directory lives), and in that directory.
+pub fn unprivileged_sandgate() -> (Command, tempfile::TempDir) {
+    use std::os::unix::fs::PermissionsExt;
+    let bin_dir = tempfile::tempdir().expect("tempdir");
+    let bin = bin_dir.path().join("sandgate");
+    std::fs::copy(env!("CARGO_BIN_EXE_sandgate"), &bin).expect("copy binary");
+    std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mut cmd = if is_root() {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(&bin);
+        c
+    } else {
+        Command::new(&bin)
+    };
+    cmd.current_dir(bin_dir.path());
+    (cmd, bin_dir)
+}
+
 pub fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
