@@ -254,6 +254,41 @@ fn exceptions_and_admin_tokens_parse_and_refuse_what_they_must() {
     }
 }
 
+/// Attack: a node whose task pattern reaches into another node's runs could claim them and
+/// use their exceptions. With IPv6 addresses as node names, `fd00::1:*` (the documented
+/// `NAME:*`) names the runs of `fd00::1:5` too; a loose prefix (`node-a*`) names those of
+/// `node-ab`. Each is refused at load, naming both nodes; `*` alone (any task, on purpose)
+/// and each node's own `NAME:*` load. Before the check all three policies loaded and node
+/// `fd00::1` vouched for `fd00::1:5:run-1`.
+#[test]
+fn a_node_pattern_that_names_another_nodes_runs_is_refused() {
+    for (nodes, want) in [
+        (
+            "    - { name: \"fd00::1\", tasks: [ \"fd00::1:*\" ] }\n    - { name: \"fd00::1:5\", tasks: [ \"fd00::1:5:*\" ] }\n",
+            "node fd00::1: \"fd00::1:*\" also names runs of node fd00::1:5 (whose ids start \"fd00::1:5:\"); a node may vouch only for its own runs (IPv6 addresses",
+        ),
+        (
+            "    - { name: node-a, tasks: [ \"node-a*\" ] }\n    - { name: node-ab, tasks: [ \"node-ab:*\" ] }\n",
+            "node node-a: \"node-a*\" also names runs of node node-ab",
+        ),
+        (
+            "    - { name: node-a, tasks: [ \"node-b:run-7\" ] }\n    - { name: node-b, tasks: [ \"node-b:*\" ] }\n",
+            "node node-a: \"node-b:run-7\" also names runs of node node-b",
+        ),
+    ] {
+        let text = doc(&format!("  nodes:\n{nodes}"));
+        let err = parse_policy(&text, "p.yaml", NOW).unwrap_err().to_string();
+        assert!(err.contains(want), "{nodes:?}: {err}");
+    }
+    let fine = doc(
+        "  nodes:\n    - { name: node-a, tasks: [ \"node-a:*\", ci-7 ] }\n    - { name: node-ab, tasks: [ \"node-ab:*\" ] }\n    - { name: hub, tasks: [ \"*\" ] }\n    - { name: \"fd00::1\", tasks: [ \"fd00::1:*\" ] }\n",
+    );
+    let file = parse_policy(&fine, "p.yaml", NOW).expect("each node's own runs");
+    let a = file.nodes.find(["node-a"]).expect("node-a");
+    assert!(a.vouches(Some("node-a:run-1"), None).is_ok());
+    assert!(a.vouches(Some("node-ab:run-1"), None).is_err());
+}
+
 #[test]
 fn tunnel_settings_parse_and_bad_values_name_their_field() {
     let head = "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {name: t}\nspec:\n  network:\n";

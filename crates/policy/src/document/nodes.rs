@@ -73,9 +73,26 @@ pub(super) fn listener_role(c: &mut Checker<'_>, line: u64, l: &RawListener) -> 
     }
 }
 
-/// `spec.nodes`; `node_listeners` says whether any listener has `role: node`.
+/// Whether a node's task pattern names any id in another node's run namespace: a run of
+/// node `name` is `name:run-...` (`sandgate run` names it under its certificate's name), so
+/// `pattern` names one when it is a prefix reaching into `name:`, a prefix of `name:`
+/// itself (`node-a*` names `node-ab:...`; IPv6 names: `fd00::1:*` names the runs of
+/// `fd00::1:5`), or one id in it. `*` alone names every task on purpose and is not counted.
+fn names_runs_of(pattern: &str, name: &str) -> bool {
+    let namespace = format!("{name}:");
+    match pattern.strip_suffix('*') {
+        Some("") => false,
+        Some(prefix) => prefix.starts_with(&namespace) || namespace.starts_with(prefix),
+        None => pattern.starts_with(&namespace),
+    }
+}
+
+/// `spec.nodes`; `node_listeners` says whether any listener has `role: node`. A node's
+/// task patterns may not reach into another listed node's runs (each node vouches for its
+/// own; `*` alone is the operator's explicit "any").
 pub(super) fn nodes(c: &mut Checker<'_>, raw: &[Spanned<RawNode>], node_listeners: bool) -> Nodes {
     let mut out: Vec<NodeSpec> = Vec::new();
+    let mut lines = Vec::new();
     for n in raw {
         let line = n.referenced.line();
         let name = n.value.name.trim().to_ascii_lowercase();
@@ -107,6 +124,28 @@ pub(super) fn nodes(c: &mut Checker<'_>, raw: &[Spanned<RawNode>], node_listener
             projects: n.value.projects.clone(),
             tasks: n.value.tasks.clone(),
         });
+        lines.push(line);
+    }
+    for (a, line) in out.iter().zip(&lines) {
+        for (pattern, b) in a.tasks.iter().flat_map(|p| out.iter().map(move |b| (p, b))) {
+            if b.name != a.name && names_runs_of(pattern, &b.name) {
+                c.error(
+                    *line,
+                    "spec.nodes.tasks",
+                    format!(
+                        "node {}: {pattern:?} also names runs of node {} (whose ids start {:?}); a node may vouch only for its own runs{}",
+                        a.name,
+                        b.name,
+                        format!("{}:", b.name),
+                        if a.name.contains(':') || b.name.contains(':') {
+                            " (IPv6 addresses as node names make run ids ambiguous: name nodes by DNS names)"
+                        } else {
+                            ""
+                        }
+                    ),
+                );
+            }
+        }
     }
     if node_listeners && out.is_empty() {
         c.error(
