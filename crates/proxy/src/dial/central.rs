@@ -204,13 +204,14 @@ impl Centrals {
         target: &Target,
         access: Access,
         identity: &Identity,
-        timeout: Duration,
+        times: super::HopTimes,
     ) -> Result<(Upstream, SocketAddr), DialError> {
+        let timeout = times.answer;
         let request = || connect_request(target, access, identity);
         let mut last = String::from("no central proxy configured");
         for (hop, state) in &self.hops {
             let attempt = if self.http1 {
-                self.tunnel_http1(dialer, hop, state, request, timeout).await
+                self.tunnel_http1(dialer, hop, state, request, times).await
             } else {
                 // A kept connection that could not take the stream (the central sent
                 // GOAWAY on its way out or on a reload): given up, and the request goes on
@@ -386,7 +387,7 @@ impl Centrals {
         hop: &Hop,
         state: &Mutex<HopState>,
         request: impl FnOnce() -> Result<hyper::Request<()>, HopError>,
-        timeout: Duration,
+        times: super::HopTimes,
     ) -> Result<Option<(Upstream, SocketAddr)>, HopError> {
         if state.lock().await.down {
             return Ok(None);
@@ -396,7 +397,7 @@ impl Centrals {
             .await
             .map_err(|e| HopError::Unavailable(format!("HTTP/1.1: {e}")))?;
         tokio::spawn(connection.with_upgrades());
-        let core = exchange_http1(sender, request, timeout).await?;
+        let core = exchange_http1(sender, request, times).await?;
         Ok(Some((Upstream::Tcp(core), addr)))
     }
 
@@ -500,8 +501,9 @@ async fn open_stream(
 async fn exchange_http1(
     mut sender: hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
     request: impl FnOnce() -> Result<hyper::Request<()>, HopError>,
-    timeout: Duration,
+    times: super::HopTimes,
 ) -> Result<TcpStream, HopError> {
+    let timeout = times.answer;
     let (parts, ()) = request()?.into_parts();
     let mut request = hyper::Request::from_parts(parts, Empty::<Bytes>::new());
     if let Ok(host) = hyper::header::HeaderValue::from_str(&request.uri().to_string()) {
@@ -523,7 +525,7 @@ async fn exchange_http1(
         .await
         .map_err(|e| HopError::Unavailable(e.to_string()))?;
     let (core, pump) = bridge::pair().map_err(|e| HopError::Unavailable(e.to_string()))?;
-    tokio::spawn(bridge::pump(TokioIo::new(upgraded), pump, None));
+    tokio::spawn(bridge::pump(TokioIo::new(upgraded), pump, None, times.stall));
     Ok(core)
 }
 

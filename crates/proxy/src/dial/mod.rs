@@ -156,6 +156,14 @@ fn read_host_addrs() -> Vec<IpAddr> {
     Vec::new()
 }
 
+/// How long the next hop may take: to answer a request, and to take any of what is
+/// written to it (a relay that must write before it reads on gives up after `stall`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HopTimes {
+    pub answer: Duration,
+    pub stall: Duration,
+}
+
 /// Resolves, vets and connects. Cheap to share behind an `Arc`.
 #[derive(Debug)]
 pub struct Dialer {
@@ -278,10 +286,11 @@ impl Dialer {
         target: &Target,
         access: Access,
         identity: &sandgate_policy::Identity,
-        timeout: Duration,
+        times: HopTimes,
     ) -> Result<(Upstream, SocketAddr), DialError> {
+        let timeout = times.answer;
         if let Some(central) = &self.central {
-            return central.open(self, target, access, identity, timeout).await;
+            return central.open(self, target, access, identity, times).await;
         }
         let (mut stream, addr) = self.connect(vetted).await?;
         // Every tunnel kind (CONNECT and SOCKS5) is opened as a CONNECT upstream; handing a

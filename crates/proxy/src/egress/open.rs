@@ -58,11 +58,14 @@ impl Decided {
                     .await);
             }
         }
-        let timeout = egress.limits.response_timeout;
+        let times = crate::dial::HopTimes {
+            answer: egress.limits.response_timeout,
+            stall: egress.limits.tunnel_idle_timeout,
+        };
         let identity = &self.pending.party.identity;
         match egress
             .dialer
-            .open(&vetted, &target, access, identity, timeout)
+            .open(&vetted, &target, access, identity, times)
             .await
         {
             Ok((stream, addr)) => {

@@ -53,8 +53,17 @@ enum Gone {
 /// stream takes bytes it cannot yet put on the wire into its own buffer and says they are
 /// written, and nothing else would send them once the core has no more to say (a client
 /// that sent its last bytes and waits for an answer would wait for ever).
-pub(crate) async fn pump<S>(stream: S, pump: UnixStream, reset: Option<CancellationToken>)
-where
+///
+/// A write (or the closing flush) the connection takes nothing of for `stall` (the tunnel
+/// idle timeout) fails the stream: a peer that stops reading but keeps its socket open
+/// would otherwise hold the pump in that write for as long as TCP keeps probing its zero
+/// window, and a pump blocked in a write cannot see the core close its end.
+pub(crate) async fn pump<S>(
+    stream: S,
+    pump: UnixStream,
+    reset: Option<CancellationToken>,
+    stall: std::time::Duration,
+) where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
@@ -74,14 +83,17 @@ where
                 if matches!(ready, Ok(Ok(r)) if r.is_write_closed()) {
                     return Err(Gone::Core);
                 }
-                let _ = s_write.shutdown().await;
+                let _ = tokio::time::timeout(stall, s_write.shutdown()).await;
                 return Ok(());
             }
-            s_write
-                .write_all(buf.get(..n).unwrap_or_default())
-                .await
-                .map_err(|_| Gone::Stream)?;
-            s_write.flush().await.map_err(|_| Gone::Stream)?;
+            let sent = async {
+                s_write.write_all(buf.get(..n).unwrap_or_default()).await?;
+                s_write.flush().await
+            };
+            match tokio::time::timeout(stall, sent).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return Err(Gone::Stream),
+            }
         }
     };
     let to_core = async {
@@ -121,7 +133,12 @@ mod tests {
     async fn the_last_bytes_reach_a_connection_that_holds_writes_until_flushed() {
         let (core, pump_end) = pair().expect("a socket pair");
         let (conn, mut peer) = tokio::io::duplex(1 << 20);
-        let task = tokio::spawn(pump(BufWriter::with_capacity(64 * 1024, conn), pump_end, None));
+        let task = tokio::spawn(pump(
+            BufWriter::with_capacity(64 * 1024, conn),
+            pump_end,
+            None,
+            Duration::from_secs(60),
+        ));
         let mut core = core;
         core.write_all(b"the last request").await.expect("write");
         let mut got = [0u8; 16];
@@ -133,5 +150,34 @@ mod tests {
         drop(core);
         drop(peer);
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
+
+    /// Attack: the far side of the connection stops reading but keeps its socket open, and
+    /// the core closes its end. The pump, blocked writing to the connection, used to live
+    /// (with its socket pair and the connection) for as long as TCP kept probing the zero
+    /// window; it now fails the stream after the stall time and resets the core's relay.
+    #[tokio::test]
+    async fn a_peer_that_stops_reading_does_not_hold_the_pump_for_ever() {
+        let (core, pump_end) = pair().expect("a socket pair");
+        // The peer's end is kept and never read: 1 KiB fits, then writes block.
+        let (conn, _peer) = tokio::io::duplex(1024);
+        let reset = CancellationToken::new();
+        let task = tokio::spawn(pump(
+            conn,
+            pump_end,
+            Some(reset.clone()),
+            Duration::from_millis(300),
+        ));
+        let mut core = core;
+        core.write_all(&[7u8; 16 * 1024]).await.expect("write");
+        drop(core);
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the pump ended within 10 s")
+            .expect("the pump did not panic");
+        assert!(
+            reset.is_cancelled(),
+            "the core's relay was told the stream failed"
+        );
     }
 }

@@ -333,6 +333,7 @@ async fn http1_request(
         }
     };
     let egress = conn.egress;
+    let stall = egress.limits.tunnel_idle_timeout;
     // The bridge before the answer: a 200 promises a tunnel.
     let (core, pump) = match bridge::pair() {
         Ok(p) => p,
@@ -359,7 +360,10 @@ async fn http1_request(
                 .await;
             // `core` is dropped here: the pump sees the end and resets the connection.
         };
-        tokio::join!(carry, bridge::pump(TokioIo::new(stream), pump, Some(pump_reset)));
+        tokio::join!(
+            carry,
+            bridge::pump(TokioIo::new(stream), pump, Some(pump_reset), stall)
+        );
     });
     Response::new(Full::new(Bytes::new()))
 }
