@@ -29,6 +29,11 @@ pub struct KindLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PathLabels {
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     pub outcome: Cow<'static, str>,
 }
@@ -51,6 +56,10 @@ pub struct Metrics {
     pub connections_refused: Family<KindLabels, Counter>,
     pub policy_reloads: Family<OutcomeLabels, Counter>,
     pub policy_generation: Gauge,
+    /// When each TLS certificate file in force expires (Unix seconds), by path.
+    pub tls_certificate_expiry: Family<PathLabels, Gauge>,
+    /// TLS configurations whose changed files do not load.
+    pub tls_reload_failing: Gauge,
 }
 
 impl Default for Metrics {
@@ -77,6 +86,8 @@ impl Metrics {
             connections_refused: Family::default(),
             policy_reloads: Family::default(),
             policy_generation: Gauge::default(),
+            tls_certificate_expiry: Family::default(),
+            tls_reload_failing: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -169,6 +180,16 @@ impl Metrics {
             "policy_generation",
             "Generation of the policy in force (1 at start)",
             m.policy_generation.clone(),
+        );
+        registry.register(
+            "tls_certificate_expiry_timestamp_seconds",
+            "When the first certificate of each TLS file in force expires (Unix time; 0: unreadable), by path: a node listener's certificate and client CA, a node's certificate and the CA of its central proxies",
+            m.tls_certificate_expiry.clone(),
+        );
+        registry.register(
+            "tls_reload_failing",
+            "TLS configurations whose files changed on disk but do not load (the previous files stay in force; tried again every second)",
+            m.tls_reload_failing.clone(),
         );
         m.policy_generation.set(1);
         Metrics { registry, ..m }

@@ -205,6 +205,7 @@ impl Proxy {
                 .filter_map(|(_, m)| m.node.clone())
                 .collect(),
             centrals: self.egress.dialer.centrals().cloned(),
+            metrics: self.egress.metrics.clone(),
         }
     }
 

@@ -225,3 +225,109 @@ fn sighup_reloads_certificates_without_dropping_tunnels() {
         "new connections still served: {head}"
     );
 }
+
+/// The value of `sandgate_tls_certificate_expiry_timestamp_seconds` for the file whose path
+/// ends in `file`, from the admin listener `admin` (`None`: no such sample).
+fn expiry(admin: std::net::SocketAddr, file: &str) -> Option<i64> {
+    let text = common::raw(
+        admin,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix("sandgate_tls_certificate_expiry_timestamp_seconds{path=\"")?;
+        let (path, value) = rest.split_once("\"} ")?;
+        path.ends_with(file).then(|| value.trim().parse().unwrap())
+    })
+}
+
+/// An operator alerts on certificates that will expire and on rotations that did not take.
+/// Each file's expiry in force is published, on the central (its certificate, its client
+/// CA) and on the node (its certificate, the central's CA); a rotation whose files do not
+/// load shows as `sandgate_tls_reload_failing 1` while the old certificate (and its
+/// expiry) stays in force, and a good rotation clears it and publishes the new expiry.
+/// On the code before, neither metric existed: a broken rotation showed in the log only,
+/// and the expiry of the certificate in force nowhere.
+#[test]
+fn certificate_expiry_and_a_rotation_that_does_not_load_show_in_the_metrics() {
+    let issue = |pki: &Pki, args: &[&str]| {
+        let (code, _, err) = central::pki(args, pki.dir.path());
+        assert_eq!(code, 0, "pki {args:?}: {err}");
+        pki.open_up();
+    };
+    let pki = Pki::new();
+    // 2030-06-01T23:59:59Z, 2031-01-01T23:59:59Z, 2029-03-03T23:59:59Z.
+    let (first, renewed, node_end) = (1_906_588_799, 1_925_078_399, 1_867_276_799);
+    issue(
+        &pki,
+        &[
+            "issue",
+            "--central",
+            "127.0.0.1",
+            "--force",
+            "--not-after",
+            "2030-06-01",
+        ],
+    );
+    let (admin, node_admin) = (common::world::free_addr(), common::world::free_addr());
+    let admin_s = admin.to_string();
+    let s = &EchoCentral::with_pki(pki, &["--metrics-listen", &admin_s]);
+    let EchoCentral { c, pki, target, .. } = s;
+    let failing = |a| common::metric(a, "sandgate_tls_reload_failing");
+
+    assert_eq!(expiry(admin, "/central-127.0.0.1.pem"), Some(first));
+    let ca = expiry(admin, "/ca.pem").expect("the client CA's expiry");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(ca > now + 3000 * 86_400, "the CA made for 3650 days: {ca}");
+    assert_eq!(failing(admin), 0.0);
+
+    // A node: its certificate and the CA it trusts the central by.
+    let cert = pki.node("node-a", &["--not-after", "2029-03-03"]);
+    let mut args = central::upstream_args(&cert, &[c.node_addr]);
+    let node_admin_s = node_admin.to_string();
+    args.extend(
+        [
+            "--dns-server",
+            "127.0.0.1:9",
+            "--allow",
+            target,
+            "--metrics-listen",
+            &node_admin_s,
+        ]
+        .map(str::to_owned),
+    );
+    let node = common::ProxyProcess::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    echoes(&mut central::tunnel(node.addr, target), b"through");
+    assert_eq!(expiry(node_admin, "/node-node-a.pem"), Some(node_end));
+    assert_eq!(expiry(node_admin, "/ca.pem"), Some(ca));
+    assert_eq!(failing(node_admin), 0.0);
+
+    // A rotation whose key is not the certificate's: failing, the old expiry in force.
+    swap_in(&pki.path("node-node-a.key"), &pki.path("central-127.0.0.1.key"));
+    assert!(
+        common::control::within(5, || failing(admin) == 1.0),
+        "a rotation that does not load shows"
+    );
+    assert_eq!(expiry(admin, "/central-127.0.0.1.pem"), Some(first));
+    // A good one: cleared, the new certificate's expiry published.
+    issue(
+        pki,
+        &[
+            "issue",
+            "--central",
+            "127.0.0.1",
+            "--force",
+            "--not-after",
+            "2031-01-01",
+        ],
+    );
+    assert!(
+        common::control::within(5, || failing(admin) == 0.0
+            && expiry(admin, "/central-127.0.0.1.pem") == Some(renewed)),
+        "a good rotation clears it: {:?}",
+        expiry(admin, "/central-127.0.0.1.pem")
+    );
+    echoes(&mut central::tunnel(node.addr, target), b"renewed");
+}

@@ -191,6 +191,11 @@ impl Centrals {
         self.tls.reload_if_stale()
     }
 
+    /// The client configuration and its files.
+    pub(crate) fn tls(&self) -> &Reloadable<rustls::ClientConfig, ClientFiles> {
+        &self.tls
+    }
+
     /// The TLS files [`Centrals::reload_tls`] reads.
     pub fn tls_paths(&self) -> Vec<std::path::PathBuf> {
         self.tls.paths()

@@ -5,6 +5,7 @@
 //! while the tunnels already on them carry on.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -17,6 +18,9 @@ pub trait Load<C> {
     fn load_config(&self) -> Result<Arc<C>, TlsError>;
     /// The files it reads.
     fn paths(&self) -> Vec<PathBuf>;
+    /// Those of them that hold certificates (its own and the CA it trusts), whose expiry
+    /// is published.
+    fn cert_paths(&self) -> Vec<PathBuf>;
 }
 
 impl Load<rustls::ServerConfig> for ServerFiles {
@@ -26,6 +30,9 @@ impl Load<rustls::ServerConfig> for ServerFiles {
     fn paths(&self) -> Vec<PathBuf> {
         vec![self.cert.clone(), self.key.clone(), self.client_ca.clone()]
     }
+    fn cert_paths(&self) -> Vec<PathBuf> {
+        vec![self.cert.clone(), self.client_ca.clone()]
+    }
 }
 
 impl Load<rustls::ClientConfig> for ClientFiles {
@@ -34,6 +41,9 @@ impl Load<rustls::ClientConfig> for ClientFiles {
     }
     fn paths(&self) -> Vec<PathBuf> {
         vec![self.ca.clone(), self.cert.clone(), self.key.clone()]
+    }
+    fn cert_paths(&self) -> Vec<PathBuf> {
+        vec![self.ca.clone(), self.cert.clone()]
     }
 }
 
@@ -71,18 +81,36 @@ pub struct Reloadable<C, F> {
     /// Held through a whole reload (stamp, load, swap, record), so a SIGHUP's and the
     /// watcher's cannot interleave into a configuration older than its recorded stamps.
     reloading: Mutex<()>,
+    /// Whether the files on disk differ from the ones in force and did not load when last
+    /// tried (the ones in force stay; the watcher tries again every second).
+    failing: AtomicBool,
+    /// When each certificate file in force expires (read just after it loaded).
+    expiries: Mutex<Vec<(PathBuf, Option<i64>)>>,
+}
+
+fn expiries(paths: Vec<PathBuf>) -> Vec<(PathBuf, Option<i64>)> {
+    paths
+        .into_iter()
+        .map(|p| {
+            let t = super::tls::earliest_expiry(&p);
+            (p, t)
+        })
+        .collect()
 }
 
 impl<C, F: Load<C>> Reloadable<C, F> {
     pub fn new(files: F) -> Result<Reloadable<C, F>, TlsError> {
         let loaded = stamps(&files.paths());
         let current = RwLock::new(files.load_config()?);
+        let expiries = Mutex::new(expiries(files.cert_paths()));
         Ok(Reloadable {
             files,
             current,
             loaded: Mutex::new(loaded),
             generation: watch::Sender::new(0),
             reloading: Mutex::new(()),
+            failing: AtomicBool::new(false),
+            expiries,
         })
     }
 
@@ -109,12 +137,28 @@ impl<C, F: Load<C>> Reloadable<C, F> {
         self.files.paths()
     }
 
+    /// Whether changed files failed to load when last tried (the older ones are in force).
+    pub fn failing(&self) -> bool {
+        self.failing.load(Ordering::Relaxed)
+    }
+
+    /// When each certificate file in force expires (Unix seconds; `None`: unreadable).
+    pub fn expiries(&self) -> Vec<(PathBuf, Option<i64>)> {
+        lock(&self.expiries).clone()
+    }
+
     /// Reads the files again; on an error the configuration in force stays. Connections
     /// count as older (and take no new streams) only when the files changed: a SIGHUP
     /// that reloads the policy alone leaves them be.
     pub fn reload(&self) -> Result<(), TlsError> {
         let _one_at_a_time = lock(&self.reloading);
-        self.load_stamped(stamps(&self.paths()))
+        self.noted(self.load_stamped(stamps(&self.paths())))
+    }
+
+    /// Records whether the files on disk are in force.
+    fn noted(&self, outcome: Result<(), TlsError>) -> Result<(), TlsError> {
+        self.failing.store(outcome.is_err(), Ordering::Relaxed);
+        outcome
     }
 
     /// Reloads when the files on disk differ from the ones in force: `None` when they do
@@ -123,9 +167,11 @@ impl<C, F: Load<C>> Reloadable<C, F> {
         let _one_at_a_time = lock(&self.reloading);
         let seen = stamps(&self.paths());
         if *lock(&self.loaded) == seen {
+            // Files put back as they were after a failed change are in force again.
+            self.failing.store(false, Ordering::Relaxed);
             return None;
         }
-        Some(self.load_stamped(seen))
+        Some(self.noted(self.load_stamped(seen)))
     }
 
     /// Loads the files whose stamps, taken just before, are `seen`, and puts them in force
@@ -137,6 +183,7 @@ impl<C, F: Load<C>> Reloadable<C, F> {
             Ok(mut c) => *c = fresh,
             Err(poisoned) => *poisoned.into_inner() = fresh,
         }
+        *lock(&self.expiries) = expiries(self.files.cert_paths());
         let previous = std::mem::replace(&mut *lock(&self.loaded), seen.clone());
         if previous != seen {
             self.generation.send_modify(|g| *g += 1);
@@ -158,6 +205,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct TlsHandle {
     pub(crate) listeners: Vec<Arc<super::NodeListener>>,
     pub(crate) centrals: Option<Arc<crate::dial::Centrals>>,
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// How often [`TlsHandle::watch`] looks at the files.
@@ -174,7 +222,30 @@ impl TlsHandle {
         if let Some(c) = &self.centrals {
             errors.extend(c.reload_tls().err());
         }
+        self.publish();
         errors
+    }
+
+    /// Sets the TLS metrics from the configurations in force: when each certificate file
+    /// expires, and how many configurations have changed files that do not load.
+    pub fn publish(&self) {
+        let listeners = self.listeners.iter().map(|l| (l.tls.failing(), l.tls.expiries()));
+        let centrals = self
+            .centrals
+            .iter()
+            .map(|c| (c.tls().failing(), c.tls().expiries()));
+        let mut failing = 0;
+        for (failed, expiries) in listeners.chain(centrals) {
+            failing += i64::from(failed);
+            for (path, not_after) in expiries {
+                let labels = crate::metrics::PathLabels {
+                    path: path.display().to_string(),
+                };
+                let gauge = self.metrics.tls_certificate_expiry.get_or_create(&labels);
+                gauge.set(not_after.unwrap_or(0));
+            }
+        }
+        self.metrics.tls_reload_failing.set(failing);
     }
 
     /// Whether there is anything to reload.
@@ -218,6 +289,7 @@ impl TlsHandle {
     pub async fn watch(self) {
         let paths = Arc::new(self.paths());
         let mut reported: Option<Vec<Stamp>> = None;
+        self.publish();
         loop {
             tokio::time::sleep(WATCH_EVERY).await;
             let (handle, paths) = (self.clone(), paths.clone());
@@ -229,6 +301,7 @@ impl TlsHandle {
             let Ok((outcome, failed_on)) = tick.await else {
                 continue;
             };
+            self.publish();
             match outcome {
                 None => {}
                 Some(errors) if errors.is_empty() => {

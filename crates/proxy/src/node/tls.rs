@@ -64,6 +64,18 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
     Ok(certs)
 }
 
+/// When the first certificate in a PEM file to expire does (Unix seconds): a chain's
+/// intermediate or one CA of a bundle ends trust as surely as the leaf. `None` when the
+/// file cannot be read or holds no certificate that parses.
+pub(crate) fn earliest_expiry(path: &Path) -> Option<i64> {
+    load_certs(path)
+        .ok()?
+        .iter()
+        .filter_map(|c| x509_parser::parse_x509_certificate(c.as_ref()).ok())
+        .map(|(_, parsed)| parsed.validity().not_after.timestamp())
+        .min()
+}
+
 /// The private key in a PEM file (PKCS#8, PKCS#1 or SEC1).
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     PrivateKeyDer::from_pem_slice(&read_tls_file(path)?)
