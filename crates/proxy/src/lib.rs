@@ -22,7 +22,7 @@ pub mod http1;
 pub mod metrics;
 pub mod node;
 pub mod refusal;
-pub(crate) mod relay;
+pub(crate) use sandgate_relay as relay;
 pub mod reload;
 pub mod rules;
 pub(crate) mod server;

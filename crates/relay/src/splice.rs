@@ -18,7 +18,7 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::event::Outcome;
+use sandgate_audit::event::Outcome;
 
 /// Pipe capacity asked for, and bytes asked of one splice call. Larger than the 64 KiB
 /// default so a busy tunnel wakes the proxy less often; pages are only held while bytes

@@ -22,7 +22,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::copy::{Meter, Side, settle};
-use crate::audit::event::Outcome;
+use sandgate_audit::event::Outcome;
 
 /// Read size while a tunnel moves data from a socket (also the largest DATA frame).
 const CHUNK: usize = 64 * 1024;
@@ -32,7 +32,7 @@ const LINGER: Duration = Duration::from_secs(10);
 /// An HTTP/2 stream carrying a tunnel: the two halves, and bytes taken from the receiving
 /// half (their window already given back) that nothing has read yet.
 #[derive(Debug)]
-pub(crate) struct NodeStream {
+pub struct NodeStream {
     send: SendStream<Bytes>,
     recv: RecvStream,
     pending: Bytes,
@@ -46,7 +46,7 @@ pub(crate) struct NodeStream {
 
 /// A stream's place among a connection's streams: counted while it is held.
 #[derive(Debug)]
-pub(crate) struct StreamSlot(pub Arc<AtomicUsize>);
+pub struct StreamSlot(pub Arc<AtomicUsize>);
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
@@ -55,7 +55,7 @@ impl Drop for StreamSlot {
 }
 
 impl NodeStream {
-    pub(crate) fn new(send: SendStream<Bytes>, recv: RecvStream, slot: Option<StreamSlot>) -> NodeStream {
+    pub fn new(send: SendStream<Bytes>, recv: RecvStream, slot: Option<StreamSlot>) -> NodeStream {
         NodeStream {
             send,
             recv,
@@ -67,7 +67,7 @@ impl NodeStream {
     }
 
     /// Ends the stream abruptly (RST_STREAM CANCEL): the peer sees a reset, not an end.
-    pub(crate) fn reset(&mut self) {
+    pub fn reset(&mut self) {
         self.send.send_reset(h2::Reason::CANCEL);
     }
 
@@ -75,7 +75,7 @@ impl NodeStream {
     /// END_STREAM, then the peer's remaining bytes are read and dropped until it ends its
     /// half too, for at most [`LINGER`]. Dropping a stream resets it, which its peer records
     /// as the client's reset.
-    pub(crate) async fn linger(mut self) {
+    pub async fn linger(mut self) {
         if !self.finished {
             let _ = self.send.send_data(Bytes::new(), true);
         }
@@ -160,7 +160,7 @@ impl AsyncWrite for NodeStream {
 impl NodeStream {
     /// Whether a kept stream can carry another request: the peer has neither ended it,
     /// reset it, nor sent anything unasked.
-    pub(crate) fn is_idle(&mut self) -> bool {
+    pub fn is_idle(&mut self) -> bool {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         self.pending.is_empty()
             && !self.ended
@@ -171,13 +171,13 @@ impl NodeStream {
 
 /// An upstream connection the core owns: a socket, or a stream to a central proxy.
 #[derive(Debug)]
-pub(crate) enum Upstream {
+pub enum Upstream {
     Tcp(TcpStream),
     Stream(Box<NodeStream>),
 }
 
 impl Upstream {
-    pub(crate) fn leg(&mut self) -> Leg<'_> {
+    pub fn leg(&mut self) -> Leg<'_> {
         match self {
             Upstream::Tcp(s) => Leg::Tcp(s),
             Upstream::Stream(s) => Leg::Stream(s),
@@ -186,7 +186,7 @@ impl Upstream {
 
     /// Whether a kept connection can carry another request: the peer has neither closed
     /// it nor sent anything unasked.
-    pub(crate) fn is_idle(&mut self) -> bool {
+    pub fn is_idle(&mut self) -> bool {
         match self {
             Upstream::Tcp(s) => {
                 let mut probe = [0u8; 1];
@@ -198,7 +198,7 @@ impl Upstream {
 
     /// Gives the connection up cleanly: a socket is closed, a stream ended
     /// ([`NodeStream::linger`], in a task of its own).
-    pub(crate) fn close(self) {
+    pub fn close(self) {
         if let Upstream::Stream(s) = self
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
@@ -241,14 +241,14 @@ impl AsyncWrite for Upstream {
 
 /// A tunnel's end as the core drives it (borrowed: the front end or the core owns it).
 #[derive(Debug)]
-pub(crate) enum Leg<'a> {
+pub enum Leg<'a> {
     Tcp(&'a TcpStream),
     Stream(&'a mut NodeStream),
 }
 
 impl Leg<'_> {
     /// Waits until a read would not block (data, an end, or an error to report).
-    pub(crate) async fn readable(&mut self) -> io::Result<()> {
+    pub async fn readable(&mut self) -> io::Result<()> {
         match self {
             Leg::Tcp(s) => s.readable().await,
             Leg::Stream(s) => {
@@ -268,7 +268,7 @@ impl Leg<'_> {
     }
 
     /// Reads what is there without waiting: `Ok(0)` at the end, `WouldBlock` when nothing is.
-    pub(crate) fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+    pub fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Leg::Tcp(s) => s.try_read(buf),
             Leg::Stream(s) if !s.pending.is_empty() => {
@@ -285,7 +285,7 @@ impl Leg<'_> {
     }
 
     /// Writes all of `data`.
-    pub(crate) async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
+    pub async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
         match self {
             Leg::Tcp(s) => super::write_all(s, data).await,
             Leg::Stream(s) => send(&mut s.send, Bytes::copy_from_slice(data)).await,
@@ -293,7 +293,7 @@ impl Leg<'_> {
     }
 
     /// The socket, where this end is one.
-    pub(crate) fn tcp(&self) -> Option<&TcpStream> {
+    pub fn tcp(&self) -> Option<&TcpStream> {
         match self {
             Leg::Tcp(s) => Some(s),
             Leg::Stream(_) => None,
@@ -484,7 +484,7 @@ async fn forward(
 /// end, one fails, nothing moves for `idle`, or `stop` cuts it; a stream is reset when the
 /// tunnel ends other than cleanly. Returns bytes client-to-upstream, upstream-to-client and
 /// the outcome (as [`super::tunnel`]'s).
-pub(crate) async fn relay(
+pub async fn relay(
     client: &mut Leg<'_>,
     upstream: &mut Leg<'_>,
     idle: Duration,

@@ -8,7 +8,7 @@
 //! that is an HTTP/2 stream between a node and a central proxy is relayed frame by frame
 //! (`leg.rs`). `copy.rs` also relays any pair of async streams ([`relay_streams`], a buffer
 //! per direction; the HTTP/1.1 node transport's bridge has a pump of its own,
-//! `node/bridge.rs`). No relay holds a user-space buffer while a tunnel idles.
+//! sandgate-proxy's `node/bridge.rs`). No relay holds a user-space buffer while a tunnel idles.
 
 mod copy;
 mod leg;
@@ -21,23 +21,16 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::audit::event::Outcome;
+use sandgate_audit::event::Outcome;
 
-#[cfg_attr(
-    not(test),
-    expect(
-        unused_imports,
-        reason = "see relay_streams: no caller outside the tests today"
-    )
-)]
-pub(crate) use copy::relay_streams;
-pub(crate) use leg::{Leg, NodeStream, StreamSlot, Upstream};
+pub use copy::relay_streams;
+pub use leg::{Leg, NodeStream, StreamSlot, Upstream};
 
 /// Relays `client` and `upstream` until both directions end, one fails, the tunnel idles
 /// out, or `stop` cuts it. Returns bytes client-to-upstream, upstream-to-client, and the
 /// outcome (`ok`, `client_reset`, `upstream_reset`, `idle_timeout`, `shutdown`,
 /// `proxy_out_of_descriptors`).
-pub(crate) async fn tunnel(
+pub async fn tunnel(
     client: &mut Leg<'_>,
     upstream: &mut Leg<'_>,
     idle: Duration,
@@ -67,7 +60,7 @@ async fn sockets(
 }
 
 /// Writes all of `data` through a shared reference (each relay direction holds one).
-pub(crate) async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+pub async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
     while !data.is_empty() {
         dst.writable().await?;
         match dst.try_write(data) {

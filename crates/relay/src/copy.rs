@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 
 use super::write_all;
 
-use crate::audit::event::Outcome;
+use sandgate_audit::event::Outcome;
 
 /// Read size while a tunnel moves data.
 const TUNNEL_CHUNK: usize = 64 * 1024;
@@ -151,14 +151,10 @@ async fn idle_watch(last: &AtomicU64, epoch: Instant, idle: Duration) {
 /// buffer of its own and passes a clean EOF on as a shutdown of the other side's writes.
 /// Returns bytes `a`-to-`b`, `b`-to-`a`, and the outcome (as [`super::tunnel`]'s, with `a`
 /// the client).
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "the relay for any two streams; the node bridge has a pump of its own, which tells a socket closed outright from a half-close"
-    )
-)]
-pub(crate) async fn relay_streams<A, B>(
+///
+/// No caller in sandgate today: the node bridge has a pump of its own, which tells a socket
+/// closed outright from a half-close.
+pub async fn relay_streams<A, B>(
     a: A,
     b: B,
     idle: Duration,
@@ -228,7 +224,7 @@ where
         dst.write_all(buf.get(..n).unwrap_or_default())
             .await
             .map_err(|_| sides.1)?;
-        // A TLS stream may hold written bytes until flushed (node/bridge.rs).
+        // A TLS stream may hold written bytes until flushed (sandgate-proxy's node/bridge.rs).
         dst.flush().await.map_err(|_| sides.1)?;
         meter.moved(n);
     }
