@@ -1,6 +1,7 @@
 //! Nodes: the node-local proxies a central proxy serves (`spec.nodes`), and which tasks and
-//! projects each may attribute traffic to. A node is known by a name in its client
-//! certificate (a subject alternative name); what it claims about a request (the task,
+//! projects each may attribute traffic to. A node is known by the first name in its
+//! client certificate (its first DNS or IP subject alternative name, which its runs are
+//! named under); what it claims about a request (the task,
 //! project and job, sent as attribution headers) is believed only within its entry.
 
 /// One node a central proxy accepts, and whom it may vouch for.
@@ -56,12 +57,15 @@ impl NodeSpec {
 pub struct Nodes(pub Vec<NodeSpec>);
 
 impl Nodes {
-    /// The first entry named by any of `names` (a certificate's subject alternative names).
-    pub fn find<'a>(&self, names: impl IntoIterator<Item = &'a str>) -> Option<&NodeSpec> {
-        let names: Vec<&str> = names.into_iter().collect();
-        self.0
-            .iter()
-            .find(|n| names.iter().any(|m| m.eq_ignore_ascii_case(&n.name)))
+    /// The entry of the node whose certificate's first subject alternative name is `name`.
+    /// Only the first: it is the name a node's runs are named under (`NAME:run-...`), so the
+    /// name a node is listed by is the prefix of its runs, and a load-time check on the
+    /// listed names ([`crate::document`]) keeps every node out of the others' runs. (Matched
+    /// by any name, a certificate listed by its second name would have runs under a first
+    /// name that no check sees: review finding.)
+    pub fn find(&self, name: Option<&str>) -> Option<&NodeSpec> {
+        let name = name?;
+        self.0.iter().find(|n| name.eq_ignore_ascii_case(&n.name))
     }
 }
 
@@ -138,8 +142,8 @@ mod tests {
     #[test]
     fn lookup_by_any_certificate_name() {
         let nodes = Nodes(vec![node(&[], &[])]);
-        assert!(nodes.find(["other", "NODE-A"]).is_some());
-        assert!(nodes.find(["node-b"]).is_none());
-        assert!(nodes.find([]).is_none());
+        assert!(nodes.find(Some("NODE-A")).is_some());
+        assert!(nodes.find(Some("node-b")).is_none());
+        assert!(nodes.find(None).is_none());
     }
 }

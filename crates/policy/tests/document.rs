@@ -284,7 +284,7 @@ fn a_node_pattern_that_names_another_nodes_runs_is_refused() {
         "  nodes:\n    - { name: node-a, tasks: [ \"node-a:*\", ci-7 ] }\n    - { name: node-ab, tasks: [ \"node-ab:*\" ] }\n    - { name: hub, tasks: [ \"*\" ] }\n    - { name: \"fd00::1\", tasks: [ \"fd00::1:*\" ] }\n",
     );
     let file = parse_policy(&fine, "p.yaml", NOW).expect("each node's own runs");
-    let a = file.nodes.find(["node-a"]).expect("node-a");
+    let a = file.nodes.find(Some("node-a")).expect("node-a");
     assert!(a.vouches(Some("node-a:run-1"), None).is_ok());
     assert!(a.vouches(Some("node-ab:run-1"), None).is_err());
 }

@@ -183,7 +183,7 @@ impl Metrics {
         );
         registry.register(
             "tls_certificate_expiry_timestamp_seconds",
-            "When the first certificate of each TLS file in force expires (Unix time; 0: unreadable), by path: a node listener's certificate and client CA, a node's certificate and the CA of its central proxies",
+            "When the earliest-expiring certificate of each TLS file in force expires (Unix time; 0: none parses), by path: a node listener's certificate (chain) and client CA bundle, a node's certificate and the CA of its central proxies",
             m.tls_certificate_expiry.clone(),
         );
         registry.register(

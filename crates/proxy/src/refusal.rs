@@ -79,8 +79,8 @@ pub enum NodeRefusal {
     /// one, or no HTTP/2.
     #[error("node TLS handshake failed: {0}")]
     Handshake(String),
-    /// The certificate is valid but names no node of `spec.nodes`.
-    #[error("certificate names no listed node ({0})")]
+    /// The certificate is valid but its first name is no node of `spec.nodes`.
+    #[error("the certificate's first name is no listed node (its names: {0})")]
     Unknown(String),
     #[error("bad attribution: {0}")]
     Attribution(#[from] crate::node::attribution::AttributionError),

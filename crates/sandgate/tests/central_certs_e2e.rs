@@ -304,13 +304,35 @@ fn certificate_expiry_and_a_rotation_that_does_not_load_show_in_the_metrics() {
     assert_eq!(expiry(node_admin, "/ca.pem"), Some(ca));
     assert_eq!(failing(node_admin), 0.0);
 
-    // A rotation whose key is not the certificate's: failing, the old expiry in force.
-    swap_in(&pki.path("node-node-a.key"), &pki.path("central-127.0.0.1.key"));
+    // A rotation whose new certificate (valid to 2031) is not its key's: failing, and the
+    // expiry published stays the one in force, not the one on disk.
+    issue(
+        pki,
+        &[
+            "issue",
+            "--central",
+            "127.0.0.2",
+            "--force",
+            "--not-after",
+            "2031-01-01",
+        ],
+    );
+    swap_in(
+        &pki.path("central-127.0.0.2.pem"),
+        &pki.path("central-127.0.0.1.pem"),
+    );
     assert!(
         common::control::within(5, || failing(admin) == 1.0),
         "a rotation that does not load shows"
     );
     assert_eq!(expiry(admin, "/central-127.0.0.1.pem"), Some(first));
+    // The same on the node: a key that is not its certificate's.
+    swap_in(&pki.path("central-127.0.0.2.key"), &cert.key);
+    assert!(
+        common::control::within(5, || failing(node_admin) == 1.0),
+        "the node's failed rotation shows"
+    );
+    assert_eq!(expiry(node_admin, "/node-node-a.pem"), Some(node_end));
     // A good one: cleared, the new certificate's expiry published.
     issue(
         pki,
@@ -329,5 +351,6 @@ fn certificate_expiry_and_a_rotation_that_does_not_load_show_in_the_metrics() {
         "a good rotation clears it: {:?}",
         expiry(admin, "/central-127.0.0.1.pem")
     );
+    // The node still presents the certificate in force (its key on disk is not its).
     echoes(&mut central::tunnel(node.addr, target), b"renewed");
 }

@@ -593,6 +593,33 @@ fn the_http1_transport_opens_a_connection_per_tunnel() {
     );
 }
 
+/// A node is known by its certificate's first name, the name its runs are named under
+/// (`NAME:run-...`), and by no other. Attack (review finding): a certificate whose first
+/// name is `x-other` and whose second is `node-a` used to be served as node-a, while the
+/// runs behind it were named `x-other:run-...`, a namespace no load-time check of the
+/// listed names could see (another node's `x-*` pattern could claim them). Now it is
+/// refused and on record as `node_unknown`; node-a's own certificate is still served.
+#[test]
+fn a_node_is_known_by_its_certificates_first_name_only() {
+    let OkCentral {
+        c, pki, origin, cert, ..
+    } = &OkCentral::new();
+    let ok_p = format!("ok.test:{}", origin.port());
+    let url = format!("http://ok.test:{}/", origin.port());
+    let second = pki.node("x-other", &["--san", "node-a"]);
+    let n = node(&second, &[c.node_addr], &[&ok_p], Some(("t1", "p1")));
+    assert_eq!(get_status(n.addr, &url), "502", "node-a only as a second name");
+    let unknown = events_where(&c.proxy.audit_path, 1, |e| e["reason_code"] == "node_unknown");
+    let detail = unknown[0]["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("first name") && detail.contains("x-other, node-a"),
+        "{detail}"
+    );
+    drop(n);
+    let n = node(cert, &[c.node_addr], &[&ok_p], Some(("t1", "p1")));
+    assert_eq!(get_status(n.addr, &url), "200", "node-a's own certificate");
+}
+
 /// The operator drops a node from `spec.nodes` (a compromised machine): after the reload,
 /// its next stream is refused even on the connection it already holds, and on record.
 #[test]

@@ -54,10 +54,13 @@ enum Gone {
 /// written, and nothing else would send them once the core has no more to say (a client
 /// that sent its last bytes and waits for an answer would wait for ever).
 ///
-/// A write (or the closing flush) the connection takes nothing of for `stall` (the tunnel
-/// idle timeout) fails the stream: a peer that stops reading but keeps its socket open
-/// would otherwise hold the pump in that write for as long as TCP keeps probing its zero
-/// window, and a pump blocked in a write cannot see the core close its end.
+/// A write (or the close) the connection takes no byte of for `stall` (the tunnel idle
+/// timeout) fails the stream, and so does a connection silent for `stall` after the core's
+/// side has ended: a peer that stops reading but keeps its socket open would otherwise hold
+/// the pump in that write for as long as TCP keeps probing its zero window, and a pump
+/// blocked in a write or waiting to read cannot see the core close its end. On a central
+/// the failure resets the core's relay (`reset`); on a node the pump's end closes, and the
+/// relay sees the stream end.
 pub(crate) async fn pump<S>(
     stream: S,
     pump: UnixStream,
@@ -69,6 +72,8 @@ pub(crate) async fn pump<S>(
     use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
     let (mut s_read, mut s_write) = tokio::io::split(stream);
     let (mut p_read, mut p_write) = pump.into_split();
+    // Cancelled once the core has said all it will (its clean end passed on).
+    let core_done = CancellationToken::new();
     let to_stream = async {
         let mut buf = vec![0u8; PUMP_CHUNK];
         loop {
@@ -83,14 +88,23 @@ pub(crate) async fn pump<S>(
                 if matches!(ready, Ok(Ok(r)) if r.is_write_closed()) {
                     return Err(Gone::Core);
                 }
-                let _ = tokio::time::timeout(stall, s_write.shutdown()).await;
+                // The close (TLS close_notify) must be taken too.
+                match tokio::time::timeout(stall, s_write.shutdown()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) | Err(_) => return Err(Gone::Stream),
+                }
+                core_done.cancel();
                 return Ok(());
             }
-            let sent = async {
-                s_write.write_all(buf.get(..n).unwrap_or_default()).await?;
-                s_write.flush().await
-            };
-            match tokio::time::timeout(stall, sent).await {
+            // Each write that moves a byte restarts the stall timer.
+            let mut rest = buf.get(..n).unwrap_or_default();
+            while !rest.is_empty() {
+                match tokio::time::timeout(stall, s_write.write(rest)).await {
+                    Ok(Ok(k)) if k > 0 => rest = rest.get(k..).unwrap_or_default(),
+                    Ok(_) | Err(_) => return Err(Gone::Stream),
+                }
+            }
+            match tokio::time::timeout(stall, s_write.flush()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) | Err(_) => return Err(Gone::Stream),
             }
@@ -98,8 +112,18 @@ pub(crate) async fn pump<S>(
     };
     let to_core = async {
         let mut buf = vec![0u8; PUMP_CHUNK];
+        // Once the core's side has ended, this direction is the tunnel's only traffic: a
+        // stream silent for the stall time then ends it (the core's relay has idled out
+        // and closed its end by then, which a pump waiting to read cannot see).
+        let silent = || async {
+            core_done.cancelled().await;
+            tokio::time::sleep(stall).await;
+        };
         loop {
-            let n = s_read.read(&mut buf).await.map_err(|_| Gone::Stream)?;
+            let n = tokio::select! {
+                read = s_read.read(&mut buf) => read.map_err(|_| Gone::Stream)?,
+                () = silent() => return Err(Gone::Stream),
+            };
             if n == 0 {
                 let _ = p_write.shutdown().await;
                 return Ok(());
@@ -179,5 +203,42 @@ mod tests {
             reset.is_cancelled(),
             "the core's relay was told the stream failed"
         );
+    }
+
+    /// Attack (review finding): the core's side ends cleanly (the origin closed), then the
+    /// far side of the connection goes silent without closing (a paused or hostile node),
+    /// and the core's relay idles out and closes its end. The pump, waiting to read from the
+    /// connection, used to live on with its sockets and the connection's slot; it now ends
+    /// after the stall time, and resets the core's relay.
+    #[tokio::test]
+    async fn a_silent_peer_after_the_cores_clean_end_does_not_hold_the_pump_for_ever() {
+        let (core, pump_end) = pair().expect("a socket pair");
+        let (conn, mut peer) = tokio::io::duplex(64 * 1024);
+        let reset = CancellationToken::new();
+        let task = tokio::spawn(pump(
+            conn,
+            pump_end,
+            Some(reset.clone()),
+            Duration::from_millis(300),
+        ));
+        let mut core = core;
+        core.write_all(b"last words").await.expect("write");
+        core.shutdown().await.expect("half-close");
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), peer.read_to_end(&mut got))
+            .await
+            .expect("the clean end reached the peer")
+            .expect("read");
+        assert_eq!(got, b"last words");
+        drop(core);
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the pump ended within 10 s")
+            .expect("the pump did not panic");
+        assert!(
+            reset.is_cancelled(),
+            "the core's relay was told the stream failed"
+        );
+        drop(peer);
     }
 }

@@ -11,39 +11,32 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::tls::{ClientFiles, ServerFiles, TlsError};
+use super::tls::{ClientFiles, Expiries, ServerFiles, TlsError};
 
 /// Loads a configuration from its files.
 pub trait Load<C> {
-    fn load_config(&self) -> Result<Arc<C>, TlsError>;
+    /// The configuration, and when each of its certificate files (its own, the CA it
+    /// trusts) expires.
+    fn load_config(&self) -> Result<(Arc<C>, Expiries), TlsError>;
     /// The files it reads.
     fn paths(&self) -> Vec<PathBuf>;
-    /// Those of them that hold certificates (its own and the CA it trusts), whose expiry
-    /// is published.
-    fn cert_paths(&self) -> Vec<PathBuf>;
 }
 
 impl Load<rustls::ServerConfig> for ServerFiles {
-    fn load_config(&self) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-        self.load()
+    fn load_config(&self) -> Result<(Arc<rustls::ServerConfig>, Expiries), TlsError> {
+        self.load_expiring()
     }
     fn paths(&self) -> Vec<PathBuf> {
         vec![self.cert.clone(), self.key.clone(), self.client_ca.clone()]
     }
-    fn cert_paths(&self) -> Vec<PathBuf> {
-        vec![self.cert.clone(), self.client_ca.clone()]
-    }
 }
 
 impl Load<rustls::ClientConfig> for ClientFiles {
-    fn load_config(&self) -> Result<Arc<rustls::ClientConfig>, TlsError> {
-        self.load()
+    fn load_config(&self) -> Result<(Arc<rustls::ClientConfig>, Expiries), TlsError> {
+        self.load_expiring()
     }
     fn paths(&self) -> Vec<PathBuf> {
         vec![self.ca.clone(), self.cert.clone(), self.key.clone()]
-    }
-    fn cert_paths(&self) -> Vec<PathBuf> {
-        vec![self.ca.clone(), self.cert.clone()]
     }
 }
 
@@ -84,25 +77,15 @@ pub struct Reloadable<C, F> {
     /// Whether the files on disk differ from the ones in force and did not load when last
     /// tried (the ones in force stay; the watcher tries again every second).
     failing: AtomicBool,
-    /// When each certificate file in force expires (read just after it loaded).
-    expiries: Mutex<Vec<(PathBuf, Option<i64>)>>,
-}
-
-fn expiries(paths: Vec<PathBuf>) -> Vec<(PathBuf, Option<i64>)> {
-    paths
-        .into_iter()
-        .map(|p| {
-            let t = super::tls::earliest_expiry(&p);
-            (p, t)
-        })
-        .collect()
+    /// When each certificate file in force expires (from the certificates it was built of).
+    expiries: Mutex<Expiries>,
 }
 
 impl<C, F: Load<C>> Reloadable<C, F> {
     pub fn new(files: F) -> Result<Reloadable<C, F>, TlsError> {
         let loaded = stamps(&files.paths());
-        let current = RwLock::new(files.load_config()?);
-        let expiries = Mutex::new(expiries(files.cert_paths()));
+        let (config, expiries) = files.load_config()?;
+        let (current, expiries) = (RwLock::new(config), Mutex::new(expiries));
         Ok(Reloadable {
             files,
             current,
@@ -143,7 +126,7 @@ impl<C, F: Load<C>> Reloadable<C, F> {
     }
 
     /// When each certificate file in force expires (Unix seconds; `None`: unreadable).
-    pub fn expiries(&self) -> Vec<(PathBuf, Option<i64>)> {
+    pub fn expiries(&self) -> Expiries {
         lock(&self.expiries).clone()
     }
 
@@ -178,12 +161,12 @@ impl<C, F: Load<C>> Reloadable<C, F> {
     /// (the caller holds `reloading`, so a SIGHUP's reload and the watcher's cannot
     /// interleave into a configuration older than its recorded stamps).
     fn load_stamped(&self, seen: Vec<Stamp>) -> Result<(), TlsError> {
-        let fresh = self.files.load_config()?;
+        let (fresh, expiries) = self.files.load_config()?;
         match self.current.write() {
             Ok(mut c) => *c = fresh,
             Err(poisoned) => *poisoned.into_inner() = fresh,
         }
-        *lock(&self.expiries) = expiries(self.files.cert_paths());
+        *lock(&self.expiries) = expiries;
         let previous = std::mem::replace(&mut *lock(&self.loaded), seen.clone());
         if previous != seen {
             self.generation.send_modify(|g| *g += 1);
@@ -227,7 +210,8 @@ impl TlsHandle {
     }
 
     /// Sets the TLS metrics from the configurations in force: when each certificate file
-    /// expires, and how many configurations have changed files that do not load.
+    /// expires (a path two configurations share, such as one CA, by the earlier of the two
+    /// versions they hold), and how many configurations have changed files that do not load.
     pub fn publish(&self) {
         let listeners = self.listeners.iter().map(|l| (l.tls.failing(), l.tls.expiries()));
         let centrals = self
@@ -235,15 +219,23 @@ impl TlsHandle {
             .iter()
             .map(|c| (c.tls().failing(), c.tls().expiries()));
         let mut failing = 0;
+        let mut by_path: std::collections::BTreeMap<PathBuf, Option<i64>> = Default::default();
         for (failed, expiries) in listeners.chain(centrals) {
             failing += i64::from(failed);
             for (path, not_after) in expiries {
-                let labels = crate::metrics::PathLabels {
-                    path: path.display().to_string(),
+                let earliest = by_path.entry(path).or_insert(not_after);
+                *earliest = match (*earliest, not_after) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
                 };
-                let gauge = self.metrics.tls_certificate_expiry.get_or_create(&labels);
-                gauge.set(not_after.unwrap_or(0));
             }
+        }
+        for (path, not_after) in by_path {
+            let labels = crate::metrics::PathLabels {
+                path: path.display().to_string(),
+            };
+            let gauge = self.metrics.tls_certificate_expiry.get_or_create(&labels);
+            gauge.set(not_after.unwrap_or(0));
         }
         self.metrics.tls_reload_failing.set(failing);
     }

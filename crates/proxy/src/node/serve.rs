@@ -102,7 +102,7 @@ pub(crate) async fn serve(
         .and_then(|c| c.first())
         .map(tls::cert_names)
         .unwrap_or_default();
-    let Some(node) = listener.nodes().find(names.iter().map(String::as_str)).cloned() else {
+    let Some(node) = listener.nodes().find(names.first().map(String::as_str)).cloned() else {
         return refuse_connection(&egress, peer, NodeRefusal::Unknown(names.join(", "))).await;
     };
     tracing::debug!(%peer, node = %node.name, "node connected");
@@ -141,7 +141,7 @@ impl Conn {
     fn node(&self) -> Option<NodeSpec> {
         self.listener
             .nodes()
-            .find(self.names.iter().map(String::as_str))
+            .find(self.names.first().map(String::as_str))
             .cloned()
     }
 }

@@ -64,17 +64,19 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
     Ok(certs)
 }
 
-/// When the first certificate in a PEM file to expire does (Unix seconds): a chain's
-/// intermediate or one CA of a bundle ends trust as surely as the leaf. `None` when the
-/// file cannot be read or holds no certificate that parses.
-pub(crate) fn earliest_expiry(path: &Path) -> Option<i64> {
-    load_certs(path)
-        .ok()?
+/// When the first of `certs` to expire does (Unix seconds): a chain's intermediate or one
+/// CA of a bundle ends trust as surely as the leaf. `None` when none parses.
+fn earliest_expiry(certs: &[CertificateDer<'_>]) -> Option<i64> {
+    certs
         .iter()
         .filter_map(|c| x509_parser::parse_x509_certificate(c.as_ref()).ok())
         .map(|(_, parsed)| parsed.validity().not_after.timestamp())
         .min()
 }
+
+/// When each certificate file of a configuration expires (Unix seconds), taken from the
+/// very certificates the configuration was built from.
+pub type Expiries = Vec<(PathBuf, Option<i64>)>;
 
 /// The private key in a PEM file (PKCS#8, PKCS#1 or SEC1).
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
@@ -84,8 +86,15 @@ pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 
 /// The CA certificates in a PEM file as trust anchors; a CA that is not valid now is refused.
 pub fn roots(path: &Path) -> Result<rustls::RootCertStore, TlsError> {
+    roots_expiring(path).map(|(roots, _)| roots)
+}
+
+/// [`roots`], and when the first of them expires.
+fn roots_expiring(path: &Path) -> Result<(rustls::RootCertStore, Option<i64>), TlsError> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in load_certs(path)? {
+    let certs = load_certs(path)?;
+    let expiry = earliest_expiry(&certs);
+    for cert in certs {
         // webpki does not check a trust anchor's own dates: an expired CA would go on
         // vouching for every certificate it signed.
         if let Ok((_, parsed)) = x509_parser::parse_x509_certificate(cert.as_ref())
@@ -104,7 +113,7 @@ pub fn roots(path: &Path) -> Result<rustls::RootCertStore, TlsError> {
             .add(cert)
             .map_err(|e| file_error(path, format!("not a CA certificate: {e}")))?;
     }
-    Ok(roots)
+    Ok((roots, expiry))
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -128,18 +137,28 @@ impl ServerFiles {
     /// A server configuration that requires a client certificate chaining to `client_ca`
     /// (unexpired; webpki checks the validity period against the clock).
     pub fn load(&self) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-        let verifier =
-            WebPkiClientVerifier::builder_with_provider(Arc::new(roots(&self.client_ca)?), provider())
-                .build()
-                .map_err(|e| TlsError::Config(format!("{}: {e}", self.client_ca.display())))?;
+        self.load_expiring().map(|(config, _)| config)
+    }
+
+    /// [`ServerFiles::load`], and when its certificate and client CA files expire.
+    pub(crate) fn load_expiring(&self) -> Result<(Arc<rustls::ServerConfig>, Expiries), TlsError> {
+        let (roots, ca_expiry) = roots_expiring(&self.client_ca)?;
+        let certs = load_certs(&self.cert)?;
+        let expiries = vec![
+            (self.cert.clone(), earliest_expiry(&certs)),
+            (self.client_ca.clone(), ca_expiry),
+        ];
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+            .build()
+            .map_err(|e| TlsError::Config(format!("{}: {e}", self.client_ca.display())))?;
         let mut config = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsError::Config(e.to_string()))?
             .with_client_cert_verifier(verifier)
-            .with_single_cert(load_certs(&self.cert)?, load_key(&self.key)?)
+            .with_single_cert(certs, load_key(&self.key)?)
             .map_err(|e| file_error(&self.key, format!("does not match {}: {e}", self.cert.display())))?;
         config.alpn_protocols = vec![H2.to_vec(), HTTP1.to_vec()];
-        Ok(Arc::new(config))
+        Ok((Arc::new(config), expiries))
     }
 }
 
@@ -157,14 +176,25 @@ pub struct ClientFiles {
 impl ClientFiles {
     /// A client configuration presenting the node's certificate, trusting only `ca`.
     pub fn load(&self) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+        self.load_expiring().map(|(config, _)| config)
+    }
+
+    /// [`ClientFiles::load`], and when its CA and certificate files expire.
+    pub(crate) fn load_expiring(&self) -> Result<(Arc<rustls::ClientConfig>, Expiries), TlsError> {
+        let (roots, ca_expiry) = roots_expiring(&self.ca)?;
+        let certs = load_certs(&self.cert)?;
+        let expiries = vec![
+            (self.ca.clone(), ca_expiry),
+            (self.cert.clone(), earliest_expiry(&certs)),
+        ];
         let mut config = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsError::Config(e.to_string()))?
-            .with_root_certificates(roots(&self.ca)?)
-            .with_client_auth_cert(load_certs(&self.cert)?, load_key(&self.key)?)
+            .with_root_certificates(roots)
+            .with_client_auth_cert(certs, load_key(&self.key)?)
             .map_err(|e| file_error(&self.key, format!("does not match {}: {e}", self.cert.display())))?;
         config.alpn_protocols = vec![if self.http1 { HTTP1 } else { H2 }.to_vec()];
-        Ok(Arc::new(config))
+        Ok((Arc::new(config), expiries))
     }
 }
 
