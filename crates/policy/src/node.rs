@@ -140,7 +140,7 @@ mod tests {
     }
 
     #[test]
-    fn lookup_by_any_certificate_name() {
+    fn lookup_by_the_certificates_first_name() {
         let nodes = Nodes(vec![node(&[], &[])]);
         assert!(nodes.find(Some("NODE-A")).is_some());
         assert!(nodes.find(Some("node-b")).is_none());

@@ -151,10 +151,14 @@ async fn idle_watch(last: &AtomicU64, epoch: Instant, idle: Duration) {
 /// buffer of its own and passes a clean EOF on as a shutdown of the other side's writes.
 /// Returns bytes `a`-to-`b`, `b`-to-`a`, and the outcome (as [`super::tunnel`]'s, with `a`
 /// the client).
-///
-/// No caller in sandgate today: the node bridge has a pump of its own, which tells a socket
-/// closed outright from a half-close.
-pub async fn relay_streams<A, B>(
+#[cfg_attr(
+    not(test),
+    expect(
+        dead_code,
+        reason = "the relay for any two streams; the node bridge has a pump of its own, which tells a socket closed outright from a half-close"
+    )
+)]
+pub(crate) async fn relay_streams<A, B>(
     a: A,
     b: B,
     idle: Duration,

@@ -293,7 +293,7 @@ impl Leg<'_> {
     }
 
     /// The socket, where this end is one.
-    pub fn tcp(&self) -> Option<&TcpStream> {
+    pub(crate) fn tcp(&self) -> Option<&TcpStream> {
         match self {
             Leg::Tcp(s) => Some(s),
             Leg::Stream(_) => None,

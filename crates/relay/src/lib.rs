@@ -23,7 +23,14 @@ use tokio_util::sync::CancellationToken;
 
 use sandgate_audit::event::Outcome;
 
-pub use copy::relay_streams;
+#[cfg_attr(
+    not(test),
+    expect(
+        unused_imports,
+        reason = "see relay_streams: no caller outside the tests today"
+    )
+)]
+pub(crate) use copy::relay_streams;
 pub use leg::{Leg, NodeStream, StreamSlot, Upstream};
 
 /// Relays `client` and `upstream` until both directions end, one fails, the tunnel idles
@@ -60,7 +67,7 @@ async fn sockets(
 }
 
 /// Writes all of `data` through a shared reference (each relay direction holds one).
-pub async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+pub(crate) async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
     while !data.is_empty() {
         dst.writable().await?;
         match dst.try_write(data) {

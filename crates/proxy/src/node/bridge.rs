@@ -8,9 +8,11 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
+use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, Interest};
 use tokio::net::{TcpStream, UnixStream};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Bytes read at once in either direction.
@@ -30,6 +32,63 @@ pub(crate) fn pair() -> io::Result<(TcpStream, UnixStream)> {
 fn as_socket(s: std::os::unix::net::UnixStream) -> io::Result<TcpStream> {
     s.set_nonblocking(true)?;
     TcpStream::from_std(std::net::TcpStream::from(OwnedFd::from(s)))
+}
+
+/// How often a pump waiting on the connection looks whether the core has hung up.
+const HANGUP_PROBE: Duration = Duration::from_secs(1);
+
+/// Whether the core has closed its end outright (not a half-close): a hang-up shows on the
+/// writing side too.
+async fn core_hung_up(core: &UnixStream) -> bool {
+    let ready = tokio::time::timeout(Duration::ZERO, core.ready(Interest::WRITABLE)).await;
+    matches!(ready, Ok(Ok(r)) if r.is_write_closed())
+}
+
+/// The pump's writes toward the connection: each may wait `stall` for progress, and while
+/// they wait the core's end is looked at every [`HANGUP_PROBE`] (across writes: a peer
+/// taking a byte at a time makes many short ones). Once the core has hung up (the tunnel is
+/// over on its side) everything left must go within one more `stall` in all: a peer that
+/// takes a byte now and then would otherwise keep the pump draining for hours after the
+/// tunnel ended (review finding).
+struct Toward {
+    stall: Duration,
+    next_probe: Instant,
+    /// Set once the core has hung up.
+    last_call: Option<Instant>,
+}
+
+impl Toward {
+    fn new(stall: Duration) -> Toward {
+        Toward {
+            stall,
+            next_probe: Instant::now() + HANGUP_PROBE,
+            last_call: None,
+        }
+    }
+
+    /// Runs `op` (a write, a flush, the close) under those limits.
+    async fn run<T>(
+        &mut self,
+        op: impl std::future::Future<Output = io::Result<T>>,
+        core: &UnixStream,
+    ) -> Result<T, Gone> {
+        let limit = self
+            .last_call
+            .map_or(self.stall, |at| at.saturating_duration_since(Instant::now()));
+        let op = tokio::time::timeout(limit, op);
+        tokio::pin!(op);
+        loop {
+            tokio::select! {
+                done = &mut op => return done.ok().and_then(Result::ok).ok_or(Gone::Stream),
+                () = tokio::time::sleep_until(self.next_probe), if self.last_call.is_none() => {
+                    self.next_probe = Instant::now() + HANGUP_PROBE;
+                    if core_hung_up(core).await {
+                        self.last_call = Some(Instant::now() + self.stall);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Why a pump ended early.
@@ -58,56 +117,43 @@ enum Gone {
 /// timeout) fails the stream, and so does a connection silent for `stall` after the core's
 /// side has ended: a peer that stops reading but keeps its socket open would otherwise hold
 /// the pump in that write for as long as TCP keeps probing its zero window, and a pump
-/// blocked in a write or waiting to read cannot see the core close its end. On a central
+/// blocked in a write or waiting to read cannot see the core close its end. Once the core
+/// has closed its end outright, what the pump still holds must reach the connection within
+/// one more `stall` (a peer taking a byte now and then cannot stretch it). On a central
 /// the failure resets the core's relay (`reset`); on a node the pump's end closes, and the
 /// relay sees the stream end.
-pub(crate) async fn pump<S>(
-    stream: S,
-    pump: UnixStream,
-    reset: Option<CancellationToken>,
-    stall: std::time::Duration,
-) where
+pub(crate) async fn pump<S>(stream: S, pump: UnixStream, reset: Option<CancellationToken>, stall: Duration)
+where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (mut s_read, mut s_write) = tokio::io::split(stream);
     let (mut p_read, mut p_write) = pump.into_split();
     // Cancelled once the core has said all it will (its clean end passed on).
     let core_done = CancellationToken::new();
     let to_stream = async {
         let mut buf = vec![0u8; PUMP_CHUNK];
+        let mut toward = Toward::new(stall);
         loop {
             let n = p_read.read(&mut buf).await.map_err(|_| Gone::Core)?;
             if n == 0 {
-                // Closed outright shows as a hang-up on the writing side too.
-                let ready = tokio::time::timeout(
-                    std::time::Duration::ZERO,
-                    p_read.as_ref().ready(Interest::WRITABLE),
-                )
-                .await;
-                if matches!(ready, Ok(Ok(r)) if r.is_write_closed()) {
+                if core_hung_up(p_read.as_ref()).await {
                     return Err(Gone::Core);
                 }
                 // The close (TLS close_notify) must be taken too.
-                match tokio::time::timeout(stall, s_write.shutdown()).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) | Err(_) => return Err(Gone::Stream),
-                }
+                toward.run(s_write.shutdown(), p_read.as_ref()).await?;
                 core_done.cancel();
                 return Ok(());
             }
             // Each write that moves a byte restarts the stall timer.
             let mut rest = buf.get(..n).unwrap_or_default();
             while !rest.is_empty() {
-                match tokio::time::timeout(stall, s_write.write(rest)).await {
-                    Ok(Ok(k)) if k > 0 => rest = rest.get(k..).unwrap_or_default(),
-                    Ok(_) | Err(_) => return Err(Gone::Stream),
+                match toward.run(s_write.write(rest), p_read.as_ref()).await? {
+                    0 => return Err(Gone::Stream),
+                    k => rest = rest.get(k..).unwrap_or_default(),
                 }
             }
-            match tokio::time::timeout(stall, s_write.flush()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) | Err(_) => return Err(Gone::Stream),
-            }
+            toward.run(s_write.flush(), p_read.as_ref()).await?;
         }
     };
     let to_core = async {
@@ -240,5 +286,44 @@ mod tests {
             "the core's relay was told the stream failed"
         );
         drop(peer);
+    }
+
+    /// Attack (review finding): the far side takes a few bytes now and then, each just
+    /// inside the stall time, while the core's relay has long ended and closed its end.
+    /// Each byte used to restart the timer, so the pump drained what it held at the peer's
+    /// pace (here, 64 KiB at 160 bytes a second: over six minutes); once the core has hung
+    /// up, what is left now gets one more stall in all.
+    #[tokio::test]
+    async fn a_trickling_peer_does_not_stretch_the_drain_after_the_core_is_gone() {
+        let (core, pump_end) = pair().expect("a socket pair");
+        let (conn, mut peer) = tokio::io::duplex(1024);
+        let reset = CancellationToken::new();
+        let task = tokio::spawn(pump(
+            conn,
+            pump_end,
+            Some(reset.clone()),
+            Duration::from_millis(600),
+        ));
+        let trickle = tokio::spawn(async move {
+            let mut buf = [0u8; 16];
+            for _ in 0..6000 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if peer.read(&mut buf).await.map_or(true, |n| n == 0) {
+                    break;
+                }
+            }
+        });
+        let mut core = core;
+        core.write_all(&[7u8; 64 * 1024]).await.expect("write");
+        drop(core);
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the pump ended within 10 s")
+            .expect("the pump did not panic");
+        assert!(
+            reset.is_cancelled(),
+            "the core's relay was told the stream failed"
+        );
+        trickle.abort();
     }
 }

@@ -3,9 +3,9 @@
 //! destination, one HTTP/2 stream (RFC 9113 section 8.5 CONNECT) on one connection per node
 //! and central. This module is the central's front end (`serve.rs`: a `role: node`
 //! listener: the TLS handshake requires a client certificate, the node is known by its
-//! certificate's names in `spec.nodes`, each stream's attribution is checked against the
+//! certificate's first name in `spec.nodes`, each stream's attribution is checked against the
 //! node's entry; then a tunnel is a request like any other for the egress core, which
-//! relays the stream itself (`relay/leg.rs`), and a stream of plain HTTP requests is a
+//! relays the stream itself (sandgate-relay's `leg.rs`), and a stream of plain HTTP requests is a
 //! client connection of the HTTP/1 front end, each request decided on its own), with the
 //! TLS files (`tls.rs`; `reload.rs` reads them again on SIGHUP and when they change on
 //! disk), the attribution fields (`attribution.rs`) and the bridge that

@@ -1,6 +1,6 @@
 //! A central proxy's front end for node-local proxies (`role: node`): a TLS handshake that
 //! requires a client certificate from the listener's CA, the node known by its
-//! certificate's names in `spec.nodes`, then HTTP/2. Each stream is a CONNECT (RFC 9113
+//! certificate's first name in `spec.nodes`, then HTTP/2. Each stream is a CONNECT (RFC 9113
 //! section 8.5) whose attribution fields the node's entry must vouch for: a tunnel, which
 //! the core decides, vets, dials, records and relays like any other, or (`sandgate-access:
 //! http`) a stream of plain HTTP requests for one destination, served by the HTTP/1 front
