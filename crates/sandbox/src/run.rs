@@ -191,11 +191,8 @@ fn run_id() -> String {
 /// A run that is a node of central proxies is named under its node (`node-a:run-PID-X`),
 /// so a central can let each node vouch only for its own runs (`tasks: ["node-a:*"]`).
 fn node_run_id(spec: &crate::policy::CentralSpec) -> Result<String, RunError> {
-    let certs = sandgate_proxy::node::tls::load_certs(&spec.cert)
-        .map_err(|e| RunError::Usage(format!("net.proxy.tls.cert: {e}")))?;
-    let name = certs
-        .first()
-        .and_then(|c| sandgate_proxy::node::tls::cert_names(c).into_iter().next())
+    let name = sandgate_proxy::node::tls::node_name(&spec.cert)
+        .map_err(|e| RunError::Usage(format!("net.proxy.tls.cert: {e}")))?
         .ok_or_else(|| {
             RunError::Usage(format!(
                 "net.proxy.tls.cert: {} names no node (no DNS or IP subject alternative name)",

@@ -229,11 +229,7 @@ fn sighup_reloads_certificates_without_dropping_tunnels() {
 /// The value of `sandgate_tls_certificate_expiry_timestamp_seconds` for the file whose path
 /// ends in `file`, from the admin listener `admin` (`None`: no such sample).
 fn expiry(admin: std::net::SocketAddr, file: &str) -> Option<i64> {
-    let text = common::raw(
-        admin,
-        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-    );
-    text.lines().find_map(|l| {
+    common::metrics_text(admin).lines().find_map(|l| {
         let rest = l.strip_prefix("sandgate_tls_certificate_expiry_timestamp_seconds{path=\"")?;
         let (path, value) = rest.split_once("\"} ")?;
         path.ends_with(file).then(|| value.trim().parse().unwrap())

@@ -172,11 +172,7 @@ impl Centrals {
     pub fn new(hops: Vec<Hop>, files: ClientFiles) -> Result<Centrals, TlsError> {
         let http1 = files.http1;
         // Centrals know a node by its certificate's first name only (`spec.nodes`).
-        if let Some(name) = crate::node::tls::load_certs(&files.cert)
-            .ok()
-            .and_then(|certs| certs.first().map(crate::node::tls::cert_names))
-            .and_then(|names| names.into_iter().next())
-        {
+        if let Ok(Some(name)) = crate::node::tls::node_name(&files.cert) {
             tracing::info!(node = %name, "node name (its certificate's first name; list it in the centrals' spec.nodes)");
         }
         Ok(Centrals {

@@ -195,6 +195,30 @@ mod tests {
 
     use super::*;
 
+    /// A pump between a new socket pair and `conn`, with a reset token and `stall`: the
+    /// core's end, the pump's task and the token.
+    fn hostile(
+        conn: tokio::io::DuplexStream,
+        stall: Duration,
+    ) -> (TcpStream, tokio::task::JoinHandle<()>, CancellationToken) {
+        let (core, pump_end) = pair().expect("a socket pair");
+        let reset = CancellationToken::new();
+        let task = tokio::spawn(pump(conn, pump_end, Some(reset.clone()), stall));
+        (core, task, reset)
+    }
+
+    /// The pump ends within 10 s, having told the core's relay the stream failed.
+    async fn ends_and_resets(task: tokio::task::JoinHandle<()>, reset: &CancellationToken) {
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the pump ended within 10 s")
+            .expect("the pump did not panic");
+        assert!(
+            reset.is_cancelled(),
+            "the core's relay was told the stream failed"
+        );
+    }
+
     /// A connection that keeps what it is given until flushed (as a TLS stream keeps the
     /// records its socket has no room for) still gets the core's last bytes: a client that
     /// sent them and waits for an answer must not wait for ever. Fails on the pump before it
@@ -228,27 +252,12 @@ mod tests {
     /// window; it now fails the stream after the stall time and resets the core's relay.
     #[tokio::test]
     async fn a_peer_that_stops_reading_does_not_hold_the_pump_for_ever() {
-        let (core, pump_end) = pair().expect("a socket pair");
         // The peer's end is kept and never read: 1 KiB fits, then writes block.
         let (conn, _peer) = tokio::io::duplex(1024);
-        let reset = CancellationToken::new();
-        let task = tokio::spawn(pump(
-            conn,
-            pump_end,
-            Some(reset.clone()),
-            Duration::from_millis(300),
-        ));
-        let mut core = core;
+        let (mut core, task, reset) = hostile(conn, Duration::from_millis(300));
         core.write_all(&[7u8; 16 * 1024]).await.expect("write");
         drop(core);
-        tokio::time::timeout(Duration::from_secs(10), task)
-            .await
-            .expect("the pump ended within 10 s")
-            .expect("the pump did not panic");
-        assert!(
-            reset.is_cancelled(),
-            "the core's relay was told the stream failed"
-        );
+        ends_and_resets(task, &reset).await;
     }
 
     /// Attack (review finding): the core's side ends cleanly (the origin closed), then the
@@ -258,16 +267,8 @@ mod tests {
     /// after the stall time, and resets the core's relay.
     #[tokio::test]
     async fn a_silent_peer_after_the_cores_clean_end_does_not_hold_the_pump_for_ever() {
-        let (core, pump_end) = pair().expect("a socket pair");
         let (conn, mut peer) = tokio::io::duplex(64 * 1024);
-        let reset = CancellationToken::new();
-        let task = tokio::spawn(pump(
-            conn,
-            pump_end,
-            Some(reset.clone()),
-            Duration::from_millis(300),
-        ));
-        let mut core = core;
+        let (mut core, task, reset) = hostile(conn, Duration::from_millis(300));
         core.write_all(b"last words").await.expect("write");
         core.shutdown().await.expect("half-close");
         let mut got = Vec::new();
@@ -277,14 +278,7 @@ mod tests {
             .expect("read");
         assert_eq!(got, b"last words");
         drop(core);
-        tokio::time::timeout(Duration::from_secs(10), task)
-            .await
-            .expect("the pump ended within 10 s")
-            .expect("the pump did not panic");
-        assert!(
-            reset.is_cancelled(),
-            "the core's relay was told the stream failed"
-        );
+        ends_and_resets(task, &reset).await;
         drop(peer);
     }
 
@@ -295,15 +289,8 @@ mod tests {
     /// up, what is left now gets one more stall in all.
     #[tokio::test]
     async fn a_trickling_peer_does_not_stretch_the_drain_after_the_core_is_gone() {
-        let (core, pump_end) = pair().expect("a socket pair");
         let (conn, mut peer) = tokio::io::duplex(1024);
-        let reset = CancellationToken::new();
-        let task = tokio::spawn(pump(
-            conn,
-            pump_end,
-            Some(reset.clone()),
-            Duration::from_millis(600),
-        ));
+        let (mut core, task, reset) = hostile(conn, Duration::from_millis(600));
         let trickle = tokio::spawn(async move {
             let mut buf = [0u8; 16];
             for _ in 0..6000 {
@@ -313,17 +300,9 @@ mod tests {
                 }
             }
         });
-        let mut core = core;
         core.write_all(&[7u8; 64 * 1024]).await.expect("write");
         drop(core);
-        tokio::time::timeout(Duration::from_secs(10), task)
-            .await
-            .expect("the pump ended within 10 s")
-            .expect("the pump did not panic");
-        assert!(
-            reset.is_cancelled(),
-            "the core's relay was told the stream failed"
-        );
+        ends_and_resets(task, &reset).await;
         trickle.abort();
     }
 }

@@ -198,6 +198,14 @@ impl ClientFiles {
     }
 }
 
+/// The name a node is known by: the first name of the first certificate in its PEM file
+/// (`None`: the certificate has no DNS or IP subject alternative name). Centrals find it
+/// in `spec.nodes` by this name, and a run that is a node names its task under it.
+pub fn node_name(cert_file: &Path) -> Result<Option<String>, TlsError> {
+    let certs = load_certs(cert_file)?;
+    Ok(certs.first().and_then(|c| cert_names(c).into_iter().next()))
+}
+
 /// The names a certificate carries: its DNS and IP subject alternative names, lower case
 /// (a node is known by one of them). Empty when the certificate cannot be parsed.
 pub fn cert_names(cert: &CertificateDer<'_>) -> Vec<String> {

@@ -405,12 +405,17 @@ pub fn allowlisted_without_deny(events: &[Value]) -> usize {
         .count()
 }
 
-/// The value of one metric sample from `/metrics` on `admin` (plain text, no labels).
-pub fn metric(admin: SocketAddr, name: &str) -> f64 {
-    let text = raw(
+/// The whole answer to `GET /metrics` on `admin`.
+pub fn metrics_text(admin: SocketAddr) -> String {
+    raw(
         admin,
         b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-    );
+    )
+}
+
+/// The value of one metric sample from `/metrics` on `admin` (plain text, no labels).
+pub fn metric(admin: SocketAddr, name: &str) -> f64 {
+    let text = metrics_text(admin);
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{name} ")))
         .unwrap_or_else(|| panic!("no {name} in {text}"))
