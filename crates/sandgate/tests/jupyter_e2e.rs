@@ -1007,7 +1007,7 @@ fn kernels_run_as_an_ordinary_user() {
     )
     .unwrap();
     let bin = dir.path().join("sandgate");
-    std::fs::copy(common::sandgate_bin(), &bin).unwrap();
+    common::place_binary(common::sandgate_bin(), &bin);
     let bundle = dir.path().join("bundle");
     let python = venv.join("bin/python");
     let o = as_nobody(&bin)

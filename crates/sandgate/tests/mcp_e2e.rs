@@ -580,7 +580,7 @@ fn the_server_runs_as_an_ordinary_user() {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let config = offline_config(dir.path());
     let bin = dir.path().join("sandgate");
-    std::fs::copy(common::sandgate_bin(), &bin).unwrap();
+    common::place_binary(common::sandgate_bin(), &bin);
     let mut d = Driver::start_with(
         "legacy",
         &[

@@ -288,7 +288,7 @@ fn an_ordinary_user_runs_a_proxied_sandbox() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let bin = dir.path().join("sandgate");
-    std::fs::copy(common::sandgate_bin(), &bin).unwrap();
+    common::place_binary(common::sandgate_bin(), &bin);
     let port = origin.port();
     let policy = write_policy(
         dir.path(),

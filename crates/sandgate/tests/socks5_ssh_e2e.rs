@@ -355,7 +355,7 @@ fn git_ls_remote_over_ssh_from_inside_sandgate_run() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let bin = dir.path().join("sandgate");
-    std::fs::copy(common::sandgate_bin(), &bin).unwrap();
+    common::place_binary(common::sandgate_bin(), &bin);
     // The SOCKS5 address comes from the environment the sandbox is given.
     let script = format!(
         "socks=${{ALL_PROXY#socks5h://}}; echo \"socks=$socks\"; \

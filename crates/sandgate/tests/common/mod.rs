@@ -222,7 +222,17 @@ pub fn sandgate_bin() -> String {
     std::env::var("SANDGATE_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_sandgate").to_owned())
 }
 
-/// True when the tests run as root.
+/// Puts the binary `from` at `to`: a hard link where both are on one file system, else a
+/// copy. The debug binaries are hundreds of megabytes, and a dozen tests place one at a
+/// time; links keep the run's disk use to the build's own.
+pub fn place_binary(from: impl AsRef<std::path::Path>, to: &std::path::Path) {
+    let from = from.as_ref();
+    if std::fs::hard_link(from, to).is_err() {
+        std::fs::copy(from, to)
+            .unwrap_or_else(|e| panic!("copy {} to {}: {e}", from.display(), to.display()));
+    }
+}
+
 /// A command that runs sandgate as user `nobody` when the tests run as root (else as the
 /// tests' user), from a copy of the binary in a directory that user can read (kept while
 /// the directory lives), and in that directory.
@@ -230,7 +240,7 @@ pub fn unprivileged_sandgate() -> (Command, tempfile::TempDir) {
     use std::os::unix::fs::PermissionsExt;
     let bin_dir = tempfile::tempdir().expect("tempdir");
     let bin = bin_dir.path().join("sandgate");
-    std::fs::copy(env!("CARGO_BIN_EXE_sandgate"), &bin).expect("copy binary");
+    place_binary(env!("CARGO_BIN_EXE_sandgate"), &bin);
     std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let mut cmd = if is_root() {
         let mut c = Command::new("setpriv");
@@ -244,6 +254,7 @@ pub fn unprivileged_sandgate() -> (Command, tempfile::TempDir) {
     (cmd, bin_dir)
 }
 
+/// True when the tests run as root.
 pub fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
@@ -337,8 +348,8 @@ pub fn rerun_as_nobody(binary: &str, skip: &str, min_passed: usize) {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let tests = dir.path().join(binary);
     let bin = dir.path().join("sandgate");
-    std::fs::copy(std::env::current_exe().expect("test binary"), &tests).expect("copy tests");
-    std::fs::copy(sandgate_bin(), &bin).expect("copy sandgate");
+    place_binary(std::env::current_exe().expect("test binary"), &tests);
+    place_binary(sandgate_bin(), &bin);
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .arg(&tests)
