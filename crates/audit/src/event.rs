@@ -192,6 +192,9 @@ pub enum Outcome {
     /// Cut because the second ClientHello (after a HelloRetryRequest) broke the tunnel
     /// rules the first one passed.
     RetryRefused,
+    /// Cut because a tunnel relayed after a silent start then began with a ClientHello
+    /// that broke the tunnel rules.
+    LateHelloRefused,
     /// The upstream side failed (DNS, connect, response).
     Upstream(UpstreamFailure),
 }
@@ -250,6 +253,7 @@ impl Outcome {
             Outcome::Revoked => "revoked",
             Outcome::OutOfDescriptors => "proxy_out_of_descriptors",
             Outcome::RetryRefused => "retry_refused",
+            Outcome::LateHelloRefused => "late_hello_refused",
             Outcome::Upstream(f) => match f {
                 UpstreamFailure::Dns => "upstream_failure:dns",
                 UpstreamFailure::DnsTimeout => "upstream_failure:dns_timeout",

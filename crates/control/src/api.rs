@@ -134,6 +134,20 @@ async fn caller(
     }
 }
 
+/// At most this many characters of a refused call's path and reason go on record. Both are
+/// the caller's (a reason can quote its task id back); unbounded, a caller without a token
+/// could write megabytes per call into the audit log and the live event ring.
+const RECORDED_CHARS: usize = 256;
+
+/// `text` cut to [`RECORDED_CHARS`] characters, saying how long it was when cut.
+fn recorded(text: &str) -> String {
+    if text.chars().count() <= RECORDED_CHARS {
+        return text.to_owned();
+    }
+    let head: String = text.chars().take(RECORDED_CHARS).collect();
+    format!("{head}... ({} bytes)", text.len())
+}
+
 async fn refuse<T>(
     state: &ApiState,
     who: Option<&Principal>,
@@ -145,9 +159,9 @@ async fn refuse<T>(
         .proxy
         .record_event(Event::AdminRefused(AdminRefusal {
             who: who.map(|p| p.name.clone()),
-            action: format!("{method} {}", uri.path()),
+            action: recorded(&format!("{method} {}", uri.path())),
             status: status.as_u16(),
-            reason: reason.to_owned(),
+            reason: recorded(reason),
             client_addr,
         }))
         .await;

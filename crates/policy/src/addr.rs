@@ -250,6 +250,18 @@ pub fn embedded_v4(ip: Ipv6Addr) -> Option<(Ipv4Addr, Option<Ipv4Addr>)> {
     None
 }
 
+/// The addresses a connection to `ip` may end at: `ip` itself (an IPv4-mapped form as its
+/// IPv4) and each IPv4 an embedding form carries, where a NAT64, 6to4 or Teredo gateway
+/// delivers it. A rule about an IPv4 address holds for each of these.
+pub fn reached(ip: IpAddr) -> impl Iterator<Item = IpAddr> {
+    let canonical = ip.to_canonical();
+    let (first, second) = match canonical {
+        IpAddr::V6(v6) => embedded_v4(v6).map_or((None, None), |(a, b)| (Some(a), b)),
+        IpAddr::V4(_) => (None, None),
+    };
+    std::iter::once(canonical).chain([first, second].into_iter().flatten().map(IpAddr::V4))
+}
+
 /// Classifies an IPv6 address; embedding forms take the class of the IPv4 they carry.
 pub fn classify_v6(ip: Ipv6Addr) -> AddrClass {
     let bits = u128::from(ip);
@@ -342,11 +354,11 @@ impl AddressGuard {
     /// system by the caller) unless an allow range names them. A public address on the
     /// host's own NIC passes [`check`](Self::check), yet leads back into the host: to a
     /// proxy listening on a wildcard address, its admin port, any local service.
-    /// IPv4-mapped IPv6 forms compare as the IPv4 they carry.
+    /// IPv6 forms that carry an IPv4 address compare as it too ([`reached`]).
     pub fn vet_not_host(&self, ips: &[IpAddr], host: &[IpAddr]) -> Result<(), Prohibited> {
         for ip in ips {
-            let canonical = ip.to_canonical();
-            if host.iter().any(|h| h.to_canonical() == canonical) && !self.exempt(*ip) {
+            let mine = reached(*ip).any(|r| host.iter().any(|h| h.to_canonical() == r));
+            if mine && !self.exempt(*ip) {
                 return Err(Prohibited {
                     ip: *ip,
                     class: AddrClass::HostAddress,
@@ -366,7 +378,8 @@ mod tests {
         let host: Vec<IpAddr> = vec!["8.8.8.8".parse().unwrap(), "2001:4860::1".parse().unwrap()];
         let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
         let guard = AddressGuard::new(vec![]);
-        for refused in ["8.8.8.8", "::ffff:8.8.8.8", "2001:4860::1"] {
+        // The NAT64 form: a gateway would deliver it to this host's own IPv4 address.
+        for refused in ["8.8.8.8", "::ffff:8.8.8.8", "2001:4860::1", "64:ff9b::808:808"] {
             let err = guard
                 .vet_not_host(&[ip("1.1.1.1"), ip(refused)], &host)
                 .unwrap_err();

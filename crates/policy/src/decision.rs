@@ -324,23 +324,26 @@ impl Ruleset {
 
     /// The deny rule, if any, that names the address `ip` (an IP-literal entry) for a
     /// connection to `port` in `ctx`. Deny entries that are addresses apply to whatever a
-    /// name resolves to as well, not only to requests that spell the address; an
-    /// IPv4-mapped IPv6 answer counts as the IPv4 it carries.
+    /// name resolves to as well, not only to requests that spell the address; an IPv6
+    /// answer that carries an IPv4 address (mapped, NAT64, 6to4, Teredo) counts as each
+    /// address it may end at ([`crate::addr::reached`]).
     pub fn deny_address(&self, ip: std::net::IpAddr, port: u16, ctx: &Context<'_>) -> Option<Arc<Rule>> {
         if self.deny.exact.is_empty() {
             return None;
         }
-        let target = Target {
-            host: Host::Ip(ip.to_canonical()),
-            port,
-        };
-        self.deny
-            .exact
-            .get(&target.host)
-            .into_iter()
-            .flatten()
-            .find(|r| r.applies(ctx) && r.denies(&target))
-            .cloned()
+        crate::addr::reached(ip).find_map(|reached| {
+            let target = Target {
+                host: Host::Ip(reached),
+                port,
+            };
+            self.deny
+                .exact
+                .get(&target.host)
+                .into_iter()
+                .flatten()
+                .find(|r| r.applies(ctx) && r.denies(&target))
+                .cloned()
+        })
     }
 
     /// Allow rules naming an IP literal that `guard` refuses (a private or loopback address
@@ -436,6 +439,25 @@ mod tests {
                 .deny_address(ip("192.0.2.7"), 443, &ctx)
                 .is_none()
         );
+    }
+
+    /// The attacker's name answers with an IPv6 address that a NAT64, 6to4 or Teredo
+    /// gateway delivers to the denied IPv4 address.
+    #[test]
+    fn address_deny_entries_hold_for_the_ipv4_an_ipv6_answer_carries() {
+        let r = rules(&["*"], &["8.8.8.8"]);
+        let ctx = Context::system(0);
+        let ip = |s: &str| -> std::net::IpAddr { s.parse().unwrap() };
+        for carrier in [
+            "64:ff9b::808:808",
+            "64:ff9b:1::808:808",
+            "::8.8.8.8",
+            "2002:808:808::1",
+            "2001:0:808:808::f7f7:f7f7",
+        ] {
+            assert!(r.deny_address(ip(carrier), 443, &ctx).is_some(), "{carrier}");
+        }
+        assert!(r.deny_address(ip("64:ff9b::808:809"), 443, &ctx).is_none());
     }
 
     fn rules(allow: &[&str], deny: &[&str]) -> Ruleset {

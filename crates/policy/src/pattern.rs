@@ -302,6 +302,10 @@ mod tests {
             ("example.com", "example.com:443", Access::Connect, true),
             ("example.com", "example.com:80", Access::Http, true),
             ("example.com", "example.com:80", Access::Connect, false),
+            // A blind stream to port 80 lets the client's own Host pick the site.
+            ("example.com", "example.com:80", Access::Socks5, false),
+            ("example.com", "example.com:443", Access::Socks5, true),
+            ("example.com:80", "example.com:80", Access::Socks5, true),
             ("example.com", "example.com:443", Access::Http, false),
             ("example.com", "example.com:8443", Access::Connect, false),
             ("example.com", "www.example.com:443", Access::Connect, false),

@@ -38,13 +38,15 @@ impl Access {
         }
     }
 
-    /// Every port an allowlist entry without a port permits: 443 for tunnels, 80 for plain
-    /// HTTP, both for SOCKS5 (which carries either); anything else must be listed.
+    /// Every port an allowlist entry without a port permits: 443 for tunnels (CONNECT and
+    /// SOCKS5), 80 for plain HTTP; anything else must be listed. Not 80 for SOCKS5: the
+    /// proxy forwards plain HTTP itself and sets its `Host`, but a SOCKS5 stream is blind,
+    /// and a front end shared by many sites (a CDN) picks the site by the `Host` the client
+    /// writes, so port 80 of an allowed name would reach any site behind the same front end.
     pub fn default_ports(self) -> &'static [u16] {
         match self {
-            Access::Connect => &[443],
+            Access::Connect | Access::Socks5 => &[443],
             Access::Http => &[80],
-            Access::Socks5 => &[443, 80],
         }
     }
 

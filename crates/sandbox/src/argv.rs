@@ -49,6 +49,9 @@ pub struct RunFacts {
     pub bridge_dir: Option<PathBuf>,
     /// `net.mode: all`: the host's DNS files that exist, as (canonical source, place inside).
     pub dns_files: Vec<(PathBuf, PathBuf)>,
+    /// The run's own files (its policy files, its audit log), canonical: bound read-only
+    /// over themselves where a write path covers them ([`mounts`]).
+    pub protected: Vec<PathBuf>,
     pub command: Vec<OsString>,
 }
 
@@ -124,8 +127,8 @@ pub fn bwrap_argv(policy: &SandboxPolicy, facts: &RunFacts) -> Vec<OsString> {
     argv
 }
 
-/// The mount operations, in bwrap's order: mount points first, then binds (a bind under
-/// /tmp must not be hidden by the tmpfs), then symlinks, then the root made read-only.
+/// The mount operations, in bwrap's order: the root, then the listed mounts from the
+/// outermost path in (see [`mount_plan`]), then symlinks, then the root made read-only.
 fn mounts(argv: &mut Vec<OsString>, policy: &SandboxPolicy, facts: &RunFacts) {
     let root = Path::new("/");
     if policy.allow_write_all {
@@ -134,20 +137,15 @@ fn mounts(argv: &mut Vec<OsString>, policy: &SandboxPolicy, facts: &RunFacts) {
         bind(argv, "--ro-bind", root, root);
     }
     push(argv, &["--proc", "/proc", "--dev", "/dev"]);
-    if policy.private_tmp {
-        push(argv, &["--tmpfs", "/tmp"]);
-    }
-    for t in &policy.extra_tmpfs {
-        argv.push("--tmpfs".into());
-        argv.push(t.into());
-    }
-    let read: Vec<&PathBuf> = policy.read_paths.iter().chain(&policy.extra_ro_binds).collect();
-    for p in distinct(&read) {
-        bind(argv, "--ro-bind", p, p);
-    }
-    let write: Vec<&PathBuf> = policy.write_paths.iter().chain(&policy.extra_rw_binds).collect();
-    for p in distinct(&write) {
-        bind(argv, "--bind", p, p);
+    for (kind, path) in with_protected(mount_plan(policy), policy, &facts.protected) {
+        match kind {
+            MountKind::Tmpfs => {
+                argv.push("--tmpfs".into());
+                argv.push(path.into());
+            }
+            MountKind::ReadOnly => bind(argv, "--ro-bind", path, path),
+            MountKind::ReadWrite | MountKind::Pinned => bind(argv, "--bind", path, path),
+        }
     }
     if policy.net == NetMode::All && !policy.allow_read_all && !policy.allow_write_all {
         for (source, dest) in &facts.dns_files {
@@ -191,22 +189,95 @@ fn mounts(argv: &mut Vec<OsString>, policy: &SandboxPolicy, facts: &RunFacts) {
     }
 }
 
-/// The paths of one kind of bind that another of the same kind does not already cover
-/// (bwrap binds recursively; `/lib` resolved to `/usr/lib` under a bound `/usr` is one bind,
-/// not two). All read-only binds precede all read-write ones, so dropping a covered path of
-/// the same kind changes nothing inside.
-fn distinct<'a>(paths: &[&'a PathBuf]) -> Vec<&'a PathBuf> {
-    paths
-        .iter()
-        .enumerate()
-        .filter(|&(i, p)| {
-            !paths
+/// What one listed path gets. At one path, the later kind wins (a path both read and
+/// written is writable).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum MountKind {
+    Tmpfs,
+    ReadOnly,
+    ReadWrite,
+    /// A directory bound over itself, still writable, only to be a mount point: it cannot
+    /// be renamed away ([`with_protected`]).
+    Pinned,
+}
+
+/// Sorts mounts into the order bwrap must make them: by depth, then kind (at one path, the
+/// later kind wins).
+fn in_order(plan: &mut Vec<(MountKind, &Path)>) {
+    plan.sort_by_key(|&(kind, path)| (path.components().count(), kind, path));
+    plan.dedup();
+}
+
+/// `plan` with the run's own files (`protected`) made read-only where a write path covers
+/// them (a policy beside the project, an --audit-log inside it), or the command could
+/// rewrite the policy of its next run or the record of this one. Each such file is bound
+/// read-only over itself (a mount point cannot be replaced or removed either), and each
+/// directory between the write path and the file is pinned, bound over itself and still
+/// writable, so that it cannot be renamed away to put another file at the same path. A file
+/// no write path covers is left as it is: not shown at all, or read-only already.
+fn with_protected<'a>(
+    mut plan: Vec<(MountKind, &'a Path)>,
+    policy: &SandboxPolicy,
+    protected: &'a [PathBuf],
+) -> Vec<(MountKind, &'a Path)> {
+    let root = Path::new("/");
+    let mut extra = Vec::new();
+    for file in protected {
+        let covering = match plan.iter().rev().find(|(_, path)| file.starts_with(path)) {
+            Some(&(MountKind::ReadWrite, path)) => path,
+            Some(_) => continue,
+            None if policy.allow_write_all => root,
+            None => continue,
+        };
+        let between = file.ancestors().skip(1).take_while(|dir| *dir != covering);
+        extra.extend(between.map(|dir| (MountKind::Pinned, dir)));
+        extra.push((MountKind::ReadOnly, file.as_path()));
+    }
+    plan.extend(extra);
+    in_order(&mut plan);
+    plan
+}
+
+/// The listed mounts (the private /tmp, `platform.bwrap.tmpfs`, the read and write paths and
+/// the extra binds) in the order bwrap must make them: a mount hides whatever an earlier one
+/// put at or under its path, so outer paths come first and the deepest path decides. A read
+/// path inside a write path is read-only (`.git` in a writable project), a tmpfs inside a
+/// bound path hides what is there (`~/.ssh` under a readable home), a bind under /tmp shows
+/// through the private /tmp. A bind whose nearest enclosing mount is a bind of the same kind
+/// is dropped: bwrap binds recursively, so it would change nothing.
+fn mount_plan(policy: &SandboxPolicy) -> Vec<(MountKind, &Path)> {
+    let tmp = Path::new("/tmp");
+    let mut plan: Vec<(MountKind, &Path)> = policy
+        .private_tmp
+        .then_some((MountKind::Tmpfs, tmp))
+        .into_iter()
+        .chain(policy.extra_tmpfs.iter().map(|p| (MountKind::Tmpfs, p.as_path())))
+        .chain(
+            policy
+                .read_paths
                 .iter()
-                .enumerate()
-                .any(|(j, q)| (p.starts_with(q) && p != q) || (p == q && j < i))
-        })
-        .map(|(_, p)| *p)
-        .collect()
+                .chain(&policy.extra_ro_binds)
+                .map(|p| (MountKind::ReadOnly, p.as_path())),
+        )
+        .chain(
+            policy
+                .write_paths
+                .iter()
+                .chain(&policy.extra_rw_binds)
+                .map(|p| (MountKind::ReadWrite, p.as_path())),
+        )
+        .collect();
+    in_order(&mut plan);
+    let mut kept: Vec<(MountKind, &Path)> = Vec::with_capacity(plan.len());
+    for (kind, path) in plan {
+        let enclosing = kept.iter().rev().find(|(_, outer)| path.starts_with(outer));
+        let covered =
+            kind != MountKind::Tmpfs && enclosing.is_some_and(|&(outer_kind, _)| outer_kind == kind);
+        if !covered {
+            kept.push((kind, path));
+        }
+    }
+    kept
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ fn facts() -> RunFacts {
         sandgate_exe: "/opt/sandgate".into(),
         bridge_dir: Some("/tmp/sg-1/bridge".into()),
         dns_files: vec![("/run/resolv/stub.conf".into(), "/etc/resolv.conf".into())],
+        protected: Vec::new(),
         command: vec!["curl".into(), "https://a.example/".into()],
     }
 }
@@ -177,4 +178,107 @@ fn aliases_become_symlinks_unless_a_bind_already_shows_them() {
         "binds under /usr are covered: {s}"
     );
     assert_eq!(s.matches("--symlink").count(), 1, "{s}");
+}
+
+/// The position of `needle` in `s` (which must hold it).
+fn at(s: &str, needle: &str) -> usize {
+    s.find(needle).unwrap_or_else(|| panic!("no {needle:?} in {s}"))
+}
+
+/// The attacker's way around a narrower mount: bwrap makes mounts in argv order and a later
+/// bind of a parent hides an earlier mount under it, so a read-only `.git` listed inside a
+/// writable project, or a tmpfs over `~/.ssh` inside a readable home, must come after the
+/// parent's bind or it is not there at all.
+#[test]
+fn a_narrower_mount_inside_a_wider_one_comes_after_it() {
+    let mut p = policy(
+        "fs:\n  read_paths: [ /home/u, /proj/.git ]\n  write_paths: [ /proj ]\nplatform:\n  bwrap: { tmpfs: [ /home/u/.ssh ] }\n",
+    );
+    p.read_paths.push("/proj/.git/objects".into());
+    p.write_paths.push("/proj/.git/objects/tmp".into());
+    let s = joined(&bwrap_argv(&p, &facts()));
+    assert!(
+        at(&s, "--bind /proj /proj") < at(&s, "--ro-bind /proj/.git /proj/.git"),
+        "{s}"
+    );
+    assert!(
+        at(&s, "--ro-bind /home/u /home/u") < at(&s, "--tmpfs /home/u/.ssh"),
+        "{s}"
+    );
+    // Inside the read-only .git, a read-only path changes nothing; a writable one under it
+    // comes after it.
+    assert!(!s.contains("--ro-bind /proj/.git/objects "), "{s}");
+    assert!(
+        at(&s, "--ro-bind /proj/.git") < at(&s, "--bind /proj/.git/objects/tmp"),
+        "{s}"
+    );
+    // Every mount's parents are mounted before it.
+    let mounts: Vec<(usize, &str)> = [
+        "/home/u ",
+        "/home/u/.ssh",
+        "/proj ",
+        "/proj/.git ",
+        "/proj/.git/objects/tmp",
+    ]
+    .iter()
+    .map(|m| (at(&s, m), *m))
+    .collect();
+    for (i, outer) in &mounts {
+        for (j, inner) in &mounts {
+            if inner.trim_end().starts_with(&format!("{}/", outer.trim_end())) {
+                assert!(i < j, "{outer} after {inner}: {s}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_path_listed_as_read_and_write_is_writable_and_binds_under_tmp_show_through() {
+    let p = policy("fs:\n  read_paths: [ /data, /tmp/in ]\n  write_paths: [ /data ]\n");
+    let s = joined(&bwrap_argv(&p, &facts()));
+    assert!(
+        at(&s, "--ro-bind /data /data") < at(&s, "--bind /data /data"),
+        "{s}"
+    );
+    assert!(
+        at(&s, "--tmpfs /tmp") < at(&s, "--ro-bind /tmp/in /tmp/in"),
+        "{s}"
+    );
+}
+
+/// The run's own files are bound read-only over themselves only where a write path covers
+/// them: elsewhere they stay hidden (or are read-only already).
+#[test]
+fn the_runs_own_files_are_read_only_under_a_write_path_and_hidden_elsewhere() {
+    let p = policy("fs:\n  read_paths: [ /etc/team, /proj/.git, /proj/conf/ro ]\n  write_paths: [ /proj ]\n");
+    let mut f = facts();
+    f.protected = vec![
+        "/proj/sandgate.yaml".into(),
+        "/proj/conf/team/egress.yaml".into(),
+        "/proj/.git/audit.jsonl".into(),
+        "/etc/team/policy.yaml".into(),
+        "/home/u/.local/state/sandgate/runs/run-1.jsonl".into(),
+    ];
+    let s = joined(&bwrap_argv(&p, &f));
+    assert!(
+        at(&s, "--bind /proj /proj") < at(&s, "--ro-bind /proj/sandgate.yaml /proj/sandgate.yaml"),
+        "{s}"
+    );
+    // The directories between the write path and a file deeper down are pinned (bound over
+    // themselves, in order), so they cannot be renamed away; then the file, read-only.
+    let pins = [
+        "--bind /proj/conf /proj/conf",
+        "--bind /proj/conf/team /proj/conf/team",
+        "--ro-bind /proj/conf/team/egress.yaml /proj/conf/team/egress.yaml",
+    ];
+    assert!(at(&s, "--bind /proj /proj") < at(&s, pins[0]), "{s}");
+    assert!(
+        at(&s, pins[0]) < at(&s, pins[1]) && at(&s, pins[1]) < at(&s, pins[2]),
+        "{s}"
+    );
+    // A pin comes before the mounts inside it.
+    assert!(at(&s, pins[0]) < at(&s, "--ro-bind /proj/conf/ro"), "{s}");
+    for elsewhere in ["/proj/.git/audit.jsonl", "/etc/team/policy.yaml", "/home/u/"] {
+        assert!(!s.contains(&format!("--ro-bind {elsewhere}")), "{elsewhere}: {s}");
+    }
 }

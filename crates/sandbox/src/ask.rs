@@ -29,18 +29,22 @@ const MAX_UNANSWERED: u32 = 5;
 #[derive(Debug)]
 pub struct TerminalAsker {
     timeout: Duration,
+    /// bwrap's pid, once the sandbox runs: its processes are stopped while a question is on
+    /// the screen, so the command cannot redraw it.
+    sandbox: std::sync::Arc<std::sync::OnceLock<i32>>,
     user: String,
     unanswered: std::sync::atomic::AtomicU32,
     memo: tokio::sync::Mutex<Memo>,
 }
 
 impl TerminalAsker {
-    pub fn new(timeout: Duration) -> TerminalAsker {
+    pub fn new(timeout: Duration, sandbox: std::sync::Arc<std::sync::OnceLock<i32>>) -> TerminalAsker {
         let user = std::env::var("USER")
             .or_else(|_| std::env::var("LOGNAME"))
             .unwrap_or_else(|_| format!("uid-{}", rustix::process::getuid().as_raw()));
         TerminalAsker {
             timeout,
+            sandbox,
             user: format!("{user} (terminal)"),
             unanswered: std::sync::atomic::AtomicU32::new(0),
             memo: tokio::sync::Mutex::new(HashMap::new()),
@@ -67,11 +71,29 @@ impl Asker for TerminalAsker {
             if self.unanswered.load(std::sync::atomic::Ordering::Relaxed) >= MAX_UNANSWERED {
                 return Answer::Deny;
             }
+            // The command shares the terminal: running, it could redraw the question (the
+            // host name, over another) while the person reads it. It is stopped first, every
+            // process of it, and continues once the answer is in; one that will not hold
+            // still is denied.
+            let Some(root) = self.sandbox.get().copied() else {
+                return Answer::Deny;
+            };
+            let frozen = tokio::task::spawn_blocking(move || crate::processes::freeze(root))
+                .await
+                .ok()
+                .flatten();
+            let Some(_frozen) = frozen else {
+                say("\r\nsandgate: the sandbox would not hold still to be asked; denied\r\n");
+                return Answer::Deny;
+            };
             // The answer must carry a code only the terminal shows: whatever the command
             // inside made the person type (or typed ahead) cannot approve anything.
             let code = random_code();
+            // A soft terminal reset first (DECSTR: scrolling region, insert mode, character
+            // sets, attributes), so nothing the command set before it stopped (an invisible
+            // attribute, another character set) changes how the question reads.
             let question = format!(
-                "\r\nsandgate: the sandbox asks for {target} ({}). Type o-{code} to allow once, r-{code} for this run, 15-{code} for 15 minutes; anything else denies (in {} s): ",
+                "\x1b[!p\x1b[0m\r\nsandgate: the sandbox asks for {target} ({}). Type o-{code} to allow once, r-{code} for this run, 15-{code} for 15 minutes; anything else denies (in {} s): ",
                 access.scheme(),
                 self.timeout.as_secs()
             );

@@ -51,9 +51,15 @@ pub fn line(event: &Event) -> Option<String> {
     }
 }
 
-/// The pattern that allows `dest`: a bare host covers 443 and 80.
+/// The pattern that allows `dest`: a bare host covers its kind of access's default ports
+/// (443 for CONNECT and SOCKS5, 80 for plain HTTP).
 fn pattern(dest: &Dest) -> String {
-    if matches!(dest.port, 443 | 80) {
+    let access = match dest.scheme {
+        "http" => sandgate_policy::Access::Http,
+        "socks5" => sandgate_policy::Access::Socks5,
+        _ => sandgate_policy::Access::Connect,
+    };
+    if access.default_ports().contains(&dest.port) {
         dest.host.clone()
     } else {
         format!("{}:{}", dest.host, dest.port)
@@ -186,5 +192,20 @@ mod tests {
             ]
         );
         assert_eq!(l.flush(), None);
+    }
+
+    #[test]
+    fn the_hint_names_a_port_the_bare_host_does_not_cover() {
+        let dest = |scheme, port| Dest {
+            scheme,
+            host: "a.example".to_owned(),
+            port,
+        };
+        assert_eq!(pattern(&dest("connect", 443)), "a.example");
+        assert_eq!(pattern(&dest("http", 80)), "a.example");
+        assert_eq!(pattern(&dest("socks5", 443)), "a.example");
+        assert_eq!(pattern(&dest("socks5", 80)), "a.example:80");
+        assert_eq!(pattern(&dest("connect", 80)), "a.example:80");
+        assert_eq!(pattern(&dest("http", 443)), "a.example:443");
     }
 }

@@ -249,6 +249,45 @@ struct Bound {
     aliases: Vec<Alias>,
 }
 
+/// `platform.bwrap.tmpfs`: each path absolute, and canonical where it exists, so that it is
+/// mounted after the bind it lies in (argv.rs orders mounts by path). A path that does not
+/// exist is made on bwrap's own root; inside a bound path it is refused: there is nothing
+/// there to hide, and bwrap would have to make the directory in the host's tree (or fail on
+/// a read-only one).
+fn tmpfs_list(
+    list: &[String],
+    bound: [&Bound; 4],
+    resolve: Resolve<'_>,
+) -> Result<Vec<PathBuf>, PolicyError> {
+    let field = "platform.bwrap.tmpfs";
+    let mut out = Vec::with_capacity(list.len());
+    for value in list {
+        let written = PathBuf::from(value);
+        if !written.is_absolute() {
+            return Err(PolicyError(format!("{field}: {value:?} is not an absolute path")));
+        }
+        match resolve(&written) {
+            Ok(canonical) => out.push(canonical),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let at = paths::lexical(&written);
+                if let Some(b) = bound
+                    .iter()
+                    .flat_map(|b| &b.canonical)
+                    .find(|b| at.starts_with(b))
+                {
+                    return Err(PolicyError(format!(
+                        "{field}: {value:?} does not exist inside the bound path {}: there is nothing to hide there; create it or leave it out",
+                        b.display()
+                    )));
+                }
+                out.push(at);
+            }
+            Err(e) => return Err(PolicyError(format!("{field}: {value:?}: {e}"))),
+        }
+    }
+    Ok(out)
+}
+
 fn bind_list(field: &str, list: &[String], resolve: Resolve<'_>) -> Result<Bound, PolicyError> {
     let mut bound = Bound {
         canonical: Vec::new(),
@@ -337,6 +376,7 @@ pub fn parse_at(
     if let Some(central) = &network.central {
         refuse_bound_key(&central.key, [&read, &write, &ro, &rw], resolve)?;
     }
+    let extra_tmpfs = tmpfs_list(&raw.platform.bwrap.tmpfs, [&read, &write, &ro, &rw], resolve)?;
     let aliases = [&read, &write, &ro, &rw]
         .iter()
         .flat_map(|b| b.aliases.iter().cloned())
@@ -371,7 +411,7 @@ pub fn parse_at(
         allow_unix_sockets: raw.platform.seccomp.allow_unix_sockets,
         extra_ro_binds: ro.canonical,
         extra_rw_binds: rw.canonical,
-        extra_tmpfs: raw.platform.bwrap.tmpfs.iter().map(PathBuf::from).collect(),
+        extra_tmpfs,
     })
 }
 

@@ -25,18 +25,23 @@ struct Seen {
     start_time: u64,
 }
 
-/// `(ppid, start time)` from /proc/PID/stat (fields 4 and 22; the command name in field 2
-/// may hold spaces and parentheses, so fields are counted after its last `)`). None for a
-/// zombie (field 3 `Z`): it is dead already and only waits to be reaped.
-fn stat(pid: i32) -> Option<(i32, u64)> {
+/// `(state, ppid, start time)` from /proc/PID/stat (fields 3, 4 and 22; the command name in
+/// field 2 may hold spaces and parentheses, so fields are counted after its last `)`).
+fn stat_of(pid: i32) -> Option<(char, i32, u64)> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let mut fields = text.rsplit_once(')')?.1.split_whitespace();
-    if fields.next()? == "Z" {
-        return None;
-    }
+    let state = fields.next()?.chars().next()?;
     let ppid = fields.next()?.parse().ok()?;
     let start = fields.nth(17)?.parse().ok()?;
-    Some((ppid, start))
+    Some((state, ppid, start))
+}
+
+/// `(ppid, start time)`; None for a zombie (state `Z`): it is dead already and only waits
+/// to be reaped.
+fn stat(pid: i32) -> Option<(i32, u64)> {
+    stat_of(pid)
+        .filter(|(state, _, _)| *state != 'Z')
+        .map(|(_, ppid, start)| (ppid, start))
 }
 
 /// Every descendant of `root`, with its start time, skipping processes named `skip`
@@ -75,7 +80,9 @@ fn signal(seen: Seen, sig: Signal) {
     let Ok(pidfd) = pidfd_open(pid, PidfdFlags::empty()) else {
         return;
     };
-    if stat(seen.pid).is_some_and(|(_, start)| start == seen.start_time) {
+    // A zombie leader whose other threads run on is signalled too (the signal goes to the
+    // whole process).
+    if stat_of(seen.pid).is_some_and(|(_, _, start)| start == seen.start_time) {
         let _ = pidfd_send_signal(&pidfd, sig);
     }
 }
@@ -105,6 +112,112 @@ pub async fn forward_signals(bwrap_pid: Option<u32>) {
             signal(seen, sig);
         }
     }
+}
+
+/// Every process below `root`, parents before their children, zombies included: a process
+/// whose first thread exited shows `Z` while its other threads run on.
+fn tree(root: i32) -> Vec<Seen> {
+    let mut children: BTreeMap<i32, Vec<Seen>> = BTreeMap::new();
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            if let Some((_, ppid, start_time)) = stat_of(pid) {
+                children.entry(ppid).or_default().push(Seen { pid, start_time });
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut queue = std::collections::VecDeque::from([root]);
+    while let Some(p) = queue.pop_front() {
+        for seen in children.get(&p).map(Vec::as_slice).unwrap_or_default() {
+            queue.push_back(seen.pid);
+            out.push(*seen);
+        }
+    }
+    out
+}
+
+/// Can no thread of `pid` run user code any more? Each is stopped (`T`, `t`), dead (`Z`,
+/// `X`), or in an uninterruptible wait with SIGSTOP pending (it stops before it returns to
+/// user space: a parent waiting in vfork for a child that is stopped already). A process
+/// that is gone holds still too.
+fn held(pid: i32) -> bool {
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    threads.flatten().all(|thread| {
+        let dir = thread.path();
+        let Ok(text) = std::fs::read_to_string(dir.join("stat")) else {
+            return true;
+        };
+        let state = text
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next());
+        match state {
+            Some("T" | "t" | "Z" | "X") | None => true,
+            Some("D") => stop_pending(&dir),
+            Some(_) => false,
+        }
+    })
+}
+
+/// Is SIGSTOP pending for the thread (its own or its process's pending set)?
+fn stop_pending(thread_dir: &std::path::Path) -> bool {
+    let bit = 1u64 << (libc::SIGSTOP - 1);
+    let status = std::fs::read_to_string(thread_dir.join("status")).unwrap_or_default();
+    status.lines().any(|line| {
+        let mask = line
+            .strip_prefix("SigPnd:")
+            .or_else(|| line.strip_prefix("ShdPnd:"));
+        mask.and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .is_some_and(|m| m & bit != 0)
+    })
+}
+
+/// The sandbox's processes, stopped; they continue when this is dropped, children before
+/// their parents (a parent that saw its child stop would otherwise be told of it: a job
+/// control shell inside takes its job off the terminal).
+#[derive(Debug)]
+pub struct Frozen {
+    stopped: Vec<Seen>,
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        while let Some(seen) = self.stopped.pop() {
+            signal(seen, Signal::CONT);
+        }
+    }
+}
+
+/// Rounds of [`freeze`]: a process that forks as fast as it can is stopped in a few; one
+/// that outruns this many scans is a storm, and the caller gives up.
+const FREEZE_ROUNDS: u32 = 200;
+
+/// Stops every process below `root` (SIGSTOP through pidfds; nothing can ignore it), parents
+/// before children, scanning again until a scan finds every thread of every one of them
+/// held ([`held`]): a child forked while its parent was being stopped is found by the next
+/// scan, and a process not yet stopped that continues another (SIGCONT) is caught the same
+/// way. `None` when they would not all hold still within [`FREEZE_ROUNDS`]; those stopped
+/// continue. Blocking (it reads /proc).
+pub fn freeze(root: i32) -> Option<Frozen> {
+    let mut frozen = Frozen { stopped: Vec::new() };
+    for _ in 0..FREEZE_ROUNDS {
+        let running: Vec<Seen> = tree(root).into_iter().filter(|seen| !held(seen.pid)).collect();
+        if running.is_empty() {
+            return Some(frozen);
+        }
+        for seen in running {
+            signal(seen, Signal::STOP);
+            if !frozen.stopped.contains(&seen) {
+                frozen.stopped.push(seen);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    None
 }
 
 /// Makes sandgate the reaper of whatever the sandbox orphans (see the module docs).

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::argv::{DNS_FILES, RunFacts, bwrap_argv, needs_init};
 use crate::policy::{self, NetMode, SandboxPolicy};
@@ -102,6 +102,22 @@ pub fn load_policy(opts: &RunOptions) -> Result<SandboxPolicy, RunError> {
         p.egress = Some(Box::new(crate::egress::load(&dir.join(written))?));
     }
     Ok(p)
+}
+
+/// The run's own files that the command must not change: the policy file, the egress policy
+/// it names, and the run's audit log; canonical, those that exist.
+fn protected_files(opts: &RunOptions, policy: &SandboxPolicy, audit: Option<&Path>) -> Vec<PathBuf> {
+    let dir = opts.policy_path.parent().unwrap_or(Path::new("."));
+    let egress = policy.egress_policy.as_ref().map(|written| dir.join(written));
+    [
+        Some(opts.policy_path.clone()),
+        egress,
+        audit.map(Path::to_path_buf),
+    ]
+    .into_iter()
+    .flatten()
+    .filter_map(|p| std::fs::canonicalize(p).ok())
+    .collect()
 }
 
 /// A policy error as `file:line: field: message`: errors of the YAML layer and of entries
@@ -265,6 +281,7 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
             sandgate_exe,
             bridge_dir: Some("/tmp/sandgate-run-XXXXXXXXXX/bridge".into()),
             dns_files: dns_files(&policy),
+            protected: protected_files(&opts, &policy, opts.audit_log.as_deref()),
             command: opts.command,
         };
         let line: Vec<String> = bwrap_argv(&policy, &facts).iter().map(shell_quote).collect();
@@ -316,8 +333,10 @@ async fn supervise(
         ));
     }
     let audit_path = kept.clone().unwrap_or_else(|| state.audit_path());
+    let sandbox = std::sync::Arc::new(std::sync::OnceLock::new());
     let proxy = if policy.net.proxied() {
         let how = ProxyRun {
+            sandbox: sandbox.clone(),
             task: run.clone(),
             subject,
             ask: opts.ask,
@@ -342,6 +361,7 @@ async fn supervise(
         sandgate_exe,
         bridge_dir: needs_init(&policy).then(|| state.bridge_dir()),
         dns_files: dns_files(&policy),
+        protected: protected_files(&opts, &policy, Some(&audit_path)),
         command: opts.command.clone(),
     };
     let argv = bwrap_argv(&policy, &facts);
@@ -354,6 +374,9 @@ async fn supervise(
         .spawn()
         .map_err(|e| RunError::Unavailable(format!("cannot start bwrap: {e}")))?;
     let bwrap_pid = child.id();
+    if let Some(pid) = bwrap_pid.and_then(|p| i32::try_from(p).ok()) {
+        let _ = sandbox.set(pid);
+    }
     let status = {
         let forward = processes::forward_signals(bwrap_pid);
         tokio::pin!(forward);

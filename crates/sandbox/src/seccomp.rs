@@ -2,8 +2,9 @@
 //!
 //! It denies what a bubblewrap sandbox leaves open (see docs/sandbox.md, "The seccomp
 //! filter", for the same table): writing into the host's terminal, the host's kernel
-//! keyring, Unix sockets (unless the policy opts in), netlink other than routing, and a few
-//! kernel interfaces a build or an agent never needs. Everything else is allowed: this is a
+//! keyring, Unix sockets (unless the policy opts in), netlink other than routing, io_uring
+//! (whose operations would bypass the rest), and a few kernel interfaces a build or an agent
+//! never needs. Everything else is allowed: this is a
 //! deny list on top of the namespaces, not a whitelist of the command's system calls.
 //!
 //! Only the command gets it (through `sandgate sandbox-exec`, [`crate::exec`]); the
@@ -119,6 +120,19 @@ fn eperm_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
         libc::SYS_delete_module,
         libc::SYS_kexec_load,
         libc::SYS_kexec_file_load,
+    ] {
+        rules.insert(call, Vec::new());
+    }
+    // io_uring: its operations run without passing through their system calls, so the
+    // filter never sees them. IORING_OP_SOCKET (Linux 5.19) makes a socket of any family
+    // without socket(2), which would undo the family rules below (a host Unix socket, audit
+    // netlink); the other operations would escape any later rule the same way. Denied as
+    // Docker's default profile does; runtimes that try it (libuv, Tokio's io-uring) fall
+    // back to their ordinary paths on EPERM.
+    for call in [
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
     ] {
         rules.insert(call, Vec::new());
     }

@@ -110,6 +110,9 @@ fn every_listed_call_is_denied_and_ordinary_ones_pass() {
         libc::SYS_delete_module,
         libc::SYS_kexec_load,
         libc::SYS_kexec_file_load,
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
     ] {
         assert_eq!(verdict(default(), &call(nr, &[])), EPERM, "syscall {nr}");
     }

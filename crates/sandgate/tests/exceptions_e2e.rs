@@ -233,6 +233,44 @@ fn bounds_are_refused_with_their_reason_and_default_deny_holds() {
     assert!(err["error"].as_str().unwrap().contains("not enabled"), "{err}");
 }
 
+/// The attacker needs no token: each refused call goes on record, so a call with a 60 KB
+/// path, or a 403 that quotes a 100 KB task id back, would write that much per call into
+/// the audit log (pushing earlier traffic out of rotation) and hold it in the live event
+/// ring. What a refused call records is bounded.
+#[test]
+fn a_refused_call_records_a_bounded_line_whatever_the_caller_sends() {
+    let rt = runtime();
+    let dns = rt.block_on(DnsServer::start(Zone::new()));
+    let dir = tempfile::tempdir().unwrap();
+    let (listener, admin) = (free_addr(), free_addr());
+    let policy = write_policy(dir.path(), listener, admin, &[443]);
+    let p = start(&dns, &policy, &dir.path().join("state"));
+    let long_path = format!("/v1/exceptions/{}", "A".repeat(60_000));
+    let (status, _) = api(admin, "GET", &long_path, None, None);
+    assert_eq!(status, 401);
+    let task = "t".repeat(100_000);
+    let body = format!(
+        r#"{{"task_id":"{task}","requested_hosts":["pypi.org"],"requested_ports":[443],"ttl_seconds":60,"reason":"r"}}"#
+    );
+    let body_file = dir.path().join("body.json");
+    std::fs::write(&body_file, &body).unwrap();
+    let (status, _) = api(
+        admin,
+        "POST",
+        "/v1/exceptions",
+        Some("tok-agent"),
+        Some(&format!("@{}", body_file.display())),
+    );
+    assert_eq!(status, 403, "an agent may not ask for another task");
+    let events = p.audit_events(2);
+    let refused: Vec<&Value> = events.iter().filter(|e| e["event"] == "admin_refused").collect();
+    assert_eq!(refused.len(), 2, "{events:#?}");
+    for e in refused {
+        let line = e.to_string();
+        assert!(line.len() < 2048, "a {} byte line: {}", line.len(), &line[..300]);
+    }
+}
+
 #[test]
 fn a_restart_keeps_pending_and_active_exceptions_and_not_expired_ones() {
     let rt = runtime();

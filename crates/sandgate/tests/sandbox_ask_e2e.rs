@@ -208,6 +208,41 @@ fn what_the_person_types_for_the_command_approves_nothing() {
     );
 }
 
+/// The attack: while the question is on the screen, the command writes to the terminal, as
+/// it would to draw another host name over the one asked about. The sandbox is held still
+/// until the answer is in: nothing it writes lands between the question and the answer, and
+/// it runs on afterwards.
+#[test]
+fn the_command_cannot_write_over_the_question() {
+    let s = setup();
+    let script = format!(
+        "{sg} run --ask --ask-timeout 2 --policy {policy} -- sh -c \"(while true; do printf REDRAWN; sleep 0.05; done) & L=\\$!; sleep 0.3; curl -s -o /dev/null -w 'status=%{{http_code}}\\n' http://web.test:{port}/; sleep 0.3; kill \\$L\"",
+        sg = common::sandgate_bin(),
+        policy = s.policy.display(),
+        port = s.port,
+    );
+    let out = Command::new(HOST_PYTHON)
+        .args(["-c", PTY_DRIVER, &script, "", "30"])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    let asked = shown
+        .find("Type o-")
+        .unwrap_or_else(|| panic!("never asked: {shown}"));
+    let answered = shown
+        .find("no answer in time")
+        .unwrap_or_else(|| panic!("never answered: {shown}"));
+    assert!(
+        !shown[asked..answered].contains("REDRAWN"),
+        "the command wrote while the question was shown: {shown}"
+    );
+    assert!(
+        shown[answered..].contains("REDRAWN"),
+        "the command did not run on after the answer: {shown}"
+    );
+    assert!(shown.contains("status=403"), "{shown}");
+}
+
 #[test]
 fn without_a_terminal_it_denies_at_once() {
     let s = setup();
@@ -231,5 +266,5 @@ fn without_a_terminal_it_denies_at_once() {
 /// The whole file again as `nobody`.
 #[test]
 fn the_ask_suite_passes_as_an_ordinary_user() {
-    common::rerun_as_nobody("sandbox_ask_e2e", "the_ask_suite_passes_as_an_ordinary_user", 4);
+    common::rerun_as_nobody("sandbox_ask_e2e", "the_ask_suite_passes_as_an_ordinary_user", 5);
 }

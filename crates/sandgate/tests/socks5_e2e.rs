@@ -77,12 +77,15 @@ fn curl_through_socks5_is_decided_like_http() {
     assert_eq!(p.listening(2).len(), 2);
     let (code, status, err) = socks_curl(socks, &format!("http://allowed.test:{port}/via-socks"));
     assert_eq!((code, status.as_str()), (0, "200"), "{err}");
-    // Refused by the policy, the address guard, and the default ports of a bare entry (80
-    // and 443 only: anything else must be listed): each a SOCKS5 "not allowed" reply.
+    // Refused by the policy, the address guard, and the default ports of a bare entry (443
+    // only: anything else must be listed): each a SOCKS5 "not allowed" reply. Port 80 is
+    // the attacker's: a blind stream there lets its own Host header pick any site behind
+    // the allowed name's front end.
     for url in [
         format!("http://denied.test:{port}/"),
         "http://inside.test/".to_owned(),
         "http://bare.test:22/".to_owned(),
+        "http://bare.test/".to_owned(),
     ] {
         let (code, _, err) = socks_curl(socks, &url);
         assert_eq!(code, 97, "{url}: {err}");
@@ -93,7 +96,7 @@ fn curl_through_socks5_is_decided_like_http() {
         1,
         "only the allowed request reached the origin"
     );
-    let events = p.audit_events(5);
+    let events = p.audit_events(6);
     let socks_events: Vec<_> = events.iter().filter(|e| e["scheme"] == "socks5").collect();
     let reasons: Vec<&str> = socks_events
         .iter()
@@ -106,6 +109,7 @@ fn curl_through_socks5_is_decided_like_http() {
             "allowlisted",
             "not_allowlisted",
             "destination_ip_prohibited",
+            "not_allowlisted",
             "not_allowlisted"
         ],
         "{events:#?}"

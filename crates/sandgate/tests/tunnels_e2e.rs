@@ -304,10 +304,52 @@ fn split_unreadable_and_pipelined_hellos_get_the_same_check() {
     assert_eq!(close["bytes_sent"], good.len(), "{close}");
 }
 
+/// The attacker waits out `first_bytes_timeout_ms` on a port that is not `tls_only`, so the
+/// tunnel is relayed as a silent one, and only then sends a ClientHello naming another
+/// server (a front end that serves many sites on 8443 picks the site by it). It is checked
+/// as if it had come first: an access_denied alert, nothing forwarded. An honest late hello
+/// is carried.
+#[test]
+fn a_hello_sent_after_the_first_bytes_timeout_gets_the_same_check() {
+    let w = World::new();
+    let echo = w.echo();
+    let dns = w.dns(Zone::new().with("echo.test", &["127.0.0.1"]));
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("echo.test:{}", echo.addr().port());
+    let (p, _) = proxy_with(
+        &dns,
+        dir.path(),
+        std::slice::from_ref(&target),
+        "      first_bytes_timeout_ms: 300\n",
+    );
+
+    let mut s = tunnel(p.addr, &target, b"");
+    std::thread::sleep(Duration::from_millis(700));
+    s.write_all(&client_hello("evil.example")).unwrap();
+    assert_eq!(
+        rest(s),
+        [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 49],
+        "an access_denied alert, no echo"
+    );
+    let good = client_hello("echo.test");
+    let mut s = tunnel(p.addr, &target, b"");
+    std::thread::sleep(Duration::from_millis(700));
+    s.write_all(&good).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    assert_eq!(rest(s), good, "the honest late hello is carried");
+
+    let events = p.audit_events(4);
+    let closes: Vec<&str> = events_of(&events, "close")
+        .iter()
+        .map(|e| e["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(closes, ["late_hello_refused", "ok"], "{events:#?}");
+}
+
 /// The whole file again as `nobody`.
 #[test]
 fn the_tunnel_suite_passes_as_an_ordinary_user() {
-    common::rerun_as_nobody("tunnels_e2e", "the_tunnel_suite_passes_as_an_ordinary_user", 5);
+    common::rerun_as_nobody("tunnels_e2e", "the_tunnel_suite_passes_as_an_ordinary_user", 6);
 }
 
 /// A TLS 1.3 server that asks for a retry (a HelloRetryRequest): the second ClientHello is

@@ -388,12 +388,14 @@ impl Dialer {
     /// Is `addr` one of the proxy's own ports on an address of this host? Any local address
     /// counts, whatever the listener is bound to: a wildcard listener answers on all of them,
     /// and refusing the rest costs nothing legitimate.
+    /// An IPv6 form that carries an IPv4 address counts as it too.
     fn is_own_listener(&self, addr: SocketAddr, host: &[IpAddr]) -> bool {
-        let ip = addr.ip().to_canonical();
-        let local = ip.is_loopback()
-            || ip.is_unspecified()
-            || host.iter().any(|h| h.to_canonical() == ip)
-            || self.own_listeners.iter().any(|own| own.ip().to_canonical() == ip);
+        let local = sandgate_policy::addr::reached(addr.ip()).any(|ip| {
+            ip.is_loopback()
+                || ip.is_unspecified()
+                || host.iter().any(|h| h.to_canonical() == ip)
+                || self.own_listeners.iter().any(|own| own.ip().to_canonical() == ip)
+        });
         local && self.own_listeners.iter().any(|own| own.port() == addr.port())
     }
 

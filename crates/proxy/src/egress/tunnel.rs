@@ -41,8 +41,7 @@ impl Egress {
     ) {
         // Boxed and finished before the relay starts, so a long-lived tunnel carries none
         // of the checking state.
-        let Some((opened, first, retry_rules)) =
-            Box::pin(self.check_first_bytes(&mut client, dialed, early)).await
+        let Some((opened, first, then)) = Box::pin(self.check_first_bytes(&mut client, dialed, early)).await
         else {
             return;
         };
@@ -57,6 +56,33 @@ impl Egress {
             received,
             status,
             outcome,
+        };
+        // Relayed after a silent start: the client's first bytes, whenever they come, get
+        // the check they would have had.
+        let (first, retry_rules) = match then {
+            Then::Relay => (first, None),
+            Then::CheckRetry(rules) => (first, Some(rules)),
+            Then::CheckLate(rules) => {
+                let stop = reset.as_ref().unwrap_or(grant.stop()).clone();
+                let late = check_late(
+                    &mut client,
+                    &mut upstream,
+                    &grant.target,
+                    &rules,
+                    self.limits.tunnel_idle_timeout,
+                );
+                let checked = tokio::select! {
+                    checked = Box::pin(late) => checked,
+                    () = stop.cancelled() => Err(Outcome::Shutdown),
+                };
+                match checked {
+                    Ok((first, hello)) => (first, hello.then_some(rules)),
+                    Err(outcome) => {
+                        let outcome = self.cut_outcome(outcome, &grant);
+                        return self.close(grant, end(0, 0, outcome)).await;
+                    }
+                }
+            }
         };
         let forwarded = first.len() as u64;
         if forwarded > 0 && upstream.write_all(&first).await.is_err() {
@@ -76,16 +102,22 @@ impl Egress {
         let stop = reset.as_ref().unwrap_or(grant.stop());
         let (more_sent, more_received, outcome) =
             relay::tunnel(&mut client, &mut upstream, self.limits.tunnel_idle_timeout, stop).await;
-        // Cut by its own token while the proxy runs on: the exception was revoked; by the
-        // bridge's alone: the client's stream was reset.
-        let outcome = match outcome {
+        let outcome = self.cut_outcome(outcome, &grant);
+        let e = end(sent + more_sent, received + more_received, outcome);
+        self.close(grant, e).await;
+    }
+
+    /// What a tunnel cut by a stop token ended as (`Shutdown` from the relay): at the end of
+    /// the shutdown grace, when the proxy stops; by its own token while the proxy runs on,
+    /// because the exception was revoked; by the bridge's alone, because the client's stream
+    /// was reset.
+    fn cut_outcome(&self, outcome: Outcome, grant: &super::Grant) -> Outcome {
+        match outcome {
             Outcome::Shutdown if self.hard_stop.is_cancelled() => Outcome::Shutdown,
             Outcome::Shutdown if grant.stop().is_cancelled() => Outcome::Revoked,
             Outcome::Shutdown => Outcome::ClientReset,
             other => other,
-        };
-        let e = end(sent + more_sent, received + more_received, outcome);
-        self.close(grant, e).await;
+        }
     }
 
     /// Records a dialled tunnel whose client went away before it could be carried (the
@@ -114,10 +146,10 @@ impl Egress {
         client: &mut Leg<'_>,
         mut dialed: Dialed,
         early: Vec<u8>,
-    ) -> Option<(Opened, Vec<u8>, Option<TunnelRules>)> {
+    ) -> Option<(Opened, Vec<u8>, Then)> {
         let rules = self.rules().tunnels().clone();
         if !rules.inspects(dialed.target().port) {
-            return Some((dialed.admit(self, None).await, early, None));
+            return Some((dialed.admit(self, None).await, early, Then::Relay));
         }
         // A tunnel that idles out before its first byte ends as idle, as it would in the relay.
         let idle = self.limits.tunnel_idle_timeout;
@@ -152,8 +184,13 @@ impl Egress {
         match rules.check(dialed.target(), &seen.as_first_bytes()) {
             Ok(()) => {
                 let name = seen.server_name().map(str::to_owned);
-                let hello = matches!(seen, Seen::ClientHello { .. }) && rules.sni == SniMode::MustMatch;
-                Some((dialed.admit(self, name).await, first, hello.then_some(rules)))
+                let then = match seen {
+                    _ if rules.sni == SniMode::Off => Then::Relay,
+                    Seen::ClientHello { .. } => Then::CheckRetry(rules),
+                    Seen::Silent => Then::CheckLate(rules),
+                    _ => Then::Relay,
+                };
+                Some((dialed.admit(self, name).await, first, then))
             }
             Err(refusal) => {
                 let target = dialed.target().clone();
@@ -166,6 +203,46 @@ impl Egress {
             }
         }
     }
+}
+
+/// What a tunnel admitted by its first bytes still needs before the plain relay.
+enum Then {
+    Relay,
+    /// A ClientHello under `sni: must_match`: a second one after a HelloRetryRequest gets
+    /// the same check ([`check_retry`]).
+    CheckRetry(TunnelRules),
+    /// Silent for `first_bytes_timeout_ms` on a port that is not `tls_only`, so relayed; but
+    /// a ClientHello that comes later is still checked ([`check_late`]).
+    CheckLate(TunnelRules),
+}
+
+/// A tunnel relayed after a silent start: waits, within the idle timeout, for the first side
+/// to speak. A server that speaks first runs a banner protocol (SSH, SMTP): relayed as it
+/// is. A client that speaks first gets the check its first bytes would have had, so a
+/// ClientHello naming another server, sent after the first-bytes timeout, is refused as it
+/// would have been before it. `Ok` with the client's bytes (not yet forwarded) and whether
+/// they were a ClientHello to follow with [`check_retry`]; `Err` with the outcome.
+async fn check_late(
+    client: &mut Leg<'_>,
+    upstream: &mut Leg<'_>,
+    target: &Target,
+    rules: &TunnelRules,
+    idle: Duration,
+) -> Result<(Vec<u8>, bool), Outcome> {
+    let (first, seen) = hello::read_first(client, upstream, Vec::new(), idle).await;
+    match seen {
+        Seen::Silent => return Err(Outcome::IdleTimeout),
+        Seen::Reset => return Err(Outcome::ClientReset),
+        Seen::ServerFirst | Seen::Closed => return Ok((first, false)),
+        Seen::ClientHello { .. } | Seen::NotTls | Seen::Unreadable => {}
+    }
+    if rules.check(target, &seen.as_first_bytes()).is_err() {
+        if matches!(seen, Seen::ClientHello { .. }) {
+            let _ = client.write_all(&ACCESS_DENIED_ALERT).await;
+        }
+        return Err(Outcome::LateHelloRefused);
+    }
+    Ok((first, matches!(seen, Seen::ClientHello { .. })))
 }
 
 /// After the first ClientHello went upstream: reads the server's first record and passes it

@@ -28,6 +28,8 @@ pub(super) struct ProxyRun {
     pub(super) learn: bool,
     /// Print each deny on stderr as it happens.
     pub(super) live: bool,
+    /// bwrap's pid once it runs: `--ask` holds the sandbox still while it asks.
+    pub(super) sandbox: std::sync::Arc<std::sync::OnceLock<i32>>,
 }
 
 /// The run's proxy while it serves, with its live deny printer.
@@ -67,7 +69,10 @@ pub(super) async fn start_proxy(
         .await
         .map_err(|e| RunError::Unavailable(format!("cannot start the proxy: {e}")))?;
     if let Some(timeout) = how.ask {
-        proxy.set_asker(std::sync::Arc::new(crate::ask::TerminalAsker::new(timeout)));
+        proxy.set_asker(std::sync::Arc::new(crate::ask::TerminalAsker::new(
+            timeout,
+            how.sandbox.clone(),
+        )));
     }
     proxy.set_report_only(how.learn);
     let live = how
