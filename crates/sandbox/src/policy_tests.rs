@@ -282,3 +282,39 @@ fn the_socks5_port_is_loopback_and_its_own() {
         "net:\n  mode: proxy\n  proxy: { upstream: \"10.0.0.1:3128\", socks_listen: \"127.0.0.1:9050\" }\n";
     assert_eq!(parse_ok(chained).socks_port, Some(9050));
 }
+
+/// A tmpfs over a path that does not exist is made on bwrap's own root; inside a bound path
+/// it is refused (nothing there to hide, and bwrap would make the directory in the host's
+/// tree). One that exists is taken at its canonical place, to be ordered after its bind.
+#[test]
+fn tmpfs_paths_are_canonical_and_a_missing_one_inside_a_bind_is_refused() {
+    let resolve = |p: &Path| -> std::io::Result<PathBuf> {
+        match p.to_str() {
+            Some("/home/u/.ssh-missing" | "/scratch") => Err(std::io::ErrorKind::NotFound.into()),
+            Some("/home/link/.ssh") => Ok(PathBuf::from("/home/u/.ssh")),
+            _ => Ok(p.to_path_buf()),
+        }
+    };
+    let parse_with = |text: &str| parse(text, &params(&[]), &resolve, None);
+    let p = parse_with(
+        "fs:\n  read_paths: [ /home/u ]\nplatform:\n  bwrap: { tmpfs: [ /home/link/.ssh, /scratch ] }\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        p.extra_tmpfs,
+        [PathBuf::from("/home/u/.ssh"), PathBuf::from("/scratch")]
+    );
+    let err = parse_with(
+        "fs:\n  read_paths: [ /home/u ]\nplatform:\n  bwrap: { tmpfs: [ /home/u/.ssh-missing ] }\n",
+    )
+    .unwrap_err()
+    .0;
+    assert!(
+        err.contains("platform.bwrap.tmpfs") && err.contains("inside the bound path /home/u"),
+        "{err}"
+    );
+    let err = parse_with("platform:\n  bwrap: { tmpfs: [ relative ] }\n")
+        .unwrap_err()
+        .0;
+    assert!(err.contains("not an absolute path"), "{err}");
+}
