@@ -2,15 +2,28 @@
 //! shutdown inside the proxy's task tracker, so its connections end with the proxy's. Today
 //! it answers `GET /metrics` with the OpenMetrics text exposition and 404 elsewhere; the
 //! control plane's API (exceptions, approvals) mounts here.
+//!
+//! Its connections are capped ([`ADMIN_CONNECTIONS`]; more are closed as they come) and end
+//! after [`ADMIN_IDLE`] without a byte either way: each holds a descriptor from the proxy's
+//! reserve (`admission::RESERVED_FDS`), so a client holding idle connections here must not
+//! take the descriptors the proxy's resolver and upstream dials need.
 
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
@@ -54,6 +67,112 @@ async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse 
     )
 }
 
+/// Connections the admin listener holds at once: a quarter of the descriptors the proxy keeps
+/// in reserve.
+pub(crate) const ADMIN_CONNECTIONS: usize = 64;
+/// A connection that moves no byte either way for this long is closed. The event stream's
+/// keep-alive comments (every 15 s) count.
+const ADMIN_IDLE: Duration = Duration::from_secs(60);
+
+/// The admin listener, holding at most [`ADMIN_CONNECTIONS`]: a connection beyond them is
+/// accepted and closed at once (a full listen backlog would be a silent wait instead).
+struct Capped {
+    inner: TcpListener,
+    slots: Arc<Semaphore>,
+}
+
+impl axum::serve::Listener for Capped {
+    type Io = Held;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Held, SocketAddr) {
+        loop {
+            let (io, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+            match self.slots.clone().try_acquire_owned() {
+                Ok(slot) => {
+                    let held = Held {
+                        io,
+                        _slot: slot,
+                        idle: Box::pin(tokio::time::sleep(ADMIN_IDLE)),
+                    };
+                    return (held, addr);
+                }
+                Err(_) => {
+                    tracing::debug!(client = %addr, "admin listener full; connection closed");
+                    drop(io);
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+/// An admin connection: its slot, and its idle timer, reset by every byte moved.
+struct Held {
+    io: TcpStream,
+    _slot: OwnedSemaphorePermit,
+    idle: Pin<Box<Sleep>>,
+}
+
+impl Held {
+    fn moved(&mut self) {
+        self.idle.as_mut().reset(Instant::now() + ADMIN_IDLE);
+    }
+
+    /// Pending on the socket: has the connection been idle too long?
+    fn idled_out(&mut self, cx: &mut Context<'_>) -> bool {
+        self.idle.as_mut().poll(cx).is_ready()
+    }
+}
+
+fn idle_error() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "admin connection idle")
+}
+
+impl AsyncRead for Held {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    this.moved();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending if this.idled_out(cx) => Poll::Ready(Err(idle_error())),
+            other => other,
+        }
+    }
+}
+
+impl AsyncWrite for Held {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.io).poll_write(cx, data) {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    this.moved();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Pending if this.idled_out(cx) => Poll::Ready(Err(idle_error())),
+            other => other,
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
 /// Serves the metrics and `extra` (the control plane's API) until `stop` is cancelled, then
 /// lets open requests finish.
 pub(crate) async fn serve(
@@ -67,12 +186,15 @@ pub(crate) async fn serve(
         Some(extra) => router(metrics).merge(extra),
         None => router(metrics.clone()).merge(probes(metrics)),
     };
-    let served = axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(stop.cancelled_owned())
-    .await;
+    let capped = Capped {
+        inner: listener,
+        slots: Arc::new(Semaphore::new(ADMIN_CONNECTIONS)),
+    };
+    // Through `tap_io`, for which axum gives the peer address as `ConnectInfo`.
+    let listener = axum::serve::ListenerExt::tap_io(capped, |_: &mut Held| {});
+    let served = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await;
     if let Err(e) = served {
         tracing::warn!(error = %e, "the admin listener stopped");
     }

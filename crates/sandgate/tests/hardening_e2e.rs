@@ -341,11 +341,69 @@ fn a_connection_cap_beyond_the_open_file_limit_is_refused_at_start() {
 
 /// This whole file again as `nobody` when the tests run as root (as in CI): every attack
 /// above must fail the same way against an unprivileged proxy.
+/// The attacker reaches the admin listener (no token needed) and holds connections to it
+/// open and idle: each would hold one of the descriptors the proxy keeps back for its
+/// resolver and upstream dials. Beyond the admin cap a connection is closed at once; those
+/// within it are served, and their slots come back when they close.
+#[test]
+fn idle_connections_to_the_admin_listener_are_capped() {
+    let rt = runtime();
+    let dns = rt.block_on(DnsServer::start(Zone::new()));
+    let dns_addr = dns.addr().to_string();
+    let p = ProxyProcess::start(&[
+        "--dns-server",
+        &dns_addr,
+        "--allow",
+        "a.example",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]);
+    let addrs = p.listening(2);
+    let admin = *addrs.iter().find(|a| **a != p.addr).unwrap();
+    let get = |s: &mut TcpStream, path: &str| -> String {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    };
+    let mut held: Vec<TcpStream> = (0..64).map(|_| TcpStream::connect(admin).unwrap()).collect();
+    for n in 0..4 {
+        let mut extra = TcpStream::connect(admin).unwrap();
+        extra.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let read = extra.read(&mut [0u8; 1]);
+        let closed = match &read {
+            Ok(0) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+            Ok(_) => false,
+        };
+        assert!(closed, "connection {} beyond the cap was held: {read:?}", 65 + n);
+    }
+    let answer = get(&mut held[0], "/metrics");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let answer = TcpStream::connect(admin)
+            .map(|mut s| get(&mut s, "/healthz"))
+            .unwrap_or_default();
+        if answer.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no slot came back: {answer:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn the_hardening_suite_passes_as_an_ordinary_user() {
     common::rerun_as_nobody(
         "hardening_e2e",
         "the_hardening_suite_passes_as_an_ordinary_user",
-        5,
+        6,
     );
 }
