@@ -262,6 +262,12 @@ pub fn reached(ip: IpAddr) -> impl Iterator<Item = IpAddr> {
     std::iter::once(canonical).chain([first, second].into_iter().flatten().map(IpAddr::V4))
 }
 
+/// Does a connection to `ip` end at one of `host`'s addresses (this host's interfaces, read
+/// by the caller)? IPv6 forms that carry an IPv4 address count as it too ([`reached`]).
+pub fn on_host(ip: IpAddr, host: &[IpAddr]) -> bool {
+    reached(ip).any(|r| host.iter().any(|h| h.to_canonical() == r))
+}
+
 /// Classifies an IPv6 address; embedding forms take the class of the IPv4 they carry.
 pub fn classify_v6(ip: Ipv6Addr) -> AddrClass {
     let bits = u128::from(ip);
@@ -357,8 +363,7 @@ impl AddressGuard {
     /// IPv6 forms that carry an IPv4 address compare as it too ([`reached`]).
     pub fn vet_not_host(&self, ips: &[IpAddr], host: &[IpAddr]) -> Result<(), Prohibited> {
         for ip in ips {
-            let mine = reached(*ip).any(|r| host.iter().any(|h| h.to_canonical() == r));
-            if mine && !self.exempt(*ip) {
+            if on_host(*ip, host) && !self.exempt(*ip) {
                 return Err(Prohibited {
                     ip: *ip,
                     class: AddrClass::HostAddress,

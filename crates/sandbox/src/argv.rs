@@ -208,6 +208,15 @@ fn in_order(plan: &mut Vec<(MountKind, &Path)>) {
     plan.dedup();
 }
 
+/// The mount of `plan` (in bwrap's order) that decides what is at `path`: the last one at
+/// or above it.
+fn deciding<'a>(plan: &[(MountKind, &'a Path)], path: &Path) -> Option<(MountKind, &'a Path)> {
+    plan.iter()
+        .rev()
+        .find(|(_, outer)| path.starts_with(outer))
+        .copied()
+}
+
 /// `plan` with the run's own files (`protected`) made read-only where a write path covers
 /// them (a policy beside the project, an --audit-log inside it), or the command could
 /// rewrite the policy of its next run or the record of this one. Each such file is bound
@@ -223,8 +232,8 @@ fn with_protected<'a>(
     let root = Path::new("/");
     let mut extra = Vec::new();
     for file in protected {
-        let covering = match plan.iter().rev().find(|(_, path)| file.starts_with(path)) {
-            Some(&(MountKind::ReadWrite, path)) => path,
+        let covering = match deciding(&plan, file) {
+            Some((MountKind::ReadWrite, path)) => path,
             Some(_) => continue,
             None if policy.allow_write_all => root,
             None => continue,
@@ -270,9 +279,8 @@ fn mount_plan(policy: &SandboxPolicy) -> Vec<(MountKind, &Path)> {
     in_order(&mut plan);
     let mut kept: Vec<(MountKind, &Path)> = Vec::with_capacity(plan.len());
     for (kind, path) in plan {
-        let enclosing = kept.iter().rev().find(|(_, outer)| path.starts_with(outer));
         let covered =
-            kind != MountKind::Tmpfs && enclosing.is_some_and(|&(outer_kind, _)| outer_kind == kind);
+            kind != MountKind::Tmpfs && deciding(&kept, path).is_some_and(|(outer, _)| outer == kind);
         if !covered {
             kept.push((kind, path));
         }

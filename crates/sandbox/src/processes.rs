@@ -36,40 +36,47 @@ fn stat_of(pid: i32) -> Option<(char, i32, u64)> {
     Some((state, ppid, start))
 }
 
-/// `(ppid, start time)`; None for a zombie (state `Z`): it is dead already and only waits
-/// to be reaped.
-fn stat(pid: i32) -> Option<(i32, u64)> {
-    stat_of(pid)
-        .filter(|(state, _, _)| *state != 'Z')
-        .map(|(_, ppid, start)| (ppid, start))
-}
-
-/// Every descendant of `root`, with its start time, skipping processes named `skip`
-/// (bwrap's own, whose death would SIGKILL the sandbox).
-fn descendants(root: i32, skip: Option<&str>) -> Vec<Seen> {
+/// Every process below `root`, parents before their children. A zombie (state `Z`) and
+/// what lies below it are left out unless `with_zombies`: a zombie is dead already and only
+/// waits to be reaped, except that a process whose first thread exited shows `Z` while its
+/// other threads run on.
+fn tree(root: i32, with_zombies: bool) -> Vec<Seen> {
     let mut children: BTreeMap<i32, Vec<Seen>> = BTreeMap::new();
     if let Ok(entries) = std::fs::read_dir("/proc") {
         for entry in entries.flatten() {
             let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
                 continue;
             };
-            if let Some((ppid, start_time)) = stat(pid) {
-                children.entry(ppid).or_default().push(Seen { pid, start_time });
+            match stat_of(pid) {
+                Some(('Z', _, _)) if !with_zombies => {}
+                Some((_, ppid, start_time)) => {
+                    children.entry(ppid).or_default().push(Seen { pid, start_time })
+                }
+                None => {}
             }
         }
     }
     let mut out = Vec::new();
-    let mut queue = vec![root];
-    while let Some(p) = queue.pop() {
+    let mut queue = std::collections::VecDeque::from([root]);
+    while let Some(p) = queue.pop_front() {
         for seen in children.get(&p).map(Vec::as_slice).unwrap_or_default() {
-            queue.push(seen.pid);
-            let comm = std::fs::read_to_string(format!("/proc/{}/comm", seen.pid)).unwrap_or_default();
-            if skip.is_none_or(|s| comm.trim() != s) {
-                out.push(*seen);
-            }
+            queue.push_back(seen.pid);
+            out.push(*seen);
         }
     }
     out
+}
+
+/// Every live descendant of `root`, with its start time, skipping processes named `skip`
+/// (bwrap's own, whose death would SIGKILL the sandbox).
+fn descendants(root: i32, skip: Option<&str>) -> Vec<Seen> {
+    tree(root, false)
+        .into_iter()
+        .filter(|seen| {
+            let comm = std::fs::read_to_string(format!("/proc/{}/comm", seen.pid)).unwrap_or_default();
+            skip.is_none_or(|s| comm.trim() != s)
+        })
+        .collect()
 }
 
 /// Signals `seen` if, and only if, it is still the process that was seen.
@@ -112,31 +119,6 @@ pub async fn forward_signals(bwrap_pid: Option<u32>) {
             signal(seen, sig);
         }
     }
-}
-
-/// Every process below `root`, parents before their children, zombies included: a process
-/// whose first thread exited shows `Z` while its other threads run on.
-fn tree(root: i32) -> Vec<Seen> {
-    let mut children: BTreeMap<i32, Vec<Seen>> = BTreeMap::new();
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for entry in entries.flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            if let Some((_, ppid, start_time)) = stat_of(pid) {
-                children.entry(ppid).or_default().push(Seen { pid, start_time });
-            }
-        }
-    }
-    let mut out = Vec::new();
-    let mut queue = std::collections::VecDeque::from([root]);
-    while let Some(p) = queue.pop_front() {
-        for seen in children.get(&p).map(Vec::as_slice).unwrap_or_default() {
-            queue.push_back(seen.pid);
-            out.push(*seen);
-        }
-    }
-    out
 }
 
 /// Can no thread of `pid` run user code any more? Each is stopped (`T`, `t`), dead (`Z`,
@@ -205,7 +187,10 @@ const FREEZE_ROUNDS: u32 = 200;
 pub fn freeze(root: i32) -> Option<Frozen> {
     let mut frozen = Frozen { stopped: Vec::new() };
     for _ in 0..FREEZE_ROUNDS {
-        let running: Vec<Seen> = tree(root).into_iter().filter(|seen| !held(seen.pid)).collect();
+        let running: Vec<Seen> = tree(root, true)
+            .into_iter()
+            .filter(|seen| !held(seen.pid))
+            .collect();
         if running.is_empty() {
             return Some(frozen);
         }
@@ -267,8 +252,8 @@ mod tests {
     #[test]
     fn our_own_stat_parses_and_a_child_is_found_and_signalled() {
         let me = std::process::id() as i32;
-        let (ppid, start) = stat(me).unwrap();
-        assert!(ppid > 0 && start > 0);
+        let (state, ppid, start) = stat_of(me).unwrap();
+        assert!(ppid > 0 && start > 0 && state != 'Z');
         let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
         let found = descendants(me, None);
         let seen = *found.iter().find(|s| s.pid == child.id() as i32).unwrap();

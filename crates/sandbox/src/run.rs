@@ -97,21 +97,24 @@ pub fn load_policy(opts: &RunOptions) -> Result<SandboxPolicy, RunError> {
             p.net.name()
         )));
     }
-    if let Some(written) = &p.egress_policy {
-        let dir = opts.policy_path.parent().unwrap_or(std::path::Path::new("."));
-        p.egress = Some(Box::new(crate::egress::load(&dir.join(written))?));
+    if let Some(path) = egress_policy_path(opts, &p) {
+        p.egress = Some(Box::new(crate::egress::load(&path)?));
     }
     Ok(p)
+}
+
+/// Where the `net.egress_policy` file is: beside the policy that names it.
+fn egress_policy_path(opts: &RunOptions, policy: &SandboxPolicy) -> Option<PathBuf> {
+    let dir = opts.policy_path.parent().unwrap_or(Path::new("."));
+    policy.egress_policy.as_ref().map(|written| dir.join(written))
 }
 
 /// The run's own files that the command must not change: the policy file, the egress policy
 /// it names, and the run's audit log; canonical, those that exist.
 fn protected_files(opts: &RunOptions, policy: &SandboxPolicy, audit: Option<&Path>) -> Vec<PathBuf> {
-    let dir = opts.policy_path.parent().unwrap_or(Path::new("."));
-    let egress = policy.egress_policy.as_ref().map(|written| dir.join(written));
     [
         Some(opts.policy_path.clone()),
-        egress,
+        egress_policy_path(opts, policy),
         audit.map(Path::to_path_buf),
     ]
     .into_iter()

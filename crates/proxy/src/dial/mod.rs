@@ -390,12 +390,12 @@ impl Dialer {
     /// and refusing the rest costs nothing legitimate.
     /// An IPv6 form that carries an IPv4 address counts as it too.
     fn is_own_listener(&self, addr: SocketAddr, host: &[IpAddr]) -> bool {
-        let local = sandgate_policy::addr::reached(addr.ip()).any(|ip| {
-            ip.is_loopback()
-                || ip.is_unspecified()
-                || host.iter().any(|h| h.to_canonical() == ip)
-                || self.own_listeners.iter().any(|own| own.ip().to_canonical() == ip)
-        });
+        let local = sandgate_policy::addr::on_host(addr.ip(), host)
+            || sandgate_policy::addr::reached(addr.ip()).any(|ip| {
+                ip.is_loopback()
+                    || ip.is_unspecified()
+                    || self.own_listeners.iter().any(|own| own.ip().to_canonical() == ip)
+            });
         local && self.own_listeners.iter().any(|own| own.port() == addr.port())
     }
 

@@ -57,13 +57,14 @@ impl Egress {
             status,
             outcome,
         };
+        // What cuts the tunnel: its own token, or the bridge's when the client's stream is reset.
+        let stop = reset.as_ref().unwrap_or(grant.stop()).clone();
         // Relayed after a silent start: the client's first bytes, whenever they come, get
         // the check they would have had.
         let (first, retry_rules) = match then {
             Then::Relay => (first, None),
             Then::CheckRetry(rules) => (first, Some(rules)),
             Then::CheckLate(rules) => {
-                let stop = reset.as_ref().unwrap_or(grant.stop()).clone();
                 let late = check_late(
                     &mut client,
                     &mut upstream,
@@ -99,9 +100,8 @@ impl Egress {
                 Err((up, down, outcome)) => return self.close(grant, end(sent + up, down, outcome)).await,
             }
         }
-        let stop = reset.as_ref().unwrap_or(grant.stop());
         let (more_sent, more_received, outcome) =
-            relay::tunnel(&mut client, &mut upstream, self.limits.tunnel_idle_timeout, stop).await;
+            relay::tunnel(&mut client, &mut upstream, self.limits.tunnel_idle_timeout, &stop).await;
         let outcome = self.cut_outcome(outcome, &grant);
         let e = end(sent + more_sent, received + more_received, outcome);
         self.close(grant, e).await;
