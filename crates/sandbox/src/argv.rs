@@ -8,9 +8,11 @@
 //! [`INIT_PATH`]; in the proxied modes the bridge directory, read-only, at [`BRIDGE_DIR`]
 //! (one socket for the HTTP proxy, one for its SOCKS5 listener).
 //!
-//! The command always starts through `INIT_PATH sandbox-exec`, which loads the seccomp
-//! filter and then executes it; in the proxied modes (and with `net.loopback_ports`) the
-//! init, which needs its Unix-socket bridge and so runs unfiltered, starts that step.
+//! The command always starts through `INIT_PATH sandbox-exec`, which sets the run's rlimits,
+//! loads the seccomp filter and then executes it. With a PID namespace (always, but for
+//! `pid: false` in `net.mode: all`) the init `INIT_PATH sandbox-init` is PID 1 and starts
+//! that step (`--as-pid-1`: bubblewrap's own reaper, which loads no filter, never runs); in
+//! the proxied modes and with `net.loopback_ports` it also holds the bridges.
 //!
 //! The environment is not on this command line: bwrap is spawned with exactly the command's
 //! environment (see [`crate::env`]), because `/proc/PID/cmdline` is readable by every local
@@ -49,9 +51,16 @@ pub struct RunFacts {
     pub bridge_dir: Option<PathBuf>,
     /// `net.mode: all`: the host's DNS files that exist, as (canonical source, place inside).
     pub dns_files: Vec<(PathBuf, PathBuf)>,
-    /// The run's own files (its policy files, its audit log), canonical: bound read-only
-    /// over themselves where a write path covers them ([`mounts`]).
+    /// The run's own files (its policy files, its audit log, `--protect`), canonical: bound
+    /// read-only over themselves where a write path covers them ([`mounts`]).
     pub protected: Vec<PathBuf>,
+    /// This bwrap has `--disable-userns` (0.8.0 and later; the filter refuses new user
+    /// namespaces either way).
+    pub disable_userns: bool,
+    /// `--no-terminal`: the sandbox starts in a session of its own (`--new-session`).
+    pub new_session: bool,
+    /// `NAME=VALUE` rlimits `sandbox-exec` sets ([`crate::limits`]).
+    pub rlimits: Vec<String>,
     pub command: Vec<OsString>,
 }
 
@@ -65,9 +74,15 @@ fn bind(argv: &mut Vec<OsString>, flag: &str, source: &Path, dest: &Path) {
     argv.push(dest.into());
 }
 
-/// Does the command start behind the in-sandbox init (which holds the bridge sockets)?
-pub fn needs_init(policy: &SandboxPolicy) -> bool {
+/// Does the sandbox hold bridge sockets (kept by the init)?
+pub fn needs_bridges(policy: &SandboxPolicy) -> bool {
     policy.net.proxied() || !policy.loopback_ports.is_empty()
+}
+
+/// Does the command start behind the in-sandbox init? Always as PID 1 of a PID namespace,
+/// and without one where it holds bridges.
+pub fn needs_init(policy: &SandboxPolicy) -> bool {
+    policy.unshare_pid || needs_bridges(policy)
 }
 
 /// The complete argv, starting with `bwrap`.
@@ -86,6 +101,13 @@ pub fn bwrap_argv(policy: &SandboxPolicy, facts: &RunFacts) -> Vec<OsString> {
             "ALL",
         ],
     );
+    if facts.disable_userns {
+        // No user namespace inside this one (the filter also refuses them).
+        push(&mut argv, &["--disable-userns"]);
+    }
+    if facts.new_session {
+        push(&mut argv, &["--new-session"]);
+    }
     if policy.unshare_pid {
         push(&mut argv, &["--unshare-pid"]);
     }
@@ -99,12 +121,16 @@ pub fn bwrap_argv(policy: &SandboxPolicy, facts: &RunFacts) -> Vec<OsString> {
     mounts(&mut argv, policy, facts);
     let init = needs_init(policy);
     if init && policy.unshare_pid {
-        // Our init waits for the command itself; bwrap need not add an init of its own.
+        // Our init is PID 1: bwrap's own reaper would be a process inside without the
+        // filter, dumpable, that the command could take over through /proc/1/mem.
         push(&mut argv, &["--as-pid-1"]);
     }
     argv.push("--".into());
     if init {
         push(&mut argv, &[INIT_PATH, "sandbox-init"]);
+        if policy.allow_unix_sockets {
+            push(&mut argv, &["--allow-unix-sockets"]);
+        }
         if policy.net.proxied() {
             let socks = policy.socks_port.map(|port| (port, SOCKS_SOCKET));
             for (port, socket) in [(policy.proxy_port, PROXY_SOCKET)].into_iter().chain(socks) {
@@ -122,6 +148,9 @@ pub fn bwrap_argv(policy: &SandboxPolicy, facts: &RunFacts) -> Vec<OsString> {
     if policy.allow_unix_sockets {
         push(&mut argv, &["--allow-unix-sockets"]);
     }
+    for rlimit in &facts.rlimits {
+        push(&mut argv, &["--rlimit", rlimit]);
+    }
     argv.push("--".into());
     argv.extend(facts.command.iter().cloned());
     argv
@@ -137,9 +166,19 @@ fn mounts(argv: &mut Vec<OsString>, policy: &SandboxPolicy, facts: &RunFacts) {
         bind(argv, "--ro-bind", root, root);
     }
     push(argv, &["--proc", "/proc", "--dev", "/dev"]);
+    // bwrap's /dev is a tmpfs of no set size; /dev/shm (POSIX shared memory) gets one of
+    // its own, sized like every tmpfs, and /dev itself is made read-only below (writes to
+    // its device nodes still work), so nothing can fill memory through it.
+    if let Some(bytes) = policy.limits.tmpfs {
+        push(argv, &["--size", &bytes.to_string()]);
+    }
+    push(argv, &["--tmpfs", "/dev/shm"]);
     for (kind, path) in with_protected(mount_plan(policy), policy, &facts.protected) {
         match kind {
             MountKind::Tmpfs => {
+                if let Some(bytes) = policy.limits.tmpfs {
+                    push(argv, &["--size", &bytes.to_string()]);
+                }
                 argv.push("--tmpfs".into());
                 argv.push(path.into());
             }
@@ -155,7 +194,7 @@ fn mounts(argv: &mut Vec<OsString>, policy: &SandboxPolicy, facts: &RunFacts) {
     // Read-only, so the sandbox can create nothing in the host directory behind it; a
     // socket accepts connect() on a read-only mount (it needs write permission on the
     // socket inode, not a writable file system).
-    if let (true, Some(dir)) = (needs_init(policy), &facts.bridge_dir) {
+    if let (true, Some(dir)) = (needs_bridges(policy), &facts.bridge_dir) {
         bind(argv, "--ro-bind", dir, Path::new(BRIDGE_DIR));
     }
     bind(argv, "--ro-bind", &facts.sandgate_exe, Path::new(INIT_PATH));
@@ -182,6 +221,7 @@ fn mounts(argv: &mut Vec<OsString>, policy: &SandboxPolicy, facts: &RunFacts) {
             argv.push(alias.at.clone().into());
         }
     }
+    push(argv, &["--remount-ro", "/dev"]);
     if !policy.allow_write_all {
         // bwrap's root is a tmpfs; read-only, the command cannot fill memory through it or
         // plant files beside the binds. /tmp and the binds are mounts of their own.
@@ -230,19 +270,28 @@ fn with_protected<'a>(
     protected: &'a [PathBuf],
 ) -> Vec<(MountKind, &'a Path)> {
     let root = Path::new("/");
-    let mut extra = Vec::new();
-    for file in protected {
+    // Outermost first, each decided against the plan with the earlier ones in it: a
+    // protected file inside a protected directory (a run's log in the runs directory) is
+    // read-only already, and no directory between them is pinned writable over it.
+    let mut ordered: Vec<&'a PathBuf> = protected.iter().collect();
+    ordered.sort_by_key(|p| p.components().count());
+    for file in ordered {
+        in_order(&mut plan);
         let covering = match deciding(&plan, file) {
-            Some((MountKind::ReadWrite, path)) => path,
+            Some((MountKind::ReadWrite | MountKind::Pinned, path)) => path,
             Some(_) => continue,
             None if policy.allow_write_all => root,
             None => continue,
         };
-        let between = file.ancestors().skip(1).take_while(|dir| *dir != covering);
-        extra.extend(between.map(|dir| (MountKind::Pinned, dir)));
-        extra.push((MountKind::ReadOnly, file.as_path()));
+        let between: Vec<&'a Path> = file
+            .ancestors()
+            .skip(1)
+            .take_while(|dir| *dir != covering)
+            .filter(|dir| !plan.iter().any(|(_, p)| p == dir))
+            .collect();
+        plan.extend(between.into_iter().map(|dir| (MountKind::Pinned, dir)));
+        plan.push((MountKind::ReadOnly, file.as_path()));
     }
-    plan.extend(extra);
     in_order(&mut plan);
     plan
 }

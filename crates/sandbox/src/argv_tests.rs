@@ -13,6 +13,9 @@ fn facts() -> RunFacts {
         bridge_dir: Some("/tmp/sg-1/bridge".into()),
         dns_files: vec![("/run/resolv/stub.conf".into(), "/etc/resolv.conf".into())],
         protected: Vec::new(),
+        disable_userns: true,
+        new_session: false,
+        rlimits: vec!["nproc=512".into()],
         command: vec!["curl".into(), "https://a.example/".into()],
     }
 }
@@ -37,10 +40,14 @@ fn allowlist_mode_routes_through_the_init_and_the_bridge() {
         "{s}"
     );
     assert!(s.contains("--unshare-net"));
-    assert!(s.contains("--proc /proc --dev /dev --tmpfs /tmp --ro-bind /usr /usr --bind /srv/out /srv/out"));
+    assert!(
+        s.contains("--proc /proc --dev /dev --size 1073741824 --tmpfs /dev/shm --size 1073741824 --tmpfs /tmp --ro-bind /usr /usr --bind /srv/out /srv/out"),
+        "{s}"
+    );
+    assert!(s.contains(" --disable-userns "), "{s}");
     assert!(
         s.contains(
-            "--ro-bind /tmp/sg-1/bridge /run/sandgate --ro-bind /opt/sandgate /run/sandgate-init --remount-ro / --as-pid-1"
+            "--ro-bind /tmp/sg-1/bridge /run/sandgate --ro-bind /opt/sandgate /run/sandgate-init --remount-ro /dev --remount-ro / --as-pid-1"
         ),
         "{s}"
     );
@@ -49,7 +56,7 @@ fn allowlist_mode_routes_through_the_init_and_the_bridge() {
         "{s}"
     );
     assert!(s.ends_with(
-        "-- /run/sandgate-init sandbox-init --forward 127.0.0.1:3128=/run/sandgate/proxy.sock --forward 127.0.0.1:1080=/run/sandgate/socks.sock -- /run/sandgate-init sandbox-exec -- curl https://a.example/"
+        "-- /run/sandgate-init sandbox-init --forward 127.0.0.1:3128=/run/sandgate/proxy.sock --forward 127.0.0.1:1080=/run/sandgate/socks.sock -- /run/sandgate-init sandbox-exec --rlimit nproc=512 -- curl https://a.example/"
     ), "{s}");
 }
 
@@ -79,15 +86,23 @@ fn the_socks5_port_has_its_own_forward_in_the_proxied_modes() {
 }
 
 #[test]
-fn none_and_all_modes_start_the_command_through_the_filter_step() {
+fn none_and_all_modes_start_the_command_through_the_init_and_the_filter_step() {
+    // PID 1 is always sandgate's init (never bwrap's own reaper, which loads no filter),
+    // without bridges where the mode has none.
     let s = joined(&bwrap_argv(&policy("net:\n  mode: none\n"), &facts()));
-    assert!(s.contains("--unshare-net") && !s.contains("sandbox-init") && !s.contains("/run/sandgate "));
+    assert!(s.contains("--unshare-net") && !s.contains("--forward") && !s.contains("/run/sandgate "), "{s}");
     assert!(!s.contains("socks.sock"), "{s}");
-    assert!(s.contains("--ro-bind /opt/sandgate /run/sandgate-init"), "{s}");
+    assert!(s.contains("--ro-bind /opt/sandgate /run/sandgate-init --remount-ro /dev --remount-ro / --as-pid-1"), "{s}");
     assert!(
-        s.ends_with("-- /run/sandgate-init sandbox-exec -- curl https://a.example/"),
+        s.ends_with("-- /run/sandgate-init sandbox-init -- /run/sandgate-init sandbox-exec --rlimit nproc=512 -- curl https://a.example/"),
         "{s}"
     );
+    // Without a PID namespace (`pid: false`, net all only) there is no PID 1 to be.
+    let nopid = joined(&bwrap_argv(
+        &policy("net:\n  mode: all\nplatform:\n  bwrap: { unshare: { pid: false } }\n"),
+        &facts(),
+    ));
+    assert!(!nopid.contains("sandbox-init") && !nopid.contains("--as-pid-1"), "{nopid}");
     assert!(
         !s.contains("resolv"),
         "no DNS files without the host's network: {s}"
@@ -110,7 +125,7 @@ fn none_and_all_modes_start_the_command_through_the_filter_step() {
         &policy("net:\n  mode: all\nfs:\n  allow_write_all: true\n"),
         &facts(),
     ));
-    assert!(s.contains("--bind / /") && !s.contains("--remount-ro"), "{s}");
+    assert!(s.contains("--bind / /") && !s.contains("--remount-ro / "), "{s}");
 }
 
 #[test]
@@ -120,7 +135,9 @@ fn unix_sockets_opt_in_reaches_the_filter_step() {
         &facts(),
     ));
     assert!(
-        s.ends_with("sandbox-exec --allow-unix-sockets -- curl https://a.example/"),
+        s.ends_with(
+            "sandbox-init --allow-unix-sockets -- /run/sandgate-init sandbox-exec --allow-unix-sockets --rlimit nproc=512 -- curl https://a.example/"
+        ),
         "{s}"
     );
 }
@@ -136,7 +153,7 @@ fn loopback_ports_are_forwarded_by_the_init() {
         "{s}"
     );
     assert!(
-        s.ends_with("sandbox-init --forward 127.0.0.1:5432=/run/sandgate/port-5432.sock -- /run/sandgate-init sandbox-exec -- curl https://a.example/"),
+        s.ends_with("sandbox-init --forward 127.0.0.1:5432=/run/sandgate/port-5432.sock -- /run/sandgate-init sandbox-exec --rlimit nproc=512 -- curl https://a.example/"),
         "{s}"
     );
 }
@@ -147,7 +164,8 @@ fn nothing_of_the_host_unless_listed() {
         &policy("net:\n  mode: none\nfs:\n  tmp: none\n"),
         &facts(),
     ));
-    assert!(!s.contains("--bind") && !s.contains("--tmpfs"), "{s}");
+    assert!(!s.contains("--bind") && s.matches("--tmpfs").count() == 1, "{s}");
+    assert!(s.contains("--tmpfs /dev/shm"), "only a sized /dev/shm: {s}");
     assert_eq!(s.matches("--ro-bind").count(), 1, "only the sandgate binary: {s}");
 }
 
@@ -281,4 +299,45 @@ fn the_runs_own_files_are_read_only_under_a_write_path_and_hidden_elsewhere() {
     for elsewhere in ["/proj/.git/audit.jsonl", "/etc/team/policy.yaml", "/home/u/"] {
         assert!(!s.contains(&format!("--ro-bind {elsewhere}")), "{elsewhere}: {s}");
     }
+}
+
+/// The runs directory and the run's own log inside it, both under a writable home (the
+/// review's finding: the log's pins made the directory writable again over its read-only
+/// bind, and the command removed other runs' logs).
+#[test]
+fn a_protected_directory_stays_read_only_with_a_protected_file_inside() {
+    let p = policy("fs:\n  write_paths: [ /home/u ]\n");
+    let mut f = facts();
+    let runs = "/home/u/.local/state/sandgate/runs";
+    // In either order.
+    for protected in [
+        vec![format!("{runs}/run-1.jsonl").into(), runs.into()],
+        vec![runs.into(), format!("{runs}/run-1.jsonl").into()],
+    ] {
+        f.protected = protected;
+        let s = joined(&bwrap_argv(&p, &f));
+        assert!(s.contains(&format!("--ro-bind {runs} {runs}")), "{s}");
+        assert!(!s.contains(&format!("--bind {runs} {runs}")), "the runs directory pinned writable: {s}");
+        assert!(!s.contains(&format!("{runs}/run-1.jsonl")), "the log needs nothing more: {s}");
+        // The directories above it, between it and the write path, are pinned first.
+        assert!(
+            at(&s, "--bind /home/u/.local /home/u/.local") < at(&s, &format!("--ro-bind {runs} {runs}")),
+            "{s}"
+        );
+    }
+}
+
+#[test]
+fn limits_size_every_tmpfs_and_a_no_terminal_run_gets_a_session_of_its_own() {
+    let p = policy("fs:\n  read_paths: [ /usr ]\nplatform:\n  bwrap: { tmpfs: [ /usr/cache ] }\nlimits: { tmpfs: 16MiB }\n");
+    let mut f = facts();
+    f.new_session = true;
+    f.disable_userns = false;
+    let s = joined(&bwrap_argv(&p, &f));
+    assert!(s.contains("--size 16777216 --tmpfs /tmp "), "{s}");
+    assert!(s.contains("--size 16777216 --tmpfs /usr/cache"), "{s}");
+    assert!(s.contains(" --new-session ") && !s.contains("--disable-userns"), "{s}");
+    let p = policy("limits: { tmpfs: off }\n");
+    let s = joined(&bwrap_argv(&p, &facts()));
+    assert!(!s.contains("--size") && !s.contains("--new-session"), "{s}");
 }

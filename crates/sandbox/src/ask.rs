@@ -82,10 +82,11 @@ impl Asker for TerminalAsker {
                 .await
                 .ok()
                 .flatten();
-            let Some(_frozen) = frozen else {
+            let Some(frozen) = frozen else {
                 say("\r\nsandgate: the sandbox would not hold still to be asked; denied\r\n");
                 return Answer::Deny;
             };
+            let frozen = std::sync::Arc::new(frozen);
             // The answer must carry a code only the terminal shows: whatever the command
             // inside made the person type (or typed ahead) cannot approve anything.
             let code = random_code();
@@ -97,8 +98,12 @@ impl Asker for TerminalAsker {
                 access.scheme(),
                 self.timeout.as_secs()
             );
-            let answer = match prompt(&question, Instant::now() + self.timeout).await {
+            let answer = match prompt(question, Instant::now() + self.timeout, frozen.clone()).await {
                 Ok(line) => parse(&line, &code),
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                    say(&format!("\r\nsandgate: {e}; denied\r\n"));
+                    Answer::Deny
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
                     say("\r\nsandgate: no answer in time; denied\r\n");
                     Answer::Deny
@@ -182,22 +187,93 @@ fn say(text: &str) {
 
 /// Writes the question to the terminal and reads one line (at most 256 bytes), on a
 /// blocking thread that polls in short slices and gives up at the deadline by itself.
-async fn prompt(question: &str, deadline: Instant) -> std::io::Result<String> {
-    let tty = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open("/dev/tty")?;
-    // Whatever was typed before the question (typeahead, an answer meant for the command)
-    // is discarded.
-    let _ = nix::sys::termios::tcflush(&tty, nix::sys::termios::FlushArg::TCIFLUSH);
-    (&tty).write_all(question.as_bytes())?;
-    tokio::task::spawn_blocking(move || read_line(tty, deadline))
-        .await
-        .map_err(std::io::Error::other)?
+///
+/// The sandbox shares the terminal and could have made its own process group the
+/// terminal's foreground before it was frozen: sandgate's writes would then stop it
+/// (SIGTTOU), and the shell's `fg` would continue the whole job, the frozen sandbox with it,
+/// while the question is on the screen. So, with SIGTTOU blocked in this thread, sandgate
+/// takes the foreground for its own process group, checks that the freeze still holds, and
+/// only then asks; once the line is read it checks both again (an error of kind
+/// `PermissionDenied` when either moved: the answer does not count). The foreground goes
+/// back to the group that had it.
+async fn prompt(question: String, deadline: Instant, frozen: std::sync::Arc<crate::processes::Frozen>) -> std::io::Result<String> {
+    tokio::task::spawn_blocking(move || {
+        let tty = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open("/dev/tty")?;
+        let _quiet = BlockTtou::new();
+        let _foreground = Foreground::take(&tty)?;
+        let moved = || std::io::Error::new(std::io::ErrorKind::PermissionDenied, "the sandbox moved while asked");
+        if !frozen.holds() {
+            return Err(moved());
+        }
+        // Whatever was typed before the question (typeahead, an answer meant for the
+        // command) is discarded.
+        let _ = nix::sys::termios::tcflush(&tty, nix::sys::termios::FlushArg::TCIFLUSH);
+        (&tty).write_all(question.as_bytes())?;
+        let line = read_line(&tty, deadline)?;
+        if !frozen.holds() || !Foreground::ours(&tty) {
+            return Err(moved());
+        }
+        Ok(line)
+    })
+    .await
+    .map_err(std::io::Error::other)?
 }
 
-fn read_line(mut tty: std::fs::File, deadline: Instant) -> std::io::Result<String> {
+/// SIGTTOU blocked in this thread while it lives: a background process that blocks it may
+/// set the terminal's foreground, write and flush without being stopped (POSIX tcsetpgrp).
+struct BlockTtou(nix::sys::signal::SigSet);
+
+impl BlockTtou {
+    fn new() -> BlockTtou {
+        use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGTTOU);
+        let mut old = SigSet::empty();
+        let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), Some(&mut old));
+        BlockTtou(old)
+    }
+}
+
+impl Drop for BlockTtou {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::pthread_sigmask(nix::sys::signal::SigmaskHow::SIG_SETMASK, Some(&self.0), None);
+    }
+}
+
+/// The terminal's foreground taken for sandgate's process group; given back on drop.
+struct Foreground<'a> {
+    tty: &'a std::fs::File,
+    before: Option<nix::unistd::Pid>,
+}
+
+impl<'a> Foreground<'a> {
+    fn take(tty: &'a std::fs::File) -> std::io::Result<Foreground<'a>> {
+        let before = nix::unistd::tcgetpgrp(tty).ok();
+        let ours = nix::unistd::getpgrp();
+        if before != Some(ours) {
+            nix::unistd::tcsetpgrp(tty, ours)?;
+        }
+        Ok(Foreground { tty, before: before.filter(|b| *b != ours) })
+    }
+
+    fn ours(tty: &std::fs::File) -> bool {
+        nix::unistd::tcgetpgrp(tty).ok() == Some(nix::unistd::getpgrp())
+    }
+}
+
+impl Drop for Foreground<'_> {
+    fn drop(&mut self) {
+        if let Some(before) = self.before {
+            let _ = nix::unistd::tcsetpgrp(self.tty, before);
+        }
+    }
+}
+
+fn read_line(mut tty: &std::fs::File, deadline: Instant) -> std::io::Result<String> {
     use std::os::fd::AsFd;
     let mut line = Vec::new();
     while Instant::now() < deadline {

@@ -1,7 +1,9 @@
-//! `sandgate sandbox-exec [--allow-unix-sockets] -- CMD...`: the last step before the
-//! command inside every sandbox. It loads the seccomp filter ([`crate::seccomp`]) into
-//! itself and then replaces itself with the command (execve), so the filter holds for the
-//! command and everything it starts, and nothing else runs in between.
+//! `sandgate sandbox-exec [--allow-unix-sockets] [--rlimit NAME=N]... -- CMD...`: the last
+//! step before the command inside every sandbox. It marks every descriptor from 3 up
+//! close-on-exec ([`crate::fds`]), sets the run's rlimits ([`crate::limits`]), loads the
+//! seccomp filter ([`crate::seccomp`]) into itself and then replaces itself with the command
+//! (execve), so all of it holds for the command and everything it starts, and nothing else
+//! runs in between.
 //!
 //! Fail closed: if the filter cannot be built or loaded, the command does not run (exit
 //! [`EXIT_FILTER`]). When the command cannot be executed, the exit status is a shell's: 127
@@ -21,23 +23,17 @@ pub const EXIT_NOT_EXECUTABLE: i32 = 126;
 
 /// Loads the filter and executes `command`; returns only when that failed, with the exit
 /// status to use.
-pub fn run(options: FilterOptions, command: &[OsString]) -> i32 {
+pub fn run(options: FilterOptions, rlimits: &[String], command: &[OsString]) -> i32 {
     let Some((program, args)) = command.split_first() else {
         eprintln!("sandgate: sandbox-exec: no command");
         return EXIT_NOT_FOUND;
     };
-    let programs = match seccomp::programs(options) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("sandgate: {e}; the command was not run");
-            return EXIT_FILTER;
-        }
-    };
-    for program in &programs {
-        if let Err(e) = seccompiler::apply_filter(program) {
-            eprintln!("sandgate: cannot load the seccomp filter: {e}; the command was not run");
-            return EXIT_FILTER;
-        }
+    let prepared = crate::fds::cloexec_from_3()
+        .and_then(|()| crate::limits::apply_rlimits(rlimits))
+        .and_then(|()| seccomp::load(options));
+    if let Err(e) = prepared {
+        eprintln!("sandgate: {e}; the command was not run");
+        return EXIT_FILTER;
     }
     // Searches PATH like execvp(3), including the shell fallback for scripts without `#!`.
     let error = std::process::Command::new(program).args(args).exec();

@@ -1,20 +1,24 @@
-//! `sandgate sandbox-init`: the first process inside a proxied sandbox (or one with
-//! `net.loopback_ports`).
+//! `sandgate sandbox-init`: the first process inside every sandbox with its own PID
+//! namespace (PID 1: bubblewrap runs it `--as-pid-1`, so no process of bubblewrap's own is
+//! inside). It makes itself not dumpable (the command, the same user, can then neither read
+//! nor write its memory through /proc/1/mem), marks inherited descriptors close-on-exec and
+//! loads the same seccomp filter as the command, with Unix sockets allowed only when it has
+//! bridges to reach; so no process inside is without the filter.
 //!
-//! For each forward (`--forward 127.0.0.1:3128=/run/sandgate/proxy.sock`, and the SOCKS5
+//! In the proxied modes (and with `net.loopback_ports`), for each forward (`--forward 127.0.0.1:3128=/run/sandgate/proxy.sock`, and the SOCKS5
 //! port's `127.0.0.1:1080=/run/sandgate/socks.sock`) it listens on the sandbox's own
 //! loopback and relays every connection to the bridge socket, behind which the run's proxy
 //! (or a bridged host loopback port) waits ([`crate::bridge`]). It refuses to
 //! start the command if any end is not ready (fail closed): the command never runs with a
 //! broken or missing way out, and the message names what is missing. Then it starts the
-//! command (through `sandbox-exec`, which loads the seccomp filter the init itself must do
-//! without: it needs Unix sockets), waits for it and exits with its status. It ignores
+//! command (through `sandbox-exec`, which loads the command's own filter on top), reaps
+//! every process that ends inside (orphans come to PID 1) until the command ends, and exits
+//! with its status. It ignores
 //! SIGINT/SIGTERM/SIGHUP itself: the runner signals the command directly, and the init stays
 //! until the command is gone.
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -30,12 +34,21 @@ pub const EXIT_NO_COMMAND: i32 = 127;
 /// How long a bridge connection may take to report the host end.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Runs the init; returns the process exit status.
-pub fn run(forwards: &[(SocketAddr, PathBuf)], command: &[OsString]) -> i32 {
+/// Runs the init; returns the process exit status. `allow_unix_sockets`: the policy's
+/// `platform.seccomp.allow_unix_sockets` (the init's filter is never narrower than the
+/// command's, so the command's decides).
+pub fn run(forwards: &[(SocketAddr, PathBuf)], allow_unix_sockets: bool, command: &[OsString]) -> i32 {
     // Not dumpable: the command runs as the same user, and must not read or write this
-    // unfiltered process's memory through /proc/1/mem or process_vm_writev.
+    // process's memory through /proc/1/mem or process_vm_writev (and so run code as PID 1).
     if let Err(e) = nix::sys::prctl::set_dumpable(false) {
         eprintln!("sandgate: sandbox init: cannot protect itself ({e}); the command was not run");
+        return EXIT_BRIDGE;
+    }
+    let options = crate::seccomp::FilterOptions {
+        allow_unix_sockets: allow_unix_sockets || !forwards.is_empty(),
+    };
+    if let Err(e) = crate::fds::cloexec_from_3().and_then(|()| crate::seccomp::load(options)) {
+        eprintln!("sandgate: sandbox init: {e}; the command was not run");
         return EXIT_BRIDGE;
     }
     let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
@@ -119,20 +132,33 @@ async fn serve(forwards: &[(SocketAddr, PathBuf)], command: &[OsString]) -> i32 
         eprintln!("sandgate: sandbox init: no command");
         return EXIT_NO_COMMAND;
     };
-    let mut child = match tokio::process::Command::new(program).args(args).spawn() {
+    let child = match std::process::Command::new(program).args(args).spawn() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("sandgate: cannot run {}: {e}", program.to_string_lossy());
             return crate::exec::exit_status_for(&e);
         }
     };
-    match child.wait().await {
-        Ok(status) => status
-            .code()
-            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
-        Err(e) => {
-            eprintln!("sandgate: waiting for the command failed: {e}");
-            EXIT_BRIDGE
+    let command_pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(-1));
+    tokio::task::spawn_blocking(move || reap_until(command_pid))
+        .await
+        .unwrap_or(EXIT_BRIDGE)
+}
+
+/// As PID 1, reaps every process that ends in the sandbox (orphans are re-parented here:
+/// left as zombies they would count against the process limit for the rest of the run)
+/// until the command itself ends; returns its exit status (128+N for a signal).
+fn reap_until(command: nix::unistd::Pid) -> i32 {
+    use nix::sys::wait::{WaitStatus, waitpid};
+    loop {
+        match waitpid(nix::unistd::Pid::from_raw(-1), None) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == command => return code,
+            Ok(WaitStatus::Signaled(pid, signal, _)) if pid == command => return 128 + signal as i32,
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => {
+                eprintln!("sandgate: waiting for the command failed: {e}");
+                return EXIT_BRIDGE;
+            }
         }
     }
 }

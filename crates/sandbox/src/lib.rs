@@ -1,8 +1,9 @@
 //! sandgate's sandbox runner on bubblewrap: the policy ([`policy`], with host paths resolved
 //! in [`paths`] and the environment built in [`env`]), the bwrap command line as a pure
 //! function of it ([`argv`]), the seccomp filter ([`seccomp`]) and the step that loads it
-//! before the command ([`exec`]), the init that runs first inside proxied sandboxes
-//! ([`init`]) and the bridges it talks to ([`bridge`]), and the supervisor that starts the
+//! before the command ([`exec`]), the run's limits ([`limits`]) and the descriptors it never
+//! passes on ([`fds`]), the init that runs first (PID 1) in every sandbox ([`init`]) and the
+//! bridges it talks to ([`bridge`]), and the supervisor that starts the
 //! proxy, the bridges and bwrap ([`run`], with [`state`], [`processes`] and [`summary`]),
 //! and the question asked at the terminal for `--ask` ([`ask`]); what a run says while it
 //! runs ([`live`]) and where its audit log is kept ([`runlog`]); the `EgressPolicy` a
@@ -15,7 +16,9 @@ pub mod bridge;
 pub mod egress;
 pub mod env;
 pub mod exec;
+pub mod fds;
 pub mod init;
+pub mod limits;
 pub mod live;
 pub mod needs;
 pub mod paths;

@@ -15,8 +15,11 @@ use serde::Deserialize;
 
 use crate::paths::{self, Alias, Resolve};
 
+mod limits;
 mod net;
 
+pub use limits::Limits;
+use limits::{RawLimits, limits};
 pub use net::NetMode;
 use net::{RawNet, network};
 
@@ -99,6 +102,8 @@ pub struct SandboxPolicy {
     pub extra_ro_binds: Vec<PathBuf>,
     pub extra_rw_binds: Vec<PathBuf>,
     pub extra_tmpfs: Vec<PathBuf>,
+    /// `limits:`, over the defaults.
+    pub limits: Limits,
 }
 
 /// What is wrong with a policy; the message names the field and the value.
@@ -123,6 +128,8 @@ struct Raw {
     net: RawNet,
     #[serde(default)]
     platform: RawPlatform,
+    #[serde(default)]
+    limits: RawLimits,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -412,6 +419,7 @@ pub fn parse_at(
         extra_ro_binds: ro.canonical,
         extra_rw_binds: rw.canonical,
         extra_tmpfs,
+        limits: limits(&raw.limits)?,
     })
 }
 

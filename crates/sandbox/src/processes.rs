@@ -163,7 +163,16 @@ fn stop_pending(thread_dir: &std::path::Path) -> bool {
 /// control shell inside takes its job off the terminal).
 #[derive(Debug)]
 pub struct Frozen {
+    root: i32,
     stopped: Vec<Seen>,
+}
+
+impl Frozen {
+    /// Does the freeze still hold: every process below the root stopped, none continued
+    /// (a SIGCONT from outside, a shell's `fg`) and none new? Blocking (it reads /proc).
+    pub fn holds(&self) -> bool {
+        tree(self.root, true).into_iter().all(|seen| held(seen.pid))
+    }
 }
 
 impl Drop for Frozen {
@@ -185,7 +194,10 @@ const FREEZE_ROUNDS: u32 = 200;
 /// way. `None` when they would not all hold still within [`FREEZE_ROUNDS`]; those stopped
 /// continue. Blocking (it reads /proc).
 pub fn freeze(root: i32) -> Option<Frozen> {
-    let mut frozen = Frozen { stopped: Vec::new() };
+    let mut frozen = Frozen {
+        root,
+        stopped: Vec::new(),
+    };
     for _ in 0..FREEZE_ROUNDS {
         let running: Vec<Seen> = tree(root, true)
             .into_iter()

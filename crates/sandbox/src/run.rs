@@ -11,11 +11,12 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
-use crate::argv::{DNS_FILES, RunFacts, bwrap_argv, needs_init};
+use crate::argv::{DNS_FILES, RunFacts, bwrap_argv, needs_bridges};
 use crate::policy::{self, NetMode, SandboxPolicy};
 use crate::state::{RunState, sweep_stale_state};
 use crate::{env, processes, summary};
@@ -45,6 +46,12 @@ pub struct RunOptions {
     pub ask: Option<std::time::Duration>,
     /// `--subject`: who starts the run (else the user).
     pub subject: Option<String>,
+    /// `--no-terminal`: a session of its own, stdin not the terminal.
+    pub no_terminal: bool,
+    /// `--protect`: host paths the command may not change.
+    pub protect: Vec<PathBuf>,
+    /// `--limit NAME=VALUE`, over the policy's `limits:`.
+    pub limits: Vec<String>,
     pub command: Vec<OsString>,
 }
 
@@ -100,6 +107,9 @@ pub fn load_policy(opts: &RunOptions) -> Result<SandboxPolicy, RunError> {
     if let Some(path) = egress_policy_path(opts, &p) {
         p.egress = Some(Box::new(crate::egress::load(&path)?));
     }
+    for spec in &opts.limits {
+        p.limits.apply_override(spec).map_err(RunError::Usage)?;
+    }
     Ok(p)
 }
 
@@ -110,17 +120,41 @@ fn egress_policy_path(opts: &RunOptions, policy: &SandboxPolicy) -> Option<PathB
 }
 
 /// The run's own files that the command must not change: the policy file, the egress policy
-/// it names, and the run's audit log; canonical, those that exist.
-fn protected_files(opts: &RunOptions, policy: &SandboxPolicy, audit: Option<&Path>) -> Vec<PathBuf> {
-    [
+/// it names, the run's audit log and the directory of kept run logs; canonical, those that
+/// exist; and every `--protect` path, which must exist.
+fn protected_files(opts: &RunOptions, policy: &SandboxPolicy, audit: Option<&Path>) -> Result<Vec<PathBuf>, RunError> {
+    let mut out: Vec<PathBuf> = [
         Some(opts.policy_path.clone()),
         egress_policy_path(opts, policy),
         audit.map(Path::to_path_buf),
+        crate::runlog::dir(),
     ]
     .into_iter()
     .flatten()
     .filter_map(|p| std::fs::canonicalize(p).ok())
-    .collect()
+    .collect();
+    for path in &opts.protect {
+        let canonical = std::fs::canonicalize(path)
+            .map_err(|e| RunError::Usage(format!("--protect {}: {e}", path.display())))?;
+        out.push(canonical);
+    }
+    Ok(out)
+}
+
+/// Does this bwrap have `--disable-userns` (bubblewrap 0.8.0)?
+fn bwrap_disables_userns(bwrap: &Path) -> bool {
+    let Ok(out) = std::process::Command::new(bwrap).arg("--version").output() else {
+        return false;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version: Vec<u32> = text
+        .split_whitespace()
+        .last()
+        .unwrap_or_default()
+        .split('.')
+        .map_while(|n| n.parse().ok())
+        .collect();
+    version >= vec![0, 8, 0]
 }
 
 /// A policy error as `file:line: field: message`: errors of the YAML layer and of entries
@@ -200,11 +234,13 @@ fn run_subject(given: Option<&str>) -> Result<String, RunError> {
     })
 }
 
+/// `run-PID-T`: T the start time in nanoseconds since the epoch, 16 hex digits, so run ids
+/// (and the kept logs named after them) sort by start time ([`crate::runlog::prune`]).
 fn run_id() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("run-{}-{nanos:08x}", std::process::id())
+        .map_or(0, |d| d.as_nanos());
+    format!("run-{}-{nanos:016x}", std::process::id())
 }
 
 /// A run that is a node of central proxies is named under its node (`node-a:run-PID-X`),
@@ -284,7 +320,10 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
             sandgate_exe,
             bridge_dir: Some("/tmp/sandgate-run-XXXXXXXXXX/bridge".into()),
             dns_files: dns_files(&policy),
-            protected: protected_files(&opts, &policy, opts.audit_log.as_deref()),
+            protected: protected_files(&opts, &policy, opts.audit_log.as_deref())?,
+            disable_userns: find_in_path("bwrap").is_some_and(|b| bwrap_disables_userns(&b)),
+            new_session: opts.no_terminal,
+            rlimits: crate::limits::rlimits(&policy.limits, &crate::limits::RunCgroup::default()),
             command: opts.command,
         };
         let line: Vec<String> = bwrap_argv(&policy, &facts).iter().map(shell_quote).collect();
@@ -297,6 +336,12 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
         return Ok(0);
     }
     let bwrap = preflight()?;
+    if opts.no_terminal {
+        // Out of the caller's session: no controlling terminal to read, write or take (it
+        // fails harmlessly for a process group leader, whose sandbox bwrap's --new-session
+        // still puts in a session of its own).
+        let _ = nix::unistd::setsid();
+    }
     if policy.net == NetMode::All {
         tracing::warn!("net mode all: the sandbox shares the host's network, unfiltered");
     }
@@ -360,19 +405,56 @@ async fn supervise(
             None,
         )?;
     }
+    let limits = crate::limits::enforce(&run, &policy.limits);
+    tracing::debug!("{}", limits.describe());
+    for what in &limits.unenforced {
+        eprintln!("sandgate: warning: limit not enforced here: {what}");
+    }
     let facts = RunFacts {
-        sandgate_exe,
-        bridge_dir: needs_init(&policy).then(|| state.bridge_dir()),
+        sandgate_exe: sandgate_exe.clone(),
+        bridge_dir: needs_bridges(&policy).then(|| state.bridge_dir()),
         dns_files: dns_files(&policy),
-        protected: protected_files(&opts, &policy, Some(&audit_path)),
+        protected: protected_files(&opts, &policy, Some(&audit_path))?,
+        disable_userns: bwrap_disables_userns(&bwrap),
+        new_session: opts.no_terminal,
+        rlimits: limits.rlimits.clone(),
         command: opts.command.clone(),
     };
     let argv = bwrap_argv(&policy, &facts);
     if !policy.unshare_pid {
         processes::become_subreaper();
     }
-    let mut cmd = tokio::process::Command::new(&bwrap);
+    // In a cgroup of the run's own, bwrap is started by `sandbox-enter`, which moves itself
+    // into it first: every process of the sandbox is counted from its first fork.
+    let procs = limits.cgroup.procs_files();
+    let mut cmd = if procs.is_empty() {
+        tokio::process::Command::new(&bwrap)
+    } else {
+        let mut enter = tokio::process::Command::new(&sandgate_exe);
+        enter.arg("sandbox-enter");
+        for file in &procs {
+            enter.arg("--cgroup-procs").arg(file);
+        }
+        enter.arg("--").arg(&bwrap);
+        enter
+    };
     cmd.args(argv.iter().skip(1)).env_clear().envs(env);
+    // --no-terminal: where sandgate's own stdin, stdout or stderr is a terminal, the sandbox
+    // gets /dev/null or a pipe instead (relayed here): a descriptor of the terminal would
+    // let it read what the person types or change the terminal's modes.
+    let (out_tty, err_tty) = (
+        opts.no_terminal && std::io::stdout().is_terminal(),
+        opts.no_terminal && std::io::stderr().is_terminal(),
+    );
+    if opts.no_terminal && std::io::stdin().is_terminal() {
+        cmd.stdin(std::process::Stdio::null());
+    }
+    if out_tty {
+        cmd.stdout(std::process::Stdio::piped());
+    }
+    if err_tty {
+        cmd.stderr(std::process::Stdio::piped());
+    }
     let mut child = cmd
         .spawn()
         .map_err(|e| RunError::Unavailable(format!("cannot start bwrap: {e}")))?;
@@ -380,6 +462,10 @@ async fn supervise(
     if let Some(pid) = bwrap_pid.and_then(|p| i32::try_from(p).ok()) {
         let _ = sandbox.set(pid);
     }
+    let relays = [
+        child.stdout.take().map(|o| tokio::spawn(relay(o, tokio::io::stdout()))),
+        child.stderr.take().map(|e| tokio::spawn(relay(e, tokio::io::stderr()))),
+    ];
     let status = {
         let forward = processes::forward_signals(bwrap_pid);
         tokio::pin!(forward);
@@ -395,6 +481,9 @@ async fn supervise(
     if !policy.unshare_pid {
         let _ = tokio::task::spawn_blocking(processes::kill_leftovers).await;
     }
+    for relay in relays.into_iter().flatten() {
+        let _ = relay.await;
+    }
     if let Some(running) = proxy {
         running.stop().await;
         if !opts.quiet {
@@ -402,7 +491,15 @@ async fn supervise(
         }
     }
     drop(state);
+    drop(limits);
     Ok(code)
+}
+
+/// Copies the sandbox's output to sandgate's own, until the sandbox closes it (its last
+/// process gone, since the PID namespace takes them all).
+async fn relay(mut from: impl tokio::io::AsyncRead + Unpin, mut to: impl tokio::io::AsyncWrite + Unpin) {
+    let _ = tokio::io::copy(&mut from, &mut to).await;
+    let _ = tokio::io::AsyncWriteExt::flush(&mut to).await;
 }
 
 #[cfg(test)]

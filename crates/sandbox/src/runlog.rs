@@ -1,8 +1,10 @@
 //! Where a run's audit log is kept: `$XDG_STATE_HOME/sandgate/runs/RUN.jsonl`
 //! (`~/.local/state/sandgate/runs/` by default), so what a run did can be read after it
 //! ended (`sandgate audit tail --file`, `sandgate policy suggest --from`). The directory is
-//! private to the user (0700); the newest [`KEEP`] logs are kept, older ones removed when a
-//! new run starts. `--audit-log PATH` puts it elsewhere, `--no-audit-log` keeps none (the
+//! private to the user (0700), read-only inside every sandbox whose write paths cover it;
+//! the newest [`KEEP`] logs by run id (which carries the start time) are kept, older ones
+//! removed when a new run starts. Files whose names are not run ids, or whose time lies in
+//! the future, are neither counted nor removed: planted files cannot push real logs out. `--audit-log PATH` puts it elsewhere, `--no-audit-log` keeps none (the
 //! proxy still writes one, in the run's state directory, removed with it).
 
 use std::os::unix::fs::DirBuilderExt;
@@ -18,6 +20,39 @@ pub fn runs_dir(xdg_state_home: Option<&str>, home: Option<&str>) -> Option<Path
         .and_then(absolute)
         .or_else(|| home.and_then(absolute).map(|h| h.join(".local/state")))?;
     Some(base.join("sandgate/runs"))
+}
+
+/// The directory of kept run logs for this process's environment.
+pub fn dir() -> Option<PathBuf> {
+    let env = |name| std::env::var(name).ok();
+    runs_dir(env("XDG_STATE_HOME").as_deref(), env("HOME").as_deref())
+}
+
+/// The start time a kept log's name carries (`run-PID-T.jsonl`, T 16 hex digits of
+/// nanoseconds since the epoch), if it is a run log's name and not in the future.
+fn started(name: &str, now: u128) -> Option<u128> {
+    let id = name.strip_prefix("run-")?.strip_suffix(".jsonl")?;
+    let (pid, time) = id.split_once('-')?;
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) || time.len() != 16 {
+        return None;
+    }
+    u128::from_str_radix(time, 16).ok().filter(|&t| t <= now)
+}
+
+/// The kept logs in `dir`, newest first, by the time their ids carry.
+fn by_start(dir: &Path) -> Vec<PathBuf> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut logs: Vec<(u128, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| Some((started(e.file_name().to_str()?, now)?, e.path())))
+        .collect();
+    logs.sort_by_key(|l| std::cmp::Reverse(l.0));
+    logs.into_iter().map(|(_, p)| p).collect()
 }
 
 /// The path where run `run`'s audit log is kept, its directory created; `None` (with a
@@ -48,33 +83,12 @@ pub fn keep(run: &str) -> Option<PathBuf> {
 
 /// The newest kept run log, if there is one (for readers that were given no file).
 pub fn latest() -> Option<PathBuf> {
-    let env = |name| std::env::var(name).ok();
-    let dir = runs_dir(env("XDG_STATE_HOME").as_deref(), env("HOME").as_deref())?;
-    std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("run-"))
-        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-        .max()
-        .map(|(_, p)| p)
+    by_start(&dir()?).into_iter().next()
 }
 
-/// Removes all but the newest `keep` run logs (`run-*.jsonl`) in `dir`.
+/// Removes all but the newest `keep` run logs in `dir` (by run id; see [`started`]).
 pub fn prune(dir: &Path, keep: usize) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    let mut logs: Vec<(std::time::SystemTime, PathBuf)> = entries
-        .flatten()
-        .filter(|e| {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            name.starts_with("run-") && name.ends_with(".jsonl")
-        })
-        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-        .collect();
-    logs.sort_by_key(|l| std::cmp::Reverse(l.0));
-    for (_, path) in logs.iter().skip(keep) {
+    for path in by_start(dir).iter().skip(keep) {
         let _ = std::fs::remove_file(path);
     }
 }
@@ -101,26 +115,34 @@ mod tests {
     }
 
     #[test]
-    fn pruning_keeps_the_newest() {
+    fn pruning_keeps_the_newest_by_run_id_and_ignores_planted_files() {
         let dir = tempfile::tempdir().unwrap();
-        for i in 0..5 {
-            let p = dir.path().join(format!("run-{i}.jsonl"));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        for i in 0..5u128 {
+            let p = dir.path().join(format!("run-7-{:016x}.jsonl", now - 1_000_000 + i));
             std::fs::write(&p, "").unwrap();
-            let t = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000 + i);
-            std::fs::File::options()
-                .write(true)
-                .open(&p)
-                .unwrap()
-                .set_modified(t)
-                .unwrap();
+            // Modification times reversed: the id decides, not the clock of the file.
+            let t = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(2000 - i as u64);
+            std::fs::File::options().write(true).open(&p).unwrap().set_modified(t).unwrap();
         }
-        std::fs::write(dir.path().join("other.txt"), "").unwrap();
+        // Planted: not a run id, or a time in the future; each with the newest mtime.
+        for planted in ["run-x.jsonl", "run-1-zzzz.jsonl", &format!("run-1-{:016x}.jsonl", now + (1 << 40)), "other.txt"] {
+            std::fs::write(dir.path().join(planted), "").unwrap();
+        }
         prune(dir.path(), 2);
         let mut left: Vec<String> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         left.sort();
-        assert_eq!(left, ["other.txt", "run-3.jsonl", "run-4.jsonl"]);
+        let kept: Vec<&String> = left.iter().filter(|n| n.starts_with("run-7-")).collect();
+        assert_eq!(
+            kept,
+            [&format!("run-7-{:016x}.jsonl", now - 1_000_000 + 3), &format!("run-7-{:016x}.jsonl", now - 1_000_000 + 4)]
+        );
+        assert_eq!(left.len(), 6, "planted files are neither counted nor removed: {left:?}");
     }
 }

@@ -2,14 +2,16 @@
 //!
 //! It denies what a bubblewrap sandbox leaves open (see docs/sandbox.md, "The seccomp
 //! filter", for the same table): writing into the host's terminal, the host's kernel
-//! keyring, Unix sockets (unless the policy opts in), netlink other than routing, io_uring
-//! (whose operations would bypass the rest), and a few kernel interfaces a build or an agent
-//! never needs. Everything else is allowed: this is a
-//! deny list on top of the namespaces, not a whitelist of the command's system calls.
+//! keyring, new user namespaces, io_uring (whose operations would bypass the rest), and a
+//! few kernel interfaces a build or an agent never needs; and it lets `socket(2)` make only
+//! the families a command needs (IPv4, IPv6, routing netlink, and Unix only where the
+//! policy opts in: never VSOCK, packet, Bluetooth, ...). Every other system call is
+//! allowed: a deny list on top of the namespaces, not a whitelist of the command's calls.
 //!
-//! Only the command gets it (through `sandgate sandbox-exec`, [`crate::exec`]); the
-//! in-sandbox init keeps its Unix-socket bridge. Building the filter is pure and unit-tested
-//! here by running the BPF on sample system calls; loading it is [`crate::exec`]'s job.
+//! Every process in the sandbox runs under it: the command through `sandgate sandbox-exec`
+//! ([`crate::exec`]), and the in-sandbox init ([`crate::init`], PID 1) under the same filter
+//! with Unix sockets allowed, for its bridge. Building the filter is pure and unit-tested
+//! here by running the BPF on sample system calls; loading it is [`load`].
 //!
 //! Two kernel details shape the BPF beyond what seccompiler emits:
 //! - seccompiler checks the architecture word and kills the process on any other
@@ -49,33 +51,42 @@ pub enum SeccompError {
 /// weakens the process's own defences.
 const PERSONALITY_ALLOWED: [u64; 3] = [0xffff_ffff, 0, 8];
 
+/// The socket type without its flags (`SOCK_NONBLOCK`, `SOCK_CLOEXEC`): linux/net.h's
+/// `SOCK_TYPE_MASK`.
+const SOCK_TYPE_MASK: u64 = 0xf;
+
 /// `NETLINK_ROUTE`: interface and address queries (what `getifaddrs(3)` and glibc's
 /// resolver use), the only netlink protocol left open.
 const NETLINK_ROUTE: u64 = 0;
 
-/// The filters, in the order they are loaded. Two programs because seccompiler gives one
-/// action per filter: system calls that fail with `EPERM`, and socket families that fail
-/// with `EAFNOSUPPORT` (glibc and language runtimes treat that as "family not available"
-/// and fall back, as they would on a kernel without it).
+/// The filters, in the order they are loaded. Three programs because seccompiler gives one
+/// action per filter: system calls that fail with `EPERM`; socket families that fail with
+/// `EAFNOSUPPORT` (glibc and language runtimes treat that as "family not available" and fall
+/// back, as they would on a kernel without it); and `clone3`, which fails with `ENOSYS`
+/// (its flags sit in memory a filter cannot read, so it cannot be checked for
+/// `CLONE_NEWUSER`; glibc and language runtimes then fall back to `clone`, which can).
 pub fn programs(options: FilterOptions) -> Result<Vec<BpfProgram>, SeccompError> {
     let arch = TargetArch::try_from(std::env::consts::ARCH)
         .map_err(|_| SeccompError::Architecture(std::env::consts::ARCH))?;
-    let eperm = SeccompFilter::new(
-        eperm_rules()?,
-        SeccompAction::Allow,
-        SeccompAction::Errno(errno(libc::EPERM)),
-        arch,
-    )?;
-    let families = SeccompFilter::new(
-        socket_rules(options)?,
-        SeccompAction::Allow,
-        SeccompAction::Errno(errno(libc::EAFNOSUPPORT)),
-        arch,
-    )?;
+    let filter = |rules, e| SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(errno(e)), arch);
+    let eperm = filter(eperm_rules()?, libc::EPERM)?;
+    let families = filter(socket_rules(options)?, libc::EAFNOSUPPORT)?;
+    let enosys = filter(BTreeMap::from([(libc::SYS_clone3, Vec::new())]), libc::ENOSYS)?;
     Ok(vec![
         with_x32_guard(BpfProgram::try_from(eperm)?),
         with_x32_guard(BpfProgram::try_from(families)?),
+        with_x32_guard(BpfProgram::try_from(enosys)?),
     ])
+}
+
+/// Loads the filters into the calling thread, and so into everything it executes or starts
+/// from then on (seccompiler sets `no_new_privs` first). Fail closed: an error means the
+/// caller must not go on.
+pub fn load(options: FilterOptions) -> Result<(), String> {
+    for program in programs(options).map_err(|e| e.to_string())? {
+        seccompiler::apply_filter(&program).map_err(|e| format!("cannot load the seccomp filter: {e}"))?;
+    }
+    Ok(())
 }
 
 fn errno(e: i32) -> u32 {
@@ -106,6 +117,17 @@ fn eperm_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
     // add keys in the caller's session keyring (Flatpak denies these three too).
     for call in [libc::SYS_keyctl, libc::SYS_add_key, libc::SYS_request_key] {
         rules.insert(call, Vec::new());
+    }
+    // New user namespaces: inside one, the command would be "root" again and reach kernel
+    // code that is otherwise out of its reach (mounts, packet and raw sockets, netfilter),
+    // a recurring source of privilege escalations. bwrap's --disable-userns says the same
+    // where it has it; this holds on every bwrap. clone3 is refused in its own program.
+    let new_user = u64::from(libc::CLONE_NEWUSER as u32);
+    for call in [libc::SYS_clone, libc::SYS_unshare] {
+        rules.insert(
+            call,
+            vec![SeccompRule::new(vec![dword(0, SeccompCmpOp::MaskedEq(new_user), new_user)?])?],
+        );
     }
     // ptrace: no debugging or memory access of other processes (the init included).
     // userfaultfd, perf_event_open: kernel attack surface and side channels a command does
@@ -150,28 +172,47 @@ fn eperm_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
     Ok(rules)
 }
 
-/// `socket(2)` families denied with `EAFNOSUPPORT`. `socketpair(2)` stays allowed: a pair
-/// reaches nothing outside the process tree (Python's asyncio and multiprocessing use it).
+/// `socket(2)` families: an allow-list, written as one rule that holds (and so denies with
+/// `EAFNOSUPPORT`) when the family is none of the allowed ones.
+/// - `AF_INET`, `AF_INET6`: the network, which the namespace and the proxy govern.
+/// - `AF_NETLINK` with `NETLINK_ROUTE` only: interface and address queries (what
+///   `getifaddrs(3)` and glibc's resolver use); other netlink protocols reach kernel
+///   subsystems (audit, uevents, netfilter, crypto) a command has no business with.
+/// - `AF_UNIX` only where the policy opts in: a host Unix socket (docker.sock, an SSH agent,
+///   D-Bus, X11's abstract socket in `net.mode: all`) is a way around any network policy;
+///   the path refusals in the policy are the first layer, this is the second.
+///
+/// Everything else is refused: above all `AF_VSOCK`, which no network namespace isolates
+/// (on a virtual machine it reaches the hypervisor's side, outside the policy and the
+/// audit), and packet, Bluetooth, CAN, TIPC, RDS, XDP and the rest of the kernel's families.
+/// `socketpair(2)` is allowed for `AF_UNIX` only, and (unless Unix sockets are allowed)
+/// for stream and seqpacket pairs only: such a pair reaches nothing outside the process
+/// tree (Python's asyncio and multiprocessing use it), where a datagram pair could still
+/// `sendto` any Unix address, or be connected again to one (a host's /dev/log, an abstract
+/// name).
 fn socket_rules(options: FilterOptions) -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
     let family = |f: i32| u64::try_from(f).unwrap_or(u64::MAX);
-    let mut socket = Vec::new();
-    // A host Unix socket (docker.sock, an SSH agent, D-Bus, X11's abstract socket in
-    // `net.mode: all`) is a way around any network policy; the path refusals in the policy
-    // are the first layer, this is the second.
-    if !options.allow_unix_sockets {
-        socket.push(SeccompRule::new(vec![dword(
-            0,
-            SeccompCmpOp::Eq,
-            family(libc::AF_UNIX),
-        )?])?);
+    let mut allowed = vec![libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK];
+    if options.allow_unix_sockets {
+        allowed.push(libc::AF_UNIX);
     }
-    // Netlink beyond routing reaches kernel subsystems (audit, uevents, netfilter, crypto)
-    // that a sandboxed command has no business with.
-    socket.push(SeccompRule::new(vec![
-        dword(0, SeccompCmpOp::Eq, family(libc::AF_NETLINK))?,
-        dword(2, SeccompCmpOp::Ne, NETLINK_ROUTE)?,
-    ])?);
-    Ok(BTreeMap::from([(libc::SYS_socket, socket)]))
+    let none_of = allowed
+        .iter()
+        .map(|&f| dword(0, SeccompCmpOp::Ne, family(f)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let socket = vec![
+        SeccompRule::new(none_of)?,
+        SeccompRule::new(vec![
+            dword(0, SeccompCmpOp::Eq, family(libc::AF_NETLINK))?,
+            dword(2, SeccompCmpOp::Ne, NETLINK_ROUTE)?,
+        ])?,
+    ];
+    let dgram = u64::try_from(libc::SOCK_DGRAM).unwrap_or(u64::MAX);
+    let mut pair = vec![SeccompRule::new(vec![dword(0, SeccompCmpOp::Ne, family(libc::AF_UNIX))?])?];
+    if !options.allow_unix_sockets {
+        pair.push(SeccompRule::new(vec![dword(1, SeccompCmpOp::MaskedEq(SOCK_TYPE_MASK), dgram)?])?);
+    }
+    Ok(BTreeMap::from([(libc::SYS_socket, socket), (libc::SYS_socketpair, pair)]))
 }
 
 /// `struct seccomp_data` offsets (linux/seccomp.h): `nr` at 0, `arch` at 4.

@@ -116,14 +116,43 @@ fn every_listed_call_is_denied_and_ordinary_ones_pass() {
     ] {
         assert_eq!(verdict(default(), &call(nr, &[])), EPERM, "syscall {nr}");
     }
-    for nr in [
-        libc::SYS_read,
-        libc::SYS_openat,
-        libc::SYS_execve,
-        libc::SYS_clone3,
-    ] {
+    for nr in [libc::SYS_read, libc::SYS_openat, libc::SYS_execve] {
         assert_eq!(verdict(default(), &call(nr, &[])), ALLOW, "syscall {nr}");
     }
+}
+
+#[test]
+fn no_new_user_namespace_by_clone_unshare_or_clone3() {
+    let new_user = libc::CLONE_NEWUSER as u64;
+    let thread = (libc::CLONE_VM | libc::CLONE_THREAD | libc::CLONE_SIGHAND) as u64;
+    for nr in [libc::SYS_clone, libc::SYS_unshare] {
+        assert_eq!(verdict(default(), &call(nr, &[new_user])), EPERM, "syscall {nr}");
+        assert_eq!(
+            verdict(default(), &call(nr, &[new_user | libc::CLONE_NEWNET as u64])),
+            EPERM
+        );
+        assert_eq!(
+            verdict(default(), &call(nr, &[(1 << 32) | new_user])),
+            EPERM,
+            "high bits must not dodge the rule"
+        );
+    }
+    // Ordinary forks and threads, and other namespaces (refused by the kernel without
+    // capabilities), pass the filter.
+    assert_eq!(verdict(default(), &call(libc::SYS_clone, &[thread])), ALLOW);
+    assert_eq!(
+        verdict(default(), &call(libc::SYS_clone, &[libc::SIGCHLD as u64])),
+        ALLOW
+    );
+    assert_eq!(
+        verdict(default(), &call(libc::SYS_unshare, &[libc::CLONE_NEWNS as u64])),
+        ALLOW
+    );
+    // clone3 keeps its flags in memory: refused as "not implemented", so callers use clone.
+    assert_eq!(
+        verdict(default(), &call(libc::SYS_clone3, &[])),
+        libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32
+    );
 }
 
 #[test]
@@ -165,6 +194,51 @@ fn unix_sockets_unless_opted_in_and_netlink_beyond_routing_are_refused() {
     };
     assert_eq!(verdict(opted_in, &socket(libc::AF_UNIX, 0)), ALLOW);
     assert_eq!(verdict(opted_in, &socket(libc::AF_NETLINK, 9)), EAFNOSUPPORT);
+}
+
+#[test]
+fn socket_families_are_an_allow_list_vsock_above_all_refused() {
+    let socket = |family: i32| call(libc::SYS_socket, &[family as u64, 1, 0]);
+    for options in [default(), FilterOptions { allow_unix_sockets: true }] {
+        for refused in [
+            libc::AF_VSOCK,
+            libc::AF_PACKET,
+            libc::AF_BLUETOOTH,
+            libc::AF_CAN,
+            libc::AF_TIPC,
+            libc::AF_RDS,
+            libc::AF_XDP,
+            libc::AF_ALG,
+            libc::AF_KEY,
+            libc::AF_APPLETALK,
+            libc::AF_X25,
+            46,
+            255,
+        ] {
+            assert_eq!(verdict(options, &socket(refused)), EAFNOSUPPORT, "family {refused}");
+        }
+        // The kernel reads the family as an int: high bits neither dodge nor trip the rule.
+        let high = |family: i32| call(libc::SYS_socket, &[(1 << 32) | family as u64, 1, 0]);
+        assert_eq!(verdict(options, &high(libc::AF_VSOCK)), EAFNOSUPPORT);
+        assert_eq!(verdict(options, &high(libc::AF_INET)), ALLOW);
+    }
+    assert_eq!(
+        verdict(default(), &call(libc::SYS_socketpair, &[libc::AF_VSOCK as u64, 1, 0])),
+        EAFNOSUPPORT
+    );
+    // Datagram pairs can sendto (or reconnect to) any Unix address: refused, whatever the
+    // flags; stream and seqpacket pairs stay.
+    let pair = |kind: i32| call(libc::SYS_socketpair, &[libc::AF_UNIX as u64, kind as u64, 0]);
+    assert_eq!(verdict(default(), &pair(libc::SOCK_DGRAM)), EAFNOSUPPORT);
+    assert_eq!(
+        verdict(default(), &pair(libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK)),
+        EAFNOSUPPORT
+    );
+    assert_eq!(verdict(default(), &pair(libc::SOCK_STREAM | libc::SOCK_CLOEXEC)), ALLOW);
+    assert_eq!(verdict(default(), &pair(libc::SOCK_SEQPACKET)), ALLOW);
+    // Where the policy allows Unix sockets, a datagram pair gives nothing socket() would not.
+    let opted_in = FilterOptions { allow_unix_sockets: true };
+    assert_eq!(verdict(opted_in, &pair(libc::SOCK_DGRAM)), ALLOW);
 }
 
 #[test]

@@ -56,6 +56,9 @@ fn sandbox_check(file: &Path, params: &[String]) -> ExitCode {
         quiet: false,
         ask: None,
         subject: None,
+        no_terminal: false,
+        protect: Vec::new(),
+        limits: Vec::new(),
         command: Vec::new(),
     };
     match sandgate_sandbox::run::load_policy(&opts) {

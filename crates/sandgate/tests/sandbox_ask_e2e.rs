@@ -243,6 +243,58 @@ fn the_command_cannot_write_over_the_question() {
     assert!(shown.contains("status=403"), "{shown}");
 }
 
+/// The attack of the second review: before its request, the command makes its own process
+/// group the terminal's foreground (ignoring SIGTTOU), so that sandgate, touching the
+/// terminal to ask, is stopped by SIGTTOU; at an interactive shell the person then types
+/// `fg`, whose SIGCONT continues the frozen sandbox too, which then writes over the
+/// question. sandgate takes the foreground back (and checks the freeze) before it asks:
+/// the question shows, the sandbox stays still until the answer, and the answer applies.
+#[test]
+fn the_command_cannot_take_the_terminal_away_from_the_question() {
+    let s = setup();
+    let code = format!(
+        r#"import os, signal, subprocess, time
+signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+os.setpgid(0, 0)
+tty = os.open("/dev/tty", os.O_RDWR)
+os.tcsetpgrp(tty, os.getpgrp())
+pid = os.fork()
+if pid == 0:
+    for i in range(200):
+        os.write(tty, b"REDRAWN")
+        time.sleep(0.05)
+    os._exit(0)
+time.sleep(0.3)
+r = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "status=%{{http_code}}", "http://web.test:{port}/"], capture_output=True, text=True)
+print(r.stdout, flush=True)
+time.sleep(0.3)
+os.kill(pid, 9)
+"#,
+        port = s.port
+    );
+    let script = format!(
+        "{sg} run --ask --ask-timeout 10 --policy {policy} -- python3 -c '{code}'",
+        sg = common::sandgate_bin(),
+        policy = s.policy.display(),
+    );
+    let out = Command::new(HOST_PYTHON)
+        .args(["-c", PTY_DRIVER, &script, "o", "30"])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    let asked = shown
+        .find("Type o-")
+        .unwrap_or_else(|| panic!("never asked (sandgate was stopped at the terminal?): {shown}"));
+    let answered = shown
+        .find("allowed once")
+        .unwrap_or_else(|| panic!("never answered: {shown}"));
+    assert!(
+        !shown[asked..answered].contains("REDRAWN"),
+        "the command wrote while the question was shown: {shown}"
+    );
+    assert!(shown.contains("status=200"), "the answer did not apply: {shown}");
+}
+
 #[test]
 fn without_a_terminal_it_denies_at_once() {
     let s = setup();
@@ -266,5 +318,5 @@ fn without_a_terminal_it_denies_at_once() {
 /// The whole file again as `nobody`.
 #[test]
 fn the_ask_suite_passes_as_an_ordinary_user() {
-    common::rerun_as_nobody("sandbox_ask_e2e", "the_ask_suite_passes_as_an_ordinary_user", 5);
+    common::rerun_as_nobody("sandbox_ask_e2e", "the_ask_suite_passes_as_an_ordinary_user", 6);
 }

@@ -1,0 +1,397 @@
+//! The sandbox half of the second hostile review (issue 28), as the attacker would try it,
+//! with the real bubblewrap: taking over PID 1 through /proc/1/mem, descriptors the caller
+//! left open, VSOCK and the other socket families, nested user namespaces, a fork bomb, a
+//! memory fill, a tmpfs fill and a CPU burner, and the terminal of a `--no-terminal` run.
+//! Each test also runs as `nobody` (the last test reruns this binary so).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::disallowed_methods,
+    reason = "integration tests: a failed setup step should fail loudly, and tests connect to their own loopback fixtures"
+)]
+
+mod common;
+mod sandbox_support;
+
+use std::process::{Command, Stdio};
+
+use sandbox_support::{HOST_PYTHON, run, text, write_policy};
+
+/// Every net mode, and one with a bridged loopback port (where the init holds a bridge) to
+/// `host`, a listener the caller keeps open for as long as it uses them.
+fn modes(host: &std::net::TcpListener) -> Vec<String> {
+    let port = host.local_addr().unwrap().port();
+    vec![
+        "none".into(),
+        "loopback".into(),
+        format!("loopback\n  loopback_ports: [ {port} ]"),
+        "all".into(),
+        "allowlist\n  allow_domains: [ a.example ]".into(),
+    ]
+}
+
+/// Runs `python3 -c script` in every mode; returns each mode with its policy and stdout.
+fn in_every_mode(script: &str) -> Vec<(String, String)> {
+    let dir = tempfile::tempdir().unwrap();
+    let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut shown = Vec::new();
+    for net in modes(&host) {
+        let policy = dir.path().join(format!("policy-{}.yaml", shown.len()));
+        std::fs::write(&policy, format!("{}net:\n  mode: {net}\n", sandbox_support::base())).unwrap();
+        let out = run(&policy, &[], &["python3", "-c", script]);
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{net}: {stdout}\n{stderr}");
+        shown.push((net, stdout));
+    }
+    shown
+}
+
+/// Inside: PID 1's command line, whether /proc/1/mem opens for writing, and the Seccomp
+/// mode of every process the sandbox can see.
+const PID1: &str = r#"
+import os
+print("pid1", open("/proc/1/cmdline", "rb").read().replace(b"\0", b" ").decode())
+try:
+    fd = os.open("/proc/1/mem", os.O_RDWR)
+    print("mem OPENED")
+except OSError as e:
+    print("mem refused", e.errno)
+for pid in sorted(p for p in os.listdir("/proc") if p.isdigit()):
+    try:
+        status = open(f"/proc/{pid}/status").read()
+    except OSError:
+        continue
+    mode = [l.split()[1] for l in status.splitlines() if l.startswith("Seccomp:")]
+    print("seccomp", pid, mode[0] if mode else "?")
+"#;
+
+/// Finding 1: in `none`, `loopback` and `all` PID 1 was bubblewrap's reaper, unfiltered and
+/// dumpable: the command wrote code into it through /proc/1/mem. Now PID 1 is sandgate's
+/// init in every mode, not dumpable, and every process shows the filter.
+#[test]
+fn pid_1_is_sandgates_filtered_undumpable_init_in_every_mode() {
+    for (net, stdout) in in_every_mode(PID1) {
+        assert!(stdout.contains("pid1 /run/sandgate-init sandbox-init"), "{net}: PID 1 is not sandgate's init:\n{stdout}");
+        assert!(stdout.contains("mem refused 13"), "{net}: /proc/1/mem opened for writing:\n{stdout}");
+        let modes: Vec<&str> = stdout.lines().filter(|l| l.starts_with("seccomp ")).collect();
+        assert!(modes.len() >= 2, "{net}: {stdout}");
+        assert!(
+            modes.iter().all(|l| l.ends_with(" 2")),
+            "{net}: a process inside runs without the filter:\n{stdout}"
+        );
+    }
+}
+
+/// Finding 3: a directory descriptor the caller leaks (here the host's `/`, without
+/// close-on-exec) reaches the command, which reads and writes the host through it (runc's
+/// CVE-2024-21626 class). The command now starts with 0, 1 and 2 only.
+#[test]
+fn descriptors_the_caller_left_open_do_not_reach_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    for net in ["none", "allowlist\n  allow_domains: [ a.example ]"] {
+        let policy = write_policy(dir.path(), &format!("net:\n  mode: {net}\n"));
+        let inside = "import os\nfor fd in range(3, 256):\n    try:\n        os.fstat(fd)\n        print('open', fd, os.readlink(f'/proc/self/fd/{fd}'))\n    except OSError:\n        pass\nprint('done')\n";
+        // The caller: opens the host's root and a socket, inheritable, then starts the run.
+        let caller = r#"
+import os, socket, subprocess, sys
+root = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+os.set_inheritable(root, True)
+s = socket.socket(); os.set_inheritable(s.fileno(), True)
+r = subprocess.run(sys.argv[1:], close_fds=False, capture_output=True, text=True, timeout=60)
+print(r.stdout); print(r.stderr, file=sys.stderr); sys.exit(r.returncode)
+"#;
+        let out = Command::new(HOST_PYTHON)
+            .args(["-c", caller])
+            .arg(common::sandgate_bin())
+            .args(["run", "--policy"])
+            .arg(&policy)
+            .args(["--", "python3", "-c", inside])
+            .env("XDG_STATE_HOME", sandbox_support::state_home())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success() && stdout.contains("done"), "{net}: {stdout}\n{stderr}");
+        assert!(
+            !stdout.contains("open "),
+            "{net}: the command holds descriptors it was not given:\n{stdout}"
+        );
+    }
+}
+
+/// Sockets of each family, and a new user namespace, tried from inside.
+const FAMILIES: &str = r#"
+import errno, socket
+def sock(name, family, kind, proto=0):
+    try:
+        socket.socket(family, kind, proto).close()
+        print(name, "ok")
+    except OSError as e:
+        print(name, errno.errorcode.get(e.errno, e.errno))
+sock("vsock", 40, socket.SOCK_STREAM)
+sock("packet", 17, socket.SOCK_RAW)
+sock("bluetooth", 31, socket.SOCK_STREAM)
+sock("alg", 38, socket.SOCK_SEQPACKET)
+sock("tipc", 30, socket.SOCK_RDM)
+sock("inet", socket.AF_INET, socket.SOCK_STREAM)
+sock("inet6", socket.AF_INET6, socket.SOCK_STREAM)
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.unshare(0x10000000) == 0:  # CLONE_NEWUSER
+    print("userns ok")
+else:
+    print("userns", errno.errorcode.get(ctypes.get_errno(), "?"))
+import subprocess
+r = subprocess.run(["unshare", "--user", "--map-root-user", "true"], capture_output=True)
+print("unshare(1)", "made one" if r.returncode == 0 else "refused")
+"#;
+
+/// Finding 5 and the low item: AF_VSOCK (which no network namespace isolates) and every
+/// family beyond IP, routing netlink and opted-in Unix are refused; so are nested user
+/// namespaces, from Python and from unshare(1) (which uses clone3 or unshare).
+#[test]
+fn vsock_other_families_and_nested_user_namespaces_are_refused() {
+    for (net, stdout) in in_every_mode(FAMILIES) {
+        for want in [
+            "vsock EAFNOSUPPORT",
+            "packet EAFNOSUPPORT",
+            "bluetooth EAFNOSUPPORT",
+            "alg EAFNOSUPPORT",
+            "tipc EAFNOSUPPORT",
+            "inet ok",
+            "inet6 ok",
+        ] {
+            assert!(stdout.contains(want), "{net}: missing {want}:\n{stdout}");
+        }
+        assert!(
+            stdout.contains("userns EPERM") || stdout.contains("userns ENOSPC"),
+            "{net}: a nested user namespace was made:\n{stdout}"
+        );
+        assert!(stdout.contains("unshare(1) refused"), "{net}: unshare(1) made a user namespace:\n{stdout}");
+    }
+}
+
+/// Forks until refused, up to 400, each child sleeping; prints how many it got.
+const FORK_BOMB: &str = r#"
+import os, signal, time
+kids = []
+for i in range(400):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(20)
+        os._exit(0)
+    kids.append(pid)
+print("forked", len(kids))
+for k in kids:
+    os.kill(k, signal.SIGKILL)
+for k in kids:
+    os.waitpid(k, 0)
+"#;
+
+/// Finding 7: no limit on processes, memory, /tmp or CPU. A bounded fork bomb gets no more
+/// than its limit, a memory fill gets MemoryError, a /tmp fill gets ENOSPC, and a CPU burner
+/// is ended at its CPU limit; the host (this test) stays responsive throughout.
+#[test]
+fn a_fork_bomb_a_memory_fill_a_tmp_fill_and_a_cpu_burner_meet_their_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(dir.path(), "net:\n  mode: none\nlimits:\n  processes: 64\n  memory: 256MiB\n  tmpfs: 16MiB\n  cpu_seconds: 2\n");
+
+    let out = run(&policy, &[], &["python3", "-c", FORK_BOMB]);
+    let (stdout, stderr) = text(&out);
+    let forked: usize = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("forked ")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}\n{stderr}"));
+    assert!(forked < 64, "the fork bomb made {forked} processes past a limit of 64:\n{stderr}");
+
+    let fill = "try:\n    b = b'x' * (1 << 30)\n    print('allocated')\nexcept MemoryError:\n    print('MemoryError')\n";
+    let out = run(&policy, &[], &["python3", "-c", fill]);
+    let (stdout, stderr) = text(&out);
+    assert!(
+        stdout.contains("MemoryError") || out.status.code() == Some(137),
+        "1 GiB allocated under a 256 MiB limit: {stdout}\n{stderr}"
+    );
+
+    let tmp = "import errno\ntry:\n    f = open('/tmp/fill', 'wb')\n    for i in range(64):\n        f.write(b'x' * (1 << 20)); f.flush()\n    print('filled')\nexcept OSError as e:\n    print('tmp', errno.errorcode.get(e.errno))\n";
+    let out = run(&policy, &[], &["python3", "-c", tmp]);
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.contains("tmp ENOSPC"), "/tmp took 64 MiB under a 16 MiB limit: {stdout}\n{stderr}");
+
+    // The CPU burner: ends by SIGXCPU (or SIGKILL at the hard limit), well before its own
+    // bound of 60 s of work.
+    let burn = "import time\nend = time.time() + 60\nwhile time.time() < end:\n    pass\nprint('burned')\n";
+    let started = std::time::Instant::now();
+    let out = run(&policy, &[], &["python3", "-c", burn]);
+    let (stdout, stderr) = text(&out);
+    assert!(
+        !stdout.contains("burned") && matches!(out.status.code(), Some(152 | 137)),
+        "the CPU burner was not stopped at 2 s of CPU ({:?}): {stdout}\n{stderr}",
+        out.status
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(55));
+
+    // A limit on the command line wins over the policy's, and a bad one is refused.
+    let out = run(&policy, &["--limit", "processes=off", "--limit", "cpu=off"], &["python3", "-c", FORK_BOMB]);
+    let (stdout, _) = text(&out);
+    assert!(stdout.contains("forked 400"), "--limit processes=off: {stdout}");
+    let out = run(&policy, &["--limit", "swap=1G"], &["true"]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("\"swap\" is not a limit"), "{stderr}");
+}
+
+/// Finding 2 (for `sandgate run`): with `--no-terminal`, a command given a terminal by its
+/// caller can neither open /dev/tty nor share the caller's session.
+#[test]
+fn a_no_terminal_run_has_no_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(dir.path(), "net:\n  mode: none\n");
+    let driver = r#"
+import os, pty, sys
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+out = b""
+while True:
+    try:
+        d = os.read(fd, 4096)
+    except OSError:
+        break
+    if not d:
+        break
+    out += d
+os.waitpid(pid, 0)
+print(out.decode(errors="replace"))
+print("caller-sid", os.getsid(0))
+"#;
+    let inside = "import os\ntry:\n    open('/dev/tty', 'w').write('over your screen')\n    print('tty OPENED')\nexcept OSError as e:\n    print('tty refused', e.errno)\nprint('stdin-tty', os.isatty(0))\nprint('out-tty', os.isatty(1), os.isatty(2))\n";
+    for (flags, wants_tty) in [(vec!["--no-terminal"], false), (vec![], true)] {
+        let out = Command::new("timeout")
+            .args(["60", HOST_PYTHON, "-c", driver])
+            .arg(common::sandgate_bin())
+            .args(["run", "--policy"])
+            .arg(&policy)
+            .args(&flags)
+            .args(["--", "python3", "-c", inside])
+            .env("XDG_STATE_HOME", sandbox_support::state_home())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        if wants_tty {
+            // Without the flag the terminal is shared (the check above proves something).
+            assert!(stdout.contains("tty OPENED"), "{stdout}\n{stderr}");
+        } else {
+            assert!(stdout.contains("tty refused 6"), "--no-terminal: /dev/tty opened:\n{stdout}\n{stderr}");
+            assert!(stdout.contains("stdin-tty False"), "--no-terminal: stdin is the terminal:\n{stdout}");
+            // Its output still shows, relayed by sandgate, but through no descriptor of the
+            // terminal (which it could read the person's keys from, or change the modes of).
+            assert!(stdout.contains("out-tty False False"), "--no-terminal: output is the terminal:\n{stdout}");
+        }
+    }
+    // --ask needs the terminal that --no-terminal gives up.
+    let out = run(&policy, &["--no-terminal", "--ask"], &["true"]);
+    assert_eq!(out.status.code(), Some(64), "{:?}", text(&out));
+}
+
+/// Double-forks 60 short-lived processes, one after another: each orphan comes to PID 1
+/// and, unless reaped there, stays a zombie that counts against the process limit.
+const ORPHANS: &str = r#"
+import os, time
+for i in range(60):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        print("fork failed at", i, e.errno); break
+    if pid == 0:
+        if os.fork() == 0:
+            os._exit(0)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    time.sleep(0.02)
+else:
+    print("all 60")
+"#;
+
+/// The review of the fixes: the new PID 1 must reap orphans (zombies would use up the
+/// process limit of a long-lived MCP or Jupyter sandbox); /dev/shm and /dev must not be a
+/// way around the tmpfs size; a datagram socket pair must not reach a host socket.
+#[test]
+fn orphans_are_reaped_dev_is_sized_and_datagram_pairs_reach_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(dir.path(), "net:\n  mode: none\nlimits: { processes: 20, tmpfs: 16MiB }\n");
+    let out = run(&policy, &[], &["python3", "-c", ORPHANS]);
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.contains("all 60"), "orphans were left as zombies: {stdout}\n{stderr}");
+
+    let fill = "import errno\nfor path in ['/dev/shm/fill', '/dev/fill']:\n    try:\n        f = open(path, 'wb')\n        for i in range(64):\n            f.write(b'x' * (1 << 20)); f.flush()\n        print(path, 'filled')\n    except OSError as e:\n        print(path, errno.errorcode.get(e.errno))\n";
+    let out = run(&policy, &[], &["python3", "-c", fill]);
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.contains("/dev/shm/fill ENOSPC"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("/dev/fill EROFS"), "{stdout}\n{stderr}");
+
+    // A host datagram socket on an abstract name, which `net.mode: all` shares.
+    use std::os::linux::net::SocketAddrExt;
+    let name = format!("sandgate-test-dgram-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let host = std::os::unix::net::UnixDatagram::bind_addr(&addr).unwrap();
+    host.set_nonblocking(true).unwrap();
+    let all = write_policy(dir.path(), "net:\n  mode: all\n");
+    let send = "import errno, socket, sys\ntry:\n    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\n    a.sendto(b'escaped', b'\\0' + sys.argv[1].encode())\n    print('sent')\nexcept OSError as e:\n    print('pair', errno.errorcode.get(e.errno))\n";
+    let out = run(&all, &[], &["python3", "-c", send, &name]);
+    let (stdout, stderr) = text(&out);
+    let mut buf = [0u8; 16];
+    let heard = host.recv(&mut buf).is_ok();
+    assert!(
+        !heard && stdout.contains("pair EAFNOSUPPORT"),
+        "a datagram pair reached a host socket (heard: {heard}): {stdout}\n{stderr}"
+    );
+}
+
+/// The review of the fixes: a run whose write paths cover the runs directory (a writable
+/// home) removes an earlier run's kept log and plants a file beside it.
+#[test]
+fn earlier_runs_logs_cannot_be_erased_or_planted_from_a_writable_home() {
+    let home = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(home.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let h = home.path().display().to_string();
+    let policy = home.path().join("policy.yaml");
+    let doc = sandbox_support::base().replace("fs:\n", &format!("fs:\n  write_paths: [ \"{h}\" ]\n"));
+    std::fs::write(&policy, format!("{doc}net:\n  mode: allowlist\n  allow_domains: [ a.example ]\n")).unwrap();
+    let go = |command: &[&str]| {
+        Command::new(common::sandgate_bin())
+            .args(["run", "--policy"])
+            .arg(&policy)
+            .arg("--")
+            .args(command)
+            .env("HOME", home.path())
+            .env_remove("XDG_STATE_HOME")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let first = go(&["true"]);
+    assert!(first.status.success(), "{:?}", text(&first));
+    let runs = home.path().join(".local/state/sandgate/runs");
+    let logs = || -> Vec<_> { std::fs::read_dir(&runs).unwrap().map(|e| e.unwrap().file_name()).collect() };
+    let before = logs();
+    assert_eq!(before.len(), 1, "{before:?}");
+    let out = go(&["sh", "-c", &format!("rm -f {r}/run-*.jsonl; touch {r}/run-1-ffffffffffffffff.jsonl {r}/x; echo tried", r = runs.display())]);
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.contains("tried"), "{stdout}\n{stderr}");
+    let after = logs();
+    assert!(after.iter().all(|n| n.to_string_lossy().starts_with("run-") && !n.to_string_lossy().starts_with("run-1-")), "planted: {after:?}");
+    assert!(before.iter().all(|b| after.contains(b)), "an earlier run's log was removed: {before:?} -> {after:?}");
+}
+
+/// This whole binary again as `nobody` when the tests run as root.
+#[test]
+fn the_escape_suite_passes_as_an_ordinary_user() {
+    common::rerun_as_nobody("sandbox_escape_e2e", "the_escape_suite_passes_as_an_ordinary_user", 7);
+}
