@@ -11,10 +11,14 @@
 //!
 //! Callers authenticate with `Authorization: Bearer TOKEN` (tokens from `spec.admin.tokens`,
 //! kept as SHA-256). No or a wrong token is 401, the wrong role 403; each refusal is
-//! recorded in the audit trail. Errors are `{"error": "..."}` naming the rule.
+//! recorded in the audit trail. Wrong tokens are limited per client address and in all
+//! ([`crate::throttle`], shared with the approvals page's login): over a limit, a call with a
+//! token is 429 with `Retry-After`, its token unchecked, and only the first such refusal
+//! since a call was let through is recorded. Errors are `{"error": "..."}` naming the rule.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::Json;
 use axum::Router;
@@ -23,7 +27,7 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use sandgate_policy::exception::Narrowing;
-use sandgate_policy::{Exception, NewRequest, Principal, Principals, RequestError};
+use sandgate_policy::{Exception, NewRequest, Principal, Principals, RequestError, Role};
 use sandgate_proxy::PolicyHandle;
 use sandgate_proxy::audit::event::{AdminRefusal, Event};
 use serde::Deserialize;
@@ -31,6 +35,7 @@ use serde_json::json;
 
 use crate::service::{Control, ControlError};
 use crate::store::StoreError;
+use crate::throttle::{Throttle, Wait};
 
 /// What the handlers share.
 #[derive(Debug)]
@@ -40,6 +45,8 @@ pub struct ApiState {
     pub proxy: PolicyHandle,
     /// Logged-in people on the approvals page.
     pub sessions: crate::ui::Sessions,
+    /// Failed logins and wrong bearer tokens, limited per client address and in all.
+    pub throttle: Throttle,
 }
 
 /// The `/v1` routes and the health checks.
@@ -66,9 +73,16 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .merge(crate::ui::router(state))
 }
 
-/// A refusal or failure, as JSON with its status.
+/// A refusal or failure, as JSON with its status (and, for too many wrong tokens, when to
+/// try again).
 #[derive(Debug)]
-struct ApiError(StatusCode, String);
+struct ApiError(StatusCode, String, Option<u64>);
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError(status, message.into(), None)
+    }
+}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -78,6 +92,10 @@ impl IntoResponse for ApiError {
                 header::WWW_AUTHENTICATE,
                 header::HeaderValue::from_static("Bearer realm=\"sandgate\""),
             );
+        }
+        if let Some(secs) = self.2 {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
         }
         resp
     }
@@ -105,11 +123,12 @@ impl From<ControlError> for ApiError {
         if status == StatusCode::INTERNAL_SERVER_ERROR || status == StatusCode::SERVICE_UNAVAILABLE {
             tracing::error!(error = %e, "admin API failed");
         }
-        ApiError(status, e.to_string())
+        ApiError::new(status, e.to_string())
     }
 }
 
-/// The caller, from its bearer token; a refusal is recorded before it is answered.
+/// The caller, from its bearer token; a refusal is recorded before it is answered. A token
+/// is checked only while the throttle lets the caller's address try; a wrong one counts.
 async fn caller(
     state: &ApiState,
     headers: &HeaderMap,
@@ -120,17 +139,48 @@ async fn caller(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    let found = token.and_then(|t| state.principals.verify_bearer(t)).cloned();
+    let Some(token) = token else {
+        // Nothing guessed: refused, not counted.
+        return refuse(state, None, call, StatusCode::UNAUTHORIZED, "no bearer token").await;
+    };
+    let now = Instant::now();
+    let found = state.throttle.attempt(call.2, now, || {
+        state.principals.verify_bearer(token).cloned().ok_or(())
+    });
     match found {
-        Some(p) => Ok(p),
-        None => {
-            let reason = if token.is_none() {
-                "no bearer token"
-            } else {
-                "unknown bearer token"
-            };
-            refuse(state, None, call, StatusCode::UNAUTHORIZED, reason).await
+        Ok(Ok(p)) => {
+            if p.role != Role::Requester {
+                state.throttle.vouch(call.2, now);
+            }
+            Ok(p)
         }
+        Ok(Err(())) => {
+            refuse(
+                state,
+                None,
+                call,
+                StatusCode::UNAUTHORIZED,
+                "unknown bearer token",
+            )
+            .await
+        }
+        Err(wait) => {
+            throttled(state, call, &wait).await;
+            Err(ApiError(
+                StatusCode::TOO_MANY_REQUESTS,
+                wait.reason(),
+                Some(wait.retry_after),
+            ))
+        }
+    }
+}
+
+/// Records a refusal by the throttle, when it is the first since an attempt was let through
+/// (the rest of the run are not: they cost the caller nothing to send).
+pub(crate) async fn throttled(state: &ApiState, call: (&Method, &Uri, Option<SocketAddr>), wait: &Wait) {
+    if wait.record {
+        let status = StatusCode::TOO_MANY_REQUESTS;
+        record_refusal(state, None, call, status, &wait.reason()).await;
     }
 }
 
@@ -151,21 +201,33 @@ fn recorded(text: &str) -> String {
 async fn refuse<T>(
     state: &ApiState,
     who: Option<&Principal>,
-    (method, uri, client_addr): (&Method, &Uri, Option<SocketAddr>),
+    call: (&Method, &Uri, Option<SocketAddr>),
     status: StatusCode,
     reason: &str,
 ) -> Result<T, ApiError> {
+    record_refusal(state, who.map(|p| p.name.as_str()), call, status, reason).await;
+    Err(ApiError::new(status, reason))
+}
+
+/// Puts a refused call (an API call or a page login) on record, bounded in size:
+/// `who` is the token's name when the token was valid.
+pub(crate) async fn record_refusal(
+    state: &ApiState,
+    who: Option<&str>,
+    (method, uri, client_addr): (&Method, &Uri, Option<SocketAddr>),
+    status: StatusCode,
+    reason: &str,
+) {
     state
         .proxy
         .record_event(Event::AdminRefused(AdminRefusal {
-            who: who.map(|p| p.name.clone()),
+            who: who.map(str::to_owned),
             action: recorded(&format!("{method} {}", uri.path())),
             status: status.as_u16(),
             reason: recorded(reason),
             client_addr,
         }))
         .await;
-    Err(ApiError(status, reason.to_owned()))
 }
 
 /// Records a refused call by a known caller (the wrong role, another task) and passes the
@@ -191,10 +253,10 @@ async fn checked<T>(
 
 /// The parts of a call the handlers need: who called from where, and how.
 #[derive(Debug)]
-struct Call {
+pub(crate) struct Call {
     method: Method,
     uri: Uri,
-    peer: Option<SocketAddr>,
+    pub(crate) peer: Option<SocketAddr>,
     headers: HeaderMap,
 }
 
@@ -215,7 +277,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Call {
 }
 
 impl Call {
-    fn parts(&self) -> (&Method, &Uri, Option<SocketAddr>) {
+    pub(crate) fn parts(&self) -> (&Method, &Uri, Option<SocketAddr>) {
         (&self.method, &self.uri, self.peer)
     }
 }
@@ -226,7 +288,7 @@ async fn create(
     body: Result<Json<NewRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<(StatusCode, Json<Exception>), ApiError> {
     let who = caller(&state, &call.headers, call.parts()).await?;
-    let Json(req) = body.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let Json(req) = body.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     let ex = checked(&state, &who, call.parts(), state.control.request(&who, req).await).await?;
     Ok((StatusCode::CREATED, Json(ex)))
 }
@@ -288,10 +350,10 @@ fn optional_json<T: Default + serde::de::DeserializeOwned>(body: &[u8]) -> Resul
         return Ok(T::default());
     }
     if body.len() > 64 * 1024 {
-        return Err(ApiError(StatusCode::PAYLOAD_TOO_LARGE, "body over 64 KiB".into()));
+        return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "body over 64 KiB"));
     }
     serde_json::from_slice(body)
-        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
 }
 
 async fn events(State(state): State<Arc<ApiState>>, call: Call) -> Result<Response, ApiError> {
@@ -302,7 +364,7 @@ async fn events(State(state): State<Arc<ApiState>>, call: Call) -> Result<Respon
 /// Ready when the exception store answers; otherwise 503 naming the store.
 async fn ready(State(state): State<Arc<ApiState>>) -> Result<&'static str, ApiError> {
     state.control.ready().await.map_err(|e| {
-        ApiError(
+        ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: exception store {}: {e}", state.control.store_name()),
         )

@@ -6,7 +6,9 @@
 //! approver or viewer token; the page keeps only a random session id in an `HttpOnly`,
 //! `SameSite=Strict` cookie scoped to `/ui` (the token is never in a URL or the page). Every
 //! form carries the session's CSRF token, checked on each POST. Sessions live in memory for
-//! eight hours and end with the process.
+//! eight hours and end with the process. A refused login is recorded like a refused API call
+//! (`admin_refused`, `POST /ui/login`) and counts against the same limits on failed logins
+//! ([`crate::throttle`]): over one, the login is 429 with `Retry-After`, its token unchecked.
 
 use std::collections::HashMap;
 use std::io::Read as _;
@@ -23,7 +25,7 @@ use sandgate_policy::{Exception, ExceptionState, Principal, Role};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::api::ApiState;
+use crate::api::{ApiState, Call};
 
 const COOKIE: &str = "sandgate_session";
 const SESSION_LIFE: Duration = Duration::from_secs(8 * 3600);
@@ -134,26 +136,53 @@ struct LoginForm {
     token: String,
 }
 
-async fn login(State(state): State<Arc<ApiState>>, Form(form): Form<LoginForm>) -> Response {
-    let who = state.principals.verify_bearer(form.token.trim()).cloned();
-    match who {
-        Some(who) if who.role != Role::Requester => match state.sessions.start(who) {
-            Some(id) => (
-                [(
-                    header::SET_COOKIE,
-                    format!("{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/ui; Max-Age=28800"),
-                )],
-                Redirect::to("/ui"),
-            )
-                .into_response(),
-            None => (StatusCode::INTERNAL_SERVER_ERROR, "no randomness for a session").into_response(),
-        },
-        _ => (
-            StatusCode::UNAUTHORIZED,
-            Html(login_page("That token is not an approver's or a viewer's.")),
+/// A login: checked only while the throttle lets the client's address try; a wrong token
+/// and a requester's token are failures, each recorded (both get the same answer, so the
+/// page does not tell a requester's token from a wrong one).
+async fn login(State(state): State<Arc<ApiState>>, call: Call, Form(form): Form<LoginForm>) -> Response {
+    let now = Instant::now();
+    let checked = state.throttle.attempt(call.peer, now, || {
+        match state.principals.verify_bearer(form.token.trim()) {
+            Some(p) if p.role != Role::Requester => Ok(p.clone()),
+            Some(p) => Err((Some(p.name.clone()), "a requester's token cannot log in")),
+            None => Err((None, "unknown token")),
+        }
+    });
+    let who = match checked {
+        Ok(Ok(who)) => who,
+        Ok(Err((name, reason))) => {
+            let status = StatusCode::UNAUTHORIZED;
+            crate::api::record_refusal(&state, name.as_deref(), call.parts(), status, reason).await;
+            let page = login_page("That token is not an approver's or a viewer's.");
+            return (status, Html(page)).into_response();
+        }
+        Err(wait) => {
+            crate::api::throttled(&state, call.parts(), &wait).await;
+            let page = login_page(&format!("{}.", capitalised(&wait.reason())));
+            let retry = [(header::RETRY_AFTER, wait.retry_after.to_string())];
+            return (StatusCode::TOO_MANY_REQUESTS, retry, Html(page)).into_response();
+        }
+    };
+    state.throttle.vouch(call.peer, now);
+    match state.sessions.start(who) {
+        Some(id) => (
+            [(
+                header::SET_COOKIE,
+                format!("{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/ui; Max-Age=28800"),
+            )],
+            Redirect::to("/ui"),
         )
             .into_response(),
+        None => (StatusCode::INTERNAL_SERVER_ERROR, "no randomness for a session").into_response(),
     }
+}
+
+fn capitalised(text: &str) -> String {
+    let mut chars = text.chars();
+    chars
+        .next()
+        .map(|c| c.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
 }
 
 async fn logout(State(state): State<Arc<ApiState>>, headers: HeaderMap) -> Response {

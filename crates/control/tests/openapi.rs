@@ -51,6 +51,7 @@ async fn state(dir: &std::path::Path) -> Arc<ApiState> {
         principals: Principals::default(),
         proxy: handle,
         sessions: Default::default(),
+        throttle: Default::default(),
     })
 }
 

@@ -81,6 +81,7 @@ pub async fn mount(
         principals,
         proxy: handle,
         sessions: Default::default(),
+        throttle: Default::default(),
     });
     proxy.mount_admin(sandgate_control::router(state.clone()));
     tokio::spawn(sandgate_control::expire_loop(state.clone()));
