@@ -187,6 +187,9 @@ pub enum Outcome {
     Shutdown,
     /// Cut because the exception that allowed it was revoked.
     Revoked,
+    /// Cut at the second the entry that allowed it expired (a policy file's `expires_at` or
+    /// `ttl_seconds`, an exception's expiry).
+    Expired,
     /// No pipe could be made for the tunnel.
     OutOfDescriptors,
     /// Cut because the second ClientHello (after a HelloRetryRequest) broke the tunnel
@@ -251,6 +254,7 @@ impl Outcome {
             Outcome::IdleTimeout => "idle_timeout",
             Outcome::Shutdown => "shutdown",
             Outcome::Revoked => "revoked",
+            Outcome::Expired => "expired",
             Outcome::OutOfDescriptors => "proxy_out_of_descriptors",
             Outcome::RetryRefused => "retry_refused",
             Outcome::LateHelloRefused => "late_hello_refused",

@@ -1,11 +1,18 @@
 //! Connection admission: how many client connections the proxy, each listener and each
-//! client address may hold at once.
+//! client address on a listener may hold at once.
 //!
 //! A connection is admitted only when all three have room; the permit it then holds gives
 //! the room back when the connection ends. A full limit is never a silent wait in the listen
 //! backlog: the caller answers 503 at once (see `server.rs`). The per-listener limit keeps
 //! one tenant (a task-bound listener) from taking every slot; the per-client limit keeps one
 //! client address from starving the others on a shared listener.
+//!
+//! The per-client share is counted per listener, per (listener, client address): what an
+//! address holds on one listener never counts on another. Tenants reached from one address
+//! (the task-bound listeners of one host, all reached from its loopback address) would otherwise
+//! starve each other: one tenant's idle tunnels would use up the address's share and lock
+//! the next tenant out of its own listener (issue 28). One address that reaches several
+//! listeners may hold a share on each; the listener limits and the proxy's cap bound the sum.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -27,17 +34,22 @@ pub fn connections_for_fd_limit(nofile: u64) -> usize {
     usize::try_from(nofile.saturating_sub(RESERVED_FDS) / FDS_PER_CONNECTION).unwrap_or(usize::MAX)
 }
 
-/// The proxy-wide and per-client counters, shared by every listener.
+/// The proxy-wide counter, shared by every listener, and the size of a client's share.
 #[derive(Debug)]
 pub(crate) struct Admission {
     proxy: Arc<Semaphore>,
     per_client: usize,
-    clients: Arc<Mutex<HashMap<IpAddr, usize>>>,
 }
 
-/// One listener's own limit, on top of the shared ones.
+/// Connections held per client address on one listener.
+type Clients = Arc<Mutex<HashMap<IpAddr, usize>>>;
+
+/// One listener's own limit, and its clients' shares, on top of the proxy's cap.
 #[derive(Debug, Clone)]
-pub(crate) struct ListenerSlots(Arc<Semaphore>);
+pub(crate) struct ListenerSlots {
+    slots: Arc<Semaphore>,
+    clients: Clients,
+}
 
 /// Held for the life of an admitted connection.
 #[derive(Debug)]
@@ -50,7 +62,7 @@ pub(crate) struct Permit {
 #[derive(Debug)]
 struct ClientSlot {
     ip: IpAddr,
-    clients: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    clients: Clients,
 }
 
 impl Drop for ClientSlot {
@@ -73,20 +85,22 @@ impl Admission {
         Admission {
             proxy: Arc::new(Semaphore::new(limits.max_connections)),
             per_client: limits.per_client(),
-            clients: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
     /// The slots of one of `listeners` listeners.
     pub fn listener(limits: &Limits, listeners: usize) -> ListenerSlots {
-        ListenerSlots(Arc::new(Semaphore::new(limits.per_listener(listeners))))
+        ListenerSlots {
+            slots: Arc::new(Semaphore::new(limits.per_listener(listeners))),
+            clients: Arc::default(),
+        }
     }
 
     /// Admits a connection from `ip` on `listener`, or says which limit is full.
     pub fn admit(&self, listener: &ListenerSlots, ip: IpAddr) -> Result<Permit, LimitKind> {
         let ip = ip.to_canonical();
         let client = {
-            let mut clients = match self.clients.lock() {
+            let mut clients = match listener.clients.lock() {
                 Ok(c) => c,
                 Err(poisoned) => poisoned.into_inner(),
             };
@@ -100,12 +114,12 @@ impl Admission {
             *held += 1;
             ClientSlot {
                 ip,
-                clients: self.clients.clone(),
+                clients: listener.clients.clone(),
             }
         };
         // `client` gives its slot back if either of the others is full.
         let listener = listener
-            .0
+            .slots
             .clone()
             .try_acquire_owned()
             .map_err(|_| LimitKind::Listener)?;
@@ -120,8 +134,10 @@ impl Admission {
             _client: client,
         })
     }
+}
 
-    /// Connections held by `ip` now (for tests and metrics).
+impl ListenerSlots {
+    /// Connections `ip` holds on this listener now (for tests).
     #[cfg(test)]
     fn held_by(&self, ip: IpAddr) -> usize {
         self.clients
@@ -156,17 +172,46 @@ mod tests {
         let fourth = adm.admit(&a, ip2).unwrap();
         assert_eq!(adm.admit(&a, ip2).unwrap_err(), LimitKind::Listener);
         // A refusal takes no slot.
-        assert_eq!(adm.held_by("127.0.0.2".parse().unwrap()), 1);
+        assert_eq!(a.held_by("127.0.0.2".parse().unwrap()), 1);
         let fifth = adm.admit(&b, ip2).unwrap();
         assert_eq!(
             adm.admit(&b, "10.0.0.9".parse().unwrap()).unwrap_err(),
             LimitKind::Proxy
         );
-        assert_eq!(adm.held_by("10.0.0.9".parse().unwrap()), 0);
+        assert_eq!(b.held_by("10.0.0.9".parse().unwrap()), 0);
         drop(held);
-        assert_eq!(adm.held_by(ip1), 0);
+        assert_eq!(a.held_by(ip1), 0);
         assert!(adm.admit(&b, ip1).is_ok());
         drop((fourth, fifth));
+    }
+
+    /// Issue 28: tenant A holding its whole share on its listener from 127.0.0.1 must not
+    /// lock tenant B, from the same address, out of B's own listener.
+    #[test]
+    fn a_tenant_on_its_own_listener_gets_in_while_another_holds_its_share_from_the_same_address() {
+        let l = limits(40, None, Some(4));
+        let adm = Admission::new(&l);
+        let (a, b) = (Admission::listener(&l, 2), Admission::listener(&l, 2));
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        let tenant_a: Vec<Permit> = (0..4).map(|_| adm.admit(&a, ip).unwrap()).collect();
+        assert_eq!(
+            adm.admit(&a, ip).unwrap_err(),
+            LimitKind::Client,
+            "A's share holds"
+        );
+        let tenant_b = adm.admit(&b, ip).expect("B on its own listener");
+        // The same address written as IPv4-mapped IPv6 is the same client.
+        let mapped: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
+        let more_b: Vec<Permit> = (0..3).map(|_| adm.admit(&b, mapped).unwrap()).collect();
+        assert_eq!(
+            adm.admit(&b, ip).unwrap_err(),
+            LimitKind::Client,
+            "B's share holds"
+        );
+        drop((tenant_a, tenant_b, more_b));
+        let again: Vec<Permit> = (0..4).map(|_| adm.admit(&a, ip).unwrap()).collect();
+        assert!(adm.admit(&b, ip).is_ok(), "both shares were given back");
+        drop(again);
     }
 
     #[test]

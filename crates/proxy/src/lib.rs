@@ -8,13 +8,16 @@
 //! then forwards HTTP or answers CONNECT; a tunnel's first bytes are checked against the
 //! tunnel rules ([`hello`] reads the TLS ClientHello) before the sockets go to [`relay`]. [`refusal`]
 //! classifies every refusal once; each front end renders it. [`rules`] holds the rules in
-//! force and the handle that swaps them; [`reload`] watches the policy file.
+//! force and the handle that swaps them; `cuts` ends a grant early when the exception that
+//! allowed it is revoked or the entry that allowed it expires; [`reload`] watches the policy
+//! file.
 
 pub(crate) mod admin;
 pub mod admission;
 pub mod ask;
 pub use sandgate_audit as audit;
 pub mod config;
+pub(crate) mod cuts;
 pub mod dial;
 pub(crate) mod egress;
 pub mod hello;
@@ -36,4 +39,4 @@ pub use egress::unix_now;
 pub use http1::{framing, head};
 pub use node::TlsHandle;
 pub use rules::PolicyHandle;
-pub use server::{Proxy, StartError};
+pub use server::{BoundListener, Proxy, StartError};

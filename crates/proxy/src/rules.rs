@@ -5,11 +5,9 @@
 //! set atomically; a request decides against the set it started with.
 //!
 //! Revocation must also end what an exception already let through: connections granted by an
-//! exception's rule register a cancellation token under its label ([`Cuts`]), and
+//! exception's rule register a cancellation token under its label ([`crate::cuts`]), and
 //! [`PolicyHandle::cut`] cancels them all.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use sandgate_policy::{Entry, Ruleset};
@@ -17,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::audit::WeakAudit;
 use crate::audit::event::{Event, Reload};
+use crate::cuts::Cuts;
 use crate::metrics::{Metrics, OutcomeLabels};
 
 /// The layers the published rule set is built from.
@@ -50,9 +49,6 @@ impl Layers {
     }
 }
 
-/// The open connections under one rule: registration id and cancellation token.
-type Open = Vec<(u64, CancellationToken)>;
-
 /// Changes the layers and publishes the rule set they make, atomically.
 pub(crate) fn change(layers: &Mutex<Layers>, rules: &RwLock<Arc<Ruleset>>, f: impl FnOnce(&mut Layers)) {
     let mut layers = match layers.lock() {
@@ -71,79 +67,6 @@ impl Layers {
     /// Adds entries to the exceptions layer (answers given at the terminal).
     pub(crate) fn add_exceptions(&mut self, entries: Vec<Entry>) {
         self.exceptions.extend(entries);
-    }
-}
-
-/// Connections open under a rule that may be revoked, by rule label, and the labels already
-/// cut: a connection decided just before a cut registers after it, and must end at once.
-#[derive(Debug, Default)]
-pub(crate) struct Cuts {
-    by_label: Mutex<CutState>,
-    next: AtomicU64,
-}
-
-#[derive(Debug, Default)]
-struct CutState {
-    open: HashMap<Arc<str>, Open>,
-    dead: std::collections::HashSet<Arc<str>>,
-}
-
-/// Removes its registration when the connection ends.
-#[derive(Debug)]
-pub(crate) struct CutGuard {
-    cuts: Arc<Cuts>,
-    label: Arc<str>,
-    id: u64,
-}
-
-impl Cuts {
-    /// Registers `token` to be cancelled when `label` is cut.
-    pub fn register(cuts: &Arc<Cuts>, label: Arc<str>, token: CancellationToken) -> CutGuard {
-        let id = cuts.next.fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut state) = cuts.by_label.lock() {
-            if state.dead.contains(&label) {
-                // Revoked or expired between the decision and now: ends at once.
-                token.cancel();
-            } else {
-                state.open.entry(label.clone()).or_default().push((id, token));
-            }
-        }
-        CutGuard {
-            cuts: cuts.clone(),
-            label,
-            id,
-        }
-    }
-
-    /// Cancels every connection under `label` and marks it dead, so one registering later
-    /// is cancelled at once too.
-    fn cut(&self, label: &str) -> usize {
-        let tokens = match self.by_label.lock() {
-            Ok(mut state) => {
-                state.dead.insert(Arc::from(label));
-                state.open.remove(label).unwrap_or_default()
-            }
-            Err(_) => Vec::new(),
-        };
-        tokens.iter().for_each(|(_, t)| t.cancel());
-        tokens.len()
-    }
-
-    fn is_dead(&self, label: &str) -> bool {
-        self.by_label.lock().is_ok_and(|s| s.dead.contains(label))
-    }
-}
-
-impl Drop for CutGuard {
-    fn drop(&mut self) {
-        if let Ok(mut state) = self.cuts.by_label.lock()
-            && let Some(list) = state.open.get_mut(&self.label)
-        {
-            list.retain(|(id, _)| *id != self.id);
-            if list.is_empty() {
-                state.open.remove(&self.label);
-            }
-        }
     }
 }
 

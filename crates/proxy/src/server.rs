@@ -52,6 +52,16 @@ pub enum StartError {
     UpstreamIsSelf(SocketAddr),
 }
 
+/// One bound listener: its address (with the port the system chose for port 0), its role
+/// (`proxy`, `socks5` or `node`), and the identity and credentials it gives its traffic.
+#[derive(Debug, Clone)]
+pub struct BoundListener {
+    pub addr: SocketAddr,
+    pub role: &'static str,
+    pub identity: Arc<Identity>,
+    pub require_auth: bool,
+}
+
 /// A bound, ready-to-run proxy.
 #[derive(Debug)]
 pub struct Proxy {
@@ -180,8 +190,9 @@ impl Proxy {
             .collect()
     }
 
-    /// Each bound address with its role: `proxy`, `socks5` or `node`.
-    pub fn listener_roles(&self) -> Vec<(SocketAddr, &'static str)> {
+    /// Every listener as bound (the port the system chose for port 0), in the order of
+    /// [`ProxyConfig::listen`], with what the start-up log says of it.
+    pub fn bound_listeners(&self) -> Vec<BoundListener> {
         self.listeners
             .iter()
             .filter_map(|(l, meta)| {
@@ -190,7 +201,12 @@ impl Proxy {
                     (None, Protocol::Socks5) => "socks5",
                     (None, Protocol::Http) => "proxy",
                 };
-                Some((l.local_addr().ok()?, role))
+                Some(BoundListener {
+                    addr: l.local_addr().ok()?,
+                    role,
+                    identity: meta.identity.clone(),
+                    require_auth: meta.require_auth,
+                })
             })
             .collect()
     }

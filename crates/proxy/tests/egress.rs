@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use sandgate_policy::{AddressGuard, Pattern, Ruleset};
 use sandgate_proxy::{AuditDestination, AuditOptions, Limits, Listener, Nameservers, Proxy, ProxyConfig};
+use sandgate_testkit::closed::ClosedPort;
 use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::echo::EchoServer;
 use sandgate_testkit::origin::Origin;
@@ -114,11 +115,9 @@ async fn every_request_has_exactly_one_decision_and_allowed_ones_one_close() {
             .with("refused.test", &["127.0.0.1"]),
     )
     .await;
-    let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // Nothing listens there, and nothing can while the test holds it.
+    let closed = ClosedPort::new();
+    let closed_port = closed.port();
     let port = origin.port();
     let ok = format!("ok.test:{port}");
     let refused = format!("refused.test:{closed_port}");

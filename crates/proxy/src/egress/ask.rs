@@ -12,8 +12,15 @@ use crate::refusal::Refusal;
 
 impl Egress {
     /// Asks the person at the terminal about a task's request that only the allowlist
-    /// refused; the answer is recorded as an exception. `Some(rule label)` when allowed.
-    pub(super) async fn ask(&self, pending: &Pending, target: &Target, access: Access) -> Option<Arc<str>> {
+    /// refused; the answer is recorded as an exception. When allowed, its rule label and the
+    /// second it expires (none for "this request only": the exception is never applied, so
+    /// the connection it let through is not cut a second later).
+    pub(super) async fn ask(
+        &self,
+        pending: &Pending,
+        target: &Target,
+        access: Access,
+    ) -> Option<(Arc<str>, Option<i64>)> {
         let asker = self.asker.get()?;
         let task = pending.party.identity.task.as_deref()?;
         target.host.name()?;
@@ -35,10 +42,11 @@ impl Egress {
         if !approved {
             return None;
         }
-        if answer != crate::ask::Answer::Once {
-            crate::rules::change(&self.layers, &self.rules, |l| l.add_exceptions(ex.entries()));
+        if answer == crate::ask::Answer::Once {
+            return Some((Arc::from(ex.rule_label()), None));
         }
-        Some(Arc::from(ex.rule_label()))
+        crate::rules::change(&self.layers, &self.rules, |l| l.add_exceptions(ex.entries()));
+        Some((Arc::from(ex.rule_label()), ex.expires_at))
     }
 
     async fn record_change(&self, change: Change, exception: sandgate_policy::Exception, by: Option<String>) {

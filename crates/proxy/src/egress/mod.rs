@@ -12,6 +12,10 @@
 //! bytes: the [`Dialed`] connection is admitted (the allow) or refused (the deny) by
 //! [`Egress::carry`] (`tunnel.rs`). None of these types can be cloned, and each is
 //! `#[must_use]`.
+//!
+//! A grant lasts no longer than the rule that allowed it: one under an exception registers
+//! where a revocation cuts it, one under an entry with an expiry where that second does
+//! ([`crate::cuts`]), and its close says `revoked` or `expired`.
 
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
@@ -26,11 +30,12 @@ use crate::ask::Asker;
 use crate::audit::Audit;
 use crate::audit::event::{Close, Decision, Dest, Event, Outcome, Party};
 use crate::config::{Identity, Limits};
+use crate::cuts::{CutGuard, Cuts};
 use crate::dial::{DialError, Dialer};
 use crate::metrics::Metrics;
 use crate::refusal::{Classified, Refusal};
 use crate::relay::Upstream;
-use crate::rules::{CutGuard, Cuts, Layers};
+use crate::rules::Layers;
 
 mod ask;
 mod open;
@@ -59,7 +64,7 @@ pub(crate) struct Egress {
     pub rules: Arc<RwLock<Arc<Ruleset>>>,
     /// What `rules` is built from (file and flags; approved exceptions).
     pub layers: Arc<Mutex<Layers>>,
-    /// Connections granted under revocable rules (exceptions), by rule label.
+    /// Connections granted under revocable rules (exceptions) or expiring entries.
     pub cuts: Arc<Cuts>,
     pub dialer: Arc<Dialer>,
     pub audit: Audit,
@@ -101,6 +106,8 @@ pub(crate) struct Decided {
     target: Target,
     access: Access,
     rule: Option<Arc<str>>,
+    /// The second the deciding entry expires: what it let through ends then.
+    expires: Option<i64>,
     /// Let through in report-only mode: what the policy said instead.
     would_deny: Option<sandgate_policy::PolicyReason>,
 }
@@ -110,10 +117,15 @@ pub(crate) struct Decided {
 #[derive(Debug)]
 pub(crate) struct Grant {
     party: Party,
-    /// Cancelled at the end of the shutdown grace, or when the granting rule is revoked.
+    /// Cancelled at the end of the shutdown grace, or when the granting rule is revoked or
+    /// expires.
     stop: CancellationToken,
-    /// Registered under a revocable rule; removed when the grant ends.
+    /// Registered where a revocation or the expiry can cut it; removed when the grant ends.
     _cut: Option<CutGuard>,
+    /// A revocation or the expiry can end it early (whoever holds the registration now).
+    cuttable: bool,
+    /// The second the deciding entry expires.
+    expires: Option<i64>,
     pub target: Target,
     access: Access,
     resolved: Option<IpAddr>,
@@ -139,7 +151,8 @@ pub(crate) struct Dialed {
     pub stream: Upstream,
     pub addr: SocketAddr,
     vetted_ip: Option<IpAddr>,
-    /// Cancelled at the end of the shutdown grace, or when the granting rule is revoked.
+    /// Cancelled at the end of the shutdown grace, or when the granting rule is revoked or
+    /// expires.
     stop: (CancellationToken, Option<CutGuard>),
 }
 
@@ -284,13 +297,14 @@ impl Egress {
             .decide(target, access, &context(&pending.party.identity));
         if decision.verdict == Verdict::Deny
             && decision.reason == sandgate_policy::PolicyReason::NotAllowlisted
-            && let Some(rule) = self.ask(&pending, target, access).await
+            && let Some((rule, expires)) = self.ask(&pending, target, access).await
         {
             return Ok(Decided {
                 pending,
                 target: target.clone(),
                 access,
                 rule: Some(rule),
+                expires,
                 would_deny: None,
             });
         }
@@ -300,6 +314,8 @@ impl Egress {
                 target: target.clone(),
                 access,
                 rule: decision.rule_label(),
+                // The policy is waived, its expiries with it.
+                expires: None,
                 would_deny: Some(decision.reason),
             });
         }
@@ -315,6 +331,11 @@ impl Egress {
             target: target.clone(),
             access,
             rule: decision.rule_label(),
+            // In report-only mode the policy is waived, its expiries with it.
+            expires: match self.report_only.load(Ordering::Relaxed) {
+                true => None,
+                false => decision.rule.as_ref().and_then(|r| r.expires_at),
+            },
             would_deny: None,
         })
     }
@@ -350,17 +371,36 @@ impl Egress {
         Refused { id, classified }
     }
 
-    /// The token that ends a grant under `rule`, and its registration where a revocation
-    /// can cut it (only exceptions can be revoked; everything else shares the shutdown
-    /// token).
-    fn stop_for(&self, rule: Option<&Arc<str>>) -> (CancellationToken, Option<CutGuard>) {
-        match rule {
-            Some(label) if label.starts_with("exception:") => {
-                let token = self.hard_stop.child_token();
-                let guard = Cuts::register(&self.cuts, label.clone(), token.clone());
-                (token, Some(guard))
-            }
-            _ => (self.hard_stop.clone(), None),
+    /// The token that ends a grant under `rule` expiring at `expires`, and its registration
+    /// where a revocation (only exceptions can be revoked) or the expiry can cut it; any
+    /// other grant shares the shutdown token.
+    fn stop_for(
+        &self,
+        rule: Option<&Arc<str>>,
+        expires: Option<i64>,
+    ) -> (CancellationToken, Option<CutGuard>) {
+        let label = rule.filter(|label| label.starts_with("exception:")).cloned();
+        if label.is_none() && expires.is_none() {
+            return (self.hard_stop.clone(), None);
+        }
+        let token = self.hard_stop.child_token();
+        let guard = Cuts::register(&self.cuts, label, expires, &token);
+        (token, Some(guard))
+    }
+
+    /// What a grant its stop token ended was cut by: the end of the shutdown grace; the
+    /// expiry of the entry that allowed it, once its second has come; else a revocation.
+    pub(crate) fn cut_outcome(&self, grant: &Grant) -> Outcome {
+        self.cut_by(grant.expires)
+    }
+
+    fn cut_by(&self, expires: Option<i64>) -> Outcome {
+        if self.hard_stop.is_cancelled() {
+            Outcome::Shutdown
+        } else if expires.is_some_and(|at| unix_now() >= at) {
+            Outcome::Expired
+        } else {
+            Outcome::Revoked
         }
     }
 
@@ -389,11 +429,13 @@ impl Egress {
             detail,
         });
         self.audit.record(e).await;
-        let (stop, cut) = stop.unwrap_or_else(|| self.stop_for(d.rule.as_ref()));
+        let (stop, cut) = stop.unwrap_or_else(|| self.stop_for(d.rule.as_ref(), d.expires));
         Grant {
             party: d.pending.party,
             stop,
+            cuttable: cut.is_some(),
             _cut: cut,
+            expires: d.expires,
             target: d.target,
             access: d.access,
             resolved,
@@ -403,18 +445,20 @@ impl Egress {
 }
 
 impl Grant {
-    /// Cancelled when in-flight work under this grant must end (shutdown, or revocation).
+    /// Cancelled when in-flight work under this grant must end (shutdown, revocation,
+    /// expiry).
     pub fn stop(&self) -> &CancellationToken {
         &self.stop
     }
 
-    /// Whether a revocation can end this grant early.
-    pub fn revocable(&self) -> bool {
-        self._cut.is_some()
+    /// Whether a revocation or an expiry can end this grant early (also once its
+    /// registration was handed on by [`Grant::keep_cut`]).
+    pub fn cuttable(&self) -> bool {
+        self.cuttable
     }
 
-    /// Hands the revocation registration to whatever outlives this grant (a kept-alive
-    /// client connection): the token it cancels and the guard that keeps it registered.
+    /// Hands the registration to whatever outlives this grant (a kept-alive client
+    /// connection): the token it cancels and the guard that keeps it registered.
     pub fn keep_cut(&mut self) -> Option<(CancellationToken, CutGuard)> {
         let guard = self._cut.take()?;
         Some((self.stop.clone(), guard))

@@ -69,8 +69,8 @@ impl Decided {
             .await
         {
             Ok((stream, addr)) => {
-                // Revocable from here on: a tunnel waiting for its first bytes is cut too.
-                let stop = egress.stop_for(self.rule.as_ref());
+                // Cuttable from here on: a tunnel waiting for its first bytes is cut too.
+                let stop = egress.stop_for(self.rule.as_ref(), self.expires);
                 Ok(Dialed {
                     decided: self,
                     stream,
@@ -133,7 +133,7 @@ impl Dialed {
         &self.decided.target
     }
 
-    /// Cancelled when the tunnel must end before it starts (shutdown, revocation).
+    /// Cancelled when the tunnel must end before it starts (shutdown, revocation, expiry).
     pub fn stop(&self) -> &CancellationToken {
         &self.stop.0
     }

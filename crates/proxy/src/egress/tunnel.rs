@@ -79,7 +79,7 @@ impl Egress {
                 match checked {
                     Ok((first, hello)) => (first, hello.then_some(rules)),
                     Err(outcome) => {
-                        let outcome = self.cut_outcome(outcome, &grant);
+                        let outcome = self.cut_outcome_of(outcome, &grant);
                         return self.close(grant, end(0, 0, outcome)).await;
                     }
                 }
@@ -102,19 +102,18 @@ impl Egress {
         }
         let (more_sent, more_received, outcome) =
             relay::tunnel(&mut client, &mut upstream, self.limits.tunnel_idle_timeout, &stop).await;
-        let outcome = self.cut_outcome(outcome, &grant);
+        let outcome = self.cut_outcome_of(outcome, &grant);
         let e = end(sent + more_sent, received + more_received, outcome);
         self.close(grant, e).await;
     }
 
     /// What a tunnel cut by a stop token ended as (`Shutdown` from the relay): at the end of
     /// the shutdown grace, when the proxy stops; by its own token while the proxy runs on,
-    /// because the exception was revoked; by the bridge's alone, because the client's stream
-    /// was reset.
-    fn cut_outcome(&self, outcome: Outcome, grant: &super::Grant) -> Outcome {
+    /// because the exception was revoked or the entry that allowed it expired; by the
+    /// bridge's alone, because the client's stream was reset.
+    fn cut_outcome_of(&self, outcome: Outcome, grant: &super::Grant) -> Outcome {
         match outcome {
-            Outcome::Shutdown if self.hard_stop.is_cancelled() => Outcome::Shutdown,
-            Outcome::Shutdown if grant.stop().is_cancelled() => Outcome::Revoked,
+            Outcome::Shutdown if grant.stop().is_cancelled() => self.cut_outcome(grant),
             Outcome::Shutdown => Outcome::ClientReset,
             other => other,
         }
@@ -158,11 +157,7 @@ impl Egress {
         let mut upstream = dialed.stream.leg();
         let read = tokio::select! {
             read = hello::read_first(client, &mut upstream, early, first_bytes.min(idle)) => Ok(read),
-            () = stop.cancelled() => Err(if self.hard_stop.is_cancelled() {
-                Outcome::Shutdown
-            } else {
-                Outcome::Revoked
-            }),
+            () = stop.cancelled() => Err(self.cut_by(dialed.decided.expires)),
         };
         let (first, seen) = match read {
             Ok((first, Seen::Silent)) if idle <= first_bytes => {

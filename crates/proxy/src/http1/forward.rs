@@ -104,14 +104,12 @@ pub(crate) async fn handle_http<S: AsyncRead + AsyncWrite + Unpin>(
         egress.close(grant, end).await;
         return Next::Close;
     };
-    // A revocation ends an exchange in flight too (a dripping download, an endless upload).
+    // A revocation or an expiry ends an exchange in flight too (a dripping download, an
+    // endless upload).
     let stop = grant.stop().clone();
     let outcome = tokio::select! {
         outcome = exchange(egress, client, &head, &http, up) => outcome,
-        _ = stop.cancelled(), if grant.revocable() => {
-            let label = if egress.hard_stop.is_cancelled() { Outcome::Shutdown } else { Outcome::Revoked };
-            Exchange::failed(0, 0, label)
-        }
+        _ = stop.cancelled(), if grant.cuttable() => Exchange::failed(0, 0, egress.cut_outcome(&grant)),
     };
     match outcome.refusal {
         // The upstream failed before a response: answer the client ourselves.

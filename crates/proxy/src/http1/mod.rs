@@ -37,8 +37,9 @@ pub(crate) struct ClientConn<S = TcpStream> {
     /// On a central proxy: the node that forwarded the requests.
     pub node: Option<Arc<str>>,
     /// Set once a request on this connection was allowed by a revocable rule (an
-    /// exception): its revocation closes the kept-alive connection too.
-    pub cut: Option<(CancellationToken, crate::rules::CutGuard)>,
+    /// exception) or an entry with an expiry: its revocation or expiry closes the kept-alive
+    /// connection too.
+    pub cut: Option<(CancellationToken, crate::cuts::CutGuard)>,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> ClientConn<S> {
