@@ -1,5 +1,7 @@
 //! Starting the proxies under test, each pinned to core 0 and allowing exactly the harness's
 //! servers: sandgate, Squid and tinyproxy (Debian packages), with equivalent allowlists.
+//! sandgate listens on port 0 and its start-up log says where; the other two cannot, and are
+//! checked to hold the port they were given.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -36,8 +38,89 @@ impl Drop for RunningProxy {
     }
 }
 
-fn free_port() -> Result<u16, BoxError> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// Starts `cmd`, a `sandgate proxy` whose listeners are on port 0, and returns it with the
+/// address of the listener with `role` (`proxy`, `node`) as its start-up log says (at most
+/// 15 s). Its stderr is read to the end, so it never blocks on a full pipe.
+fn spawn_sandgate(cmd: &mut Command, role: &str, name: &str) -> Result<(Child, SocketAddr), BoxError> {
+    use std::io::BufRead;
+    let mut child = cmd
+        .env("SANDGATE_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let wanted = format!("role={role}");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let tokens: Vec<&str> = line.split_whitespace().collect();
+            if !(tokens.contains(&"listening") && tokens.contains(&wanted.as_str())) {
+                continue;
+            }
+            let addr = tokens
+                .iter()
+                .find_map(|t| t.strip_prefix("addr=")?.parse::<SocketAddr>().ok());
+            if let (Some(addr), Some(tx)) = (addr, tx.take()) {
+                let _ = tx.send(addr);
+            }
+        }
+    });
+    match rx.recv_timeout(Duration::from_secs(15)) {
+        Ok(addr) => Ok((child, addr)),
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(format!("{name} did not log a {role} listener").into())
+        }
+    }
+}
+
+/// Squid and tinyproxy can be given neither port 0 nor a bound socket: each start gets a
+/// port found free, and counts only once the proxy itself holds a listening socket there.
+/// A start that lost the port to another process in between is ended and tried again on
+/// another port; so the benchmark never measures a stranger on the port.
+fn start_third_party(
+    name: &str,
+    mut start: impl FnMut(u16) -> Result<Child, BoxError>,
+) -> Result<(Child, SocketAddr), BoxError> {
+    for _ in 0..5 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut child = start(port)?;
+        if wait_listening(addr, &mut child, name).is_ok() && holds_listener(child.id(), port) {
+            return Ok((child, addr));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    Err(format!("{name} did not listen on a port of its own in 5 tries").into())
+}
+
+/// Whether process `pid` has a socket listening on 127.0.0.1:`port` among its descriptors
+/// (/proc/net/tcp: local address in hex, state 0A is LISTEN, then the socket's inode).
+fn holds_listener(pid: u32, port: u16) -> bool {
+    let local = format!("0100007F:{port:04X}");
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.get(1) != Some(&local.as_str()) || f.get(3) != Some(&"0A") {
+                return None;
+            }
+            f.get(9).map(|inode| format!("socket:[{inode}]"))
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.filter_map(Result::ok)
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .any(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
 }
 
 fn pinned(program: &Path, core: Option<usize>) -> Command {
@@ -86,12 +169,11 @@ pub fn sandgate(
     inspect: bool,
 ) -> Result<RunningProxy, BoxError> {
     let dir = world_writable_dir()?;
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
     let mut cmd = pinned(binary, core);
     cmd.args([
         "proxy",
         "--listen",
-        &addr.to_string(),
+        "127.0.0.1:0",
         "--allow-range",
         "127.0.0.1/32",
     ]);
@@ -110,12 +192,7 @@ pub fn sandgate(
         )?;
         cmd.arg("--policy").arg(policy);
     }
-    let mut child = cmd
-        .env("SANDGATE_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    wait_listening(addr, &mut child, "sandgate")?;
+    let (child, addr) = spawn_sandgate(&mut cmd, "proxy", "sandgate")?;
     Ok(RunningProxy {
         addr,
         child,
@@ -153,20 +230,16 @@ pub fn sandgate_central(
             return Err(format!("sandgate pki {args:?} failed").into());
         }
     }
-    let central_addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
     let policy = d.join("central.yaml");
     std::fs::write(
         &policy,
-        format!(
-            "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{name: central}}\nspec:\n  listeners:\n    - listen: {central_addr}\n      role: node\n      tls: {{cert: pki/central-127.0.0.1.pem, key: pki/central-127.0.0.1.key, client_ca: pki/ca.pem}}\n  nodes:\n    - name: bench-node\n      tasks: [\"*\"]\n"
-        ),
+        "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {name: central}\nspec:\n  listeners:\n    - listen: 127.0.0.1:0\n      role: node\n      tls: {cert: pki/central-127.0.0.1.pem, key: pki/central-127.0.0.1.key, client_ca: pki/ca.pem}\n  nodes:\n    - name: bench-node\n      tasks: [\"*\"]\n",
     )?;
-    let plain: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
     let mut central = pinned(binary, core);
     central.args([
         "proxy",
         "--listen",
-        &plain.to_string(),
+        "127.0.0.1:0",
         "--allow-range",
         "127.0.0.1/32",
     ]);
@@ -185,15 +258,9 @@ pub fn sandgate_central(
     for a in allowed(s) {
         central.args(["--allow", &a.to_string()]);
     }
-    let mut central = central
-        .env("SANDGATE_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    wait_listening(central_addr, &mut central, "sandgate central")?;
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let (mut central, central_addr) = spawn_sandgate(&mut central, "node", "sandgate central")?;
     let mut node = pinned(binary, core);
-    node.args(["proxy", "--listen", &addr.to_string()]);
+    node.args(["proxy", "--listen", "127.0.0.1:0"]);
     node.args(["--upstream", &format!("https://{central_addr}")]);
     node.arg("--upstream-ca").arg(d.join("pki/ca.pem"));
     node.arg("--client-cert").arg(d.join("pki/node-bench-node.pem"));
@@ -207,12 +274,14 @@ pub fn sandgate_central(
     for a in allowed(s) {
         node.args(["--allow", &a.to_string()]);
     }
-    let mut child = node
-        .env("SANDGATE_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    wait_listening(addr, &mut child, "sandgate node")?;
+    let (child, addr) = match spawn_sandgate(&mut node, "proxy", "sandgate node") {
+        Ok(started) => started,
+        Err(e) => {
+            let _ = central.kill();
+            let _ = central.wait();
+            return Err(e);
+        }
+    };
     Ok(RunningProxy {
         addr,
         child,
@@ -223,27 +292,27 @@ pub fn sandgate_central(
 
 pub fn squid(s: &Servers, core: Option<usize>) -> Result<RunningProxy, BoxError> {
     let dir = world_writable_dir()?;
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
     let d = dir.path().display();
     let ports: Vec<String> = allowed(s).iter().map(|a| a.port().to_string()).collect();
-    let conf = format!(
-        "http_port {addr}\npid_filename {d}/squid.pid\ncache deny all\ncache_mem 8 MB\n\
-         access_log none\ncache_store_log none\ncache_log {d}/cache.log\ncoredump_dir {d}\n\
-         visible_hostname bench\nmax_filedescriptors 65536\nshutdown_lifetime 0 seconds\n\
-         acl bench_dst dst 127.0.0.1/32\nacl bench_ports port {}\n\
-         http_access allow bench_dst bench_ports\nhttp_access deny all\n",
-        ports.join(" ")
-    );
     let conf_path = dir.path().join("squid.conf");
-    std::fs::write(&conf_path, conf)?;
     let squid = which("squid").ok_or("squid not installed (apt-get install -y squid)")?;
-    let mut child = pinned(&squid, core)
-        .args(["-N", "-f"])
-        .arg(&conf_path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    wait_listening(addr, &mut child, "squid")?;
+    let (child, addr) = start_third_party("squid", |port| {
+        let conf = format!(
+            "http_port 127.0.0.1:{port}\npid_filename {d}/squid.pid\ncache deny all\ncache_mem 8 MB\n\
+             access_log none\ncache_store_log none\ncache_log {d}/cache.log\ncoredump_dir {d}\n\
+             visible_hostname bench\nmax_filedescriptors 65536\nshutdown_lifetime 0 seconds\n\
+             acl bench_dst dst 127.0.0.1/32\nacl bench_ports port {}\n\
+             http_access allow bench_dst bench_ports\nhttp_access deny all\n",
+            ports.join(" ")
+        );
+        std::fs::write(&conf_path, conf)?;
+        Ok(pinned(&squid, core)
+            .args(["-N", "-f"])
+            .arg(&conf_path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?)
+    })?;
     Ok(RunningProxy {
         addr,
         child,
@@ -254,28 +323,27 @@ pub fn squid(s: &Servers, core: Option<usize>) -> Result<RunningProxy, BoxError>
 
 pub fn tinyproxy(s: &Servers, core: Option<usize>) -> Result<RunningProxy, BoxError> {
     let dir = world_writable_dir()?;
-    let port = free_port()?;
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
     let filter = dir.path().join("filter");
     std::fs::write(&filter, "^127\\.0\\.0\\.1$\n")?;
-    let mut conf = format!(
-        "User nobody\nGroup nogroup\nPort {port}\nListen 127.0.0.1\nTimeout 600\nMaxClients 12000\n\
-         Allow 127.0.0.1\nLogLevel Critical\nFilter \"{}\"\nFilterDefaultDeny Yes\nFilterExtended Yes\n",
-        filter.display()
-    );
-    for a in allowed(s) {
-        conf.push_str(&format!("ConnectPort {}\n", a.port()));
-    }
     let conf_path = dir.path().join("tinyproxy.conf");
-    std::fs::write(&conf_path, conf)?;
     let tinyproxy = which("tinyproxy").ok_or("tinyproxy not installed (apt-get install -y tinyproxy)")?;
-    let mut child = pinned(&tinyproxy, core)
-        .args(["-d", "-c"])
-        .arg(&conf_path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    wait_listening(addr, &mut child, "tinyproxy")?;
+    let (child, addr) = start_third_party("tinyproxy", |port| {
+        let mut conf = format!(
+            "User nobody\nGroup nogroup\nPort {port}\nListen 127.0.0.1\nTimeout 600\nMaxClients 12000\n\
+             Allow 127.0.0.1\nLogLevel Critical\nFilter \"{}\"\nFilterDefaultDeny Yes\nFilterExtended Yes\n",
+            filter.display()
+        );
+        for a in allowed(s) {
+            conf.push_str(&format!("ConnectPort {}\n", a.port()));
+        }
+        std::fs::write(&conf_path, conf)?;
+        Ok(pinned(&tinyproxy, core)
+            .args(["-d", "-c"])
+            .arg(&conf_path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?)
+    })?;
     Ok(RunningProxy {
         addr,
         child,

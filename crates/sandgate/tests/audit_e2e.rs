@@ -228,11 +228,6 @@ fn metrics_parse_with_a_real_prometheus_parser_and_match_the_traffic() {
     let dns = rt.block_on(DnsServer::start(Zone::new().with("echo.test", &["127.0.0.1"])));
     let target = format!("echo.test:{}", echo.addr().port());
     let dns_addr = dns.addr().to_string();
-    let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
     let p = ProxyProcess::start(&[
         "--dns-server",
         &dns_addr,
@@ -241,8 +236,9 @@ fn metrics_parse_with_a_real_prometheus_parser_and_match_the_traffic() {
         "--allow",
         &target,
         "--metrics-listen",
-        &metrics_addr,
+        "127.0.0.1:0",
     ]);
+    let metrics_addr = p.admin().to_string();
     for n in [100, 200, 300, 400, 500] {
         assert!(tunnel_client(p.addr, &target, n).1);
     }

@@ -264,10 +264,9 @@ fn certificate_expiry_and_a_rotation_that_does_not_load_show_in_the_metrics() {
             "2030-06-01",
         ],
     );
-    let (admin, node_admin) = (common::world::free_addr(), common::world::free_addr());
-    let admin_s = admin.to_string();
-    let s = &EchoCentral::with_pki(pki, &["--metrics-listen", &admin_s]);
+    let s = &EchoCentral::with_pki(pki, &["--metrics-listen", "127.0.0.1:0"]);
     let EchoCentral { c, pki, target, .. } = s;
+    let admin = c.proxy.admin();
     let failing = |a| common::metric(a, "sandgate_tls_reload_failing");
 
     assert_eq!(expiry(admin, "/central-127.0.0.1.pem"), Some(first));
@@ -282,7 +281,6 @@ fn certificate_expiry_and_a_rotation_that_does_not_load_show_in_the_metrics() {
     // A node: its certificate and the CA it trusts the central by.
     let cert = pki.node("node-a", &["--not-after", "2029-03-03"]);
     let mut args = central::upstream_args(&cert, &[c.node_addr]);
-    let node_admin_s = node_admin.to_string();
     args.extend(
         [
             "--dns-server",
@@ -290,11 +288,12 @@ fn certificate_expiry_and_a_rotation_that_does_not_load_show_in_the_metrics() {
             "--allow",
             target,
             "--metrics-listen",
-            &node_admin_s,
+            "127.0.0.1:0",
         ]
         .map(str::to_owned),
     );
     let node = common::ProxyProcess::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let node_admin = node.admin();
     echoes(&mut central::tunnel(node.addr, target), b"through");
     assert_eq!(expiry(node_admin, "/node-node-a.pem"), Some(node_end));
     assert_eq!(expiry(node_admin, "/ca.pem"), Some(ca));

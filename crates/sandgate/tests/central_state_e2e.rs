@@ -25,14 +25,14 @@ use std::time::{Duration, Instant};
 
 use central::{Pki, node};
 use common::control::{api, get_status, within};
-use common::world::free_addr;
 use common::{ProxyProcess, read_audit};
 use sandgate_testkit::dns::Zone;
 use sandgate_testkit::pg::{PgCluster, TestDb, shared_host};
 
 /// A central's policy: a node listener for node-a (project p-1), exceptions for task t-1 on
-/// `ports`, an admin listener with a requester and an approver; nothing allowlisted.
-fn central_policy(pki: &Pki, admin: SocketAddr, ports: &[u16]) -> std::path::PathBuf {
+/// `ports`, an admin listener with a requester and an approver; nothing allowlisted. Both
+/// listeners on port 0.
+fn central_policy(pki: &Pki, ports: &[u16]) -> std::path::PathBuf {
     let hash = |s: &str| sandgate_policy::auth::secret_hash(s);
     let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
     let text = format!(
@@ -40,14 +40,14 @@ fn central_policy(pki: &Pki, admin: SocketAddr, ports: &[u16]) -> std::path::Pat
          \x20 listeners:\n    - listen: 127.0.0.1:0\n      role: node\n      tls: {{ cert: central-127.0.0.1.pem, key: central-127.0.0.1.key, client_ca: ca.pem }}\n\
          \x20 nodes:\n    - {{ name: node-a, projects: [ p-1 ], tasks: [ t-1 ] }}\n\
          \x20 exceptions:\n    - {{ scope: {{ task: t-1 }}, ports: [ {ports} ], max_ttl_seconds: 600 }}\n\
-         \x20 admin:\n    listen: \"{admin}\"\n    tokens:\n\
+         \x20 admin:\n    listen: 127.0.0.1:0\n    tokens:\n\
          \x20     - {{ name: agent-7, role: requester, secret_sha256: {a}, tasks: [ t-1 ] }}\n\
          \x20     - {{ name: alice, role: approver, secret_sha256: {b} }}\n",
         ports = ports.join(", "),
         a = hash("tok-agent"),
         b = hash("tok-alice"),
     );
-    let path = pki.path(&format!("central-{}.yaml", admin.port()));
+    let path = pki.path(&format!("central-{}.yaml", central::unique_suffix()));
     std::fs::write(&path, text).unwrap();
     path
 }
@@ -59,12 +59,10 @@ struct Central {
 }
 
 fn start_central(pki: &Pki, dns: SocketAddr, db: &str, ports: &[u16]) -> Central {
-    let admin = free_addr();
-    let policy = central_policy(pki, admin, ports);
-    start_central_with(policy, admin, dns, db)
+    start_central_with(central_policy(pki, ports), dns, db)
 }
 
-fn start_central_with(policy: std::path::PathBuf, admin: SocketAddr, dns: SocketAddr, db: &str) -> Central {
+fn start_central_with(policy: std::path::PathBuf, dns: SocketAddr, db: &str) -> Central {
     let dns = dns.to_string();
     let p = ProxyProcess::start(&[
         "--policy",
@@ -76,7 +74,7 @@ fn start_central_with(policy: std::path::PathBuf, admin: SocketAddr, dns: Socket
         "--state",
         db,
     ]);
-    let node_addr = central::listener_with_role(&p, "node");
+    let (node_addr, admin) = (p.listener(&["role=node"]), p.admin());
     Central { p, node_addr, admin }
 }
 
@@ -282,14 +280,14 @@ fn two_centrals_on_one_database_serve_a_node_as_one() {
 /// A central's policy for a node's sandboxed runs: node-a vouches for its own runs
 /// (`node-a:*`), exceptions are enabled for them on `port`, one requester may ask for
 /// node-a's runs and another for node-b's only.
-fn runs_policy(pki: &Pki, admin: SocketAddr, port: u16) -> std::path::PathBuf {
+fn runs_policy(pki: &Pki, port: u16) -> std::path::PathBuf {
     let hash = |s: &str| sandgate_policy::auth::secret_hash(s);
     let text = format!(
         "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: central }}\nspec:\n\
          \x20 listeners:\n    - listen: 127.0.0.1:0\n      role: node\n      tls: {{ cert: central-127.0.0.1.pem, key: central-127.0.0.1.key, client_ca: ca.pem }}\n\
          \x20 nodes:\n    - {{ name: node-a, tasks: [ \"node-a:*\" ] }}\n    - {{ name: node-b, projects: [ team-b ], tasks: [ \"node-b:*\" ] }}\n\
          \x20 exceptions:\n    - {{ scope: {{ task: \"node-a:*\" }}, ports: [ {port} ], max_ttl_seconds: 600 }}\n\
-         \x20 admin:\n    listen: \"{admin}\"\n    tokens:\n\
+         \x20 admin:\n    listen: 127.0.0.1:0\n    tokens:\n\
          \x20     - {{ name: platform-a, role: requester, secret_sha256: {a}, tasks: [ \"node-a:*\" ] }}\n\
          \x20     - {{ name: platform-b, role: requester, secret_sha256: {o}, tasks: [ \"node-b:*\" ] }}\n\
          \x20     - {{ name: alice, role: approver, secret_sha256: {b} }}\n",
@@ -297,7 +295,7 @@ fn runs_policy(pki: &Pki, admin: SocketAddr, port: u16) -> std::path::PathBuf {
         o = hash("tok-platform-b"),
         b = hash("tok-alice"),
     );
-    let path = pki.path(&format!("central-runs-{}.yaml", admin.port()));
+    let path = pki.path(&format!("central-runs-{}.yaml", central::unique_suffix()));
     std::fs::write(&path, text).unwrap();
     path
 }
@@ -317,9 +315,8 @@ fn an_exception_for_a_sandboxed_runs_task_approved_on_one_central_lets_it_throug
     let dns = w.dns(Zone::new().with("web.test", &["127.0.0.1"]));
     let db = TestDb::create(&shared_host());
     let pki = Pki::new();
-    let (admin_a, admin_b) = (free_addr(), free_addr());
-    let a = start_central_with(runs_policy(&pki, admin_a, port), admin_a, dns.addr(), &db.url());
-    let b = start_central_with(runs_policy(&pki, admin_b, port), admin_b, dns.addr(), &db.url());
+    let a = start_central_with(runs_policy(&pki, port), dns.addr(), &db.url());
+    let b = start_central_with(runs_policy(&pki, port), dns.addr(), &db.url());
     let cert = pki.node("node-a", &[]);
 
     // The run asks B first; it waits (at most 20 s) for the test's go before asking again.

@@ -286,7 +286,7 @@ fn kubernetes_central_mode_runs_as_rendered() {
         command.env(name, value);
     }
     let c = ProxyProcess::start_as_configured(command, &refs);
-    let node_addr = central::listener_with_role(&c, "node");
+    let node_addr = c.listener(&["role=node"]);
     let listeners: Vec<String> = c
         .log
         .lock()

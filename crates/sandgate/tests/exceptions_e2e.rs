@@ -18,9 +18,8 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::control::{api, cli, get_status, start, within, write_policy};
+use common::control::{api, cli, get_status, start, task_and_admin, within, write_policy};
 use common::runtime;
-use common::world::free_addr;
 use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::echo::EchoServer;
 use sandgate_testkit::origin::Origin;
@@ -37,10 +36,10 @@ fn request_approve_revoke_with_a_live_tunnel_and_every_event_on_record() {
             .with("echo.test", &["127.0.0.1"]),
     ));
     let dir = tempfile::tempdir().unwrap();
-    let (listener, admin) = (free_addr(), free_addr());
-    let policy = write_policy(dir.path(), listener, admin, &[origin.port(), echo.addr().port()]);
+    let policy = write_policy(dir.path(), &[origin.port(), echo.addr().port()]);
     let state = dir.path().join("state");
     let p = start(&dns, &policy, &state);
+    let (listener, admin) = task_and_admin(&p);
     let url = format!("http://web.test:{}/", origin.port());
     assert_eq!(get_status(listener, &url), "403", "denied before any exception");
     // The 403 says how to ask, in the reason clients print and in the body.
@@ -195,9 +194,9 @@ fn bounds_are_refused_with_their_reason_and_default_deny_holds() {
     let rt = runtime();
     let dns = rt.block_on(DnsServer::start(Zone::new()));
     let dir = tempfile::tempdir().unwrap();
-    let (listener, admin) = (free_addr(), free_addr());
-    let policy = write_policy(dir.path(), listener, admin, &[443]);
-    let _p = start(&dns, &policy, &dir.path().join("state"));
+    let policy = write_policy(dir.path(), &[443]);
+    let p = start(&dns, &policy, &dir.path().join("state"));
+    let admin = p.admin();
     let ask = |hosts: &str, ports: &str, ttl: u32, task: &str| {
         format!(
             r#"{{"task_id":"{task}","requested_hosts":[{hosts}],"requested_ports":[{ports}],"ttl_seconds":{ttl},"reason":"r"}}"#
@@ -242,9 +241,9 @@ fn a_refused_call_records_a_bounded_line_whatever_the_caller_sends() {
     let rt = runtime();
     let dns = rt.block_on(DnsServer::start(Zone::new()));
     let dir = tempfile::tempdir().unwrap();
-    let (listener, admin) = (free_addr(), free_addr());
-    let policy = write_policy(dir.path(), listener, admin, &[443]);
+    let policy = write_policy(dir.path(), &[443]);
     let p = start(&dns, &policy, &dir.path().join("state"));
+    let admin = p.admin();
     let long_path = format!("/v1/exceptions/{}", "A".repeat(60_000));
     let (status, _) = api(admin, "GET", &long_path, None, None);
     assert_eq!(status, 401);
@@ -277,8 +276,7 @@ fn a_restart_keeps_pending_and_active_exceptions_and_not_expired_ones() {
     let origin = rt.block_on(Origin::http());
     let dns = rt.block_on(DnsServer::start(Zone::new().with("web.test", &["127.0.0.1"])));
     let dir = tempfile::tempdir().unwrap();
-    let (listener, admin) = (free_addr(), free_addr());
-    let policy = write_policy(dir.path(), listener, admin, &[origin.port()]);
+    let policy = write_policy(dir.path(), &[origin.port()]);
     let state = dir.path().join("state");
     let ask = |ttl: u32| {
         format!(
@@ -287,6 +285,7 @@ fn a_restart_keeps_pending_and_active_exceptions_and_not_expired_ones() {
         )
     };
     let mut p = start(&dns, &policy, &state);
+    let admin = p.admin();
     let id_of = |v: Value| v["id"].as_str().unwrap().to_owned();
     let active = id_of(
         api(
@@ -315,7 +314,9 @@ fn a_restart_keeps_pending_and_active_exceptions_and_not_expired_ones() {
     }
     assert!(p.terminate().success());
     std::thread::sleep(Duration::from_millis(1100));
-    let _p = start(&dns, &policy, &state);
+    // A new process, new ports.
+    let p = start(&dns, &policy, &state);
+    let (listener, admin) = task_and_admin(&p);
     let state_of = |id: &str| {
         api(
             admin,
@@ -347,9 +348,9 @@ fn expiry_cuts_tunnels_claims_and_self_approval_are_refused() {
     let echo = rt.block_on(EchoServer::start());
     let dns = rt.block_on(DnsServer::start(Zone::new().with("echo.test", &["127.0.0.1"])));
     let dir = tempfile::tempdir().unwrap();
-    let (listener, admin) = (free_addr(), free_addr());
-    let policy = write_policy(dir.path(), listener, admin, &[echo.addr().port()]);
+    let policy = write_policy(dir.path(), &[echo.addr().port()]);
     let p = start(&dns, &policy, &dir.path().join("state"));
+    let (listener, admin) = task_and_admin(&p);
     let port = echo.addr().port();
     let ask = |project: &str| {
         format!(

@@ -16,9 +16,8 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::control::{api, get_status, start, write_policy};
+use common::control::{api, get_status, start, task_and_admin, write_policy};
 use common::runtime;
-use common::world::free_addr;
 use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::origin::Origin;
 use serde_json::Value;
@@ -32,9 +31,9 @@ fn the_approvals_page_in_a_real_browser() {
     let origin = rt.block_on(Origin::http());
     let dns = rt.block_on(DnsServer::start(Zone::new().with("web.test", &["127.0.0.1"])));
     let dir = tempfile::tempdir().unwrap();
-    let (listener, admin) = (free_addr(), free_addr());
-    let policy = write_policy(dir.path(), listener, admin, &[origin.port()]);
+    let policy = write_policy(dir.path(), &[origin.port()]);
     let p = start(&dns, &policy, &dir.path().join("state"));
+    let (listener, admin) = task_and_admin(&p);
     let shot = dir.path().join("approvals.png");
     let out = Command::new(python)
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/ui/approvals.py"))
@@ -77,9 +76,9 @@ fn the_approvals_page_refuses_forged_forms_and_requesters() {
     let rt = runtime();
     let dns = rt.block_on(DnsServer::start(Zone::new()));
     let dir = tempfile::tempdir().unwrap();
-    let (listener, admin) = (free_addr(), free_addr());
-    let policy = write_policy(dir.path(), listener, admin, &[443]);
-    let _p = start(&dns, &policy, &dir.path().join("state"));
+    let policy = write_policy(dir.path(), &[443]);
+    let p = start(&dns, &policy, &dir.path().join("state"));
+    let admin = p.admin();
     let ask = r#"{"task_id":"t-1","requested_hosts":["pypi.org"],"requested_ports":[443],"ttl_seconds":60,"reason":"r"}"#;
     let (_, ex) = api(admin, "POST", "/v1/exceptions", Some("tok-agent"), Some(ask));
     let id = ex["id"].as_str().unwrap();
@@ -147,9 +146,9 @@ fn live_events_stream_denies_and_exception_changes() {
     let origin = rt.block_on(Origin::http());
     let dns = rt.block_on(DnsServer::start(Zone::new().with("web.test", &["127.0.0.1"])));
     let dir = tempfile::tempdir().unwrap();
-    let (listener, admin) = (free_addr(), free_addr());
-    let policy = write_policy(dir.path(), listener, admin, &[origin.port()]);
-    let _p = start(&dns, &policy, &dir.path().join("state"));
+    let policy = write_policy(dir.path(), &[origin.port()]);
+    let p = start(&dns, &policy, &dir.path().join("state"));
+    let (listener, admin) = task_and_admin(&p);
     let subscribe = |token: &str| {
         let mut child = Command::new("curl")
             .args(["-sN", "--max-time", "20", "--noproxy", "*", "-H"])

@@ -20,7 +20,7 @@ use std::net::TcpListener;
 use std::process::Command;
 use std::time::Duration;
 
-use common::world::{base_args, free_addr, policy_doc, status_from, strs};
+use common::world::{base_args, policy_doc, status_from, strs};
 use common::{ProxyProcess, curl, raw, runtime, status_of};
 use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::origin::Origin;
@@ -30,7 +30,6 @@ use sandgate_testkit::origin::Origin;
 /// project's scope by choosing the listener) is refused.
 #[test]
 fn an_auth_listener_cannot_lend_its_project_to_a_task() {
-    let shared = free_addr();
     let target = "web.test:80";
     let dir = tempfile::tempdir().unwrap();
     let auth = format!(
@@ -42,7 +41,7 @@ fn an_auth_listener_cannot_lend_its_project_to_a_task() {
         &borrowed,
         policy_doc(&format!(
             "  network:\n    allowlist:\n      - host: \"{target}\"\n        scope: {{ project: p-secret }}\n\
-             \x20 listeners:\n    - listen: {shared}\n      auth: basic\n      project: p-secret\n{auth}"
+             \x20 listeners:\n    - listen: 127.0.0.1:0\n      auth: basic\n      project: p-secret\n{auth}"
         )),
     )
     .unwrap();
@@ -67,7 +66,6 @@ fn a_refused_request_carries_no_earlier_identity() {
     let rt = runtime();
     let origin = rt.block_on(Origin::http());
     let dns = rt.block_on(DnsServer::start(Zone::new().with("web.test", &["127.0.0.1"])));
-    let shared = free_addr();
     let target = format!("web.test:{}", origin.port());
     let dir = tempfile::tempdir().unwrap();
     let auth = format!(
@@ -79,13 +77,14 @@ fn a_refused_request_carries_no_earlier_identity() {
         &file,
         policy_doc(&format!(
             "  network:\n    allowlist:\n      - host: \"{target}\"\n        scope: {{ task: t-1 }}\n\
-             \x20 listeners:\n    - listen: {shared}\n      auth: basic\n{auth}"
+             \x20 listeners:\n    - listen: 127.0.0.1:0\n      auth: basic\n{auth}"
         )),
     )
     .unwrap();
     let mut args = base_args(&dns);
     args.extend(["--policy".into(), file.to_str().unwrap().to_owned()]);
     let p = ProxyProcess::start(&strs(&args));
+    let shared = p.listener(&["auth=basic"]);
     let url = format!("http://{target}/one");
     // Two requests on one connection: the first authenticated, the second without.
     let reply = raw(

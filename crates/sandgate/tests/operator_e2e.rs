@@ -22,17 +22,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{ProxyProcess, metric, read_audit, runtime, sandgate_bin, status_of};
+use sandgate_testkit::closed::ClosedPort;
 use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::echo::EchoServer;
 use sandgate_testkit::origin::Origin;
 use serde_json::Value;
-
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
 
 fn policy(body: &str) -> String {
     format!("apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: test }}\nspec:\n{body}")
@@ -206,7 +200,7 @@ fn the_audit_queue_depth_is_zero_when_idle() {
     let echo = rt.block_on(EchoServer::start());
     let dns = rt.block_on(DnsServer::start(Zone::new().with("echo.test", &["127.0.0.1"])));
     let target = format!("echo.test:{}", echo.addr().port());
-    let (dns_addr, admin) = (dns.addr().to_string(), free_addr());
+    let dns_addr = dns.addr().to_string();
     let p = ProxyProcess::start(&[
         "--dns-server",
         &dns_addr,
@@ -215,8 +209,9 @@ fn the_audit_queue_depth_is_zero_when_idle() {
         "--allow",
         &target,
         "--metrics-listen",
-        &admin.to_string(),
+        "127.0.0.1:0",
     ]);
+    let admin = p.admin();
     for round in 0..8 {
         tunnel(p.addr, &target, 10);
         common::raw(
@@ -298,16 +293,16 @@ fn explain_answers_by_exit_status_reads_any_scheme_case_and_names_expired_rules(
 #[test]
 fn a_407_names_where_the_request_was_going() {
     let dir = tempfile::tempdir().unwrap();
-    let listener = free_addr();
     let file = dir.path().join("policy.yaml");
     std::fs::write(
         &file,
-        policy(&format!(
-            "  listeners:\n    - listen: {listener}\n      auth: basic\n  auth:\n    tasks:\n      - {{ task: t-1, secret_sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08 }}\n"
-        )),
+        policy(
+            "  listeners:\n    - listen: 127.0.0.1:0\n      auth: basic\n  auth:\n    tasks:\n      - { task: t-1, secret_sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08 }\n"
+        ),
     )
     .unwrap();
     let p = ProxyProcess::start(&["--policy", file.to_str().unwrap()]);
+    let listener = p.listener(&["auth=basic"]);
     let reply = common::raw(
         listener,
         b"CONNECT where.test:8443 HTTP/1.1\r\nHost: where.test:8443\r\n\r\n",
@@ -373,13 +368,13 @@ fn a_rejected_reload_takes_no_generation() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("policy.yaml");
     std::fs::write(&file, policy("  network:\n    allowlist: [ one.test ]\n")).unwrap();
-    let admin = free_addr();
     let p = ProxyProcess::start(&[
         "--policy",
         file.to_str().unwrap(),
         "--metrics-listen",
-        &admin.to_string(),
+        "127.0.0.1:0",
     ]);
+    let admin = p.admin();
     // Two invalid files, then a valid one (each change on disk is picked up within a
     // second; a half-written file may add a rejection, which changes nothing below).
     std::fs::write(&file, policy("  network:\n    allowlist: [ \"*.com\" ]\n")).unwrap();
@@ -419,7 +414,10 @@ fn a_rejected_reload_takes_no_generation() {
 #[test]
 fn listeners_that_cannot_all_be_bound_fail_the_check_and_the_start() {
     let dir = tempfile::tempdir().unwrap();
-    let addr = free_addr();
+    // A port this test holds: every refusal below comes before any bind, and were one not
+    // to, the proxy could not take the port from another process.
+    let held = ClosedPort::new();
+    let addr = held.addr();
     let file = dir.path().join("policy.yaml");
     std::fs::write(
         &file,
@@ -460,8 +458,8 @@ fn listeners_that_cannot_all_be_bound_fail_the_check_and_the_start() {
 
 #[test]
 fn failed_upstreams_close_with_a_duration_and_the_address_tried() {
-    let refused = free_addr();
-    let target = refused.to_string();
+    let refused = ClosedPort::new();
+    let target = refused.addr().to_string();
     let p = ProxyProcess::start(&["--allow-range", "127.0.0.0/8", "--allow", &target]);
     let connect = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
     assert_eq!(status_of(&common::raw(p.addr, connect.as_bytes())), 502);
@@ -653,8 +651,11 @@ fn configurations_that_cannot_work_are_warned_about_at_start() {
         "an allow range covers it: {log}"
     );
 
-    // PROXY_PORT listens on every interface: said at start.
-    let port = free_addr().port();
+    // PROXY_PORT listens on every interface: said at start, before the bind. The port is
+    // one this test holds there, so the bind then fails and the test opens nothing on every
+    // interface (nor can it take the port from another process).
+    let held = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = held.local_addr().unwrap().port();
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(sandgate_bin())
         .arg("proxy")
@@ -872,8 +873,8 @@ fn the_upstream_proxy_may_be_a_name_or_a_url() {
     }
 }
 
-/// A PEP 503 index of one wheel, served by Python's http.server on a free loopback port;
-/// killed when dropped.
+/// A PEP 503 index of one wheel, served by Python's http.server on a loopback port it
+/// chose; killed when dropped.
 struct WheelIndex {
     child: std::process::Child,
     port: u16,
@@ -909,26 +910,30 @@ with zipfile.ZipFile(sys.argv[1], "w") as z:
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let port = free_addr().port();
-        let child = Command::new(common::python())
+        // Port 0: the server binds before it prints "Serving HTTP on 127.0.0.1 port N".
+        let mut child = Command::new(common::python())
             .args([
+                "-u",
                 "-m",
                 "http.server",
-                &port.to_string(),
+                "0",
                 "--bind",
                 "127.0.0.1",
                 "--directory",
             ])
             .arg(dir.path())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "the index did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let mut serving = String::new();
+        let stdout = child.stdout.take().unwrap();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut serving).unwrap();
+        let port = serving
+            .split(" port ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("the index did not start: {serving:?}"));
         WheelIndex {
             child,
             port,

@@ -23,13 +23,6 @@ use sandgate_testkit::echo::EchoServer;
 
 use common::runtime;
 
-fn free_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
 fn policy(body: &str) -> String {
     format!("apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: test }}\nspec:\n{body}")
 }
@@ -78,14 +71,13 @@ fn a_listener_bound_to_a_task_gets_that_tasks_entries() {
     let rt = runtime();
     let echo = rt.block_on(EchoServer::start());
     let dns = rt.block_on(DnsServer::start(Zone::new().with("echo.test", &["127.0.0.1"])));
-    let task_listener = free_addr();
     let target = format!("echo.test:{}", echo.addr().port());
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("policy.yaml");
     std::fs::write(
         &file,
         policy(&format!(
-            "  network:\n    allowlist:\n      - host: \"{target}\"\n        scope: {{ task: t-1 }}\n  listeners:\n    - listen: {task_listener}\n      task: t-1\n      job: j-7\n"
+            "  network:\n    allowlist:\n      - host: \"{target}\"\n        scope: {{ task: t-1 }}\n  listeners:\n    - listen: 127.0.0.1:0\n      task: t-1\n      job: j-7\n"
         )),
     )
     .unwrap();
@@ -98,6 +90,7 @@ fn a_listener_bound_to_a_task_gets_that_tasks_entries() {
         "--policy",
         file.to_str().unwrap(),
     ]);
+    let task_listener = p.listener(&["task=t-1"]);
     // The plain listener has no task: the task's entry does not apply.
     let (_, head) = connect(p.addr, &target);
     assert_eq!(status_of(&head), 403, "{head}");
@@ -280,7 +273,6 @@ fn basic_credentials_on_a_shared_listener() {
     let rt = runtime();
     let origin = rt.block_on(sandgate_testkit::origin::Origin::http());
     let dns = rt.block_on(DnsServer::start(Zone::new().with("web.test", &["127.0.0.1"])));
-    let shared = free_addr();
     let target = format!("web.test:{}", origin.port());
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
@@ -293,7 +285,7 @@ fn basic_credentials_on_a_shared_listener() {
         &file,
         policy(&format!(
             "  network:\n    allowlist:\n      - host: \"{target}\"\n        scope: {{ task: t-1 }}\n\
-             \x20 listeners:\n    - listen: {shared}\n      auth: basic\n\
+             \x20 listeners:\n    - listen: 127.0.0.1:0\n      auth: basic\n\
              \x20 auth:\n    tasks:\n      - task: t-1\n        project: p-1\n        secret_sha256: {}\n\
              \x20     - task: t-2\n        secret_sha256_file: t2.sha256\n",
             sandgate_policy::auth::secret_hash("tok-1")
@@ -315,6 +307,7 @@ fn basic_credentials_on_a_shared_listener() {
         "--policy",
         file.to_str().unwrap(),
     ]);
+    let shared = p.listener(&["auth=basic"]);
     let proxy = format!("http://{shared}");
     let url = format!("http://{target}/authed");
     let run = |user: Option<&str>| {

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use common::world::{World, events_of, proxy};
 use common::{curl, raw, status_of};
+use sandgate_testkit::closed::ClosedPort;
 use sandgate_testkit::dns::Zone;
 use sandgate_testkit::tls::TestCa;
 use serde_json::Value;
@@ -276,12 +277,9 @@ fn oversized_and_slow_heads() {
 #[test]
 fn upstream_failures_map_to_502_and_504() {
     let w = World::new();
-    // A port with nothing listening.
-    let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A port with nothing listening (held, so nothing else can listen there).
+    let closed = ClosedPort::new();
+    let closed_port = closed.port();
     // A server that accepts and never answers.
     let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let mute_port = mute.local_addr().unwrap().port();

@@ -18,9 +18,9 @@ mod common;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::world::{World, events_of, proxy};
+use common::world::{World, events_of, policy_doc, proxy};
 use common::{ProxyProcess, curl, raw, rerun_in_private_netns, rerun_in_private_netns_with, status_of};
 use sandgate_testkit::dns::Zone;
 
@@ -28,64 +28,38 @@ use sandgate_testkit::dns::Zone;
 fn the_proxy_refuses_to_connect_to_itself() {
     let w = World::new();
     let dns = w.dns(Zone::new());
-    let dns_addr = dns.addr().to_string();
-    // The policy must name the proxy's own port, so learn a free loopback port first.
-    let free = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
-    let p = ProxyWithListen::start(
-        &free,
-        &[
-            "--dns-server",
-            &dns_addr,
-            "--allow-range",
-            "127.0.0.0/8",
-            "--allow",
-            &free,
-        ],
-    );
+    // The policy must name the proxy's own port, known once it listens (on port 0): the
+    // file allows it then, and the proxy reloads the file.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    std::fs::write(&file, policy_doc("  network:\n    allowlist: [ other.test ]\n")).unwrap();
+    let p = proxy(&dns, &["--policy", file.to_str().unwrap()]);
+    let own = p.addr.to_string();
+    let next = dir.path().join("next.yaml");
+    std::fs::write(
+        &next,
+        policy_doc(&format!("  network:\n    allowlist: [ \"{own}\" ]\n")),
+    )
+    .unwrap();
+    std::fs::rename(&next, &file).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !p
+        .audit_events(0)
+        .iter()
+        .any(|e| e["event"] == "policy_reload" && e["outcome"] == "applied")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the policy naming {own} was not applied"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let reply = raw(
         p.addr,
-        format!("CONNECT {free} HTTP/1.1\r\nHost: {free}\r\n\r\n").as_bytes(),
+        format!("CONNECT {own} HTTP/1.1\r\nHost: {own}\r\n\r\n").as_bytes(),
     );
     assert_eq!(status_of(&reply), 403, "{reply}");
     assert!(reply.contains("is this proxy"), "{reply}");
-}
-
-/// A proxy on a given listen address (for the self-connection test only).
-struct ProxyWithListen {
-    child: std::process::Child,
-    addr: std::net::SocketAddr,
-}
-
-impl ProxyWithListen {
-    fn start(listen: &str, args: &[&str]) -> ProxyWithListen {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sandgate"))
-            .args(["proxy", "--listen", listen, "--audit-log", "/dev/null"])
-            .args(args)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let addr: std::net::SocketAddr = listen.parse().unwrap();
-        for _ in 0..200 {
-            if TcpStream::connect(addr).is_ok() {
-                return ProxyWithListen { child, addr };
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = child.kill();
-        panic!("proxy did not listen on {listen}");
-    }
-}
-
-impl Drop for ProxyWithListen {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[test]

@@ -20,8 +20,7 @@ mod sandbox_support;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::control::{api, cli, start, write_policy as central_policy};
-use common::world::free_addr;
+use common::control::{api, cli, start, task_and_admin, write_policy as central_policy};
 use common::{read_audit, runtime};
 use sandbox_support::write_policy;
 use sandgate_testkit::dns::{DnsServer, Zone};
@@ -79,9 +78,9 @@ fn a_sandboxed_command_is_denied_asks_is_approved_and_is_cut_on_revocation() {
             .with("echo.test", &["127.0.0.1"]),
     ));
     let dir = tempfile::tempdir().unwrap();
-    let (listener, admin) = (free_addr(), free_addr());
-    let policy = central_policy(dir.path(), listener, admin, &[origin.port(), echo.addr().port()]);
+    let policy = central_policy(dir.path(), &[origin.port(), echo.addr().port()]);
     let central = start(&dns, &policy, &dir.path().join("state"));
+    let (listener, admin) = task_and_admin(&central);
     // The sandbox forwards everything to the central proxy's t-1 listener, which decides.
     let sandbox = write_policy(
         dir.path(),

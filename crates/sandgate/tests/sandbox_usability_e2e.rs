@@ -20,6 +20,7 @@ use std::process::{Command, Stdio};
 
 use common::runtime;
 use sandbox_support::{base, run, text, write_policy};
+use sandgate_testkit::closed::ClosedPort;
 use sandgate_testkit::dns::{DnsServer, Zone};
 
 /// The base policy without `PATH` in `env.set`.
@@ -97,9 +98,8 @@ fn net_all_gets_the_files_name_resolution_needs() {
 #[test]
 fn a_bridged_port_with_nothing_listening_fails_closed_and_names_it() {
     let dir = tempfile::tempdir().unwrap();
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    drop(closed);
+    let closed = ClosedPort::new();
+    let port = closed.port();
     let policy = write_policy(
         dir.path(),
         &format!("net:\n  mode: loopback\n  loopback_ports: [ {port} ]\n"),
@@ -147,9 +147,8 @@ fn a_bridged_port_with_nothing_listening_fails_closed_and_names_it() {
 fn the_summary_lists_upstream_failures_with_their_reason() {
     let rt = runtime();
     let dns = rt.block_on(DnsServer::start(Zone::new().with("down.test", &["127.0.0.1"])));
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    drop(closed);
+    let closed = ClosedPort::new();
+    let port = closed.port();
     let dir = tempfile::tempdir().unwrap();
     let policy = write_policy(
         dir.path(),

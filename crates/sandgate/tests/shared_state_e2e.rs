@@ -26,9 +26,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use common::ProxyProcess;
-use common::control::{admin_get, api, get_status, start_shared, within, write_policy};
+use common::control::{admin_get, api, get_status, start_shared, task_and_admin, within, write_policy};
 use common::runtime;
-use common::world::{free_addr, status_from};
+use common::world::status_from;
 use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::echo::EchoServer;
 use sandgate_testkit::origin::Origin;
@@ -45,9 +45,9 @@ struct Node {
 
 fn node(dns: &DnsServer, url: &str, ports: &[u16], extra: &[&str]) -> Node {
     let dir = tempfile::tempdir().unwrap();
-    let (listener, admin) = (free_addr(), free_addr());
-    let policy = write_policy(dir.path(), listener, admin, ports);
+    let policy = write_policy(dir.path(), ports);
     let p = start_shared(dns, &policy, url, extra);
+    let (listener, admin) = task_and_admin(&p);
     Node {
         p,
         listener,
@@ -329,7 +329,7 @@ fn postgres_down_decisions_go_on_on_what_was_known_and_everything_resumes_when_i
     assert!(a.p.log_line("exception store unavailable").is_some());
     // A proxy starting now does not start (it would have no exceptions to decide with).
     let dir = tempfile::tempdir().unwrap();
-    let policy = write_policy(dir.path(), free_addr(), free_addr(), &[port]);
+    let policy = write_policy(dir.path(), &[port]);
     let (code, stderr) = refused_start(&policy, &["--state", &db.url()]);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
@@ -394,7 +394,7 @@ fn a_newer_schema_and_other_state_mistakes_are_refused_at_start_with_a_usage_err
     )
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let policy = write_policy(dir.path(), free_addr(), free_addr(), &[443]);
+    let policy = write_policy(dir.path(), &[443]);
     let (code, stderr) = refused_start(&policy, &["--state", &db.url()]);
     assert_eq!(code, Some(64), "{stderr}");
     assert!(

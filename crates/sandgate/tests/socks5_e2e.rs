@@ -20,7 +20,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::Duration;
 
-use common::world::{base_args, free_addr, policy_doc, strs};
+use common::world::{base_args, policy_doc, strs};
 use common::{ProxyProcess, runtime};
 use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::origin::Origin;
@@ -60,7 +60,6 @@ fn curl_through_socks5_is_decided_like_http() {
             .with("bare.test", &["127.0.0.1"]),
     ));
     let port = origin.port();
-    let socks = free_addr();
     let mut args = base_args(&dns);
     let allow = format!("allowed.test:{port}");
     args.extend([
@@ -71,10 +70,11 @@ fn curl_through_socks5_is_decided_like_http() {
         "--allow".into(),
         "bare.test".into(),
         "--socks-listen".into(),
-        socks.to_string(),
+        "127.0.0.1:0".into(),
     ]);
     let p = ProxyProcess::start(&strs(&args));
     assert_eq!(p.listening(2).len(), 2);
+    let socks = p.listener(&["role=socks5"]);
     let (code, status, err) = socks_curl(socks, &format!("http://allowed.test:{port}/via-socks"));
     assert_eq!((code, status.as_str()), (0, "200"), "{err}");
     // Refused by the policy, the address guard, and the default ports of a bare entry (443
@@ -143,15 +143,15 @@ fn raw_request(socks: SocketAddr, command: u8, atyp_and_addr: &[u8], port: u16) 
 fn bind_udp_and_unknown_address_types_are_refused_with_their_codes() {
     let rt = runtime();
     let dns = rt.block_on(DnsServer::start(Zone::new()));
-    let socks = free_addr();
     let mut args = base_args(&dns);
     args.extend([
         "--allow".into(),
         "*".into(),
         "--socks-listen".into(),
-        socks.to_string(),
+        "127.0.0.1:0".into(),
     ]);
-    let _p = ProxyProcess::start(&strs(&args));
+    let p = ProxyProcess::start(&strs(&args));
+    let socks = p.listener(&["role=socks5"]);
     let name = [&[3u8, 6][..], b"a.test"].concat();
     assert_eq!(raw_request(socks, 2, &name, 443), 0x07, "BIND");
     assert_eq!(raw_request(socks, 3, &name, 443), 0x07, "UDP ASSOCIATE");
@@ -193,13 +193,12 @@ fn python_pysocks_with_an_rfc1929_login_as_task_credentials() {
     let origin = rt.block_on(Origin::http());
     let dns = rt.block_on(DnsServer::start(Zone::new().with("web.test", &["127.0.0.1"])));
     let dir = tempfile::tempdir().unwrap();
-    let socks = free_addr();
     let file = dir.path().join("policy.yaml");
     std::fs::write(
         &file,
         policy_doc(&format!(
             "  network:\n    allowlist:\n      - host: \"web.test:{}\"\n        scope: {{ task: t-1 }}\n\
-             \x20 listeners:\n    - {{ listen: \"{socks}\", protocol: socks5, auth: basic }}\n\
+             \x20 listeners:\n    - {{ listen: \"127.0.0.1:0\", protocol: socks5, auth: basic }}\n\
              \x20 auth:\n    tasks:\n      - {{ task: t-1, secret_sha256: {} }}\n      - {{ task: t-2, secret_sha256: {} }}\n",
             origin.port(),
             sandgate_policy::auth::secret_hash("tok-1"),
@@ -210,6 +209,7 @@ fn python_pysocks_with_an_rfc1929_login_as_task_credentials() {
     let mut args = base_args(&dns);
     args.extend(["--policy".into(), file.to_str().unwrap().to_owned()]);
     let p = ProxyProcess::start(&strs(&args));
+    let socks = p.listener(&["role=socks5", "auth=basic"]);
     let run = |user: &str, pass: &str| {
         let out = Command::new(&python)
             .args([
@@ -262,9 +262,7 @@ fn a_chained_socks5_tunnel_cannot_talk_to_the_upstream_proxy() {
     let mut central_args = base_args(&dns);
     central_args.extend(["--allow".into(), tunnel.clone(), "--allow".into(), web.clone()]);
     let central = ProxyProcess::start(&strs(&central_args));
-    let socks = free_addr();
     let central_addr = central.addr.to_string();
-    let socks_arg = socks.to_string();
     // Locally only the echo server is allowed; web.test is refused here.
     let local = ProxyProcess::start(&[
         "--dns-server",
@@ -274,9 +272,10 @@ fn a_chained_socks5_tunnel_cannot_talk_to_the_upstream_proxy() {
         "--allow",
         &tunnel,
         "--socks-listen",
-        &socks_arg,
+        "127.0.0.1:0",
     ]);
     assert_eq!(local.listening(2).len(), 2);
+    let socks = local.listener(&["role=socks5"]);
     let mut s = TcpStream::connect(socks).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(&[5, 1, 0]).unwrap();

@@ -1,7 +1,7 @@
-//! `git ls-remote` over SSH through SOCKS5, with real tools: Debian's sshd on a free loopback
-//! port P, started by the test as an ordinary user of its own (`sandgate-ci`, created by
-//! scripts/test), OpenSSH's client with `ProxyCommand nc -X 5 -x SOCKS %h %p`
-//! (netcat-openbsd), and git. Through `sandgate proxy --socks-listen` and from inside
+//! `git ls-remote` over SSH through SOCKS5, with real tools: Debian's sshd behind a loopback
+//! port P the test holds (`sshd -i` per connection), run as an ordinary user of its own
+//! (`sandgate-ci`, created by scripts/test), OpenSSH's client with
+//! `ProxyCommand nc -X 5 -x SOCKS %h %p` (netcat-openbsd), and git. Through `sandgate proxy --socks-listen` and from inside
 //! `sandgate run` (its SOCKS5 port, named by `ALL_PROXY`): allowed only by an entry naming
 //! the port, `git.test:P`; a bare `git.test` allows 80 and 443 only, so it refuses, and the
 //! audit log says so.
@@ -18,13 +18,16 @@
 mod common;
 mod sandbox_support;
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::world::{base_args, free_addr, strs};
+use common::world::{base_args, strs};
 use common::{ProxyProcess, runtime};
 use sandgate_testkit::dns::{DnsServer, Zone};
 use serde_json::Value;
@@ -44,29 +47,37 @@ fn sh(program: &str, args: &[&str]) -> Output {
     out
 }
 
-/// A user's sshd on 127.0.0.1:`port`, serving one bare repository with one commit; killed
-/// when dropped.
+/// A user's sshd behind 127.0.0.1:`port`, serving one bare repository with one commit. The
+/// test holds the listening socket (bound to port 0, so the port is never free for another
+/// process to take) and starts `sshd -i` (inetd mode) for each connection, the connection
+/// as its standard input and output. Sessions are killed when dropped.
 struct Sshd {
-    child: Child,
     port: u16,
     user: String,
     repo: PathBuf,
     commit: String,
     log: PathBuf,
+    sessions: Arc<Mutex<Vec<Child>>>,
+    stop: Arc<AtomicBool>,
     _files: tempfile::TempDir,
     _log_dir: tempfile::TempDir,
 }
 
 impl Drop for Sshd {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // Wake the accept loop so that it sees the stop and lets the listener go.
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port));
+        for child in self.sessions.lock().unwrap().iter_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
 impl Sshd {
-    /// Starts sshd for `authorized` (a public key line), as [`SSHD_USER`] when the tests run
-    /// as root, else as the current user. Waits (bounded) until it listens.
+    /// Serves `authorized` (a public key line), as [`SSHD_USER`] when the tests run as root,
+    /// else as the current user. Checks the configuration first (`sshd -t`).
     fn start(authorized: &str) -> Sshd {
         let user = if common::is_root() {
             let known = Command::new("id").arg(SSHD_USER).output().unwrap();
@@ -96,12 +107,11 @@ impl Sshd {
         let keys = dir.join("authorized_keys");
         std::fs::write(&keys, authorized).unwrap();
         let (repo, commit) = bare_repository(dir);
-        let port = free_addr().port();
         let config = dir.join("sshd_config");
         std::fs::write(
             &config,
             format!(
-                "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\n\
+                "HostKey {}\nAuthorizedKeysFile {}\n\
                  UsePAM no\nStrictModes no\nPidFile none\nPasswordAuthentication no\n\
                  KbdInteractiveAuthentication no\nPubkeyAuthentication yes\nAllowUsers {user}\n",
                 host_key.display(),
@@ -114,55 +124,49 @@ impl Sshd {
         }
         let log_dir = tempfile::tempdir().unwrap();
         let log = log_dir.path().join("sshd.log");
-        let stderr = std::fs::File::create(&log).unwrap();
-        // Not root, sshd neither separates privileges nor needs /run/sshd: it serves only
-        // the user it runs as. setpriv executes it in place (runuser would stay its parent,
-        // and killing runuser would leave sshd running).
-        let mut command = if common::is_root() {
-            let id = |flag: &str| String::from_utf8(sh("id", &[flag, SSHD_USER]).stdout).unwrap();
-            let mut c = Command::new("setpriv");
-            c.arg(format!("--reuid={}", id("-u").trim()))
-                .arg(format!("--regid={}", id("-g").trim()))
-                .args(["--init-groups", "--", "/usr/sbin/sshd"]);
-            c
-        } else {
-            Command::new("/usr/sbin/sshd")
-        };
-        let child = command
-            .args(["-D", "-e", "-f"])
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("start sshd");
-        let mut sshd = Sshd {
-            child,
+        std::fs::write(&log, "").unwrap();
+        let checked = sshd_command(&config).arg("-t").output().unwrap();
+        assert!(
+            checked.status.success(),
+            "sshd -t: {}",
+            String::from_utf8_lossy(&checked.stderr)
+        );
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let sessions = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (kept, stopping, session_log) = (sessions.clone(), stop.clone(), log.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stopping.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let stderr = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(&session_log)
+                    .unwrap();
+                let input = OwnedFd::from(conn.try_clone().unwrap());
+                let session = sshd_command(&config)
+                    .args(["-i", "-e"])
+                    .stdin(Stdio::from(input))
+                    .stdout(Stdio::from(OwnedFd::from(conn)))
+                    .stderr(stderr)
+                    .spawn()
+                    .expect("start sshd -i");
+                kept.lock().unwrap().push(session);
+            }
+        });
+        Sshd {
             port,
             user,
             repo,
             commit,
             log,
+            sessions,
+            stop,
             _files: files,
             _log_dir: log_dir,
-        };
-        sshd.wait_listening();
-        sshd
-    }
-
-    fn wait_listening(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
-        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("sshd exited ({status}):\n{}", self.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "sshd does not listen on {addr}:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
@@ -173,6 +177,25 @@ impl Sshd {
     fn url(&self) -> String {
         format!("ssh://{}@{HOST}:{}{}", self.user, self.port, self.repo.display())
     }
+}
+
+/// `/usr/sbin/sshd -f config`, as [`SSHD_USER`] when the tests run as root. Not root, sshd
+/// neither separates privileges nor needs /run/sshd: it serves only the user it runs as.
+/// setpriv executes it in place (runuser would stay its parent, and killing runuser would
+/// leave sshd running).
+fn sshd_command(config: &Path) -> Command {
+    let mut command = if common::is_root() {
+        let id = |flag: &str| String::from_utf8(sh("id", &[flag, SSHD_USER]).stdout).unwrap();
+        let mut c = Command::new("setpriv");
+        c.arg(format!("--reuid={}", id("-u").trim()))
+            .arg(format!("--regid={}", id("-g").trim()))
+            .args(["--init-groups", "--", "/usr/sbin/sshd"]);
+        c
+    } else {
+        Command::new("/usr/sbin/sshd")
+    };
+    command.arg("-f").arg(config);
+    command
 }
 
 /// `dir/repo.git`, bare, with one commit on `main`; and that commit's id.
@@ -295,17 +318,17 @@ fn git_ls_remote_over_ssh_through_socks5_needs_the_port_listed() {
     let dns = rt.block_on(DnsServer::start(Zone::new().with(HOST, &["127.0.0.1"])));
     let port = sshd.port;
     for (entry, allowed) in [(format!("{HOST}:{port}"), true), (HOST.to_owned(), false)] {
-        let socks = free_addr();
         let mut args = base_args(&dns);
         args.extend([
             "--allow".into(),
             entry.clone(),
             "--socks-listen".into(),
-            socks.to_string(),
+            "127.0.0.1:0".into(),
         ]);
         // The proxy as an ordinary user (nobody) when the tests run as root.
         let (proxy, _bin) = ProxyProcess::start_unprivileged(&strs(&args));
         assert_eq!(proxy.listening(2).len(), 2);
+        let socks = proxy.listener(&["role=socks5"]);
         let (ok, stdout, stderr) = ls_remote_via(&sshd, &key, socks);
         let events = proxy.audit_events(if allowed { 2 } else { 1 });
         let seen = decisions(&events);

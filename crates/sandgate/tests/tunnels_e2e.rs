@@ -24,7 +24,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::world::{World, base_args, events_of, free_addr, policy_doc, strs};
+use common::world::{World, base_args, events_of, policy_doc, strs};
 use common::{ProxyProcess, curl};
 use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::tls::{TestCa, client_hello, split_record};
@@ -33,11 +33,7 @@ use serde_json::Value;
 /// A proxy with a policy file allowing `allow` (host:port entries) and `tunnels` as the
 /// body of `spec.network.tunnels` (empty: the defaults); SOCKS5 on a second listener.
 fn proxy_with(dns: &DnsServer, dir: &Path, allow: &[String], tunnels: &str) -> (ProxyProcess, SocketAddr) {
-    let http = free_addr();
-    let socks = free_addr();
-    let mut body = format!(
-        "  listeners:\n    - listen: \"{http}\"\n    - listen: \"{socks}\"\n      protocol: socks5\n  network:\n    allowlist:\n"
-    );
+    let mut body = "  listeners:\n    - listen: 127.0.0.1:0\n    - listen: 127.0.0.1:0\n      protocol: socks5\n  network:\n    allowlist:\n".to_owned();
     for a in allow {
         body.push_str(&format!("      - \"{a}\"\n"));
     }
@@ -51,6 +47,7 @@ fn proxy_with(dns: &DnsServer, dir: &Path, allow: &[String], tunnels: &str) -> (
     let p = ProxyProcess::start(&strs(&args));
     // The test's own listener, and the file's two.
     assert_eq!(p.listening(3).len(), 3);
+    let socks = p.listener(&["role=socks5"]);
     (p, socks)
 }
 

@@ -83,12 +83,13 @@ impl PgCluster {
 
     /// As [`PgCluster::private`], also listening on 127.0.0.1 (a free port) with TLS only
     /// there, presenting `cert_pem` (with its key, `key_pem`).
+    ///
+    /// PostgreSQL takes neither port 0 nor a socket it is handed, so the port is one found
+    /// free. Another process may bind it before the server does; the server then fails to
+    /// start ("Address already in use", it never serves a port it does not hold), and the
+    /// start is tried again on another port. Once started, the server holds its port.
     pub fn private_tls(cert_pem: &str, key_pem: &str) -> PgCluster {
         let dir = tempfile::tempdir().expect("tempdir");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
         let tls_dir = dir.path().join("tls");
         let (cert, key) = (tls_dir.join("server.crt"), tls_dir.join("server.key"));
         give_to_owner(&tls_dir);
@@ -100,15 +101,28 @@ impl PgCluster {
                 std::os::unix::fs::chown(path, Some(65534), Some(65534)).expect("chown to nobody");
             }
         }
-        let cluster = PgCluster {
+        let mut cluster = PgCluster {
             data: dir.path().join("data"),
             socket: dir.path().join("socket"),
-            port,
+            port: DEFAULT_PORT,
             tls: Some((cert, key)),
             _dir: Some(dir),
         };
         cluster.init();
-        cluster.start();
+        for attempt in 1..=5 {
+            cluster.port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            let _ = std::fs::remove_file(cluster.log());
+            let out = cluster.start_output();
+            let lost_the_port =
+                || std::fs::read_to_string(cluster.log()).is_ok_and(|l| l.contains("Address already in use"));
+            if out.status.success() || attempt == 5 || !lost_the_port() {
+                check(&out, "pg_ctl start");
+                break;
+            }
+        }
         cluster
     }
 
@@ -132,6 +146,16 @@ impl PgCluster {
 
     /// Starts the server (waits until it accepts connections, at most 30 s).
     pub fn start(&self) {
+        check(&self.start_output(), "pg_ctl start");
+    }
+
+    /// The server's log (appended to at each start).
+    fn log(&self) -> PathBuf {
+        self.data.parent().expect("data dir parent").join("server.log")
+    }
+
+    /// `pg_ctl start`, waiting (at most 30 s) until the server accepts connections.
+    fn start_output(&self) -> Output {
         let listen = match &self.tls {
             None => "-c listen_addresses=''".to_owned(),
             Some((cert, key)) => format!(
@@ -145,16 +169,14 @@ impl PgCluster {
             self.socket.display(),
             self.port
         );
-        let log = self.data.parent().expect("data dir parent").join("server.log");
-        let out = as_owner(&pg_bin("pg_ctl"))
+        as_owner(&pg_bin("pg_ctl"))
             .args(["-w", "-t", "30", "-D"])
             .arg(&self.data)
             .args(["-o", &options, "-l"])
-            .arg(&log)
+            .arg(self.log())
             .arg("start")
             .output()
-            .expect("run pg_ctl start");
-        check(&out, "pg_ctl start");
+            .expect("run pg_ctl start")
     }
 
     /// Stops the server at once (`-m fast`: sessions are ended, as in an outage).

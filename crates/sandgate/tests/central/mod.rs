@@ -101,21 +101,6 @@ pub struct Central {
     pub policy: PathBuf,
 }
 
-/// The address of the listener logged with `role=ROLE`.
-pub fn listener_with_role(p: &ProxyProcess, role: &str) -> SocketAddr {
-    let line = p
-        .log_line(&format!("role={role}"))
-        .unwrap_or_else(|| panic!("no {role} listener"));
-    line.split("addr=")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 /// Starts a central proxy whose policy `spec` body (YAML under `spec:`, two-space indented)
 /// is completed with a `role: node` listener on the pki's central certificate.
 pub fn central(pki: &Pki, dns: SocketAddr, spec: &str, extra: &[&str]) -> Central {
@@ -124,7 +109,7 @@ pub fn central(pki: &Pki, dns: SocketAddr, spec: &str, extra: &[&str]) -> Centra
 
 /// As [`central`], its node listener on `listen`.
 pub fn central_on(pki: &Pki, dns: SocketAddr, spec: &str, extra: &[&str], listen: &str) -> Central {
-    let policy = pki.path(&format!("central-{}.yaml", rand_suffix()));
+    let policy = pki.path(&format!("central-{}.yaml", unique_suffix()));
     let text = format!(
         "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: central }}\nspec:\n{spec}  listeners:\n    - listen: {listen}\n      role: node\n      tls: {{ cert: central-127.0.0.1.pem, key: central-127.0.0.1.key, client_ca: ca.pem }}\n"
     );
@@ -140,7 +125,7 @@ pub fn central_on(pki: &Pki, dns: SocketAddr, spec: &str, extra: &[&str], listen
     ];
     args.extend_from_slice(extra);
     let proxy = ProxyProcess::start(&args);
-    let node_addr = listener_with_role(&proxy, "node");
+    let node_addr = proxy.listener(&["role=node"]);
     Central {
         proxy,
         node_addr,
@@ -148,7 +133,8 @@ pub fn central_on(pki: &Pki, dns: SocketAddr, spec: &str, extra: &[&str], listen
     }
 }
 
-fn rand_suffix() -> String {
+/// A suffix no other call in this test process returns, for file names.
+pub fn unique_suffix() -> String {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static N: AtomicUsize = AtomicUsize::new(0);
     format!("{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
@@ -236,12 +222,10 @@ pub fn node(
     }
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let proxy = ProxyProcess::start(&refs);
-    // The second listener (the policy's) carries the identity; the first is --listen's.
-    let addr = if identity.is_some() {
-        let all = proxy.listening(2);
-        *all.get(1).expect("the policy's listener")
-    } else {
-        proxy.addr
+    // The policy's listener carries the identity; the other is --listen's.
+    let addr = match identity {
+        Some((task, _)) => proxy.listener(&[&format!("task={task}")]),
+        None => proxy.addr,
     };
     Node {
         proxy,

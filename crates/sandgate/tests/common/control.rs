@@ -15,20 +15,15 @@ use serde_json::Value;
 use super::ProxyProcess;
 
 /// The policy: task t-1 on its own listener, exceptions enabled for t-1 on the test ports,
-/// three admin tokens.
-pub fn write_policy(
-    dir: &Path,
-    listener: SocketAddr,
-    admin: SocketAddr,
-    ports: &[u16],
-) -> std::path::PathBuf {
+/// four admin tokens. Both listeners are on port 0: [`task_and_admin`] says where they are.
+pub fn write_policy(dir: &Path, ports: &[u16]) -> std::path::PathBuf {
     let hash = |s: &str| sandgate_policy::auth::secret_hash(s);
     let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
     let text = format!(
         "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: ex }}\nspec:\n\
-         \x20 listeners:\n    - {{ listen: \"{listener}\", task: t-1, project: p-1 }}\n\
+         \x20 listeners:\n    - {{ listen: \"127.0.0.1:0\", task: t-1, project: p-1 }}\n\
          \x20 exceptions:\n    - {{ scope: {{ task: t-1 }}, ports: [ {ports} ], max_ttl_seconds: 600 }}\n\
-         \x20 admin:\n    listen: \"{admin}\"\n    tokens:\n\
+         \x20 admin:\n    listen: \"127.0.0.1:0\"\n    tokens:\n\
          \x20     - {{ name: agent-7, role: requester, secret_sha256: {a}, tasks: [ t-1 ] }}\n\
          \x20     - {{ name: agent-8, role: requester, secret_sha256: {o}, tasks: [ t-2 ] }}\n\
          \x20     - {{ name: alice, role: approver, secret_sha256: {b} }}\n\
@@ -42,6 +37,12 @@ pub fn write_policy(
     let path = dir.join("policy.yaml");
     std::fs::write(&path, text).expect("test setup");
     path
+}
+
+/// Where a proxy started with [`write_policy`]'s file listens: its t-1 listener and its
+/// admin listener, as its start-up log says.
+pub fn task_and_admin(p: &ProxyProcess) -> (SocketAddr, SocketAddr) {
+    (p.listener(&["task=t-1"]), p.admin())
 }
 
 /// Calls the admin API with curl; returns (status, JSON body).

@@ -145,6 +145,53 @@ impl ProxyProcess {
         }
     }
 
+    /// The address of the first listener whose `listening` line (one per listener, in the
+    /// order --listen, spec.listeners, --socks-listen) carries every `key=value` of `fields`,
+    /// e.g. `role=socks5`, `task=t-1`, `auth=basic`; waits up to 5 s for it. This is how a
+    /// test learns a port the proxy was given as 0.
+    pub fn listener(&self, fields: &[&str]) -> SocketAddr {
+        let wanted = |l: &String| {
+            let tokens: Vec<&str> = l.split_whitespace().collect();
+            tokens.contains(&"listening") && fields.iter().all(|f| tokens.contains(f))
+        };
+        self.logged_addr(wanted)
+            .unwrap_or_else(|| panic!("no listener with {fields:?} in the log:\n{}", self.log_text()))
+    }
+
+    /// The admin (metrics) listener's address, from its `metrics listening` line (waits up
+    /// to 5 s).
+    pub fn admin(&self) -> SocketAddr {
+        self.logged_addr(|l| l.contains("metrics listening"))
+            .unwrap_or_else(|| panic!("no admin listener in the log:\n{}", self.log_text()))
+    }
+
+    /// The `addr=` of the first log line `wanted` picks (waits up to 5 s for one).
+    fn logged_addr(&self, wanted: impl Fn(&String) -> bool) -> Option<SocketAddr> {
+        let line = {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                if let Some(l) = self.log.lock().unwrap().iter().find(|l| wanted(l)) {
+                    break l.clone();
+                }
+                if Instant::now() > deadline {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        line.split("addr=")
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    }
+
+    /// Every stderr line so far, one string.
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }

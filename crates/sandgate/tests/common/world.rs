@@ -70,13 +70,6 @@ pub fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
-/// A free loopback address (bound, then released) for listeners a policy file names.
-pub fn free_addr() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-}
-
 /// An `EgressPolicy` document with `body` as its spec.
 pub fn policy_doc(body: &str) -> String {
     format!("apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: test }}\nspec:\n{body}")
