@@ -26,6 +26,12 @@ pub const CONNECTION_FILE_PARAM: &str = "CONNECTION_FILE";
 /// Host paths every kernel reads besides its Python (those that exist).
 const SYSTEM_READ_PATHS: [&str; 5] = ["/usr", "/lib", "/lib64", "/bin", "/etc/ssl"];
 
+/// The default profiles' `limits:`. A kernel lives as long as its notebook, so it gets no
+/// CPU-time limit (`RLIMIT_CPU` would end it after that much work, whenever it came); the
+/// rest bound what a runaway cell (a fork loop, a huge array, a full `/tmp`) can take from
+/// the host.
+const KERNEL_LIMITS: &str = "limits:\n  # A kernel lives as long as its notebook: no CPU-time limit.\n  processes: 256\n  memory: 8GiB\n  tmpfs: 1GiB\n  cpu_seconds: off\n";
+
 /// A profile's name: ASCII lowercase letters, digits, `-` and `_`, starting with a letter or
 /// a digit, at most 32 bytes. It becomes the kernel name `python3-NAME` (within Jupyter's
 /// kernel-name grammar), directory names and YAML text, so nothing else is allowed.
@@ -187,6 +193,7 @@ pub fn default_policy(
         "  write_paths:\n    - \"${{{BUNDLE_PARAM}}}/workspace\"\n    - \"{state}\"\n    - \"${{{CONNECTION_FILE_PARAM}}}.d\"\n  tmp: private\n"
     ));
     text.push_str(net);
+    text.push_str(KERNEL_LIMITS);
     text.push_str(
         "platform:\n  seccomp:\n    # The kernel's ZeroMQ sockets (Jupyter's ipc transport) are Unix sockets in\n    # ${CONNECTION_FILE}.d; no other socket is mounted in, and the network namespace\n    # keeps abstract sockets apart.\n    allow_unix_sockets: true\n",
     );

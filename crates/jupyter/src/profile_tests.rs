@@ -88,6 +88,15 @@ fn the_default_policies_pass_their_check_and_differ_only_in_network() {
     assert_eq!(low.env_set["PYTHONPYCACHEPREFIX"], "/b/state/low/pycache");
     assert_eq!(low.env_set["PATH"], "/venv/bin:/usr/local/bin:/usr/bin:/bin");
     assert!(low.env_passthrough.is_empty());
+    // Bounded, but for CPU time: a kernel lives as long as its notebook.
+    let limits = sandgate_sandbox::policy::Limits {
+        processes: Some(256),
+        memory: Some(8 << 30),
+        tmpfs: Some(1 << 30),
+        cpu_seconds: None,
+        open_files: None,
+    };
+    assert_eq!((low.limits, high.limits), (limits, limits));
     // A root under a system path is not listed twice.
     assert_eq!(low_text.matches("/usr/lib/python3.11").count(), 0, "{low_text}");
     assert!(

@@ -16,14 +16,17 @@ use crate::profile::{BUNDLE_PARAM, CONNECTION_FILE_PARAM, ProfileName};
 /// The bundle's root as seen from a kernelspec's `{resource_dir}`.
 const BUNDLE_FROM_SPEC: &str = "{resource_dir}/../..";
 
-/// `kernels/python3-NAME/kernel.json`: the kernel through `sandgate run` with the
-/// profile's policy; `interrupt_mode: message`, because a signal sent to `sandgate run`'s
-/// process group does not reach a kernel inside the sandbox's own session.
+/// `kernels/python3-NAME/kernel.json`: the kernel through `sandgate run --no-terminal` with
+/// the profile's policy (a session of its own and stdin never a terminal: the launcher may
+/// run in the person's terminal, and a kernel must neither read, take nor type into it);
+/// `interrupt_mode: message`, because a signal sent to `sandgate run`'s process group does
+/// not reach a kernel inside the sandbox's own session.
 pub fn kernelspec(profile: &ProfileName, python: &Path) -> String {
     let root = BUNDLE_FROM_SPEC;
     let argv = json!([
         format!("{root}/bin/sandgate"),
         "run",
+        "--no-terminal",
         "--policy",
         format!("{root}/policies/{profile}/policy.yaml"),
         "--path-param",
@@ -114,6 +117,7 @@ mod tests {
             [
                 "{resource_dir}/../../bin/sandgate",
                 "run",
+                "--no-terminal",
                 "--policy",
                 "{resource_dir}/../../policies/low/policy.yaml",
                 "--path-param",

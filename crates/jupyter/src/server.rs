@@ -5,11 +5,12 @@
 //! signal, [`crate::guard`]) in a process group of its own, with an environment of exactly
 //! what it needs: the token reaches Jupyter Server as a file (`JUPYTER_TOKEN_FILE`) and
 //! jupyter-mcp-server in its environment, never on a command line, which every local user
-//! can read in /proc. Jupyter Server's output goes to the launcher's stderr: stdout
-//! belongs to the MCP client.
+//! can read in /proc. Jupyter Server's output goes to the launcher's stderr (stdout
+//! belongs to the MCP client) through a pipe the launcher copies: the kernels inherit
+//! Jupyter Server's stdout and stderr, and the launcher's stderr may be a person's terminal,
+//! which a kernel must never hold (it could read what is typed there).
 
 use std::ffi::OsString;
-use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -142,15 +143,16 @@ pub fn mcp_env(launch: &Launch, token: &str, host: &[(String, String)]) -> Vec<(
 }
 
 /// Starts `argv` in `cwd`, in a process group of its own, with exactly `env`;
-/// `stdout_to_stderr` decides whether its stdout is the launcher's stderr (Jupyter Server)
-/// or the launcher's own stdout (jupyter-mcp-server, the MCP channel). Call from the main
-/// thread: the guard's parent-death signal is tied to the thread that forks.
+/// `relay_output` decides whether its stdout and stderr are a pipe copied to the launcher's
+/// stderr (Jupyter Server, whose kernels inherit them) or the launcher's own
+/// (jupyter-mcp-server: stdout the MCP channel). Call from the main thread: the guard's
+/// parent-death signal is tied to the thread that forks.
 pub fn spawn(
     argv: &[OsString],
     env: &[(String, OsString)],
     cwd: &Path,
     stdin_from_parent: bool,
-    stdout_to_stderr: bool,
+    relay_output: bool,
 ) -> std::io::Result<Child> {
     let (program, args) = argv
         .split_first()
@@ -166,8 +168,12 @@ pub fn spawn(
         } else {
             Stdio::null()
         });
-    if stdout_to_stderr {
-        cmd.stdout(Stdio::from(std::io::stderr().as_fd().try_clone_to_owned()?));
+    if relay_output {
+        let (mut reader, writer) = std::io::pipe()?;
+        cmd.stdout(writer.try_clone()?).stderr(writer);
+        // Ends when the last holder of the write end (the server or a kernel) is gone; the
+        // launcher holds none once `cmd` is dropped.
+        std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::stderr()));
     }
     cmd.spawn()
 }

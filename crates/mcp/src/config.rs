@@ -13,14 +13,18 @@
 //!   sandboxes:
 //!     - name: scratch
 //!       policy: sandboxes/none.yaml
-//!       gates: { commands: [python3], max_seconds: 30 }
+//!       gates: { commands: [python3], max_seconds: 30, limits: { memory: 2GiB } }
 //! ```
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use sandgate_sandbox::policy::NetMode;
+use sandgate_sandbox::policy::{Limits, NetMode};
 use serde::Deserialize;
+
+use crate::limits::RunLimits;
+use crate::own_files::{self, OwnFile};
+use sandgate_sandbox::policy::RawLimits;
 
 /// The only `apiVersion` understood.
 pub const API_VERSION: &str = "sandgate.dev/v1";
@@ -46,6 +50,9 @@ pub struct Config {
     pub sandboxes: Vec<Sandbox>,
     /// Runs at once; more are refused (gate `concurrency`).
     pub max_concurrent_runs: usize,
+    /// The server's own files, canonical: no workspace holds one, and every run gets each
+    /// as `--protect` ([`own_files`]).
+    pub own_files: Vec<OwnFile>,
 }
 
 /// Where egress exceptions are requested: a sandgate proxy's admin API.
@@ -68,6 +75,8 @@ pub struct Sandbox {
     /// From the policy: its network mode and allowed destinations (for `list_sandboxes`).
     pub net: NetMode,
     pub allowed_hosts: Vec<String>,
+    /// From the policy as read at start: its `limits:` (the gates' limits only lower them).
+    pub policy_limits: Limits,
     pub gates: Gates,
 }
 
@@ -84,6 +93,8 @@ pub struct Gates {
     /// Directories (canonical) an agent may name as the run's workspace (`${WORKSPACE}` in
     /// the policy); empty: none.
     pub workspaces: Vec<PathBuf>,
+    /// Ceilings on the run's limits, over the policy's own.
+    pub limits: RunLimits,
 }
 
 /// Every problem found, one per line.
@@ -152,15 +163,34 @@ struct RawGates {
     network: bool,
     #[serde(default)]
     workspaces: Vec<String>,
+    #[serde(default)]
+    limits: RawLimits,
 }
 
 /// Reads and validates the configuration at `path` (relative paths in it are relative to
-/// its directory), and each sandbox's policy.
-pub fn load(path: &Path) -> Result<Config, ConfigError> {
+/// its directory), and each sandbox's policy; `sandgate` is the binary each run starts. No
+/// workspace may hold one of the server's own files (these, the policies and what they name,
+/// the token and the audit log; [`own_files`]).
+pub fn load(path: &Path, sandgate: &Path) -> Result<Config, ConfigError> {
     let text =
         std::fs::read_to_string(path).map_err(|e| ConfigError(vec![format!("{}: {e}", path.display())]))?;
     let base = path.parent().unwrap_or(Path::new("."));
-    parse(&text, &path.display().to_string(), base)
+    let file = path.display().to_string();
+    let mut config = parse(&text, &file, base)?;
+    config
+        .own_files
+        .push(OwnFile::new(path, "the server's configuration"));
+    config.own_files.push(OwnFile::new(
+        sandgate,
+        "the sandgate binary that starts every run",
+    ));
+    let conflicts = own_files::workspace_conflicts(&config.sandboxes, &config.own_files);
+    if !conflicts.is_empty() {
+        return Err(ConfigError(
+            conflicts.into_iter().map(|c| format!("{file}: {c}")).collect(),
+        ));
+    }
+    Ok(config)
 }
 
 /// Parses and validates configuration text; `base` anchors relative paths.
@@ -185,6 +215,7 @@ pub fn parse(text: &str, file: &str, base: &Path) -> Result<Config, ConfigError>
             format!("{:?}: 1 to 128 of A-Z a-z 0-9 . _ - :", spec.task),
         );
     }
+    let mut own = vec![OwnFile::new(&base.join(&spec.audit_log), "the tool audit log")];
     let egress = match spec.egress {
         None => None,
         Some(e) => {
@@ -196,6 +227,7 @@ pub fn parse(text: &str, file: &str, base: &Path) -> Result<Config, ConfigError>
                 );
             }
             let token_path = base.join(&e.token_file);
+            own.push(OwnFile::new(&token_path, "the requester token"));
             let token = match std::fs::read_to_string(&token_path) {
                 Ok(t) if !t.trim().is_empty() => t.trim().to_owned(),
                 Ok(_) => {
@@ -236,7 +268,10 @@ pub fn parse(text: &str, file: &str, base: &Path) -> Result<Config, ConfigError>
             error(&format!("{field}.name"), format!("{:?} is named twice", s.name));
         }
         match sandbox(s, &field, base) {
-            Ok(sb) => sandboxes.push(sb),
+            Ok((sb, files)) => {
+                sandboxes.push(sb);
+                own.extend(files);
+            }
             Err(list) => list.into_iter().for_each(|(f, m)| error(&f, m)),
         }
     }
@@ -266,12 +301,25 @@ pub fn parse(text: &str, file: &str, base: &Path) -> Result<Config, ConfigError>
         egress,
         sandboxes,
         max_concurrent_runs: max_concurrent_runs as usize,
+        own_files: own,
     })
 }
 
-fn sandbox(s: RawSandbox, field: &str, base: &Path) -> Result<Sandbox, Vec<(String, String)>> {
+/// Problems found, each as (field, message).
+type Problems = Vec<(String, String)>;
+
+/// A sandbox, and its files the server must keep from every run (its policy, what that
+/// names).
+fn sandbox(s: RawSandbox, field: &str, base: &Path) -> Result<(Sandbox, Vec<OwnFile>), Problems> {
     let mut errors = Vec::new();
     let g = s.gates;
+    let limits = match RunLimits::parse(&g.limits) {
+        Ok(l) => l,
+        Err((key, message)) => {
+            errors.push((format!("{field}.gates.limits.{key}"), message));
+            RunLimits::default()
+        }
+    };
     let max_seconds = g.max_seconds.unwrap_or(DEFAULT_MAX_SECONDS);
     if !(1..=MAX_MAX_SECONDS).contains(&max_seconds) {
         errors.push((
@@ -312,13 +360,19 @@ fn sandbox(s: RawSandbox, field: &str, base: &Path) -> Result<Sandbox, Vec<(Stri
         }
     }
     let policy = base.join(&s.policy);
-    let (net, allowed_hosts) = match read_policy(&policy, workspaces.first()) {
+    let facts = match read_policy(&policy, workspaces.first()) {
         Ok(v) => v,
         Err(e) => {
             errors.push((format!("{field}.policy"), format!("{}: {e}", policy.display())));
-            (NetMode::None, Vec::new())
+            PolicyFacts {
+                net: NetMode::None,
+                allowed_hosts: Vec::new(),
+                limits: Limits::default(),
+                files: Vec::new(),
+            }
         }
     };
+    let net = facts.net;
     if net != NetMode::None && !g.network {
         errors.push((
             format!("{field}.gates.network"),
@@ -331,26 +385,47 @@ fn sandbox(s: RawSandbox, field: &str, base: &Path) -> Result<Sandbox, Vec<(Stri
     if !errors.is_empty() {
         return Err(errors);
     }
-    Ok(Sandbox {
+    let who = format!("sandbox {:?}", s.name);
+    let mut own = vec![OwnFile::new(&policy, format!("the policy of {who}"))];
+    own.extend(
+        facts
+            .files
+            .iter()
+            .map(|(path, what)| OwnFile::new(path, format!("{what} of {who}"))),
+    );
+    let sandbox = Sandbox {
         name: s.name,
         description: s.description,
         policy,
         net,
-        allowed_hosts,
+        allowed_hosts: facts.allowed_hosts,
+        policy_limits: facts.limits,
         gates: Gates {
             commands: g.commands,
             max_seconds,
             max_output_bytes: max_output as usize,
             network: g.network,
             workspaces,
+            limits,
         },
-    })
+    };
+    Ok((sandbox, own))
 }
 
-/// The policy's network mode and allowed destinations. `${WORKSPACE}` stands for the first
-/// allowed workspace (or a placeholder): only the network section matters here, and paths
-/// are not resolved (each run checks its own).
-fn read_policy(path: &Path, workspace: Option<&PathBuf>) -> Result<(NetMode, Vec<String>), String> {
+/// What the server takes from a sandbox's policy at start.
+#[derive(Debug)]
+struct PolicyFacts {
+    net: NetMode,
+    allowed_hosts: Vec<String>,
+    limits: Limits,
+    /// Files the policy names, which a run reads as its configuration, and what each is.
+    files: Vec<(PathBuf, &'static str)>,
+}
+
+/// The policy's network mode, allowed destinations, limits and the files it names.
+/// `${WORKSPACE}` stands for the first allowed workspace (or a placeholder): bound paths are
+/// not resolved here (each run checks its own).
+fn read_policy(path: &Path, workspace: Option<&PathBuf>) -> Result<PolicyFacts, String> {
     let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
     let mut params = BTreeMap::new();
     let ws = workspace.map_or_else(
@@ -361,6 +436,21 @@ fn read_policy(path: &Path, workspace: Option<&PathBuf>) -> Result<(NetMode, Vec
     let identity = |p: &Path| Ok(p.to_path_buf());
     let policy =
         sandgate_sandbox::policy::parse(&text, &params, &identity, None).map_err(|e| e.to_string())?;
-    let hosts = policy.allow.iter().map(ToString::to_string).collect();
-    Ok((policy.net, hosts))
+    let mut files = Vec::new();
+    // As `sandgate run` finds it: beside the policy that names it.
+    if let Some(egress) = &policy.egress_policy {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        files.push((dir.join(egress), "the egress policy"));
+    }
+    if let Some(central) = &policy.central {
+        files.push((central.ca.clone(), "the central proxies' CA"));
+        files.push((central.cert.clone(), "the node certificate"));
+        files.push((central.key.clone(), "the node key"));
+    }
+    Ok(PolicyFacts {
+        net: policy.net,
+        allowed_hosts: policy.allow.iter().map(ToString::to_string).collect(),
+        limits: policy.limits,
+        files,
+    })
 }

@@ -108,6 +108,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
+    use crate::limits::RunLimits;
 
     fn gates() -> Gates {
         Gates {
@@ -116,6 +117,7 @@ mod tests {
             max_output_bytes: 1024,
             network: false,
             workspaces: vec![PathBuf::from("/srv/work")],
+            limits: RunLimits::default(),
         }
     }
 

@@ -1,10 +1,13 @@
-//! One `run`: `sandgate run --policy P` as a child process in its own process group, with
-//! pipes for stdin, stdout and stderr (never the server's own stdout, which carries the
-//! protocol), the output kept up to the gate's size and the rest counted, the whole group
-//! killed at the time limit, and the destinations the run's proxy refused read back from
-//! the run's own audit log.
+//! One `run`: `sandgate run --no-terminal --policy P` as a child process in a session of its
+//! own (through `sandgate mcp-session`, [`crate::session`]: no terminal to read, write or
+//! take), with pipes for stdin, stdout and stderr (never the server's own stdout, which
+//! carries the protocol), the server's own files protected and the run's limits given, the
+//! output kept up to the gate's size and the rest counted, the whole process group (the
+//! session's) killed at the time limit, and the destinations the run's proxy refused read
+//! back from the run's own audit log. The command line is a pure function ([`argv`]).
 
 use std::collections::BTreeSet;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -30,6 +33,10 @@ pub struct RunSpec<'a> {
     pub max_output_bytes: usize,
     /// Who asked for the run (`mcp:CLIENT`): the run's `--subject`.
     pub subject: &'a str,
+    /// The server's own files (`--protect`): read-only in the run.
+    pub protect: &'a [PathBuf],
+    /// `--limit NAME=VALUE` values ([`crate::limits::flags`]).
+    pub limits: &'a [String],
 }
 
 /// A destination the run's proxy refused (or its upstream did).
@@ -61,14 +68,38 @@ pub struct RunReport {
     pub blocked: Vec<Blocked>,
 }
 
+/// The arguments given to `spec.sandgate`: the session step, then `sandgate run` with the
+/// run's audit log `audit` and `workspace` as `${WORKSPACE}`.
+pub fn argv(spec: &RunSpec<'_>, audit: &Path, workspace: &Path) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec![crate::session::SUBCOMMAND.into(), "--".into()];
+    a.push(spec.sandgate.into());
+    for word in ["run", "--quiet", "--no-terminal", "--policy"] {
+        a.push(word.into());
+    }
+    a.push(spec.policy.into());
+    a.push("--audit-log".into());
+    a.push(audit.into());
+    a.push("--subject".into());
+    a.push(spec.subject.into());
+    a.push("--param".into());
+    a.push(format!("WORKSPACE={}", workspace.display()).into());
+    for path in spec.protect {
+        a.push("--protect".into());
+        a.push(path.into());
+    }
+    for limit in spec.limits {
+        a.push("--limit".into());
+        a.push(limit.into());
+    }
+    a.push("--".into());
+    a.extend(spec.command.iter().map(OsString::from));
+    a
+}
+
 /// Runs `spec` and reports. `Err`: the run could not be started at all.
 pub async fn run(spec: &RunSpec<'_>) -> Result<RunReport, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("cannot create a temporary directory: {e}"))?;
     let audit: PathBuf = dir.path().join("audit.jsonl");
-    let mut cmd = tokio::process::Command::new(spec.sandgate);
-    cmd.arg("run").arg("--quiet").arg("--policy").arg(spec.policy);
-    cmd.arg("--audit-log").arg(&audit);
-    cmd.arg("--subject").arg(spec.subject);
     // Without a workspace named, each run gets a fresh empty one of its own: runs share
     // nothing unless the agent names the same allowed directory.
     let scratch = dir.path().join("workspace");
@@ -79,13 +110,13 @@ pub async fn run(spec: &RunSpec<'_>) -> Result<RunReport, String> {
             scratch
         }
     };
-    cmd.arg("--param")
-        .arg(format!("WORKSPACE={}", workspace.display()));
-    cmd.arg("--").args(spec.command);
-    cmd.stdin(Stdio::piped())
+    let mut cmd = tokio::process::Command::new(spec.sandgate);
+    // Not a process group of its own here: the session step's setsid(2) would fail for a
+    // group leader. Its new session is also its process group, with its process id.
+    cmd.args(argv(spec, &audit, &workspace))
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true);
     let started = Instant::now();
     let mut child = cmd
@@ -111,6 +142,8 @@ pub async fn run(spec: &RunSpec<'_>) -> Result<RunReport, String> {
                 Ok(s) => s.ok(),
                 Err(_) => {
                     kill_group(pgid, rustix::process::Signal::KILL);
+                    // Before its setsid the child is in the server's group, not its own.
+                    let _ = child.start_kill();
                     child.wait().await.ok()
                 }
             };
@@ -213,6 +246,62 @@ pub fn blocked(audit: &Path) -> Vec<Blocked> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_starts_in_a_session_of_its_own_with_the_server_files_protected_and_its_limits() {
+        let command = ["python3".to_owned(), "-c".to_owned(), "1".to_owned()];
+        let protect = [PathBuf::from("/srv/mcp.yaml"), PathBuf::from("/srv/audit.jsonl")];
+        let limits = ["processes=256".to_owned(), "cpu=60".to_owned()];
+        let spec = RunSpec {
+            sandgate: Path::new("/usr/bin/sandgate"),
+            policy: Path::new("/srv/p.yaml"),
+            command: &command,
+            stdin: b"",
+            workspace: None,
+            limit: Duration::from_secs(60),
+            max_output_bytes: 10,
+            subject: "mcp:client",
+            protect: &protect,
+            limits: &limits,
+        };
+        let a = argv(
+            &spec,
+            Path::new("/tmp/r/audit.jsonl"),
+            Path::new("/tmp/r/workspace"),
+        );
+        let words: Vec<&str> = a.iter().map(|w| w.to_str().unwrap_or("?")).collect();
+        assert_eq!(
+            words,
+            [
+                "mcp-session",
+                "--",
+                "/usr/bin/sandgate",
+                "run",
+                "--quiet",
+                "--no-terminal",
+                "--policy",
+                "/srv/p.yaml",
+                "--audit-log",
+                "/tmp/r/audit.jsonl",
+                "--subject",
+                "mcp:client",
+                "--param",
+                "WORKSPACE=/tmp/r/workspace",
+                "--protect",
+                "/srv/mcp.yaml",
+                "--protect",
+                "/srv/audit.jsonl",
+                "--limit",
+                "processes=256",
+                "--limit",
+                "cpu=60",
+                "--",
+                "python3",
+                "-c",
+                "1"
+            ]
+        );
+    }
 
     #[test]
     fn output_is_cut_with_a_marker() {

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 use crate::audit::{ToolAudit, command_digest};
 use crate::config::{Config, MAX_WAIT_SECONDS, Sandbox};
-use crate::{at, control, gates, runner};
+use crate::{at, control, gates, limits, runner};
 
 /// The most an agent may hand a command on standard input.
 const MAX_STDIN_BYTES: usize = 1024 * 1024;
@@ -29,6 +29,8 @@ pub struct SandgateMcp {
     config: Arc<Config>,
     audit: Arc<ToolAudit>,
     sandgate: PathBuf,
+    /// The server's own files, given to every run as `--protect`.
+    protect: Arc<[PathBuf]>,
     /// Runs in progress (at most `max_concurrent_runs`).
     runs: Arc<tokio::sync::Semaphore>,
     /// `request_egress` calls waiting for a decision (the rest return at once).
@@ -54,6 +56,10 @@ pub struct SandboxInfo {
     pub max_output_bytes: usize,
     /// Directories a run may name as its workspace.
     pub workspaces: Vec<String>,
+    /// What a run may take, as `NAME=VALUE` (`off`: no limit): processes, memory, tmpfs
+    /// (each tmpfs, `/tmp` among them), cpu_seconds (per process; at most the run's timeout
+    /// unless the operator says otherwise), open_files.
+    pub limits: Vec<String>,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -130,6 +136,7 @@ impl SandgateMcp {
         SandgateMcp {
             runs: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_runs)),
             waits: Arc::new(tokio::sync::Semaphore::new(MAX_WAITING)),
+            protect: config.own_files.iter().map(|f| f.path.clone()).collect(),
             config: Arc::new(config),
             audit: Arc::new(audit),
             sandgate,
@@ -165,6 +172,11 @@ impl SandgateMcp {
                     .iter()
                     .map(|w| w.display().to_string())
                     .collect(),
+                limits: limits::text(&limits::for_run(
+                    &s.gates.limits,
+                    &s.policy_limits,
+                    s.gates.max_seconds,
+                )),
             })
             .collect();
         Ok(Json(SandboxList {
@@ -254,11 +266,13 @@ impl SandgateMcp {
                 ),
             );
         };
+        let limits = limits::for_run(&sandbox.gates.limits, &sandbox.policy_limits, admitted.seconds);
+        let limit_flags = limits::flags(&limits, &sandbox.policy_limits);
         // Fail closed: a run that cannot be recorded does not start.
         let mut started = base.clone();
         merge(
             &mut started,
-            json!({"outcome": "started", "timeout_seconds": admitted.seconds}),
+            json!({"outcome": "started", "timeout_seconds": admitted.seconds, "limits": limits::text(&limits)}),
         );
         self.audit.record("tool_call_started", started)?;
         let spec = runner::RunSpec {
@@ -270,6 +284,8 @@ impl SandgateMcp {
             limit: Duration::from_secs(admitted.seconds),
             max_output_bytes: sandbox.gates.max_output_bytes,
             subject: &subject_id(&ctx),
+            protect: &self.protect,
+            limits: &limit_flags,
         };
         let report = runner::run(&spec).await;
         let mut end = base;

@@ -90,9 +90,15 @@ fn none_and_all_modes_start_the_command_through_the_init_and_the_filter_step() {
     // PID 1 is always sandgate's init (never bwrap's own reaper, which loads no filter),
     // without bridges where the mode has none.
     let s = joined(&bwrap_argv(&policy("net:\n  mode: none\n"), &facts()));
-    assert!(s.contains("--unshare-net") && !s.contains("--forward") && !s.contains("/run/sandgate "), "{s}");
+    assert!(
+        s.contains("--unshare-net") && !s.contains("--forward") && !s.contains("/run/sandgate "),
+        "{s}"
+    );
     assert!(!s.contains("socks.sock"), "{s}");
-    assert!(s.contains("--ro-bind /opt/sandgate /run/sandgate-init --remount-ro /dev --remount-ro / --as-pid-1"), "{s}");
+    assert!(
+        s.contains("--ro-bind /opt/sandgate /run/sandgate-init --remount-ro /dev --remount-ro / --as-pid-1"),
+        "{s}"
+    );
     assert!(
         s.ends_with("-- /run/sandgate-init sandbox-init -- /run/sandgate-init sandbox-exec --rlimit nproc=512 -- curl https://a.example/"),
         "{s}"
@@ -102,7 +108,10 @@ fn none_and_all_modes_start_the_command_through_the_init_and_the_filter_step() {
         &policy("net:\n  mode: all\nplatform:\n  bwrap: { unshare: { pid: false } }\n"),
         &facts(),
     ));
-    assert!(!nopid.contains("sandbox-init") && !nopid.contains("--as-pid-1"), "{nopid}");
+    assert!(
+        !nopid.contains("sandbox-init") && !nopid.contains("--as-pid-1"),
+        "{nopid}"
+    );
     assert!(
         !s.contains("resolv"),
         "no DNS files without the host's network: {s}"
@@ -317,8 +326,14 @@ fn a_protected_directory_stays_read_only_with_a_protected_file_inside() {
         f.protected = protected;
         let s = joined(&bwrap_argv(&p, &f));
         assert!(s.contains(&format!("--ro-bind {runs} {runs}")), "{s}");
-        assert!(!s.contains(&format!("--bind {runs} {runs}")), "the runs directory pinned writable: {s}");
-        assert!(!s.contains(&format!("{runs}/run-1.jsonl")), "the log needs nothing more: {s}");
+        assert!(
+            !s.contains(&format!("--bind {runs} {runs}")),
+            "the runs directory pinned writable: {s}"
+        );
+        assert!(
+            !s.contains(&format!("{runs}/run-1.jsonl")),
+            "the log needs nothing more: {s}"
+        );
         // The directories above it, between it and the write path, are pinned first.
         assert!(
             at(&s, "--bind /home/u/.local /home/u/.local") < at(&s, &format!("--ro-bind {runs} {runs}")),
@@ -329,14 +344,19 @@ fn a_protected_directory_stays_read_only_with_a_protected_file_inside() {
 
 #[test]
 fn limits_size_every_tmpfs_and_a_no_terminal_run_gets_a_session_of_its_own() {
-    let p = policy("fs:\n  read_paths: [ /usr ]\nplatform:\n  bwrap: { tmpfs: [ /usr/cache ] }\nlimits: { tmpfs: 16MiB }\n");
+    let p = policy(
+        "fs:\n  read_paths: [ /usr ]\nplatform:\n  bwrap: { tmpfs: [ /usr/cache ] }\nlimits: { tmpfs: 16MiB }\n",
+    );
     let mut f = facts();
     f.new_session = true;
     f.disable_userns = false;
     let s = joined(&bwrap_argv(&p, &f));
     assert!(s.contains("--size 16777216 --tmpfs /tmp "), "{s}");
     assert!(s.contains("--size 16777216 --tmpfs /usr/cache"), "{s}");
-    assert!(s.contains(" --new-session ") && !s.contains("--disable-userns"), "{s}");
+    assert!(
+        s.contains(" --new-session ") && !s.contains("--disable-userns"),
+        "{s}"
+    );
     let p = policy("limits: { tmpfs: off }\n");
     let s = joined(&bwrap_argv(&p, &facts()));
     assert!(!s.contains("--size") && !s.contains("--new-session"), "{s}");

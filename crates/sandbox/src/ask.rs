@@ -196,7 +196,11 @@ fn say(text: &str) {
 /// only then asks; once the line is read it checks both again (an error of kind
 /// `PermissionDenied` when either moved: the answer does not count). The foreground goes
 /// back to the group that had it.
-async fn prompt(question: String, deadline: Instant, frozen: std::sync::Arc<crate::processes::Frozen>) -> std::io::Result<String> {
+async fn prompt(
+    question: String,
+    deadline: Instant,
+    frozen: std::sync::Arc<crate::processes::Frozen>,
+) -> std::io::Result<String> {
     tokio::task::spawn_blocking(move || {
         let tty = std::fs::OpenOptions::new()
             .read(true)
@@ -205,7 +209,12 @@ async fn prompt(question: String, deadline: Instant, frozen: std::sync::Arc<crat
             .open("/dev/tty")?;
         let _quiet = BlockTtou::new();
         let _foreground = Foreground::take(&tty)?;
-        let moved = || std::io::Error::new(std::io::ErrorKind::PermissionDenied, "the sandbox moved while asked");
+        let moved = || {
+            std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                "the sandbox moved while asked",
+            )
+        };
         if !frozen.holds() {
             return Err(moved());
         }
@@ -240,7 +249,8 @@ impl BlockTtou {
 
 impl Drop for BlockTtou {
     fn drop(&mut self) {
-        let _ = nix::sys::signal::pthread_sigmask(nix::sys::signal::SigmaskHow::SIG_SETMASK, Some(&self.0), None);
+        let _ =
+            nix::sys::signal::pthread_sigmask(nix::sys::signal::SigmaskHow::SIG_SETMASK, Some(&self.0), None);
     }
 }
 
@@ -257,7 +267,10 @@ impl<'a> Foreground<'a> {
         if before != Some(ours) {
             nix::unistd::tcsetpgrp(tty, ours)?;
         }
-        Ok(Foreground { tty, before: before.filter(|b| *b != ours) })
+        Ok(Foreground {
+            tty,
+            before: before.filter(|b| *b != ours),
+        })
     }
 
     fn ours(tty: &std::fs::File) -> bool {

@@ -17,7 +17,10 @@ pub fn cloexec_from_3() -> Result<(), String> {
     // close_range(2) with CLOSE_RANGE_CLOEXEC closes nothing: it sets FD_CLOEXEC on every
     // open descriptor in the range. It takes no pointers and invalidates no descriptor Rust
     // code holds, so no memory or I/O safety can be broken by it.
-    #[expect(unsafe_code, reason = "close_range(2) has no wrapper in std, nix or rustix; see above")]
+    #[expect(
+        unsafe_code,
+        reason = "close_range(2) has no wrapper in std, nix or rustix; see above"
+    )]
     let done = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
     if done == 0 {
         return Ok(());

@@ -243,7 +243,10 @@ fn hierarchies(mountinfo: &str, own: &str) -> Vec<Hierarchy> {
                 .collect(),
             _ => options.split(',').map(str::to_owned).collect(),
         };
-        out.push(Hierarchy { own: dir, controllers });
+        out.push(Hierarchy {
+            own: dir,
+            controllers,
+        });
     }
     out
 }
@@ -265,7 +268,10 @@ pub fn enter(procs: &[PathBuf], command: &[std::ffi::OsString]) -> i32 {
     let pid = std::process::id().to_string();
     for file in procs {
         if let Err(e) = std::fs::write(file, &pid) {
-            eprintln!("sandgate: cannot enter the run's cgroup {}: {e}; the command was not run", file.display());
+            eprintln!(
+                "sandgate: cannot enter the run's cgroup {}: {e}; the command was not run",
+                file.display()
+            );
             return crate::exec::EXIT_FILTER;
         }
     }
@@ -294,7 +300,8 @@ pub fn apply_rlimits(specs: &[String]) -> Result<(), String> {
         };
         // Only ever lowered: above the hard limit in force, that limit stays (an ordinary user
         // cannot raise it, and the run is no less limited for it).
-        let (_, hard) = nix::sys::resource::getrlimit(resource).map_err(|e| format!("cannot read the limit {name}: {e}"))?;
+        let (_, hard) = nix::sys::resource::getrlimit(resource)
+            .map_err(|e| format!("cannot read the limit {name}: {e}"))?;
         let value = value.min(hard);
         setrlimit(resource, value, value).map_err(|e| format!("cannot set the limit {spec}: {e}"))?;
     }
@@ -317,7 +324,13 @@ mod tests {
     fn swept_cgroups_are_named_after_their_sandgate() {
         assert_eq!(run_pid("sandgate-run-4242-188b6f0e1c2d3a4b"), Some(4242));
         assert_eq!(run_pid("sandgate-node-a:run-17-188b6f0e1c2d3a4b"), Some(17));
-        for other in ["sandgate-", "run-1-2", "sandgate-run-x-1", "system.slice", "sandgate-runner"] {
+        for other in [
+            "sandgate-",
+            "run-1-2",
+            "sandgate-run-x-1",
+            "system.slice",
+            "sandgate-runner",
+        ] {
             assert_eq!(run_pid(other), None, "{other}");
         }
     }

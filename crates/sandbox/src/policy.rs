@@ -18,8 +18,8 @@ use crate::paths::{self, Alias, Resolve};
 mod limits;
 mod net;
 
-pub use limits::Limits;
-use limits::{RawLimits, limits};
+use limits::limits;
+pub use limits::{Limits, RawLimits};
 pub use net::NetMode;
 use net::{RawNet, network};
 

@@ -122,7 +122,11 @@ fn egress_policy_path(opts: &RunOptions, policy: &SandboxPolicy) -> Option<PathB
 /// The run's own files that the command must not change: the policy file, the egress policy
 /// it names, the run's audit log and the directory of kept run logs; canonical, those that
 /// exist; and every `--protect` path, which must exist.
-fn protected_files(opts: &RunOptions, policy: &SandboxPolicy, audit: Option<&Path>) -> Result<Vec<PathBuf>, RunError> {
+fn protected_files(
+    opts: &RunOptions,
+    policy: &SandboxPolicy,
+    audit: Option<&Path>,
+) -> Result<Vec<PathBuf>, RunError> {
     let mut out: Vec<PathBuf> = [
         Some(opts.policy_path.clone()),
         egress_policy_path(opts, policy),
@@ -463,8 +467,14 @@ async fn supervise(
         let _ = sandbox.set(pid);
     }
     let relays = [
-        child.stdout.take().map(|o| tokio::spawn(relay(o, tokio::io::stdout()))),
-        child.stderr.take().map(|e| tokio::spawn(relay(e, tokio::io::stderr()))),
+        child
+            .stdout
+            .take()
+            .map(|o| tokio::spawn(relay(o, tokio::io::stdout()))),
+        child
+            .stderr
+            .take()
+            .map(|e| tokio::spawn(relay(e, tokio::io::stderr()))),
     ];
     let status = {
         let forward = processes::forward_signals(bwrap_pid);

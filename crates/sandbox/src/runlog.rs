@@ -122,14 +122,26 @@ mod tests {
             .unwrap()
             .as_nanos();
         for i in 0..5u128 {
-            let p = dir.path().join(format!("run-7-{:016x}.jsonl", now - 1_000_000 + i));
+            let p = dir
+                .path()
+                .join(format!("run-7-{:016x}.jsonl", now - 1_000_000 + i));
             std::fs::write(&p, "").unwrap();
             // Modification times reversed: the id decides, not the clock of the file.
             let t = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(2000 - i as u64);
-            std::fs::File::options().write(true).open(&p).unwrap().set_modified(t).unwrap();
+            std::fs::File::options()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
         }
         // Planted: not a run id, or a time in the future; each with the newest mtime.
-        for planted in ["run-x.jsonl", "run-1-zzzz.jsonl", &format!("run-1-{:016x}.jsonl", now + (1 << 40)), "other.txt"] {
+        for planted in [
+            "run-x.jsonl",
+            "run-1-zzzz.jsonl",
+            &format!("run-1-{:016x}.jsonl", now + (1 << 40)),
+            "other.txt",
+        ] {
             std::fs::write(dir.path().join(planted), "").unwrap();
         }
         prune(dir.path(), 2);
@@ -141,8 +153,15 @@ mod tests {
         let kept: Vec<&String> = left.iter().filter(|n| n.starts_with("run-7-")).collect();
         assert_eq!(
             kept,
-            [&format!("run-7-{:016x}.jsonl", now - 1_000_000 + 3), &format!("run-7-{:016x}.jsonl", now - 1_000_000 + 4)]
+            [
+                &format!("run-7-{:016x}.jsonl", now - 1_000_000 + 3),
+                &format!("run-7-{:016x}.jsonl", now - 1_000_000 + 4)
+            ]
         );
-        assert_eq!(left.len(), 6, "planted files are neither counted nor removed: {left:?}");
+        assert_eq!(
+            left.len(),
+            6,
+            "planted files are neither counted nor removed: {left:?}"
+        );
     }
 }

@@ -68,7 +68,8 @@ const NETLINK_ROUTE: u64 = 0;
 pub fn programs(options: FilterOptions) -> Result<Vec<BpfProgram>, SeccompError> {
     let arch = TargetArch::try_from(std::env::consts::ARCH)
         .map_err(|_| SeccompError::Architecture(std::env::consts::ARCH))?;
-    let filter = |rules, e| SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(errno(e)), arch);
+    let filter =
+        |rules, e| SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(errno(e)), arch);
     let eperm = filter(eperm_rules()?, libc::EPERM)?;
     let families = filter(socket_rules(options)?, libc::EAFNOSUPPORT)?;
     let enosys = filter(BTreeMap::from([(libc::SYS_clone3, Vec::new())]), libc::ENOSYS)?;
@@ -126,7 +127,11 @@ fn eperm_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
     for call in [libc::SYS_clone, libc::SYS_unshare] {
         rules.insert(
             call,
-            vec![SeccompRule::new(vec![dword(0, SeccompCmpOp::MaskedEq(new_user), new_user)?])?],
+            vec![SeccompRule::new(vec![dword(
+                0,
+                SeccompCmpOp::MaskedEq(new_user),
+                new_user,
+            )?])?],
         );
     }
     // ptrace: no debugging or memory access of other processes (the init included).
@@ -208,11 +213,22 @@ fn socket_rules(options: FilterOptions) -> Result<BTreeMap<i64, Vec<SeccompRule>
         ])?,
     ];
     let dgram = u64::try_from(libc::SOCK_DGRAM).unwrap_or(u64::MAX);
-    let mut pair = vec![SeccompRule::new(vec![dword(0, SeccompCmpOp::Ne, family(libc::AF_UNIX))?])?];
+    let mut pair = vec![SeccompRule::new(vec![dword(
+        0,
+        SeccompCmpOp::Ne,
+        family(libc::AF_UNIX),
+    )?])?];
     if !options.allow_unix_sockets {
-        pair.push(SeccompRule::new(vec![dword(1, SeccompCmpOp::MaskedEq(SOCK_TYPE_MASK), dgram)?])?);
+        pair.push(SeccompRule::new(vec![dword(
+            1,
+            SeccompCmpOp::MaskedEq(SOCK_TYPE_MASK),
+            dgram,
+        )?])?);
     }
-    Ok(BTreeMap::from([(libc::SYS_socket, socket), (libc::SYS_socketpair, pair)]))
+    Ok(BTreeMap::from([
+        (libc::SYS_socket, socket),
+        (libc::SYS_socketpair, pair),
+    ]))
 }
 
 /// `struct seccomp_data` offsets (linux/seccomp.h): `nr` at 0, `arch` at 4.

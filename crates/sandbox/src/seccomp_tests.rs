@@ -199,7 +199,12 @@ fn unix_sockets_unless_opted_in_and_netlink_beyond_routing_are_refused() {
 #[test]
 fn socket_families_are_an_allow_list_vsock_above_all_refused() {
     let socket = |family: i32| call(libc::SYS_socket, &[family as u64, 1, 0]);
-    for options in [default(), FilterOptions { allow_unix_sockets: true }] {
+    for options in [
+        default(),
+        FilterOptions {
+            allow_unix_sockets: true,
+        },
+    ] {
         for refused in [
             libc::AF_VSOCK,
             libc::AF_PACKET,
@@ -215,7 +220,11 @@ fn socket_families_are_an_allow_list_vsock_above_all_refused() {
             46,
             255,
         ] {
-            assert_eq!(verdict(options, &socket(refused)), EAFNOSUPPORT, "family {refused}");
+            assert_eq!(
+                verdict(options, &socket(refused)),
+                EAFNOSUPPORT,
+                "family {refused}"
+            );
         }
         // The kernel reads the family as an int: high bits neither dodge nor trip the rule.
         let high = |family: i32| call(libc::SYS_socket, &[(1 << 32) | family as u64, 1, 0]);
@@ -223,7 +232,10 @@ fn socket_families_are_an_allow_list_vsock_above_all_refused() {
         assert_eq!(verdict(options, &high(libc::AF_INET)), ALLOW);
     }
     assert_eq!(
-        verdict(default(), &call(libc::SYS_socketpair, &[libc::AF_VSOCK as u64, 1, 0])),
+        verdict(
+            default(),
+            &call(libc::SYS_socketpair, &[libc::AF_VSOCK as u64, 1, 0])
+        ),
         EAFNOSUPPORT
     );
     // Datagram pairs can sendto (or reconnect to) any Unix address: refused, whatever the
@@ -231,13 +243,21 @@ fn socket_families_are_an_allow_list_vsock_above_all_refused() {
     let pair = |kind: i32| call(libc::SYS_socketpair, &[libc::AF_UNIX as u64, kind as u64, 0]);
     assert_eq!(verdict(default(), &pair(libc::SOCK_DGRAM)), EAFNOSUPPORT);
     assert_eq!(
-        verdict(default(), &pair(libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK)),
+        verdict(
+            default(),
+            &pair(libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK)
+        ),
         EAFNOSUPPORT
     );
-    assert_eq!(verdict(default(), &pair(libc::SOCK_STREAM | libc::SOCK_CLOEXEC)), ALLOW);
+    assert_eq!(
+        verdict(default(), &pair(libc::SOCK_STREAM | libc::SOCK_CLOEXEC)),
+        ALLOW
+    );
     assert_eq!(verdict(default(), &pair(libc::SOCK_SEQPACKET)), ALLOW);
     // Where the policy allows Unix sockets, a datagram pair gives nothing socket() would not.
-    let opted_in = FilterOptions { allow_unix_sockets: true };
+    let opted_in = FilterOptions {
+        allow_unix_sockets: true,
+    };
     assert_eq!(verdict(opted_in, &pair(libc::SOCK_DGRAM)), ALLOW);
 }
 

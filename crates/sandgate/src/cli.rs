@@ -63,6 +63,13 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         config: std::path::PathBuf,
     },
+    /// (internal) `sandgate mcp`'s step before each run: a session of its own (no terminal),
+    /// then the command in place.
+    #[command(hide = true)]
+    McpSession {
+        #[arg(last = true, required = true)]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Jupyter kernels in sandboxes: compose a control bundle, launch Jupyter Server and
     /// jupyter-mcp-server from it (docs/jupyter.md).
     #[command(subcommand)]
@@ -77,6 +84,9 @@ pub enum Command {
         /// ADDR=SOCKET: listen on ADDR inside, relay to SOCKET.
         #[arg(long = "forward", value_name = "ADDR=SOCKET")]
         forwards: Vec<String>,
+        /// The policy lets the command create AF_UNIX sockets.
+        #[arg(long)]
+        allow_unix_sockets: bool,
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
     },
@@ -86,6 +96,18 @@ pub enum Command {
         /// Let the command create AF_UNIX sockets (platform.seccomp.allow_unix_sockets).
         #[arg(long)]
         allow_unix_sockets: bool,
+        /// NAME=VALUE: an rlimit to set first (nproc, data, cpu, nofile).
+        #[arg(long = "rlimit", value_name = "NAME=VALUE")]
+        rlimits: Vec<String>,
+        #[arg(last = true, required = true)]
+        command: Vec<std::ffi::OsString>,
+    },
+    /// (internal) Moves itself into the run's cgroups, then executes bwrap.
+    #[command(hide = true)]
+    SandboxEnter {
+        /// A `cgroup.procs` file to write this process's id into.
+        #[arg(long = "cgroup-procs", value_name = "FILE")]
+        cgroup_procs: Vec<std::path::PathBuf>,
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
     },
@@ -374,6 +396,18 @@ pub struct RunArgs {
     /// requests, and forwarded to central proxies [default: the user, $USER or uid-N]
     #[arg(long, value_name = "ID")]
     pub subject: Option<String>,
+    /// No terminal: the run starts in a session of its own (it can neither read, write nor
+    /// take the caller's terminal), stdin is /dev/null unless redirected; refuses --ask
+    #[arg(long, conflicts_with = "ask")]
+    pub no_terminal: bool,
+    /// A host file or directory the command may not change, bound read-only over itself
+    /// wherever a write path covers it (repeatable; `sandgate mcp` protects its own files)
+    #[arg(long, value_name = "PATH")]
+    pub protect: Vec<std::path::PathBuf>,
+    /// Override one of the policy's `limits:` (processes=N, memory=SIZE, tmpfs=SIZE,
+    /// cpu=SECONDS, open_files=N; SIZE as 512MiB, 4GiB; `off` for no limit), repeatable
+    #[arg(long, value_name = "NAME=VALUE")]
+    pub limit: Vec<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     pub command: Vec<std::ffi::OsString>,
@@ -602,7 +636,8 @@ pub struct ProxyArgs {
     /// equal share but at least a quarter of it]
     #[arg(long, value_name = "N")]
     pub max_connections_per_listener: Option<usize>,
-    /// Most connections one client address may hold [default: a quarter of the cap]
+    /// Most connections one client address may hold on each listener (counted per listener)
+    /// [default: a quarter of the cap]
     #[arg(long, value_name = "N")]
     pub max_connections_per_client: Option<usize>,
     /// Largest request head in bytes [default: 16384]

@@ -49,6 +49,16 @@ fn main() -> ExitCode {
         cli.command,
         Command::Run(_) | Command::SandboxInit { .. } | Command::SandboxExec { .. } | Command::Mcp { .. }
     );
+    // What a caller left open must not reach a sandbox: every descriptor from 3 up is
+    // close-on-exec before anything that starts one (sandbox-init and -exec do it again).
+    if matches!(
+        cli.command,
+        Command::Run(_) | Command::Mcp { .. } | Command::Jupyter(_) | Command::SandboxEnter { .. }
+    ) && let Err(e) = sandgate_sandbox::fds::cloexec_from_3()
+    {
+        eprintln!("sandgate: {e}; nothing was run");
+        return ExitCode::from(70);
+    }
     init_logging(cli.log_format, if quiet_by_default { "warn" } else { "info" });
     match cli.command {
         Command::Proxy(args) => run_proxy(&args),
@@ -61,17 +71,24 @@ fn main() -> ExitCode {
         Command::Run(args) => run_sandbox(args),
         Command::Exceptions(args) => exceptions_cmd::run(&args),
         Command::Mcp { config } => run_mcp(&config),
+        Command::McpSession { command } => {
+            ExitCode::from(sandgate_mcp::session::run(&command).clamp(0, 255) as u8)
+        }
         Command::Jupyter(cmd) => jupyter_cmd::run(cmd),
         Command::Pki(cmd) => pki_cmd::run(cmd),
-        Command::SandboxInit { forwards, command } => {
+        Command::SandboxInit {
+            forwards,
+            allow_unix_sockets,
+            command,
+        } => {
             let parsed: Result<Vec<_>, String> = forwards
                 .iter()
                 .map(|f| sandgate_sandbox::init::parse_forward(f))
                 .collect();
             match parsed {
-                Ok(forwards) => {
-                    ExitCode::from(sandgate_sandbox::init::run(&forwards, &command).clamp(0, 255) as u8)
-                }
+                Ok(forwards) => ExitCode::from(
+                    sandgate_sandbox::init::run(&forwards, allow_unix_sockets, &command).clamp(0, 255) as u8,
+                ),
                 Err(e) => {
                     eprintln!("sandgate: {e}");
                     ExitCode::from(EX_USAGE)
@@ -80,11 +97,16 @@ fn main() -> ExitCode {
         }
         Command::SandboxExec {
             allow_unix_sockets,
+            rlimits,
             command,
         } => {
             let options = sandgate_sandbox::seccomp::FilterOptions { allow_unix_sockets };
-            ExitCode::from(sandgate_sandbox::exec::run(options, &command).clamp(0, 255) as u8)
+            ExitCode::from(sandgate_sandbox::exec::run(options, &rlimits, &command).clamp(0, 255) as u8)
         }
+        Command::SandboxEnter {
+            cgroup_procs,
+            command,
+        } => ExitCode::from(sandgate_sandbox::limits::enter(&cgroup_procs, &command).clamp(0, 255) as u8),
     }
 }
 
@@ -189,6 +211,9 @@ fn run_sandbox(args: cli::RunArgs) -> ExitCode {
             .ask
             .then(|| std::time::Duration::from_secs(args.ask_timeout.unwrap_or(60))),
         subject: args.subject,
+        no_terminal: args.no_terminal,
+        protect: args.protect,
+        limits: args.limit,
         command: args.command,
     };
     match sandgate_sandbox::run::run(opts) {
@@ -278,8 +303,19 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
             tokio::spawn(tls.clone().watch());
         }
         forward_sighup(hup_tx, tls);
-        for (addr, role) in proxy.listener_roles() {
-            tracing::info!(%addr, %role, allow_rules = allow, deny_rules = deny, "listening");
+        // One line per listener with the address bound (a port 0 made real), in the order
+        // --listen, spec.listeners, --socks-listen: how a supervisor or a test learns it.
+        for l in proxy.bound_listeners() {
+            tracing::info!(
+                addr = %l.addr,
+                role = %l.role,
+                task = l.identity.task.as_deref().map(tracing::field::display),
+                project = l.identity.project.as_deref().map(tracing::field::display),
+                auth = l.require_auth.then_some(tracing::field::display("basic")),
+                allow_rules = allow,
+                deny_rules = deny,
+                "listening"
+            );
         }
         if let Some(addr) = proxy.metrics_addr() {
             if !addr.ip().is_loopback() {

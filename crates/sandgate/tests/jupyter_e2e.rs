@@ -7,8 +7,9 @@
 //! interrupt (message mode) and restart. As the kernel turned attacker: another kernel's
 //! connection file, key and sockets, the host's loopback, a symlink planted for the
 //! (unsandboxed) server to follow. Then `jupyter launch` under a real MCP client (the
-//! Python `mcp` SDK, tests/mcp/driver.py), its teardown on exit, SIGTERM and `kill -9`, and
-//! the kernels as an ordinary user.
+//! Python `mcp` SDK, tests/mcp/driver.py), its teardown on exit, SIGTERM and `kill -9`, a
+//! kernel reaching for the terminal the launcher runs in, and the kernels as an ordinary
+//! user.
 
 #![allow(
     clippy::unwrap_used,
@@ -398,8 +399,12 @@ fn compose_writes_a_relocatable_bundle_and_refuses_bad_input() {
     std::fs::write(&policy, &low).unwrap();
     let settings = bundle.join("mcp/jupyter_mcp_launcher.yaml");
     let yaml = std::fs::read_to_string(&settings).unwrap();
-    let python = common::python();
-    std::fs::write(&settings, yaml.replace(&python, "/usr/bin/python3")).unwrap();
+    // The line as compose wrote it (its path normalized: common::python() may not be).
+    let line = yaml
+        .lines()
+        .find(|l| l.trim_start().starts_with("python:"))
+        .unwrap();
+    std::fs::write(&settings, yaml.replace(line, "  python: \"/usr/bin/python3\"")).unwrap();
     let o = sandgate(&["jupyter", "launch", "--bundle", b]);
     assert_eq!(o.status.code(), Some(69), "{}", text(&o));
     assert!(
@@ -449,6 +454,13 @@ r["venv"] = write("{venv}/pwned")
 r["env"] = sorted(os.environ)
 r["home_dir"] = os.path.expanduser("~")
 r["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+r["pid1"] = open("/proc/1/cmdline", "rb").read().split(b"\0")[1].decode()
+try:
+    os.open("/proc/1/mem", os.O_RDWR)
+    r["pid1_mem"] = "opened"
+except OSError as e:
+    r["pid1_mem"] = e.errno
+r["seccomp"] = sorted({{l.split()[1] for p in r["pids"] for l in open(f"/proc/{{p}}/status") if l.startswith("Seccomp:")}})
 print(json.dumps(r))
 "#,
         ws = real.join("workspace").display(),
@@ -457,6 +469,11 @@ print(json.dumps(r))
     );
     let r = k.probe("a", &code);
     assert_eq!(r["sum"], 42);
+    // Issue 28, finding 1, through a Jupyter kernel: PID 1 is sandgate's filtered init,
+    // its memory closed to the kernel, and every process inside shows the filter.
+    assert_eq!(r["pid1"], "sandbox-init", "{r}");
+    assert_eq!(r["pid1_mem"], 13, "{r}");
+    assert_eq!(r["seccomp"], json!(["2"]), "{r}");
     assert_ne!(r["connect"], "ok", "{r}");
     assert_ne!(r["dns"], "ok", "{r}");
     assert_eq!(r["workspace"], "ok", "{r}");
@@ -1029,4 +1046,76 @@ fn kernels_run_as_an_ordinary_user() {
     assert_eq!(r["sum"], 42, "{r}");
     assert_ne!(r["net"], "ok", "{r}");
     assert_eq!(r["uid"], 65534, "{r}");
+}
+
+/// Issue 28, item 1: the launcher run by a client in a person's terminal, its stderr that
+/// terminal (the Python MCP SDK's default) and the terminal its session's. A kernel holds
+/// none of it: no descriptor on the terminal (Jupyter Server's output, which kernels
+/// inherit, is a pipe the launcher copies), no controlling terminal, no `/dev/tty`; and the
+/// profile's limits hold, with no CPU-time limit.
+#[test]
+fn a_kernel_cannot_reach_the_terminal_the_launcher_runs_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = relocate(&compose_ok(&dir.path().join("b"), &[]), dir.path());
+    let driver_py = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp/driver.py");
+    let with_terminal = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp/with_terminal.py");
+    let python = common::python();
+    let mut driver = Command::new(&python)
+        .arg(driver_py)
+        .arg("legacy")
+        .args([&python, with_terminal, "--stderr"])
+        .arg(common::sandgate_bin())
+        .args(["jupyter", "launch", "--bundle"])
+        .arg(&bundle)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = driver.stdin.take().unwrap();
+    let mut stdout = BufReader::new(driver.stdout.take().unwrap());
+    let mut next = || -> Value {
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    };
+    let hello = next();
+    assert!(hello["protocol_version"].is_string(), "{hello}");
+    let probe = r#"
+import errno, json, os, resource
+stat = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+# Every descriptor: ipykernel moves fds 1 and 2 aside to capture output, keeping copies.
+fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+r = {"ttys": [fd for fd in fds if os.isatty(fd)], "tty_nr": int(stat[4])}
+try:
+    os.open("/dev/tty", os.O_RDWR)
+    r["dev_tty"] = "opened"
+except OSError as e:
+    r["dev_tty"] = errno.errorcode[e.errno]
+r["cpu"] = resource.getrlimit(resource.RLIMIT_CPU)[0]
+s = os.statvfs("/tmp")
+r["tmp_bytes"] = s.f_blocks * s.f_frsize
+print(json.dumps(r))
+"#;
+    writeln!(
+        stdin,
+        "{}",
+        json!({"call": "execute_code", "args": {"code": probe}})
+    )
+    .unwrap();
+    let r = next();
+    let text = r["text"].as_str().unwrap_or_default();
+    let seen: Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {r}"));
+    assert_eq!(seen["ttys"], json!([]), "a kernel holds the terminal: {r}");
+    assert_eq!(seen["tty_nr"], 0, "{r}");
+    assert_eq!(seen["dev_tty"], "ENXIO", "{r}");
+    assert_eq!(seen["cpu"], -1, "no CPU-time limit for a kernel: {r}");
+    assert_eq!(seen["tmp_bytes"], 1u64 << 30, "{r}");
+    drop(stdin);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while driver.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the client did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left = none_left(bundle.to_str().unwrap(), Duration::from_secs(30));
+    assert!(left.is_empty(), "{left:?}");
 }

@@ -5,7 +5,9 @@
 //! request that an auto-accepting client cannot approve, a person's approval through the
 //! CLI that lets the next run through, and a revocation that stops it again. As the agent
 //! turned attacker: a command that writes JSON-RPC to its stdout, a workspace that escapes
-//! through a symlink, fields the schema does not have.
+//! through a symlink, fields the schema does not have, the terminal of a client started in
+//! one (tests/mcp/with_terminal.py makes it), the server's own files under a policy's write
+//! path, a workspace holding them (refused at start); and each run's limits.
 
 #![allow(
     clippy::unwrap_used,
@@ -25,8 +27,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::control::{cli, start, write_policy as central_policy};
-use common::world::free_addr;
+use common::control::{cli, start, task_and_admin, write_policy as central_policy};
 use common::{read_audit, runtime};
 use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::origin::Origin;
@@ -343,9 +344,9 @@ fn egress_is_approved_by_a_person_and_ends_with_the_revocation() {
     let origin = rt.block_on(Origin::http());
     let dns = rt.block_on(DnsServer::start(Zone::new().with("web.test", &["127.0.0.1"])));
     let dir = tempfile::tempdir().unwrap();
-    let (listener, admin) = (free_addr(), free_addr());
-    let policy = central_policy(dir.path(), listener, admin, &[origin.port()]);
-    let _central = start(&dns, &policy, &dir.path().join("state"));
+    let policy = central_policy(dir.path(), &[origin.port()]);
+    let central = start(&dns, &policy, &dir.path().join("state"));
+    let (listener, admin) = task_and_admin(&central);
     std::fs::write(dir.path().join("agent.token"), "tok-agent\n").unwrap();
     // Everything leaves through the central proxy's t-1 listener, which decides.
     sandbox_policy(
@@ -414,9 +415,9 @@ fn nothing_happens_unrecorded() {
     let rt = runtime();
     let dns = rt.block_on(DnsServer::start(Zone::new()));
     let dir = tempfile::tempdir().unwrap();
-    let (listener, admin) = (free_addr(), free_addr());
-    let policy = central_policy(dir.path(), listener, admin, &[443]);
-    let _central = start(&dns, &policy, &dir.path().join("state"));
+    let policy = central_policy(dir.path(), &[443]);
+    let central = start(&dns, &policy, &dir.path().join("state"));
+    let admin = central.admin();
     std::fs::write(dir.path().join("agent.token"), "tok-agent\n").unwrap();
     sandbox_policy(dir.path(), "offline", "net:\n  mode: none\n");
     let config = write_config(
@@ -600,4 +601,309 @@ fn the_server_runs_as_an_ordinary_user() {
     assert_eq!(r["structured"]["stdout"], "65534\n", "{r}");
     let events = tool_events(dir.path());
     assert!(events.iter().any(|e| e["outcome"] == "exited"), "{events:#?}");
+}
+
+/// Issue 28, item 1: a server started by a client in a person's terminal shares that
+/// terminal (its controlling terminal). A run must not reach it: no `/dev/tty` to open (to
+/// write over the agent's screen, take the foreground, read what the person types), no
+/// controlling terminal at all, a session other than the server's.
+#[test]
+fn a_run_cannot_reach_the_terminal_of_the_agent_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = offline_config(dir.path());
+    let bin = common::sandgate_bin();
+    let with_terminal = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp/with_terminal.py");
+    let python = common::python();
+    let mut d = Driver::start_with(
+        "legacy",
+        &[
+            python.as_str(),
+            with_terminal,
+            bin.as_str(),
+            "mcp",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+    );
+    // /proc/self/stat after the command name: state ppid pgrp session tty_nr ...
+    let probe = r#"
+import errno, json, os
+stat = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+r = {"tty_nr": int(stat[4]), "ttys": [fd for fd in fds if os.isatty(fd)]}
+try:
+    fd = os.open("/dev/tty", os.O_RDWR)
+    os.write(fd, b"\r\nsandgate test: written over the agent's screen\r\n")
+    r["dev_tty"] = "opened"
+except OSError as e:
+    r["dev_tty"] = errno.errorcode[e.errno]
+print(json.dumps(r))
+"#;
+    let r = d.run(json!({"sandbox": "offline", "command": ["python3", "-c", probe]}));
+    let seen: Value = serde_json::from_str(r["structured"]["stdout"].as_str().unwrap_or("null"))
+        .unwrap_or_else(|e| panic!("{e}: {r}"));
+    assert_eq!(
+        seen["dev_tty"], "ENXIO",
+        "the run opened the agent's terminal: {r}"
+    );
+    assert_eq!(seen["tty_nr"], 0, "the run has a controlling terminal: {r}");
+    assert_eq!(seen["ttys"], json!([]), "{r}");
+    // Nothing of the terminal either through a shell's job control.
+    let r = d.run(json!({"sandbox": "offline", "command": ["python3", "-c",
+        "import os, subprocess; print(subprocess.run(['sh', '-c', 'exec 3<>/dev/tty && echo opened'], capture_output=True).returncode)"]}));
+    assert_eq!(r["structured"]["stdout"], "2\n", "{r}");
+}
+
+/// The server's files in `dir/server` (configuration, two sandboxes' policies, the tool
+/// audit log); `open`'s policy writes all of `dir` (a write path the workspace check does
+/// not see), `offline`'s nothing but the workspace.
+fn server_files_under_a_write_path(dir: &Path) -> PathBuf {
+    let server = dir.join("server");
+    std::fs::create_dir_all(&server).unwrap();
+    sandbox_policy(&server, "offline", "net:\n  mode: none\n");
+    let open = sandbox_policy(&server, "open", "net:\n  mode: none\n");
+    let text = std::fs::read_to_string(&open).unwrap().replacen(
+        "write_paths: [ \"${WORKSPACE}\" ]",
+        &format!("write_paths: [ \"${{WORKSPACE}}\", \"{}\" ]", dir.display()),
+        1,
+    );
+    std::fs::write(&open, text).unwrap();
+    write_config(
+        &server,
+        "  task: t-1\n  audit_log: audit.jsonl\n  sandboxes:\n\
+         \x20   - name: open\n      policy: open.yaml\n      gates: { commands: [ python3 ] }\n\
+         \x20   - name: offline\n      policy: offline.yaml\n      gates: { commands: [ python3 ] }\n",
+    )
+}
+
+/// Issue 28, item 2: a run whose policy may write where the server keeps its files cannot
+/// change one: not the configuration, not another sandbox's policy (whose next run would
+/// have the host's network), not the tool audit log; not by writing, replacing or renaming
+/// the directory that holds them.
+#[test]
+fn a_run_cannot_change_the_servers_own_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path().canonicalize().unwrap();
+    let config = server_files_under_a_write_path(&dir);
+    let server = dir.join("server");
+    let mut d = Driver::start(&config, "legacy");
+    d.call("list_sandboxes", json!({}));
+    let before: Vec<(String, String)> = ["mcp.yaml", "offline.yaml", "open.yaml"]
+        .iter()
+        .map(|f| ((*f).to_owned(), std::fs::read_to_string(server.join(f)).unwrap()))
+        .collect();
+    let attack = format!(
+        r#"
+import errno, json, os
+base = {server:?}
+r = {{}}
+def attempt(name, act):
+    try:
+        act()
+        r[name] = "done"
+    except OSError as e:
+        r[name] = errno.errorcode[e.errno]
+for f in ["mcp.yaml", "offline.yaml", "open.yaml", "audit.jsonl"]:
+    attempt("append " + f, lambda: open(base + "/" + f, "a").write("\nnet: {{ mode: all }}\n"))
+attempt("truncate audit.jsonl", lambda: open(base + "/audit.jsonl", "w").close())
+def replace():
+    with open(base + "/forged.yaml", "w") as f:
+        f.write("forged")
+    os.replace(base + "/forged.yaml", base + "/offline.yaml")
+attempt("replace offline.yaml", replace)
+attempt("remove mcp.yaml", lambda: os.unlink(base + "/mcp.yaml"))
+attempt("rename the directory", lambda: os.rename(base, base + ".old"))
+print(json.dumps(r))
+"#,
+        server = server.display().to_string()
+    );
+    let r = d.run(json!({"sandbox": "open", "command": ["python3", "-c", attack]}));
+    let seen: Value = serde_json::from_str(r["structured"]["stdout"].as_str().unwrap_or("null"))
+        .unwrap_or_else(|e| panic!("{e}: {r}"));
+    for (attempt, outcome) in seen.as_object().unwrap() {
+        assert_ne!(outcome, "done", "{attempt} succeeded: {seen}");
+    }
+    assert_eq!(seen.as_object().unwrap().len(), 8, "{seen}");
+    for (file, text) in &before {
+        assert_eq!(
+            &std::fs::read_to_string(server.join(file)).unwrap(),
+            text,
+            "{file}"
+        );
+    }
+    let events = tool_events(&server);
+    assert_eq!(
+        events[0]["tool"], "list_sandboxes",
+        "the audit log lost its start: {events:#?}"
+    );
+    // The other sandbox is what it was: no network at all.
+    let r = d.run(json!({"sandbox": "offline", "command": ["python3", "-c",
+        "import socket; socket.create_connection(('1.1.1.1', 53), 2)"]}));
+    assert_ne!(r["structured"]["exit_code"], 0, "{r}");
+}
+
+/// Issue 28, item 2: a workspace that holds one of the server's own files (here the whole
+/// directory with the configuration, the policy and the audit log, through a symlink) is
+/// refused at start, naming the workspace and the file.
+#[test]
+fn a_workspace_holding_the_servers_files_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().canonicalize().unwrap();
+    sandbox_policy(dir.path(), "offline", "net:\n  mode: none\n");
+    std::os::unix::fs::symlink(&real, real.join("alias")).unwrap();
+    let config = write_config(
+        dir.path(),
+        "  task: t-1\n  audit_log: audit.jsonl\n  sandboxes:\n\
+         \x20   - name: offline\n      policy: offline.yaml\n      gates: { commands: [ python3 ], workspaces: [ alias ] }\n",
+    );
+    let out = Command::new(common::sandgate_bin())
+        .args(["mcp", "--config"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    let ws = real.display();
+    for want in [
+        format!("spec.sandboxes[0].gates.workspaces: {ws} holds {ws}/mcp.yaml (the server's configuration)"),
+        format!("{ws} holds {ws}/offline.yaml (the policy of sandbox \"offline\")"),
+        format!("{ws} holds {ws}/audit.jsonl (the tool audit log)"),
+    ] {
+        assert!(err.contains(&want), "{want}\nin\n{err}");
+    }
+    // A workspace beside them is fine.
+    std::fs::create_dir(real.join("work")).unwrap();
+    let config = offline_config(dir.path());
+    let mut d = Driver::start(&config, "legacy");
+    let r = d.run(json!({"sandbox": "offline", "command": ["python3", "-c", "print(1)"], "workspace": real.join("work/project")}));
+    assert_eq!(r["structured"]["stdout"], "1\n", "{r}");
+}
+
+/// Issue 28, item 3: a run gets the sandbox's limits (the lower of the gates' and the
+/// policy's): a small `/tmp`, CPU time bounded by the run's time limit; listed for the
+/// agent and recorded.
+#[test]
+fn a_run_gets_its_sandboxs_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    sandbox_policy(
+        dir.path(),
+        "offline",
+        "net:\n  mode: none\nlimits: { processes: 64 }\n",
+    );
+    let config = write_config(
+        dir.path(),
+        "  task: t-1\n  audit_log: audit.jsonl\n  sandboxes:\n\
+         \x20   - name: offline\n      policy: offline.yaml\n\
+         \x20     gates: { commands: [ python3 ], max_seconds: 30, limits: { tmpfs: 8MiB, memory: 2GiB } }\n",
+    );
+    let mut d = Driver::start(&config, "legacy");
+    let listed = d.call("list_sandboxes", json!({}));
+    assert_eq!(
+        listed["structured"]["sandboxes"][0]["limits"],
+        json!([
+            "processes=64",
+            "memory=2GiB",
+            "tmpfs=8MiB",
+            "cpu_seconds=30",
+            "open_files=off"
+        ]),
+        "{listed}"
+    );
+    let probe = r#"
+import errno, json, os, resource
+r = {"cpu": resource.getrlimit(resource.RLIMIT_CPU)[0]}
+s = os.statvfs("/tmp")
+r["tmp_bytes"] = s.f_blocks * s.f_frsize
+try:
+    with open("/tmp/fill", "wb") as f:
+        for _ in range(32):
+            f.write(b"x" * (1 << 20))
+            f.flush()
+    r["fill"] = "done"
+except OSError as e:
+    r["fill"] = errno.errorcode[e.errno]
+print(json.dumps(r))
+"#;
+    let r = d.run(json!({"sandbox": "offline", "timeout_seconds": 20, "command": ["python3", "-c", probe]}));
+    let seen: Value = serde_json::from_str(r["structured"]["stdout"].as_str().unwrap_or("null"))
+        .unwrap_or_else(|e| panic!("{e}: {r}"));
+    assert_eq!(seen["cpu"], 20, "CPU seconds: the run's time limit: {r}");
+    assert_eq!(seen["tmp_bytes"], 8 << 20, "{r}");
+    assert_eq!(seen["fill"], "ENOSPC", "{r}");
+    let events = tool_events(dir.path());
+    let started = events.iter().find(|e| e["event"] == "tool_call_started").unwrap();
+    assert_eq!(
+        started["limits"],
+        json!([
+            "processes=64",
+            "memory=2GiB",
+            "tmpfs=8MiB",
+            "cpu_seconds=20",
+            "open_files=off"
+        ]),
+        "{started}"
+    );
+    // A limit the sandbox would refuse is refused at start, naming the field.
+    for (limits, want) in [
+        (
+            "{ memory: 1.5GiB }",
+            "spec.sandboxes[0].gates.limits.memory: \"1.5GiB\"",
+        ),
+        ("{ swap: 1 }", "swap"),
+    ] {
+        let bad = write_config(
+            dir.path(),
+            &format!(
+                "  task: t-1\n  audit_log: audit.jsonl\n  sandboxes:\n\
+                 \x20   - name: offline\n      policy: offline.yaml\n\
+                 \x20     gates: {{ commands: [ python3 ], limits: {limits} }}\n"
+            ),
+        );
+        let out = Command::new(common::sandgate_bin())
+            .args(["mcp", "--config"])
+            .arg(&bad)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{err}");
+        assert!(err.contains(want), "{want} in\n{err}");
+    }
+}
+
+/// Issue 28, finding 1, through `sandgate mcp` (the docs' offline sandbox, where PID 1 was
+/// bubblewrap's own unfiltered, dumpable reaper): PID 1 is sandgate's init, /proc/1/mem does
+/// not open for writing, and every process of the run shows the filter.
+#[test]
+fn a_runs_pid_1_is_filtered_and_cannot_be_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = offline_config(dir.path());
+    let mut d = Driver::start(&config, "legacy");
+    let script = r#"
+import os
+print("pid1", open("/proc/1/cmdline", "rb").read().split(b"\0")[1].decode())
+try:
+    os.open("/proc/1/mem", os.O_RDWR)
+    print("mem OPENED")
+except OSError as e:
+    print("mem refused", e.errno)
+modes = set()
+for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("Seccomp:"):
+            modes.add(line.split()[1])
+print("seccomp", sorted(modes))
+"#;
+    let r = d.run(json!({"sandbox": "offline", "command": ["python3", "-c", script]}));
+    let out = r["structured"]["stdout"].as_str().unwrap_or_default().to_owned();
+    assert!(out.contains("pid1 sandbox-init"), "{r}");
+    assert!(
+        out.contains("mem refused 13"),
+        "PID 1's memory opened for writing: {r}"
+    );
+    assert!(
+        out.contains("seccomp ['2']"),
+        "a process of the run without the filter: {r}"
+    );
 }

@@ -40,7 +40,11 @@ fn in_every_mode(script: &str) -> Vec<(String, String)> {
     let mut shown = Vec::new();
     for net in modes(&host) {
         let policy = dir.path().join(format!("policy-{}.yaml", shown.len()));
-        std::fs::write(&policy, format!("{}net:\n  mode: {net}\n", sandbox_support::base())).unwrap();
+        std::fs::write(
+            &policy,
+            format!("{}net:\n  mode: {net}\n", sandbox_support::base()),
+        )
+        .unwrap();
         let out = run(&policy, &[], &["python3", "-c", script]);
         let (stdout, stderr) = text(&out);
         assert!(out.status.success(), "{net}: {stdout}\n{stderr}");
@@ -74,8 +78,14 @@ for pid in sorted(p for p in os.listdir("/proc") if p.isdigit()):
 #[test]
 fn pid_1_is_sandgates_filtered_undumpable_init_in_every_mode() {
     for (net, stdout) in in_every_mode(PID1) {
-        assert!(stdout.contains("pid1 /run/sandgate-init sandbox-init"), "{net}: PID 1 is not sandgate's init:\n{stdout}");
-        assert!(stdout.contains("mem refused 13"), "{net}: /proc/1/mem opened for writing:\n{stdout}");
+        assert!(
+            stdout.contains("pid1 /run/sandgate-init sandbox-init"),
+            "{net}: PID 1 is not sandgate's init:\n{stdout}"
+        );
+        assert!(
+            stdout.contains("mem refused 13"),
+            "{net}: /proc/1/mem opened for writing:\n{stdout}"
+        );
         let modes: Vec<&str> = stdout.lines().filter(|l| l.starts_with("seccomp ")).collect();
         assert!(modes.len() >= 2, "{net}: {stdout}");
         assert!(
@@ -114,7 +124,10 @@ print(r.stdout); print(r.stderr, file=sys.stderr); sys.exit(r.returncode)
             .output()
             .unwrap();
         let (stdout, stderr) = text(&out);
-        assert!(out.status.success() && stdout.contains("done"), "{net}: {stdout}\n{stderr}");
+        assert!(
+            out.status.success() && stdout.contains("done"),
+            "{net}: {stdout}\n{stderr}"
+        );
         assert!(
             !stdout.contains("open "),
             "{net}: the command holds descriptors it was not given:\n{stdout}"
@@ -170,7 +183,10 @@ fn vsock_other_families_and_nested_user_namespaces_are_refused() {
             stdout.contains("userns EPERM") || stdout.contains("userns ENOSPC"),
             "{net}: a nested user namespace was made:\n{stdout}"
         );
-        assert!(stdout.contains("unshare(1) refused"), "{net}: unshare(1) made a user namespace:\n{stdout}");
+        assert!(
+            stdout.contains("unshare(1) refused"),
+            "{net}: unshare(1) made a user namespace:\n{stdout}"
+        );
     }
 }
 
@@ -200,7 +216,10 @@ for k in kids:
 #[test]
 fn a_fork_bomb_a_memory_fill_a_tmp_fill_and_a_cpu_burner_meet_their_limits() {
     let dir = tempfile::tempdir().unwrap();
-    let policy = write_policy(dir.path(), "net:\n  mode: none\nlimits:\n  processes: 64\n  memory: 256MiB\n  tmpfs: 16MiB\n  cpu_seconds: 2\n");
+    let policy = write_policy(
+        dir.path(),
+        "net:\n  mode: none\nlimits:\n  processes: 64\n  memory: 256MiB\n  tmpfs: 16MiB\n  cpu_seconds: 2\n",
+    );
 
     let out = run(&policy, &[], &["python3", "-c", FORK_BOMB]);
     let (stdout, stderr) = text(&out);
@@ -208,7 +227,10 @@ fn a_fork_bomb_a_memory_fill_a_tmp_fill_and_a_cpu_burner_meet_their_limits() {
         .lines()
         .find_map(|l| l.strip_prefix("forked ")?.trim().parse().ok())
         .unwrap_or_else(|| panic!("{stdout}\n{stderr}"));
-    assert!(forked < 64, "the fork bomb made {forked} processes past a limit of 64:\n{stderr}");
+    assert!(
+        forked < 64,
+        "the fork bomb made {forked} processes past a limit of 64:\n{stderr}"
+    );
 
     let fill = "try:\n    b = b'x' * (1 << 30)\n    print('allocated')\nexcept MemoryError:\n    print('MemoryError')\n";
     let out = run(&policy, &[], &["python3", "-c", fill]);
@@ -221,7 +243,10 @@ fn a_fork_bomb_a_memory_fill_a_tmp_fill_and_a_cpu_burner_meet_their_limits() {
     let tmp = "import errno\ntry:\n    f = open('/tmp/fill', 'wb')\n    for i in range(64):\n        f.write(b'x' * (1 << 20)); f.flush()\n    print('filled')\nexcept OSError as e:\n    print('tmp', errno.errorcode.get(e.errno))\n";
     let out = run(&policy, &[], &["python3", "-c", tmp]);
     let (stdout, stderr) = text(&out);
-    assert!(stdout.contains("tmp ENOSPC"), "/tmp took 64 MiB under a 16 MiB limit: {stdout}\n{stderr}");
+    assert!(
+        stdout.contains("tmp ENOSPC"),
+        "/tmp took 64 MiB under a 16 MiB limit: {stdout}\n{stderr}"
+    );
 
     // The CPU burner: ends by SIGXCPU (or SIGKILL at the hard limit), well before its own
     // bound of 60 s of work.
@@ -237,7 +262,11 @@ fn a_fork_bomb_a_memory_fill_a_tmp_fill_and_a_cpu_burner_meet_their_limits() {
     assert!(started.elapsed() < std::time::Duration::from_secs(55));
 
     // A limit on the command line wins over the policy's, and a bad one is refused.
-    let out = run(&policy, &["--limit", "processes=off", "--limit", "cpu=off"], &["python3", "-c", FORK_BOMB]);
+    let out = run(
+        &policy,
+        &["--limit", "processes=off", "--limit", "cpu=off"],
+        &["python3", "-c", FORK_BOMB],
+    );
     let (stdout, _) = text(&out);
     assert!(stdout.contains("forked 400"), "--limit processes=off: {stdout}");
     let out = run(&policy, &["--limit", "swap=1G"], &["true"]);
@@ -288,11 +317,20 @@ print("caller-sid", os.getsid(0))
             // Without the flag the terminal is shared (the check above proves something).
             assert!(stdout.contains("tty OPENED"), "{stdout}\n{stderr}");
         } else {
-            assert!(stdout.contains("tty refused 6"), "--no-terminal: /dev/tty opened:\n{stdout}\n{stderr}");
-            assert!(stdout.contains("stdin-tty False"), "--no-terminal: stdin is the terminal:\n{stdout}");
+            assert!(
+                stdout.contains("tty refused 6"),
+                "--no-terminal: /dev/tty opened:\n{stdout}\n{stderr}"
+            );
+            assert!(
+                stdout.contains("stdin-tty False"),
+                "--no-terminal: stdin is the terminal:\n{stdout}"
+            );
             // Its output still shows, relayed by sandgate, but through no descriptor of the
             // terminal (which it could read the person's keys from, or change the modes of).
-            assert!(stdout.contains("out-tty False False"), "--no-terminal: output is the terminal:\n{stdout}");
+            assert!(
+                stdout.contains("out-tty False False"),
+                "--no-terminal: output is the terminal:\n{stdout}"
+            );
         }
     }
     // --ask needs the terminal that --no-terminal gives up.
@@ -325,10 +363,16 @@ else:
 #[test]
 fn orphans_are_reaped_dev_is_sized_and_datagram_pairs_reach_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let policy = write_policy(dir.path(), "net:\n  mode: none\nlimits: { processes: 20, tmpfs: 16MiB }\n");
+    let policy = write_policy(
+        dir.path(),
+        "net:\n  mode: none\nlimits: { processes: 20, tmpfs: 16MiB }\n",
+    );
     let out = run(&policy, &[], &["python3", "-c", ORPHANS]);
     let (stdout, stderr) = text(&out);
-    assert!(stdout.contains("all 60"), "orphans were left as zombies: {stdout}\n{stderr}");
+    assert!(
+        stdout.contains("all 60"),
+        "orphans were left as zombies: {stdout}\n{stderr}"
+    );
 
     let fill = "import errno\nfor path in ['/dev/shm/fill', '/dev/fill']:\n    try:\n        f = open(path, 'wb')\n        for i in range(64):\n            f.write(b'x' * (1 << 20)); f.flush()\n        print(path, 'filled')\n    except OSError as e:\n        print(path, errno.errorcode.get(e.errno))\n";
     let out = run(&policy, &[], &["python3", "-c", fill]);
@@ -363,7 +407,11 @@ fn earlier_runs_logs_cannot_be_erased_or_planted_from_a_writable_home() {
     let h = home.path().display().to_string();
     let policy = home.path().join("policy.yaml");
     let doc = sandbox_support::base().replace("fs:\n", &format!("fs:\n  write_paths: [ \"{h}\" ]\n"));
-    std::fs::write(&policy, format!("{doc}net:\n  mode: allowlist\n  allow_domains: [ a.example ]\n")).unwrap();
+    std::fs::write(
+        &policy,
+        format!("{doc}net:\n  mode: allowlist\n  allow_domains: [ a.example ]\n"),
+    )
+    .unwrap();
     let go = |command: &[&str]| {
         Command::new(common::sandgate_bin())
             .args(["run", "--policy"])
@@ -379,19 +427,43 @@ fn earlier_runs_logs_cannot_be_erased_or_planted_from_a_writable_home() {
     let first = go(&["true"]);
     assert!(first.status.success(), "{:?}", text(&first));
     let runs = home.path().join(".local/state/sandgate/runs");
-    let logs = || -> Vec<_> { std::fs::read_dir(&runs).unwrap().map(|e| e.unwrap().file_name()).collect() };
+    let logs = || -> Vec<_> {
+        std::fs::read_dir(&runs)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect()
+    };
     let before = logs();
     assert_eq!(before.len(), 1, "{before:?}");
-    let out = go(&["sh", "-c", &format!("rm -f {r}/run-*.jsonl; touch {r}/run-1-ffffffffffffffff.jsonl {r}/x; echo tried", r = runs.display())]);
+    let out = go(&[
+        "sh",
+        "-c",
+        &format!(
+            "rm -f {r}/run-*.jsonl; touch {r}/run-1-ffffffffffffffff.jsonl {r}/x; echo tried",
+            r = runs.display()
+        ),
+    ]);
     let (stdout, stderr) = text(&out);
     assert!(stdout.contains("tried"), "{stdout}\n{stderr}");
     let after = logs();
-    assert!(after.iter().all(|n| n.to_string_lossy().starts_with("run-") && !n.to_string_lossy().starts_with("run-1-")), "planted: {after:?}");
-    assert!(before.iter().all(|b| after.contains(b)), "an earlier run's log was removed: {before:?} -> {after:?}");
+    assert!(
+        after
+            .iter()
+            .all(|n| n.to_string_lossy().starts_with("run-") && !n.to_string_lossy().starts_with("run-1-")),
+        "planted: {after:?}"
+    );
+    assert!(
+        before.iter().all(|b| after.contains(b)),
+        "an earlier run's log was removed: {before:?} -> {after:?}"
+    );
 }
 
 /// This whole binary again as `nobody` when the tests run as root.
 #[test]
 fn the_escape_suite_passes_as_an_ordinary_user() {
-    common::rerun_as_nobody("sandbox_escape_e2e", "the_escape_suite_passes_as_an_ordinary_user", 7);
+    common::rerun_as_nobody(
+        "sandbox_escape_e2e",
+        "the_escape_suite_passes_as_an_ordinary_user",
+        7,
+    );
 }

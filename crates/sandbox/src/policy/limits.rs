@@ -44,10 +44,11 @@ impl Default for Limits {
     }
 }
 
-/// The section as written: each value a number, a size (`512MiB`), or `off`.
+/// The section as written: each value a number, a size (`512MiB`), or `off` (also read by
+/// `sandgate mcp` for its gates' ceilings).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawLimits {
+pub struct RawLimits {
     #[serde(default)]
     processes: Option<serde_json::Value>,
     #[serde(default)]
@@ -69,31 +70,43 @@ enum Unit {
 
 /// The limits a policy sets, over the defaults.
 pub(super) fn limits(raw: &RawLimits) -> Result<Limits, PolicyError> {
-    let mut out = Limits::default();
-    let fields = [
-        ("processes", &raw.processes),
-        ("memory", &raw.memory),
-        ("tmpfs", &raw.tmpfs),
-        ("cpu_seconds", &raw.cpu_seconds),
-        ("open_files", &raw.open_files),
-    ];
-    for (name, value) in fields {
-        if let Some(value) = value {
+    raw.over(Limits::default())
+        .map_err(|(name, e)| PolicyError(format!("limits.{name}: {e}")))
+}
+
+impl RawLimits {
+    /// The values written, over `base`; `Err`: the key and what is wrong with its value.
+    pub fn over(&self, base: Limits) -> Result<Limits, (&'static str, String)> {
+        let mut out = base;
+        let fields = [
+            ("processes", &self.processes),
+            ("memory", &self.memory),
+            ("tmpfs", &self.tmpfs),
+            ("cpu_seconds", &self.cpu_seconds),
+            ("open_files", &self.open_files),
+        ];
+        for (name, value) in fields {
+            let Some(value) = value else { continue };
             let text = match value {
                 serde_json::Value::String(s) => s.clone(),
                 serde_json::Value::Number(n) => n.to_string(),
                 serde_json::Value::Bool(false) => "off".to_owned(),
                 other => {
-                    return Err(PolicyError(format!(
-                        "limits.{name}: {other}: expected a number, a size such as 512MiB, or off"
-                    )));
+                    return Err((
+                        name,
+                        format!("{other}: expected a number, a size such as 512MiB, or off"),
+                    ));
                 }
             };
-            out.set(name, &text)
-                .map_err(|e| PolicyError(format!("limits.{name}: {e}")))?;
+            out.set(name, &text).map_err(|e| (name, e))?;
         }
+        Ok(out)
     }
-    Ok(out)
+
+    /// Does the section set `cpu_seconds`?
+    pub fn sets_cpu(&self) -> bool {
+        self.cpu_seconds.is_some()
+    }
 }
 
 impl Limits {
@@ -136,9 +149,7 @@ fn parse(text: &str, unit: Unit, least: u64) -> Result<Option<u64>, String> {
     if text.eq_ignore_ascii_case("off") {
         return Ok(None);
     }
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (digits, suffix) = text.split_at(split);
     let number: u64 = digits
         .parse()
@@ -149,7 +160,11 @@ fn parse(text: &str, unit: Unit, least: u64) -> Result<Option<u64>, String> {
         (Unit::Bytes, "M" | "MiB") => 20,
         (Unit::Bytes, "G" | "GiB") => 30,
         (Unit::Bytes, "T" | "TiB") => 40,
-        (Unit::Bytes, other) => return Err(format!("{text:?}: unknown unit {other:?} (use KiB, MiB, GiB or TiB)")),
+        (Unit::Bytes, other) => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?} (use KiB, MiB, GiB or TiB)"
+            ));
+        }
         (Unit::Count, _) => return Err(format!("{text:?}: expected a whole number, or off")),
     };
     let value = number
@@ -177,7 +192,11 @@ mod tests {
         }
         assert!(parse("64k", Unit::Count, 8).is_err());
         assert!(parse("4", Unit::Count, 8).unwrap_err().contains("at least 8"));
-        assert!(parse("16777216T", Unit::Bytes, 1).unwrap_err().contains("too large"));
+        assert!(
+            parse("16777216T", Unit::Bytes, 1)
+                .unwrap_err()
+                .contains("too large")
+        );
     }
 
     #[test]
@@ -186,10 +205,26 @@ mod tests {
         l.apply_override("cpu=30").unwrap();
         l.apply_override("memory=off").unwrap();
         assert_eq!((l.cpu_seconds, l.memory), (Some(30), None));
-        assert!(l.apply_override("swap=1G").unwrap_err().contains("is not a limit"));
+        assert!(
+            l.apply_override("swap=1G")
+                .unwrap_err()
+                .contains("is not a limit")
+        );
         assert!(l.apply_override("processes").unwrap_err().contains("NAME=VALUE"));
-        assert!(l.apply_override("processes=2147483648").unwrap_err().contains("at most 4194304"));
-        assert!(l.apply_override("open_files=1048577").unwrap_err().contains("at most"));
-        assert!(l.apply_override("tmpfs=18446744073709551615").unwrap_err().contains("at most"));
+        assert!(
+            l.apply_override("processes=2147483648")
+                .unwrap_err()
+                .contains("at most 4194304")
+        );
+        assert!(
+            l.apply_override("open_files=1048577")
+                .unwrap_err()
+                .contains("at most")
+        );
+        assert!(
+            l.apply_override("tmpfs=18446744073709551615")
+                .unwrap_err()
+                .contains("at most")
+        );
     }
 }
