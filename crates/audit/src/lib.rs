@@ -211,9 +211,9 @@ impl Audit {
     }
 
     /// Queues an event only if there is room now; otherwise logs it on stderr and counts it
-    /// in `sandgate_audit_events_not_queued_total`. For refusals made *because* the trail
-    /// is broken: their client is answered 503 whatever happens to the record, and they must
-    /// never wait behind a queue that cannot drain.
+    /// in `sandgate_audit_events_not_queued_total`. For refusals made while the trail is
+    /// broken (the 503s it causes, and any other): their client is answered whatever happens
+    /// to the record, and they must never wait behind a queue that cannot drain.
     pub fn record_now_or_log(&self, event: Event) {
         self.observer.observe(&event);
         let event = Box::new(event.stamp());

@@ -163,7 +163,7 @@ impl Metrics {
         );
         registry.register(
             "audit_events_not_queued",
-            "503 refusals made while the audit log failed whose event went to stderr (queue full)",
+            "Refusals made while the audit log failed whose event went to stderr (queue full)",
             m.audit.events_not_queued.clone(),
         );
         registry.register(

@@ -277,6 +277,17 @@ impl Refusal {
                         "no central proxy is reachable for {target} (next hop {hop})"
                     )),
                 ),
+                // Unable for now (a central at its connection limits, or whose audit log
+                // cannot be written): passed on as such (RFC 9110 section 15.6.4), so the
+                // client sees a temporary refusal, not a broken hop.
+                D::UpstreamRefused(503) => (
+                    503,
+                    "destination_unavailable",
+                    Code::Failed(F::UpstreamProxy),
+                    Text::Plain(format!(
+                        "the upstream proxy cannot take {target} now (it answered 503); retry later"
+                    )),
+                ),
                 D::UpstreamRefused(_) | D::UpstreamBroken => (
                     502,
                     "destination_unavailable",

@@ -764,7 +764,7 @@ fn a_client_holding_every_stream_of_a_connection_does_not_block_the_others() {
 /// Streams count against the central's connection limits like connections (a slot each,
 /// beside the node's connection's own), so one node multiplexing many tunnels on one
 /// connection cannot use up the central's descriptors (review finding); beyond its share a
-/// stream is refused, and on record.
+/// stream is refused, and on record; the node's client gets the central's 503 as a 503.
 #[test]
 fn a_nodes_streams_count_against_the_centrals_connection_limits() {
     let chain = EchoCentral::new(&["--max-connections-per-client", "11"]);
@@ -780,7 +780,7 @@ fn a_nodes_streams_count_against_the_centrals_connection_limits() {
     let ok = statuses.iter().filter(|s| s.starts_with("HTTP/1.1 200")).count();
     assert_eq!(ok, 10, "{statuses:?}");
     assert!(
-        statuses[10..].iter().all(|s| s.starts_with("HTTP/1.1 502")),
+        statuses[10..].iter().all(|s| s.starts_with("HTTP/1.1 503")),
         "{statuses:?}"
     );
     let refused = events_where(&c.proxy.audit_path, 2, |e| {
@@ -978,4 +978,88 @@ fn reset_tunnels_end_at_once_even_when_the_origin_stays_silent() {
     drop(t);
     let _ = done.send(());
     held.join().unwrap();
+}
+
+/// Issue 29 (attack): a central whose audit log cannot be written used to carry every
+/// CONNECT a node forwarded, unrecorded (its node front end never asked the audit trail;
+/// HTTP/1 and SOCKS5 did). Now the core refuses every new stream: each tunnel after the
+/// failure is answered 503 at the node's client, over HTTP/2 and the HTTP/1.1 transport,
+/// and not a connection reaches the origin; a plain HTTP request gets the central's 503.
+#[test]
+fn a_central_that_cannot_write_its_audit_log_refuses_every_node_stream() {
+    let w = World::new();
+    let echo = w.echo();
+    let origin = w.origin();
+    let dns = w.dns(
+        Zone::new()
+            .with("echo.test", &["127.0.0.1"])
+            .with("ok.test", &["127.0.0.1"]),
+    );
+    let pki = Pki::new();
+    let body = central::spec_allowing(&[("echo.test", echo.addr().port()), ("ok.test", origin.port())]);
+    let c = central::central_with_audit(&pki, dns.addr(), &body, &[], std::path::Path::new("/dev/full"));
+    let cert = pki.node("node-a", &[]);
+    let target = format!("echo.test:{}", echo.addr().port());
+    let ok = format!("ok.test:{}", origin.port());
+    let h2 = node(&cert, &[c.node_addr], &[&target, &ok], Some(("t1", "p1")));
+    let mut args = central::upstream_args(&cert, &[c.node_addr]);
+    args.extend(["--upstream-transport", "http1", "--dns-server", "127.0.0.1:9"].map(String::from));
+    args.extend([
+        "--allow".to_owned(),
+        target.clone(),
+        "--allow".to_owned(),
+        ok.clone(),
+    ]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let http1 = common::ProxyProcess::start(&refs);
+
+    // The first tunnel may pass (decided before the writer first failed); its events are
+    // the first the central cannot write.
+    let (head, mut first) = central::connect(h2.addr, &target);
+    if head.starts_with("HTTP/1.1 200") {
+        first.write_all(b"x").unwrap();
+        let _ = first.read(&mut [0u8; 1]);
+    }
+    drop(first);
+    assert!(
+        c.proxy.log_line("cannot write the audit log").is_some(),
+        "the central never noticed: {}",
+        c.proxy.log_text()
+    );
+    let reached = echo.connections();
+
+    for (transport, n) in [("h2", h2.addr), ("http/1.1", http1.addr)] {
+        for i in 0..3 {
+            let (head, mut t) = central::connect(n, &target);
+            assert!(
+                head.starts_with("HTTP/1.1 503"),
+                "{transport} tunnel {i} after the audit failure: {head:?}"
+            );
+            assert!(
+                head.contains("Proxy-Status: sandgate; error=destination_unavailable"),
+                "{head}"
+            );
+            // Nothing behind the refusal is carried: the refusal's body, then the end.
+            let _ = t.write_all(b"ping");
+            let mut back = Vec::new();
+            let _ = t.read_to_end(&mut back);
+            let back = String::from_utf8_lossy(&back);
+            assert!(!back.contains("ping"), "{transport} tunnel {i} echoed: {back}");
+            assert!(back.contains("answered 503"), "{transport} tunnel {i}: {back}");
+        }
+    }
+    assert_eq!(echo.connections(), reached, "a refused tunnel reached the origin");
+
+    // A node's stream of plain HTTP requests: the central's own 503 reaches the client.
+    let url = format!("http://{ok}/");
+    let (_, headers, _) = curl(
+        &format!("http://{}", h2.addr),
+        &["-s", "-D", "-", "-o", "/dev/null", &url],
+    );
+    assert!(headers.starts_with("HTTP/1.1 503"), "{headers}");
+    assert!(
+        headers.contains("error=proxy_internal_error") && headers.contains("audit log cannot be written"),
+        "{headers}"
+    );
+    assert_eq!(origin.connections(), 0, "a refused request reached the origin");
 }

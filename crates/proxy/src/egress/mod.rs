@@ -1,7 +1,11 @@
-//! The egress core: every front end (HTTP/1 and SOCKS5 today; node streams later) hands it
-//! a typed request and gets back an open upstream connection or a classified refusal. The
+//! The egress core: every front end (HTTP/1, SOCKS5, a central's node streams) hands it a
+//! typed request and gets back an open upstream connection or a classified refusal. The
 //! core decides (the pure policy), vets (the dialer's resolution and address guard, and
 //! address deny entries), records the decision, and dials; it writes no byte to a client.
+//!
+//! It fails closed on the audit trail in one place: [`Egress::decide`] refuses every request
+//! with 503 (`audit_unavailable`) while the audit log cannot be written, before the policy
+//! is asked. Nothing passes without a [`Decided`], so no front end can skip the check.
 //!
 //! Exactly one decision event per request holds by construction: a request starts as a
 //! [`Pending`] (from [`Egress::begin`]), which only [`Egress::refuse`] (a deny) or
@@ -238,7 +242,8 @@ impl Egress {
 
     /// Refuses a request before any destination was decided (a bad head, missing
     /// credentials, a full limit, a broken audit trail) or with a policy deny, and records
-    /// the decision.
+    /// the decision. While the audit log cannot be written the record never waits for room
+    /// in the queue (which cannot drain then): the client is answered anyway.
     pub async fn refuse(
         &self,
         pending: Pending,
@@ -273,7 +278,7 @@ impl Egress {
             // A refused node: which certificate problem or which claim, for the operator.
             detail: matches!(refusal, Refusal::Node(_)).then(|| classified.text.clone()),
         });
-        if matches!(refusal, Refusal::AuditUnavailable(_)) {
+        if matches!(refusal, Refusal::AuditUnavailable(_)) || self.audit.available().is_err() {
             // Must not wait behind a queue that cannot drain; the client is answered anyway.
             self.audit.record_now_or_log(e);
         } else {
@@ -286,12 +291,20 @@ impl Egress {
     }
 
     /// Decides `target` for `access` with the rules in force. A deny is recorded here.
+    ///
+    /// Fails closed first: while the audit log cannot be written the request is refused
+    /// (503, `audit_unavailable`) whatever the rules say. This is the one fail-closed check
+    /// for every front end: a request passes only as a [`Decided`], made only here.
     pub async fn decide(
         &self,
         pending: Pending,
         target: &Target,
         access: Access,
     ) -> Result<Decided, Refused> {
+        if let Err(cause) = self.audit.available() {
+            let refusal = Refusal::AuditUnavailable(cause);
+            return Err(self.refuse(pending, Some((target, access)), refusal).await);
+        }
         let decision = self
             .rules()
             .decide(target, access, &context(&pending.party.identity));

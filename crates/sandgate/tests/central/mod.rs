@@ -109,6 +109,23 @@ pub fn central(pki: &Pki, dns: SocketAddr, spec: &str, extra: &[&str]) -> Centra
 
 /// As [`central`], its node listener on `listen`.
 pub fn central_on(pki: &Pki, dns: SocketAddr, spec: &str, extra: &[&str], listen: &str) -> Central {
+    central_logging_to(pki, dns, spec, extra, listen, None)
+}
+
+/// As [`central`], writing its audit log at `audit` (`/dev/full`: a log that cannot be
+/// written).
+pub fn central_with_audit(pki: &Pki, dns: SocketAddr, spec: &str, extra: &[&str], audit: &Path) -> Central {
+    central_logging_to(pki, dns, spec, extra, "127.0.0.1:0", Some(audit))
+}
+
+fn central_logging_to(
+    pki: &Pki,
+    dns: SocketAddr,
+    spec: &str,
+    extra: &[&str],
+    listen: &str,
+    audit: Option<&Path>,
+) -> Central {
     let policy = pki.path(&format!("central-{}.yaml", unique_suffix()));
     let text = format!(
         "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: central }}\nspec:\n{spec}  listeners:\n    - listen: {listen}\n      role: node\n      tls: {{ cert: central-127.0.0.1.pem, key: central-127.0.0.1.key, client_ca: ca.pem }}\n"
@@ -124,7 +141,8 @@ pub fn central_on(pki: &Pki, dns: SocketAddr, spec: &str, extra: &[&str], listen
         "127.0.0.0/8",
     ];
     args.extend_from_slice(extra);
-    let proxy = ProxyProcess::start(&args);
+    let proxy =
+        ProxyProcess::start_with_audit(Command::new(sandgate_bin()), audit.map(Path::to_path_buf), &args);
     let node_addr = proxy.listener(&["role=node"]);
     Central {
         proxy,
