@@ -184,7 +184,12 @@ pub fn load(path: &Path, sandgate: &Path) -> Result<Config, ConfigError> {
         sandgate,
         "the sandgate binary that starts every run",
     ));
-    let conflicts = own_files::workspace_conflicts(&config.sandboxes, &config.own_files);
+    let workspaces: Vec<&[PathBuf]> = config
+        .sandboxes
+        .iter()
+        .map(|s| s.gates.workspaces.as_slice())
+        .collect();
+    let conflicts = own_files::workspace_conflicts(&workspaces, &config.own_files);
     if !conflicts.is_empty() {
         return Err(ConfigError(
             conflicts.into_iter().map(|c| format!("{file}: {c}")).collect(),

@@ -12,8 +12,6 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::Sandbox;
-
 /// A file of the server's that no run may change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OwnFile {
@@ -52,13 +50,13 @@ pub fn canonical(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
-/// Each allowed workspace that holds one of `own`, or lies inside one, as a message naming
-/// the field and both paths. Workspaces and files are canonical, so a symlink on either
-/// side is seen through.
-pub fn workspace_conflicts(sandboxes: &[Sandbox], own: &[OwnFile]) -> Vec<String> {
+/// Each allowed workspace (`workspaces[i]`: those of `spec.sandboxes[i]`) that holds one of
+/// `own`, or lies inside one, as a message naming the field and both paths. Workspaces and
+/// files are canonical, so a symlink on either side is seen through.
+pub fn workspace_conflicts(workspaces: &[&[PathBuf]], own: &[OwnFile]) -> Vec<String> {
     let mut out = Vec::new();
-    for (i, sandbox) in sandboxes.iter().enumerate() {
-        for ws in &sandbox.gates.workspaces {
+    for (i, listed) in workspaces.iter().enumerate() {
+        for ws in *listed {
             for file in own {
                 let relation = if file.path.starts_with(ws) {
                     "holds"
@@ -82,27 +80,9 @@ pub fn workspace_conflicts(sandboxes: &[Sandbox], own: &[OwnFile]) -> Vec<String
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Gates;
-    use crate::limits::RunLimits;
-    use sandgate_sandbox::policy::{Limits, NetMode};
 
-    fn sandbox(workspaces: &[&str]) -> Sandbox {
-        Sandbox {
-            name: "s".into(),
-            description: String::new(),
-            policy: "/etc/sandgate/s.yaml".into(),
-            net: NetMode::None,
-            allowed_hosts: Vec::new(),
-            policy_limits: Limits::default(),
-            gates: Gates {
-                commands: vec!["python3".into()],
-                max_seconds: 60,
-                max_output_bytes: 1024,
-                network: false,
-                workspaces: workspaces.iter().map(PathBuf::from).collect(),
-                limits: RunLimits::default(),
-            },
-        }
+    fn paths(workspaces: &[&str]) -> Vec<PathBuf> {
+        workspaces.iter().map(PathBuf::from).collect()
     }
 
     fn own(path: &str) -> OwnFile {
@@ -116,7 +96,7 @@ mod tests {
     fn a_workspace_holding_or_inside_a_server_file_is_named_with_both_paths() {
         let files = [own("/srv/agent/mcp.yaml"), own("/var/lib/sandgate/state")];
         let found = workspace_conflicts(
-            &[sandbox(&["/srv"]), sandbox(&["/var/lib/sandgate/state/w"])],
+            &[&paths(&["/srv"]), &paths(&["/var/lib/sandgate/state/w"])],
             &files,
         );
         assert_eq!(
@@ -133,7 +113,7 @@ mod tests {
         // The usual layout: the configuration, the policies and the work directory side by
         // side; and a name that only shares a prefix.
         let files = [own("/srv/agent/mcp.yaml"), own("/srv/agent/policies/p.yaml")];
-        assert!(workspace_conflicts(&[sandbox(&["/srv/agent/work", "/srv/agent/mcp"])], &files).is_empty());
+        assert!(workspace_conflicts(&[&paths(&["/srv/agent/work", "/srv/agent/mcp"])], &files).is_empty());
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! close-on-exec ([`crate::fds`]), sets the run's rlimits ([`crate::limits`]), loads the
 //! seccomp filter ([`crate::seccomp`]) into itself and then replaces itself with the command
 //! (execve), so all of it holds for the command and everything it starts, and nothing else
-//! runs in between.
+//! runs in between. `sandgate sandbox-enter` ([`enter`]) is the step before bwrap in a run
+//! with a cgroup of its own: it moves itself into the cgroup, then executes bwrap.
 //!
 //! Fail closed: if the filter cannot be built or loaded, the command does not run (exit
 //! [`EXIT_FILTER`]). When the command cannot be executed, the exit status is a shell's: 127
@@ -36,6 +37,29 @@ pub fn run(options: FilterOptions, rlimits: &[String], command: &[OsString]) -> 
         return EXIT_FILTER;
     }
     // Searches PATH like execvp(3), including the shell fallback for scripts without `#!`.
+    let error = std::process::Command::new(program).args(args).exec();
+    eprintln!("sandgate: cannot run {}: {error}", program.to_string_lossy());
+    exit_status_for(&error)
+}
+
+/// `sandgate sandbox-enter --cgroup-procs FILE... -- bwrap ...`: moves itself into each of
+/// the run's cgroups, then executes bwrap; returns only on failure (fail closed: no cgroup,
+/// no sandbox), with the exit status.
+pub fn enter(procs: &[std::path::PathBuf], command: &[std::ffi::OsString]) -> i32 {
+    use std::os::unix::process::CommandExt;
+    let pid = std::process::id().to_string();
+    for file in procs {
+        if let Err(e) = std::fs::write(file, &pid) {
+            eprintln!(
+                "sandgate: cannot enter the run's cgroup {}: {e}; the command was not run",
+                file.display()
+            );
+            return EXIT_FILTER;
+        }
+    }
+    let Some((program, args)) = command.split_first() else {
+        return EXIT_NOT_FOUND;
+    };
     let error = std::process::Command::new(program).args(args).exec();
     eprintln!("sandgate: cannot run {}: {error}", program.to_string_lossy());
     exit_status_for(&error)

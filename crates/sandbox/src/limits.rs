@@ -4,7 +4,7 @@
 //!   `sandgate-RUN` under this process's own cgroup in a hierarchy that has the controller
 //!   (cgroup v1: the controller's own mount; v2: the unified mount, where this cgroup
 //!   delegates the controller to its children) and that this process may write. Its limit
-//!   files are written, and `sandgate sandbox-enter` moves itself into it before it executes
+//!   files are written, and `sandgate sandbox-enter` ([`crate::exec::enter`]) moves itself into it before it executes
 //!   bwrap, so every process of the sandbox is counted from its first fork. Removed after
 //!   the run. Usually root has one; an ordinary user has one under a delegated systemd unit.
 //! - **rlimits** (always, inside the sandbox, by `sandbox-exec` just before the command):
@@ -258,29 +258,6 @@ fn own_path(own: &str, matches: impl Fn(&str) -> bool) -> Option<String> {
         let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
         matches(controllers).then(|| path.to_owned())
     })
-}
-
-/// `sandgate sandbox-enter --cgroup-procs FILE... -- bwrap ...`: moves itself into each of
-/// the run's cgroups, then executes bwrap; returns only on failure (fail closed: no cgroup,
-/// no sandbox), with the exit status.
-pub fn enter(procs: &[PathBuf], command: &[std::ffi::OsString]) -> i32 {
-    use std::os::unix::process::CommandExt;
-    let pid = std::process::id().to_string();
-    for file in procs {
-        if let Err(e) = std::fs::write(file, &pid) {
-            eprintln!(
-                "sandgate: cannot enter the run's cgroup {}: {e}; the command was not run",
-                file.display()
-            );
-            return crate::exec::EXIT_FILTER;
-        }
-    }
-    let Some((program, args)) = command.split_first() else {
-        return crate::exec::EXIT_NOT_FOUND;
-    };
-    let error = std::process::Command::new(program).args(args).exec();
-    eprintln!("sandgate: cannot run {}: {error}", program.to_string_lossy());
-    crate::exec::exit_status_for(&error)
 }
 
 /// `sandbox-exec --rlimit NAME=VALUE`: sets each, soft and hard, before the command runs.

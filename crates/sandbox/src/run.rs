@@ -17,12 +17,15 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
 use crate::argv::{DNS_FILES, RunFacts, bwrap_argv, needs_bridges};
-use crate::policy::{self, NetMode, SandboxPolicy};
+use crate::policy::{NetMode, SandboxPolicy};
 use crate::state::{RunState, sweep_stale_state};
 use crate::{env, processes, summary};
 
+mod load;
 mod proxy;
 
+use load::protected_files;
+pub use load::{load_policy, path_param};
 use proxy::{ProxyRun, open_bridge, start_proxy};
 
 /// How `sandgate run` was asked to run.
@@ -71,80 +74,6 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Loads the policy, with the command line's `--net` and `--allow-domain` applied; every
-/// path canonicalised by the host filesystem.
-pub fn load_policy(opts: &RunOptions) -> Result<SandboxPolicy, RunError> {
-    let text = std::fs::read_to_string(&opts.policy_path)
-        .map_err(|e| RunError::Usage(format!("cannot read {}: {e}", opts.policy_path.display())))?;
-    let file = opts.policy_path.display().to_string();
-    let resolve = |path: &std::path::Path| std::fs::canonicalize(path);
-    let mut p = policy::parse_at(
-        &text,
-        &opts.params,
-        &resolve,
-        opts.net,
-        &file,
-        sandgate_proxy::unix_now(),
-    )
-    .map_err(|e| RunError::Usage(locate(&e.0, &text, &file)))?;
-    for w in &p.warnings {
-        eprintln!("{w}");
-    }
-    for d in &opts.allow_domains {
-        let pattern = sandgate_policy::Pattern::parse(d)
-            .map_err(|e| RunError::Usage(format!("invalid --allow-domain {d:?}: {e}")))?;
-        p.allow.push(pattern);
-    }
-    if !p.net.proxied() && !opts.allow_domains.is_empty() {
-        return Err(RunError::Usage("--allow-domain needs net mode allowlist".into()));
-    }
-    if !p.net.proxied() && opts.learn {
-        return Err(RunError::Usage(format!(
-            "--learn needs net mode allowlist or proxy (here {}): only the run's proxy can learn",
-            p.net.name()
-        )));
-    }
-    if let Some(path) = egress_policy_path(opts, &p) {
-        p.egress = Some(Box::new(crate::egress::load(&path)?));
-    }
-    for spec in &opts.limits {
-        p.limits.apply_override(spec).map_err(RunError::Usage)?;
-    }
-    Ok(p)
-}
-
-/// Where the `net.egress_policy` file is: beside the policy that names it.
-fn egress_policy_path(opts: &RunOptions, policy: &SandboxPolicy) -> Option<PathBuf> {
-    let dir = opts.policy_path.parent().unwrap_or(Path::new("."));
-    policy.egress_policy.as_ref().map(|written| dir.join(written))
-}
-
-/// The run's own files that the command must not change: the policy file, the egress policy
-/// it names, the run's audit log and the directory of kept run logs; canonical, those that
-/// exist; and every `--protect` path, which must exist.
-fn protected_files(
-    opts: &RunOptions,
-    policy: &SandboxPolicy,
-    audit: Option<&Path>,
-) -> Result<Vec<PathBuf>, RunError> {
-    let mut out: Vec<PathBuf> = [
-        Some(opts.policy_path.clone()),
-        egress_policy_path(opts, policy),
-        audit.map(Path::to_path_buf),
-        crate::runlog::dir(),
-    ]
-    .into_iter()
-    .flatten()
-    .filter_map(|p| std::fs::canonicalize(p).ok())
-    .collect();
-    for path in &opts.protect {
-        let canonical = std::fs::canonicalize(path)
-            .map_err(|e| RunError::Usage(format!("--protect {}: {e}", path.display())))?;
-        out.push(canonical);
-    }
-    Ok(out)
-}
-
 /// Does this bwrap have `--disable-userns` (bubblewrap 0.8.0)?
 fn bwrap_disables_userns(bwrap: &Path) -> bool {
     let Ok(out) = std::process::Command::new(bwrap).arg("--version").output() else {
@@ -159,42 +88,6 @@ fn bwrap_disables_userns(bwrap: &Path) -> bool {
         .map_while(|n| n.parse().ok())
         .collect();
     version >= vec![0, 8, 0]
-}
-
-/// A policy error as `file:line: field: message`: errors of the YAML layer and of entries
-/// name the file and line already; for the others (`field: message`), the line where that
-/// field is written, when it can be found.
-fn locate(message: &str, text: &str, file: &str) -> String {
-    if message.starts_with(&format!("{file}:")) {
-        return message.to_owned();
-    }
-    let field = message.split_once(": ").map(|(f, _)| f).filter(|f| {
-        !f.is_empty()
-            && f.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
-    });
-    match field.and_then(|f| sandgate_policy::document::line_of(text, f)) {
-        Some(line) => format!("{file}:{line}: {message}"),
-        None => format!("{file}: {message}"),
-    }
-}
-
-/// `--path-param NAME=PATH`: a parameter whose value is a host path in its canonical form
-/// (symlinks, `.` and `..` resolved by `resolve`; it must exist). A policy may then use it in
-/// `env.set` values, which are not paths the sandbox resolves: a Jupyter kernelspec passes
-/// `{resource_dir}/../..`, and inside the sandbox `..` would cross directories that are not
-/// there.
-pub fn path_param(spec: &str, resolve: crate::paths::Resolve<'_>) -> Result<(String, String), RunError> {
-    let (name, path) = spec
-        .split_once('=')
-        .filter(|(name, path)| !name.is_empty() && !path.is_empty())
-        .ok_or_else(|| RunError::Usage(format!("invalid --path-param {spec:?}: expected NAME=PATH")))?;
-    let canonical = resolve(std::path::Path::new(path))
-        .map_err(|e| RunError::Usage(format!("--path-param {name}: {path:?}: {e}")))?;
-    let value = canonical
-        .to_str()
-        .ok_or_else(|| RunError::Usage(format!("--path-param {name}: {path:?} is not UTF-8")))?;
-    Ok((name.to_owned(), value.to_owned()))
 }
 
 /// Checks that the sandbox can be built here, with a message that says what to do.
@@ -510,54 +403,4 @@ async fn supervise(
 async fn relay(mut from: impl tokio::io::AsyncRead + Unpin, mut to: impl tokio::io::AsyncWrite + Unpin) {
     let _ = tokio::io::copy(&mut from, &mut to).await;
     let _ = tokio::io::AsyncWriteExt::flush(&mut to).await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::path::{Path, PathBuf};
-
-    fn host(path: &Path) -> std::io::Result<PathBuf> {
-        match path.to_str() {
-            Some("/b/kernels/python3-low/../..") => Ok("/b".into()),
-            _ => Err(std::io::ErrorKind::NotFound.into()),
-        }
-    }
-
-    #[test]
-    fn errors_name_the_line_of_their_field() {
-        let text =
-            "apiVersion: sandgate.dev/v1\nkind: SandboxPolicy\nfs:\n  read_paths: [ /nope ]\n  tmp: shared\n";
-        assert_eq!(
-            locate("fs.tmp: \"shared\": use private or none", text, "p.yaml"),
-            "p.yaml:5: fs.tmp: \"shared\": use private or none"
-        );
-        assert_eq!(
-            locate("fs.read_paths: \"/nope\": does not exist", text, "p.yaml"),
-            "p.yaml:4: fs.read_paths: \"/nope\": does not exist"
-        );
-        assert_eq!(
-            locate("net mode \"x\": use none", text, "p.yaml"),
-            "p.yaml: net mode \"x\": use none"
-        );
-        assert_eq!(locate("p.yaml:3: fs: bad", text, "p.yaml"), "p.yaml:3: fs: bad");
-    }
-
-    #[test]
-    fn a_path_param_is_canonical_and_must_exist() {
-        assert_eq!(
-            path_param("BUNDLE=/b/kernels/python3-low/../..", &host).unwrap(),
-            ("BUNDLE".to_owned(), "/b".to_owned())
-        );
-        for bad in ["BUNDLE", "=/b", "BUNDLE=", ""] {
-            let Err(RunError::Usage(m)) = path_param(bad, &host) else {
-                panic!("{bad:?} accepted");
-            };
-            assert!(m.contains("expected NAME=PATH"), "{m}");
-        }
-        let Err(RunError::Usage(m)) = path_param("B=/nope", &host) else {
-            panic!("a missing path accepted");
-        };
-        assert!(m.starts_with("--path-param B: \"/nope\": "), "{m}");
-    }
 }

@@ -106,7 +106,7 @@ fn main() -> ExitCode {
         Command::SandboxEnter {
             cgroup_procs,
             command,
-        } => ExitCode::from(sandgate_sandbox::limits::enter(&cgroup_procs, &command).clamp(0, 255) as u8),
+        } => ExitCode::from(sandgate_sandbox::exec::enter(&cgroup_procs, &command).clamp(0, 255) as u8),
     }
 }
 
