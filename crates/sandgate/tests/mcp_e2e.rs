@@ -907,3 +907,47 @@ print("seccomp", sorted(modes))
         "a process of the run without the filter: {r}"
     );
 }
+
+/// Issue 28, finding 7, through `sandgate mcp`: a fork bomb and a memory fill in a run meet
+/// the gates' limits, and the server answers the next call at once.
+#[test]
+fn a_fork_bomb_or_a_memory_fill_leaves_the_server_responsive() {
+    let dir = tempfile::tempdir().unwrap();
+    sandbox_policy(dir.path(), "offline", "net:\n  mode: none\n");
+    let config = write_config(
+        dir.path(),
+        "  task: t-1\n  audit_log: audit.jsonl\n  sandboxes:\n\
+         \x20   - name: offline\n      policy: offline.yaml\n\
+         \x20     gates: { commands: [ python3 ], max_seconds: 30, limits: { processes: 32, memory: 256MiB } }\n",
+    );
+    let mut d = Driver::start(&config, "legacy");
+    // Forks until refused (at most 500, each child sleeping), then says how far it got.
+    let bomb = "import os, signal, time\nkids = []\nfor i in range(500):\n    try:\n        pid = os.fork()\n    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    kids.append(pid)\nprint(len(kids))\nfor k in kids:\n    os.kill(k, signal.SIGKILL)\n";
+    let r = d.run(json!({"sandbox": "offline", "command": ["python3", "-c", bomb]}));
+    let forked: usize = r["structured"]["stdout"]
+        .as_str()
+        .unwrap_or("")
+        .trim()
+        .parse()
+        .unwrap_or(usize::MAX);
+    assert!(
+        forked < 32,
+        "the fork bomb made {forked} processes under a limit of 32: {r}"
+    );
+    let fill = "try:\n    b = b'x' * (1 << 30)\n    print('allocated')\nexcept MemoryError:\n    print('MemoryError')\n";
+    let r = d.run(json!({"sandbox": "offline", "command": ["python3", "-c", fill]}));
+    let shown = r["structured"]["stdout"].as_str().unwrap_or("");
+    assert!(
+        shown.contains("MemoryError")
+            || r["structured"]["signal"] == 9
+            || r["structured"]["exit_code"] == 137,
+        "1 GiB under a 256 MiB limit: {r}"
+    );
+    let started = std::time::Instant::now();
+    let listed = d.call("list_sandboxes", json!({}));
+    assert!(listed["structured"]["sandboxes"].is_array(), "{listed}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the server was slow to answer after the runs"
+    );
+}
