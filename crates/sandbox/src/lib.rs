@@ -2,7 +2,7 @@
 //! in [`paths`] and the environment built in [`env`]), the bwrap command line as a pure
 //! function of it ([`argv`]), the seccomp filter ([`seccomp`]) and the step that loads it
 //! before the command ([`exec`]), the run's limits ([`limits`]) and the descriptors it never
-//! passes on ([`fds`]), the init that runs first (PID 1) in every sandbox ([`init`]) and the
+//! passes on ([`fds`]), the init that runs first (PID 1) in every sandbox with a PID namespace ([`init`]) and the
 //! bridges it talks to ([`bridge`]), and the supervisor that starts the
 //! proxy, the bridges and bwrap ([`run`], with [`state`], [`processes`] and [`summary`]),
 //! and the question asked at the terminal for `--ask` ([`ask`]); what a run says while it

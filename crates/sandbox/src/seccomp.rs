@@ -9,8 +9,8 @@
 //! allowed: a deny list on top of the namespaces, not a whitelist of the command's calls.
 //!
 //! Every process in the sandbox runs under it: the command through `sandgate sandbox-exec`
-//! ([`crate::exec`]), and the in-sandbox init ([`crate::init`], PID 1) under the same filter
-//! with Unix sockets allowed, for its bridge. Building the filter is pure and unit-tested
+//! ([`crate::exec`]), and the in-sandbox init ([`crate::init`], PID 1) under the same filter,
+//! with Unix sockets allowed only where it holds bridges or the policy allows them. Building the filter is pure and unit-tested
 //! here by running the BPF on sample system calls; loading it is [`load`].
 //!
 //! Two kernel details shape the BPF beyond what seccompiler emits:

@@ -78,7 +78,8 @@ pub enum Command {
     /// mode out and for tests; production brings its own PKI). docs/central.md
     #[command(subcommand)]
     Pki(PkiCommand),
-    /// (internal) The first process inside a proxied sandbox.
+    /// (internal) PID 1 inside every sandbox with a PID namespace; holds the bridges where
+    /// there are any.
     #[command(hide = true)]
     SandboxInit {
         /// ADDR=SOCKET: listen on ADDR inside, relay to SOCKET.
