@@ -302,3 +302,9 @@ fn cycling_source_addresses_meets_the_limit_for_all_but_not_the_approver() {
         "{recorded_429} refusals recorded of {refused}"
     );
 }
+
+/// This whole binary again as `nobody` when the tests run as root.
+#[test]
+fn the_suite_passes_as_an_ordinary_user() {
+    common::rerun_as_nobody("admin_logins_e2e", "the_suite_passes_as_an_ordinary_user", 3);
+}

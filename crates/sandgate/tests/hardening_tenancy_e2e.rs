@@ -267,3 +267,9 @@ fn a_nodes_tunnel_ends_when_the_centrals_entry_expires() {
     assert_eq!(closes.len(), 1, "{:#?}", read_audit(&c.proxy.audit_path));
     assert_eq!(closes[0]["node"], "node-a");
 }
+
+/// This whole binary again as `nobody` when the tests run as root.
+#[test]
+fn the_suite_passes_as_an_ordinary_user() {
+    common::rerun_as_nobody("hardening_tenancy_e2e", "the_suite_passes_as_an_ordinary_user", 3);
+}

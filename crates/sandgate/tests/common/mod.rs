@@ -387,6 +387,10 @@ pub fn rerun_in_private_netns_with(test_name: &str, setup: &str) -> bool {
 /// `skip` (the caller), and checks at least `min_passed` tests passed. A no-op when the tests
 /// already run unprivileged, or inside that run.
 pub fn rerun_as_nobody(binary: &str, skip: &str, min_passed: usize) {
+    as_nobody(binary, &["--skip", skip], min_passed);
+}
+
+fn as_nobody(binary: &str, args: &[&str], min_passed: usize) {
     use std::os::unix::fs::PermissionsExt;
     if std::env::var_os("SANDGATE_AS_NOBODY").is_some() || !is_root() {
         return;
@@ -400,7 +404,8 @@ pub fn rerun_as_nobody(binary: &str, skip: &str, min_passed: usize) {
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .arg(&tests)
-        .args(["--test-threads=2", "--skip", skip])
+        .arg("--test-threads=2")
+        .args(args)
         .env("SANDGATE_TEST_BIN", &bin)
         .env("SANDGATE_AS_NOBODY", "1")
         .env("HOME", "/tmp")
