@@ -56,11 +56,12 @@ impl Drop for RunCgroup {
     fn drop(&mut self) {
         for dir in &self.dirs {
             // Emptied when the sandbox's last process is reaped, which may trail bwrap's
-            // exit by a moment: a few tries, bounded.
-            for _ in 0..50 {
+            // exit by a moment: tried again in short steps for 10 ms at most (the run's exit
+            // waits on it); one still busy then is removed by the next run's sweep.
+            for _ in 0..5 {
                 match std::fs::remove_dir(dir) {
                     Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        std::thread::sleep(std::time::Duration::from_millis(2));
                     }
                     _ => break,
                 }
