@@ -41,7 +41,7 @@ impl Aggregator {
     pub fn absorb(&mut self, e: &Event) -> bool {
         let (party, dest) = match e {
             // A report-only pass stays its own event: it says what the policy would deny.
-            Event::Decision(d) if d.verdict == Verdict::Allow && d.detail.is_none() => {
+            Event::Decision(d) if d.verdict == Verdict::Allow && d.would_deny.is_none() => {
                 (&d.party, d.dest.clone())
             }
             Event::Close(c) if c.outcome == Outcome::Ok => (&c.party, Some(c.dest.clone())),
@@ -128,6 +128,7 @@ mod tests {
                 rule: None,
                 status: None,
                 tls_server_name: None,
+                would_deny: None,
                 detail: None,
             })
         };
@@ -157,7 +158,7 @@ mod tests {
         let mut learned = allow("t1");
         if let Event::Decision(d) = &mut learned {
             d.reason_code = "report_only".into();
-            d.detail = Some("would deny: not_allowlisted".into());
+            d.would_deny = Some(sandgate_policy::PolicyReason::NotAllowlisted);
         }
         assert!(!agg.absorb(&learned), "a report-only pass stays its own event");
         let out = agg.drain();

@@ -1,16 +1,16 @@
-//! The audit events, one type per kind, and the one flat JSON line every kind is written as.
+//! The audit events as the proxy records them, one type per kind.
 //!
 //! The types hold only what their kind records: a [`Decision`] has a verdict and a reason, a
 //! [`Close`] has byte counts, a duration and an [`Outcome`], a [`Reload`] has a generation.
-//! [`Line`] is the serialised form (`docs/audit.md`): every line carries every field, absent
-//! ones as `null`, so readers and CSV exports see one schema. Nothing here writes or counts.
+//! Their written form is [`crate::Line`]; what a reader gets back is [`crate::record`].
+//! Nothing here writes, reads or counts.
 
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
-use sandgate_policy::{Exception, Identity, Verdict};
+use sandgate_policy::{Exception, Identity, PolicyReason, Verdict};
 use serde::{Serialize, Serializer};
 
 /// Version of the line schema; bumped on any incompatible change.
@@ -53,8 +53,12 @@ pub struct Decision {
     pub status: Option<u16>,
     /// The server name a tunnel's TLS ClientHello carried, when it was read.
     pub tls_server_name: Option<String>,
-    /// What the policy would have said of a request let through in report-only mode
-    /// (`would deny: not_allowlisted`).
+    /// A request let through in report-only mode (`reason_code: report_only`): why the
+    /// policy would have denied it. `None` for every other decision.
+    pub would_deny: Option<PolicyReason>,
+    /// Words for a person: what the policy would have said of a report-only pass (`would
+    /// deny: not_allowlisted`, the same as `would_deny`), why a node was refused. Code reads
+    /// the typed fields, not these words.
     pub detail: Option<String>,
 }
 
@@ -223,6 +227,23 @@ pub enum UpstreamFailure {
 }
 
 impl UpstreamFailure {
+    /// Every failure, for reading `outcome` back ([`Outcome::parse`]).
+    pub const ALL: [UpstreamFailure; 13] = [
+        UpstreamFailure::Dns,
+        UpstreamFailure::DnsTimeout,
+        UpstreamFailure::ConnectionRefused,
+        UpstreamFailure::ConnectionTimeout,
+        UpstreamFailure::Connect,
+        UpstreamFailure::ResponseTimeout,
+        UpstreamFailure::Closed,
+        UpstreamFailure::MalformedResponse,
+        UpstreamFailure::ResponseHeadTooLarge,
+        UpstreamFailure::ResponseBody,
+        UpstreamFailure::IdleTimeout,
+        UpstreamFailure::UpstreamDenied,
+        UpstreamFailure::UpstreamProxy,
+    ];
+
     /// The kind, as in `sandgate_upstream_errors_total{kind}`.
     pub fn kind(self) -> &'static str {
         match self {
@@ -244,6 +265,34 @@ impl UpstreamFailure {
 }
 
 impl Outcome {
+    /// Every outcome that is not an upstream failure.
+    const PLAIN: [Outcome; 11] = [
+        Outcome::Ok,
+        Outcome::ClientReset,
+        Outcome::UpstreamReset,
+        Outcome::ClientFailure,
+        Outcome::IdleTimeout,
+        Outcome::Shutdown,
+        Outcome::Revoked,
+        Outcome::Expired,
+        Outcome::OutOfDescriptors,
+        Outcome::RetryRefused,
+        Outcome::LateHelloRefused,
+    ];
+
+    /// Every outcome (a new variant must be listed here, or it cannot be read back; a test
+    /// with an exhaustive match says so).
+    pub fn all() -> impl Iterator<Item = Outcome> {
+        Outcome::PLAIN
+            .into_iter()
+            .chain(UpstreamFailure::ALL.into_iter().map(Outcome::Upstream))
+    }
+
+    /// The outcome [`Outcome::as_str`] writes as `text`; `None` for a value no writer writes.
+    pub fn parse(text: &str) -> Option<Outcome> {
+        Outcome::all().find(|o| o.as_str() == text)
+    }
+
     /// The `outcome` value in the audit log (`upstream_failure:dns` and so on).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -283,9 +332,8 @@ impl Serialize for Outcome {
     }
 }
 
-/// The kind of a line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+/// The kind of a line (its `event` field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventKind {
     Decision,
     Close,
@@ -299,189 +347,69 @@ pub enum EventKind {
     AdminRefused,
 }
 
-/// One written line: every field of every kind, absent ones `null` (the schema readers and
-/// exports rely on; field order as in `docs/audit.md`).
-#[derive(Debug, Serialize)]
-pub struct Line<'a> {
-    pub schema_version: u32,
-    pub event: EventKind,
-    pub created_at: &'a str,
-    pub request_id: Cow<'a, str>,
-    pub client_addr: Option<SocketAddr>,
-    pub task_id: Option<&'a str>,
-    pub project_id: Option<&'a str>,
-    pub job_id: Option<&'a str>,
-    pub decision: Option<Verdict>,
-    pub reason_code: Option<&'a str>,
-    pub scheme: Option<&'static str>,
-    pub method: Option<&'a str>,
-    pub destination_host: Option<&'a str>,
-    pub destination_port: Option<u16>,
-    pub resolved_ip: Option<IpAddr>,
-    pub rule: Option<&'a str>,
-    pub status: Option<u16>,
-    pub bytes_sent: Option<u64>,
-    pub bytes_received: Option<u64>,
-    pub duration_ms: Option<u64>,
-    pub outcome: Option<&'a str>,
-    pub detail: Option<&'a str>,
-    pub count: Option<u64>,
-    pub window_start: Option<&'a str>,
-    /// Exception events: the exception and its terms.
-    pub exception_id: Option<&'a str>,
-    pub hosts: Option<&'a [String]>,
-    pub ports: Option<&'a [u16]>,
-    pub ttl_seconds: Option<u32>,
-    pub reason: Option<&'a str>,
-    pub requested_by: Option<&'a str>,
-    pub decided_by: Option<&'a str>,
-    pub expires_at: Option<String>,
-    /// Who acted: the requester or decider of an exception change; on traffic, who started
-    /// what made the request (a listener's or a sandboxed run's `subject`), as stated.
-    pub subject: Option<&'a str>,
-    /// Decisions on tunnels: the server name of the TLS ClientHello, when it was read.
-    pub tls_server_name: Option<&'a str>,
-    /// On a central proxy: the node-local proxy that forwarded the request.
-    pub node: Option<&'a str>,
-}
+impl EventKind {
+    pub const ALL: [EventKind; 10] = [
+        EventKind::Decision,
+        EventKind::Close,
+        EventKind::PolicyReload,
+        EventKind::Aggregate,
+        EventKind::ExceptionRequested,
+        EventKind::ExceptionApproved,
+        EventKind::ExceptionDenied,
+        EventKind::ExceptionRevoked,
+        EventKind::ExceptionExpired,
+        EventKind::AdminRefused,
+    ];
 
-impl<'a> Line<'a> {
-    /// The line for `s`.
-    pub fn of(s: &'a Stamped) -> Line<'a> {
-        let mut line = Line {
-            schema_version: SCHEMA_VERSION,
-            event: EventKind::Decision,
-            created_at: &s.created_at,
-            request_id: s.event.request_id(),
-            client_addr: None,
-            task_id: None,
-            project_id: None,
-            job_id: None,
-            decision: None,
-            reason_code: None,
-            scheme: None,
-            method: None,
-            destination_host: None,
-            destination_port: None,
-            resolved_ip: None,
-            rule: None,
-            status: None,
-            bytes_sent: None,
-            bytes_received: None,
-            duration_ms: None,
-            outcome: None,
-            detail: None,
-            count: None,
-            window_start: None,
-            exception_id: None,
-            hosts: None,
-            ports: None,
-            ttl_seconds: None,
-            reason: None,
-            requested_by: None,
-            decided_by: None,
-            expires_at: None,
-            subject: None,
-            tls_server_name: None,
-            node: None,
-        };
-        match &s.event {
-            Event::Decision(d) => {
-                line.party(&d.party);
-                line.dest(d.dest.as_ref());
-                line.decision = Some(d.verdict);
-                line.reason_code = Some(&d.reason_code);
-                line.resolved_ip = d.resolved_ip;
-                line.rule = d.rule.as_deref();
-                line.status = d.status;
-                line.tls_server_name = d.tls_server_name.as_deref();
-                line.detail = d.detail.as_deref();
-            }
-            Event::Close(c) => {
-                line.event = EventKind::Close;
-                line.party(&c.party);
-                line.dest(Some(&c.dest));
-                line.resolved_ip = c.resolved_ip;
-                line.status = c.status;
-                line.bytes_sent = Some(c.bytes_sent);
-                line.bytes_received = Some(c.bytes_received);
-                line.duration_ms = Some(c.duration_ms);
-                line.outcome = Some(c.outcome.as_str());
-                // A failed upstream's close says why in reason_code too.
-                if let Outcome::Upstream(_) = c.outcome {
-                    line.reason_code = Some(c.outcome.as_str());
-                }
-            }
-            Event::PolicyReload(r) => {
-                line.event = EventKind::PolicyReload;
-                line.outcome = Some(if r.applied { "applied" } else { "rejected" });
-                line.detail = Some(&r.detail);
-            }
-            Event::Aggregate(a) => {
-                line.event = EventKind::Aggregate;
-                line.dest(a.dest.as_ref());
-                line.task_id = a.task_id.as_deref();
-                line.project_id = a.project_id.as_deref();
-                line.decision = Some(Verdict::Allow);
-                line.count = Some(a.count);
-                line.bytes_sent = Some(a.bytes_sent);
-                line.bytes_received = Some(a.bytes_received);
-                line.window_start = Some(&a.window_start);
-            }
-            Event::Exception(x) => line.exception(x),
-            Event::AdminRefused(r) => {
-                line.event = EventKind::AdminRefused;
-                line.client_addr = r.client_addr;
-                line.subject = r.who.as_deref();
-                line.method = Some(&r.action);
-                line.status = Some(r.status);
-                line.detail = Some(&r.reason);
-            }
+    /// The `event` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Decision => "decision",
+            EventKind::Close => "close",
+            EventKind::PolicyReload => "policy_reload",
+            EventKind::Aggregate => "aggregate",
+            EventKind::ExceptionRequested => "exception_requested",
+            EventKind::ExceptionApproved => "exception_approved",
+            EventKind::ExceptionDenied => "exception_denied",
+            EventKind::ExceptionRevoked => "exception_revoked",
+            EventKind::ExceptionExpired => "exception_expired",
+            EventKind::AdminRefused => "admin_refused",
         }
-        line
     }
 
-    fn exception(&mut self, x: &'a ExceptionChange) {
-        let e = &x.exception;
-        self.event = match x.change {
+    /// The kind written as `text`; `None` for a value no writer writes.
+    pub fn parse(text: &str) -> Option<EventKind> {
+        EventKind::ALL.into_iter().find(|k| k.as_str() == text)
+    }
+
+    /// The change an exception kind records.
+    pub fn change(self) -> Option<Change> {
+        match self {
+            EventKind::ExceptionRequested => Some(Change::Requested),
+            EventKind::ExceptionApproved => Some(Change::Approved),
+            EventKind::ExceptionDenied => Some(Change::Denied),
+            EventKind::ExceptionRevoked => Some(Change::Revoked),
+            EventKind::ExceptionExpired => Some(Change::Expired),
+            _ => None,
+        }
+    }
+}
+
+impl Change {
+    /// The kind of line that records this change.
+    pub fn kind(self) -> EventKind {
+        match self {
             Change::Requested => EventKind::ExceptionRequested,
             Change::Approved => EventKind::ExceptionApproved,
             Change::Denied => EventKind::ExceptionDenied,
             Change::Revoked => EventKind::ExceptionRevoked,
             Change::Expired => EventKind::ExceptionExpired,
-        };
-        self.task_id = Some(&e.task_id);
-        self.project_id = e.project_id.as_deref();
-        self.exception_id = Some(&e.id);
-        self.hosts = Some(&e.hosts);
-        self.ports = Some(&e.ports);
-        self.ttl_seconds = Some(e.ttl_seconds);
-        self.reason = Some(&e.reason);
-        self.requested_by = Some(&e.requested_by);
-        self.decided_by = e.decided_by.as_deref();
-        self.expires_at = e
-            .expires_at
-            .and_then(|at| jiff::Timestamp::from_second(at).ok())
-            .map(|t| t.to_string());
-        self.detail = e.note.as_deref();
-        self.subject = x.by.as_deref();
-    }
-
-    fn party(&mut self, p: &'a Party) {
-        self.client_addr = Some(p.client_addr);
-        self.task_id = p.identity.task.as_deref();
-        self.project_id = p.identity.project.as_deref();
-        self.job_id = p.identity.job.as_deref();
-        self.subject = p.identity.subject.as_deref();
-        self.method = p.method.as_deref();
-        self.node = p.node.as_deref();
-    }
-
-    fn dest(&mut self, d: Option<&'a Dest>) {
-        if let Some(d) = d {
-            self.scheme = Some(d.scheme);
-            self.destination_host = Some(&d.host);
-            self.destination_port = Some(d.port);
         }
+    }
+}
+
+impl Serialize for EventKind {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }

@@ -12,14 +12,19 @@
 //! (`Audit::available`), so no traffic passes unrecorded; requests already allowed finish
 //! and their events wait in memory. Field names follow the seed spec (`docs/audit.md`).
 //!
-//! Modules: [`event`] (the typed events and the one line they are written as), `writer`
-//! (the thread, its retries and fail-closed health), `aggregate` (folding allowed traffic per
-//! window), `sink` (the file or stdout behind a lossless buffer, with rotation) and
-//! [`query`] (reading the files back for `sandgate audit`).
+//! Modules: [`event`] (the typed events as recorded), [`line`] (the one flat JSON line every
+//! kind is written as), `writer` (the thread, its retries and fail-closed health),
+//! `aggregate` (folding allowed traffic per window), `sink` (the file or stdout behind a
+//! lossless buffer, with rotation); and for reading back, [`read`] (the one reader: bounded
+//! lines in, typed entries or typed errors out), [`record`] (what a line holds, by kind) and
+//! [`query`] (files, filters and summaries for `sandgate audit` and `policy suggest`).
 
 mod aggregate;
 pub mod event;
+pub mod line;
 pub mod query;
+pub mod read;
+pub mod record;
 mod sink;
 mod writer;
 
@@ -30,9 +35,12 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-pub use event::{Event, EventKind, Line, Outcome, SCHEMA_VERSION, Stamped, UpstreamFailure};
+pub use event::{Event, EventKind, Outcome, SCHEMA_VERSION, Stamped, UpstreamFailure};
+pub use line::Line;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+pub use read::{Entry, MAX_LINE_BYTES, ReadError, Reader};
+pub use record::{Record, Recorded};
 pub use writer::AuditWriter;
 
 /// Where audit lines go.

@@ -1,31 +1,44 @@
-//! Reading audit logs back: the current file and its rotated siblings in order, every line
-//! parsed, filters for the common questions, and summaries. A line that is not valid JSON is
-//! skipped and reported, never guessed at; a crash can leave at most a torn last line, which
-//! is reported as such.
+//! Reading audit logs back for `sandgate audit` and `sandgate policy suggest`: the current
+//! file and its rotated siblings in order, every line through the one reader
+//! ([`crate::read`]) into typed records, filters for the common questions, one human line or
+//! CSV row per event, and summaries. A line that cannot be read is skipped and reported,
+//! never guessed at; a crash can leave at most a torn last line, which is reported as such.
 
-use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{BufReader, Seek};
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use sandgate_policy::{PolicyReason, Verdict};
+
+use crate::event::EventKind;
+use crate::line::Line;
+use crate::read::{Entry, ReadError, Reader};
+use crate::record::{Record, Recorded};
 
 /// A line that could not be read as an event.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Skipped {
     pub file: PathBuf,
-    pub line: usize,
-    /// True when it is the last line of its file and has no newline (a torn write).
-    pub torn: bool,
+    /// Why, with the line number.
+    pub error: ReadError,
 }
 
 impl std::fmt::Display for Skipped {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let what = if self.torn {
-            "torn last line (incomplete write)"
-        } else {
-            "malformed line"
-        };
-        write!(f, "{}:{}: skipped {what}", self.file.display(), self.line)
+        let file = self.file.display();
+        match &self.error {
+            ReadError::Torn { line } => {
+                write!(f, "{file}:{line}: skipped torn last line (incomplete write)")
+            }
+            ReadError::TooLong { line, limit } => {
+                write!(f, "{file}:{line}: skipped line longer than {limit} bytes")
+            }
+            ReadError::Invalid { line, cause } => {
+                write!(f, "{file}:{line}: skipped malformed line ({cause})")
+            }
+            ReadError::NotUtf8 { line } => write!(f, "{file}:{line}: skipped malformed line (not UTF-8)"),
+            ReadError::Io(e) => write!(f, "{file}: {e}"),
+        }
     }
 }
 
@@ -49,67 +62,51 @@ pub fn log_files(path: &Path) -> Vec<PathBuf> {
     rotated
 }
 
-/// Reads every event of `files` in order. Unreadable lines are skipped and reported.
-pub fn read_events(files: &[PathBuf]) -> std::io::Result<(Vec<Value>, Vec<Skipped>)> {
-    let (lines, skipped) = read_lines(files)?;
-    Ok((lines.into_iter().map(|(_, v)| v).collect(), skipped))
-}
-
-/// An event as written (its line, without the newline) and as parsed.
-pub type LineEvent = (String, Value);
-
-/// As [`read_events`], keeping each event's line as written (for `tail --json` and JSON
-/// lines exports, which pass lines through unchanged).
-pub fn read_lines(files: &[PathBuf]) -> std::io::Result<(Vec<LineEvent>, Vec<Skipped>)> {
-    let mut events = Vec::new();
+/// Reads every event of `files` in order. Lines that are not events are skipped and
+/// reported; a file that cannot be opened or read is an error.
+pub fn read_events(files: &[PathBuf]) -> std::io::Result<(Vec<Entry>, Vec<Skipped>)> {
+    let mut entries = Vec::new();
     let mut skipped = Vec::new();
     for file in files {
-        let mut text = String::new();
-        std::fs::File::open(file)?.read_to_string(&mut text)?;
-        let ends_clean = text.ends_with('\n') || text.is_empty();
-        let count = text.lines().count();
-        for (i, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            match serde_json::from_str::<Value>(line) {
-                Ok(v) if v.is_object() => events.push((line.to_owned(), v)),
-                _ => skipped.push(Skipped {
+        let reader = Reader::new(BufReader::new(std::fs::File::open(file)?));
+        for item in reader {
+            match item {
+                Ok(entry) => entries.push(entry),
+                Err(ReadError::Io(e)) => return Err(e),
+                Err(error) => skipped.push(Skipped {
                     file: file.clone(),
-                    line: i + 1,
-                    torn: i + 1 == count && !ends_clean,
+                    error,
                 }),
             }
         }
     }
-    Ok((events, skipped))
+    Ok((entries, skipped))
 }
 
-/// Reads complete lines appended to `file` after byte `offset`, each as written and parsed;
-/// returns the new offset. A partial last line is left for the next call. Used by `audit
-/// tail --follow`.
-pub fn read_appended(file: &Path, offset: u64) -> std::io::Result<(Vec<LineEvent>, u64)> {
+/// Reads the whole lines appended to `file` after byte `offset`; returns them, the lines
+/// skipped, and the offset to resume from. A partial last line is left for the next call.
+/// Used by `audit tail --follow`.
+pub fn read_appended(file: &Path, offset: u64) -> std::io::Result<(Vec<Entry>, Vec<Skipped>, u64)> {
     let mut f = std::fs::File::open(file)?;
     let len = f.metadata()?.len();
     // The file was rotated or truncated: start again from its beginning.
     let start = if len < offset { 0 } else { offset };
-    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(start))?;
-    let mut reader = BufReader::new(f);
-    let mut events = Vec::new();
-    let mut pos = start;
-    let mut line = String::new();
-    loop {
-        line.clear();
-        let n = reader.read_line(&mut line)?;
-        if n == 0 || !line.ends_with('\n') {
-            break;
-        }
-        pos += n as u64;
-        if let Ok(v) = serde_json::from_str::<Value>(&line) {
-            events.push((line.trim_end().to_owned(), v));
+    f.seek(std::io::SeekFrom::Start(start))?;
+    let mut reader = Reader::new(BufReader::new(f));
+    let mut entries = Vec::new();
+    let mut skipped = Vec::new();
+    for item in reader.by_ref() {
+        match item {
+            Ok(entry) => entries.push(entry),
+            Err(ReadError::Torn { .. }) => {}
+            Err(ReadError::Io(e)) => return Err(e),
+            Err(error) => skipped.push(Skipped {
+                file: file.to_path_buf(),
+                error,
+            }),
         }
     }
-    Ok((events, pos))
+    Ok((entries, skipped, start + reader.offset()))
 }
 
 /// Which events to show.
@@ -117,37 +114,31 @@ pub fn read_appended(file: &Path, offset: u64) -> std::io::Result<(Vec<LineEvent
 pub struct Filter {
     /// Only events at or after this time.
     pub since: Option<jiff::Timestamp>,
-    pub decision: Option<String>,
+    /// Only lines with this `decision` (decisions, and aggregates as `allow`).
+    pub decision: Option<Verdict>,
     pub task: Option<String>,
     /// Destination host, exact or as a `*.suffix` wildcard.
     pub host: Option<String>,
-    /// Substring anywhere in the event's JSON.
+    /// Substring anywhere in the line as written.
     pub grep: Option<String>,
-    /// Event kinds (`decision`, `close`, `policy_reload`); empty means all.
-    pub events: Vec<String>,
+    /// Event kinds; empty means all.
+    pub events: Vec<EventKind>,
 }
 
 impl Filter {
-    pub fn matches(&self, e: &Value) -> bool {
-        let str_of = |k: &str| e.get(k).and_then(Value::as_str);
-        if let Some(since) = self.since {
-            let at = str_of("created_at").and_then(|t| t.parse::<jiff::Timestamp>().ok());
-            if at.is_none_or(|at| at < since) {
-                return false;
-            }
-        }
-        if self
-            .decision
-            .as_deref()
-            .is_some_and(|d| str_of("decision") != Some(d))
-        {
+    pub fn matches(&self, e: &Entry) -> bool {
+        let r = &e.record;
+        if self.since.is_some_and(|since| r.created_at < since) {
             return false;
         }
-        if self.task.as_deref().is_some_and(|t| str_of("task_id") != Some(t)) {
+        if self.decision.is_some_and(|d| r.verdict() != Some(d)) {
+            return false;
+        }
+        if self.task.as_deref().is_some_and(|t| r.task_id() != Some(t)) {
             return false;
         }
         if let Some(host) = &self.host {
-            let have = str_of("destination_host").unwrap_or("");
+            let have = r.dest().map_or("", |d| d.host.as_str());
             let ok = match host.strip_prefix("*.") {
                 Some(suffix) => have.ends_with(&format!(".{suffix}")),
                 None => have.eq_ignore_ascii_case(host),
@@ -156,11 +147,11 @@ impl Filter {
                 return false;
             }
         }
-        if !self.events.is_empty() && !self.events.iter().any(|k| str_of("event") == Some(k)) {
+        if !self.events.is_empty() && !self.events.contains(&r.kind()) {
             return false;
         }
         if let Some(g) = &self.grep
-            && !e.to_string().contains(g.as_str())
+            && !e.text.contains(g.as_str())
         {
             return false;
         }
@@ -206,65 +197,55 @@ pub fn parse_since(text: &str, now: jiff::Timestamp) -> Result<jiff::Timestamp, 
 }
 
 /// One human-readable line for an event.
-pub fn human(e: &Value) -> String {
-    let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("-").to_owned();
-    let n = |k: &str| {
-        e.get(k)
-            .and_then(Value::as_u64)
-            .map_or("-".to_owned(), |v| v.to_string())
-    };
-    let dest = match (
-        e.get("destination_host").and_then(Value::as_str),
-        e.get("destination_port").and_then(Value::as_u64),
-    ) {
-        (Some(h), Some(p)) => format!("{h}:{p}"),
-        _ => "-".to_owned(),
-    };
-    let task = e
-        .get("task_id")
-        .and_then(Value::as_str)
-        .map(|t| format!(" task={t}"))
-        .unwrap_or_default();
-    match e.get("event").and_then(Value::as_str) {
-        Some("decision") => format!(
-            "{} {:5} {} {dest} {}{task} [{}]",
-            s("created_at"),
-            s("decision"),
-            s("method"),
-            s("reason_code"),
-            s("request_id")
+pub fn human(r: &Record) -> String {
+    let or_dash = |s: Option<&str>| s.unwrap_or("-").to_owned();
+    let dest = r.dest().map_or_else(|| "-".to_owned(), ToString::to_string);
+    let task = r.task_id().map(|t| format!(" task={t}")).unwrap_or_default();
+    let (at, id) = (r.created_at, &r.request_id);
+    match &r.event {
+        Recorded::Decision(d) => {
+            let verdict = match d.verdict {
+                Verdict::Allow => "allow",
+                Verdict::Deny => "deny",
+            };
+            format!(
+                "{at} {verdict:5} {} {dest} {}{task} [{id}]",
+                or_dash(d.requester.method.as_deref()),
+                or_dash(d.reason_code.as_deref()),
+            )
+        }
+        Recorded::Close(c) => format!(
+            "{at} close {} {dest} {} sent={} received={} {}ms{task} [{id}]",
+            or_dash(c.requester.method.as_deref()),
+            c.outcome.as_str(),
+            c.bytes_sent,
+            c.bytes_received,
+            c.duration_ms,
         ),
-        Some("close") => format!(
-            "{} close {} {dest} {} sent={} received={} {}ms{task} [{}]",
-            s("created_at"),
-            s("method"),
-            s("outcome"),
-            n("bytes_sent"),
-            n("bytes_received"),
-            n("duration_ms"),
-            s("request_id")
+        Recorded::Aggregate(a) => format!(
+            "{at} aggregate {} {dest} count={} sent={} received={} since={}{task} [{id}]",
+            or_dash(a.dest.as_ref().and_then(|d| d.access).map(|a| a.scheme())),
+            a.count,
+            a.bytes_sent,
+            a.bytes_received,
+            or_dash(a.window_start.as_deref()),
         ),
-        Some("aggregate") => format!(
-            "{} aggregate {} {dest} count={} sent={} received={} since={}{task} [{}]",
-            s("created_at"),
-            s("scheme"),
-            n("count"),
-            n("bytes_sent"),
-            n("bytes_received"),
-            s("window_start"),
-            s("request_id")
+        Recorded::PolicyReload(reload) => format!(
+            "{at} {} {} {}",
+            r.kind().as_str(),
+            if reload.applied { "applied" } else { "rejected" },
+            or_dash(reload.detail.as_deref())
         ),
-        _ => format!(
-            "{} {} {} {}",
-            s("created_at"),
-            s("event"),
-            s("outcome"),
-            s("detail")
+        Recorded::Exception(x) => format!("{at} {} - {}", r.kind().as_str(), or_dash(x.note.as_deref())),
+        Recorded::AdminRefused(refusal) => format!(
+            "{at} {} - {}",
+            r.kind().as_str(),
+            or_dash(refusal.reason.as_deref())
         ),
     }
 }
 
-/// The columns of `audit export --format csv`, in order.
+/// The columns of `audit export --format csv`, in order: the fields of [`Line`] as written.
 pub const CSV_COLUMNS: &[&str] = &[
     "schema_version",
     "event",
@@ -301,16 +282,20 @@ pub const CSV_COLUMNS: &[&str] = &[
     "subject",
     "tls_server_name",
     "node",
+    "would_deny",
 ];
 
-/// One CSV record (RFC 4180 quoting).
-pub fn csv_row(e: &Value) -> String {
+/// One CSV record (RFC 4180 quoting): the record written as a [`Line`] again, its fields
+/// in [`CSV_COLUMNS`] order.
+pub fn csv_row(r: &Record) -> String {
+    // The writer's own serialisation, so the export has exactly the written schema.
+    let fields = serde_json::to_value(Line::of_record(r)).unwrap_or_default();
     CSV_COLUMNS
         .iter()
         .map(|k| {
-            let cell = match e.get(*k) {
-                None | Some(Value::Null) => String::new(),
-                Some(Value::String(s)) => s.clone(),
+            let cell = match fields.get(*k) {
+                None | Some(serde_json::Value::Null) => String::new(),
+                Some(serde_json::Value::String(s)) => s.clone(),
                 Some(other) => other.to_string(),
             };
             if cell.contains([',', '"', '\n', '\r']) {
@@ -334,48 +319,38 @@ pub struct Summary {
     pub bytes_by_task: Vec<(String, u64, u64)>,
 }
 
-pub fn summarize(events: &[Value]) -> Summary {
+pub fn summarize<'a>(records: impl IntoIterator<Item = &'a Record>) -> Summary {
     let mut denied: HashMap<String, u64> = HashMap::new();
     let mut allowed: HashMap<String, u64> = HashMap::new();
     let mut by_dest: HashMap<String, (u64, u64)> = HashMap::new();
     let mut by_task: HashMap<String, (u64, u64)> = HashMap::new();
-    for e in events {
-        let dest = match (
-            e.get("destination_host").and_then(Value::as_str),
-            e.get("destination_port").and_then(Value::as_u64),
-        ) {
-            (Some(h), Some(p)) => format!("{h}:{p}"),
-            _ => "(no destination)".to_owned(),
+    for r in records {
+        let dest = r
+            .dest()
+            .map_or_else(|| "(no destination)".to_owned(), ToString::to_string);
+        let (sent, received) = match &r.event {
+            Recorded::Decision(d) => {
+                let counts = match d.verdict {
+                    Verdict::Deny => &mut denied,
+                    Verdict::Allow => &mut allowed,
+                };
+                *counts.entry(dest).or_default() += 1;
+                continue;
+            }
+            Recorded::Aggregate(a) => {
+                *allowed.entry(dest.clone()).or_default() += a.count;
+                (a.bytes_sent, a.bytes_received)
+            }
+            Recorded::Close(c) => (c.bytes_sent, c.bytes_received),
+            _ => continue,
         };
-        let event = e.get("event").and_then(Value::as_str);
-        match event {
-            Some("decision") if e.get("decision").and_then(Value::as_str) == Some("deny") => {
-                *denied.entry(dest).or_default() += 1;
-            }
-            Some("decision") if e.get("decision").and_then(Value::as_str) == Some("allow") => {
-                *allowed.entry(dest).or_default() += 1;
-            }
-            Some("close" | "aggregate") => {
-                if event == Some("aggregate") {
-                    let n = e.get("count").and_then(Value::as_u64).unwrap_or(0);
-                    *allowed.entry(dest.clone()).or_default() += n;
-                }
-                let sent = e.get("bytes_sent").and_then(Value::as_u64).unwrap_or(0);
-                let recv = e.get("bytes_received").and_then(Value::as_u64).unwrap_or(0);
-                let d = by_dest.entry(dest).or_default();
-                d.0 += sent;
-                d.1 += recv;
-                let task = e
-                    .get("task_id")
-                    .and_then(Value::as_str)
-                    .unwrap_or("(none)")
-                    .to_owned();
-                let t = by_task.entry(task).or_default();
-                t.0 += sent;
-                t.1 += recv;
-            }
-            _ => {}
-        }
+        let d = by_dest.entry(dest).or_default();
+        d.0 += sent;
+        d.1 += received;
+        let task = r.task_id().unwrap_or("(none)").to_owned();
+        let t = by_task.entry(task).or_default();
+        t.0 += sent;
+        t.1 += received;
     }
     let counted = |m: HashMap<String, u64>| {
         let mut v: Vec<_> = m.into_iter().collect();
@@ -412,47 +387,45 @@ pub struct Learned {
 }
 
 /// The destinations that only the allowlist kept out: decisions let through in report-only
-/// mode (`reason_code: report_only`), and with `include_denied` the plain
-/// `not_allowlisted` denies too. Sorted by host. Denylisted ones are kept, marked.
-pub fn learned(events: &[Value], include_denied: bool) -> Vec<Learned> {
-    use std::collections::{BTreeMap, BTreeSet};
-    let mut by_host: BTreeMap<String, (BTreeSet<u16>, u64, BTreeSet<String>, bool)> = BTreeMap::new();
-    for e in events {
-        let str_of = |k: &str| e.get(k).and_then(Value::as_str);
-        if str_of("event") != Some("decision") {
+/// mode (`would_deny`), and with `include_denied` the plain `not_allowlisted` denies too.
+/// Sorted by host. Denylisted ones are kept, marked.
+pub fn learned<'a>(records: impl IntoIterator<Item = &'a Record>, include_denied: bool) -> Vec<Learned> {
+    /// What was seen of one host.
+    #[derive(Default)]
+    struct Seen<'a> {
+        ports: BTreeSet<u16>,
+        count: u64,
+        tasks: BTreeSet<&'a str>,
+        denylisted: bool,
+    }
+    let mut by_host: BTreeMap<&str, Seen<'_>> = BTreeMap::new();
+    for r in records {
+        let Recorded::Decision(d) = &r.event else {
             continue;
-        }
-        let (code, detail) = (str_of("reason_code"), str_of("detail").unwrap_or(""));
-        let denylisted = match code {
-            Some("report_only") => detail.ends_with("denylisted"),
-            Some("not_allowlisted") if include_denied => false,
-            Some("denylisted") if include_denied => true,
+        };
+        let denylisted = match (d.verdict, d.would_deny, d.policy_reason()) {
+            (Verdict::Allow, Some(would), _) => would == PolicyReason::Denylisted,
+            (Verdict::Deny, _, Some(PolicyReason::NotAllowlisted)) if include_denied => false,
+            (Verdict::Deny, _, Some(PolicyReason::Denylisted)) if include_denied => true,
             _ => continue,
         };
-        let (Some(host), Some(port)) = (
-            str_of("destination_host"),
-            e.get("destination_port")
-                .and_then(Value::as_u64)
-                .and_then(|p| u16::try_from(p).ok()),
-        ) else {
+        let Some(dest) = &d.dest else {
             continue;
         };
-        let entry = by_host.entry(host.to_owned()).or_default();
-        entry.0.insert(port);
-        entry.1 += 1;
-        if let Some(task) = str_of("task_id") {
-            entry.2.insert(task.to_owned());
-        }
-        entry.3 |= denylisted;
+        let seen = by_host.entry(&dest.host).or_default();
+        seen.ports.insert(dest.port);
+        seen.count += 1;
+        seen.tasks.extend(d.requester.task_id.as_deref());
+        seen.denylisted |= denylisted;
     }
     by_host
         .into_iter()
-        .map(|(host, (ports, count, tasks, denylisted))| Learned {
-            host,
-            ports: ports.into_iter().collect(),
-            count,
-            tasks: tasks.into_iter().collect(),
-            denylisted,
+        .map(|(host, seen)| Learned {
+            host: host.to_owned(),
+            ports: seen.ports.into_iter().collect(),
+            count: seen.count,
+            tasks: seen.tasks.into_iter().map(str::to_owned).collect(),
+            denylisted: seen.denylisted,
         })
         .collect()
 }
@@ -461,55 +434,74 @@ pub fn learned(events: &[Value], include_denied: bool) -> Vec<Learned> {
 mod tests {
     use super::*;
 
+    /// A record from the fields given, read as any line is.
+    fn rec(fields: serde_json::Value) -> Record {
+        let mut line = serde_json::json!({
+            "schema_version": 1, "created_at": "2026-11-22T10:00:01Z", "request_id": "r-1",
+        });
+        if let (Some(line), serde_json::Value::Object(more)) = (line.as_object_mut(), fields) {
+            line.extend(more);
+        }
+        Record::parse(&line.to_string()).unwrap()
+    }
+
     #[test]
     fn torn_last_line_is_skipped_and_reported() {
-        let dir = std::env::temp_dir().join(format!("sandgate-aq-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("audit.jsonl");
-        std::fs::write(dir.join("audit.jsonl.1"), "{\"event\":\"decision\",\"n\":1}\n").unwrap();
-        std::fs::write(
-            &path,
-            "{\"event\":\"decision\",\"n\":2}\nnot json\n{\"event\":\"clo",
-        )
-        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let line = |id: &str| {
+            format!(
+                "{{\"event\":\"policy_reload\",\"created_at\":\"2026-11-22T10:00:00Z\",\"request_id\":\"{id}\",\"outcome\":\"applied\"}}\n"
+            )
+        };
+        std::fs::write(dir.path().join("audit.jsonl.1"), line("reload-1")).unwrap();
+        std::fs::write(&path, format!("{}not json\n{{\"event\":\"clo", line("reload-2"))).unwrap();
         let files = log_files(&path);
         assert_eq!(files.len(), 2);
         let (events, skipped) = read_events(&files).unwrap();
         assert_eq!(events.len(), 2);
-        assert_eq!(events[0]["n"], 1, "rotated files come first");
-        assert_eq!(skipped.len(), 2);
-        assert!(!skipped[0].torn && skipped[0].line == 2);
-        assert!(skipped[1].torn && skipped[1].line == 3);
-        let (appended, offset) = read_appended(&path, 0).unwrap();
         assert_eq!(
-            (appended.len(), offset),
-            (1, 36),
+            events[0].record.request_id, "reload-1",
+            "rotated files come first"
+        );
+        assert_eq!(skipped.len(), 2);
+        assert!(matches!(skipped[0].error, ReadError::Invalid { line: 2, .. }));
+        assert!(matches!(skipped[1].error, ReadError::Torn { line: 3 }));
+        assert!(
+            skipped[1]
+                .to_string()
+                .ends_with("audit.jsonl:3: skipped torn last line (incomplete write)")
+        );
+        let (appended, bad, offset) = read_appended(&path, 0).unwrap();
+        assert_eq!(
+            (appended.len(), bad.len(), offset),
+            (1, 1, line("reload-2").len() as u64 + 9),
             "the partial line is left for later"
         );
-        std::fs::remove_dir_all(&dir).unwrap();
+        let (again, _, same) = read_appended(&path, offset).unwrap();
+        assert_eq!((again.len(), same), (0, offset));
     }
 
     #[test]
     fn aggregates_read_as_the_traffic_they_fold() {
-        let agg = serde_json::json!({
-            "event": "aggregate", "created_at": "2026-11-22T10:00:01Z", "request_id": "aggregate-1",
+        let agg = rec(serde_json::json!({
+            "event": "aggregate", "request_id": "aggregate-1",
             "decision": "allow", "scheme": "connect", "destination_host": "a.test", "destination_port": 443,
             "task_id": "t-1", "count": 3, "bytes_sent": 30, "bytes_received": 300,
             "window_start": "2026-11-22T10:00:00Z",
-        });
-        let close = serde_json::json!({
+        }));
+        let close = rec(serde_json::json!({
             "event": "close", "destination_host": "a.test", "destination_port": 443,
             "task_id": "t-1", "bytes_sent": 1, "bytes_received": 2, "outcome": "ok",
-        });
-        let allow = serde_json::json!({
+        }));
+        let allow = rec(serde_json::json!({
             "event": "decision", "decision": "allow", "destination_host": "a.test", "destination_port": 443,
-        });
-        let line = human(&agg);
+        }));
         assert_eq!(
-            line,
+            human(&agg),
             "2026-11-22T10:00:01Z aggregate connect a.test:443 count=3 sent=30 received=300 since=2026-11-22T10:00:00Z task=t-1 [aggregate-1]"
         );
-        let s = summarize(&[agg, close, allow]);
+        let s = summarize([&agg, &close, &allow]);
         assert_eq!(s.allowed, vec![("a.test:443".to_owned(), 4)]);
         assert_eq!(s.bytes_by_destination, vec![("a.test:443".to_owned(), 31, 302)]);
         assert_eq!(s.bytes_by_task, vec![("t-1".to_owned(), 31, 302)]);
@@ -517,47 +509,23 @@ mod tests {
 
     #[test]
     fn learned_destinations_are_what_only_the_allowlist_kept_out() {
-        let d = |host: &str, port: u16, code: &str, detail: Option<&str>, task: Option<&str>| {
-            serde_json::json!({
-                "event": "decision", "decision": if code == "report_only" { "allow" } else { "deny" },
-                "reason_code": code, "detail": detail, "destination_host": host,
+        let d = |host: &str, port: u16, code: &str, would: Option<&str>, task: Option<&str>| {
+            rec(serde_json::json!({
+                "event": "decision", "decision": if would.is_some() { "allow" } else { "deny" },
+                "reason_code": code, "would_deny": would, "destination_host": host,
                 "destination_port": port, "task_id": task,
-            })
+            }))
         };
-        let events = vec![
-            d(
-                "b.test",
-                443,
-                "report_only",
-                Some("would deny: not_allowlisted"),
-                Some("t-1"),
-            ),
-            d(
-                "b.test",
-                80,
-                "report_only",
-                Some("would deny: not_allowlisted"),
-                Some("t-2"),
-            ),
-            d(
-                "b.test",
-                443,
-                "report_only",
-                Some("would deny: not_allowlisted"),
-                Some("t-1"),
-            ),
+        let records = [
+            d("b.test", 443, "report_only", Some("not_allowlisted"), Some("t-1")),
+            d("b.test", 80, "report_only", Some("not_allowlisted"), Some("t-2")),
+            d("b.test", 443, "report_only", Some("not_allowlisted"), Some("t-1")),
             d("a.test", 8443, "not_allowlisted", None, None),
-            d(
-                "evil.test",
-                443,
-                "report_only",
-                Some("would deny: denylisted"),
-                None,
-            ),
+            d("evil.test", 443, "report_only", Some("denylisted"), None),
             d("ok.test", 443, "allowlisted", None, None),
             d("guarded.test", 443, "destination_ip_prohibited", None, None),
         ];
-        let found = learned(&events, false);
+        let found = learned(&records, false);
         assert_eq!(found.len(), 2, "{found:?}");
         assert_eq!(
             found[0],
@@ -570,9 +538,86 @@ mod tests {
             }
         );
         assert!(found[1].denylisted && found[1].host == "evil.test");
-        let with_denied = learned(&events, true);
+        let with_denied = learned(&records, true);
         assert_eq!(with_denied[0].host, "a.test");
         assert_eq!(with_denied.len(), 3);
+    }
+
+    #[test]
+    fn filters_go_by_the_typed_fields() {
+        let entry = |fields| {
+            let record = rec(fields);
+            let text = serde_json::to_string(&Line::of_record(&record)).unwrap();
+            Entry {
+                line: 1,
+                text,
+                record,
+            }
+        };
+        let deny = entry(serde_json::json!({
+            "event": "decision", "decision": "deny", "reason_code": "not_allowlisted",
+            "destination_host": "api.evil.test", "destination_port": 443, "task_id": "t-1",
+        }));
+        let agg = entry(
+            serde_json::json!({"event": "aggregate", "destination_host": "a.test", "destination_port": 80}),
+        );
+        let reload = entry(serde_json::json!({"event": "policy_reload", "outcome": "applied"}));
+        let f = |f: Filter| {
+            [&deny, &agg, &reload]
+                .into_iter()
+                .filter(|e| f.matches(e))
+                .count()
+        };
+        assert_eq!(f(Filter::default()), 3);
+        let allow = Some(Verdict::Allow);
+        assert_eq!(
+            f(Filter {
+                decision: allow,
+                ..Filter::default()
+            }),
+            1,
+            "aggregates are allowed traffic"
+        );
+        let host = Some("*.evil.test".to_owned());
+        assert_eq!(
+            f(Filter {
+                host,
+                ..Filter::default()
+            }),
+            1
+        );
+        let task = Some("t-1".to_owned());
+        assert_eq!(
+            f(Filter {
+                task,
+                ..Filter::default()
+            }),
+            1
+        );
+        let events = vec![EventKind::PolicyReload, EventKind::Aggregate];
+        assert_eq!(
+            f(Filter {
+                events,
+                ..Filter::default()
+            }),
+            2
+        );
+        let grep = Some("\"reason_code\":\"not_allowlisted\"".to_owned());
+        assert_eq!(
+            f(Filter {
+                grep,
+                ..Filter::default()
+            }),
+            1
+        );
+        let since = "2026-11-22T10:00:02Z".parse().ok();
+        assert_eq!(
+            f(Filter {
+                since,
+                ..Filter::default()
+            }),
+            0
+        );
     }
 
     #[test]
@@ -595,7 +640,23 @@ mod tests {
             parse_since("2026-11-20T08:30", now).unwrap().to_string(),
             "2026-11-20T08:30:00Z"
         );
-        let e: Value = serde_json::json!({"event": "decision", "rule": "allow:a, \"b\""});
-        assert!(csv_row(&e).contains("\"allow:a, \"\"b\"\"\""));
+        let e = rec(serde_json::json!({"event": "decision", "decision": "allow", "rule": "allow:a, \"b\""}));
+        let row = csv_row(&e);
+        assert!(row.contains("\"allow:a, \"\"b\"\"\""), "{row}");
+        assert!(row.starts_with("1,decision,2026-11-22T10:00:01Z,r-1,"), "{row}");
+    }
+
+    #[test]
+    fn the_csv_columns_are_the_written_fields_in_order() {
+        let e = rec(serde_json::json!({"event": "policy_reload", "outcome": "applied"}));
+        let text = serde_json::to_string(&Line::of_record(&e)).unwrap();
+        let mut at = 0;
+        for column in CSV_COLUMNS {
+            let key = format!("\"{column}\":");
+            let found = text.get(at..).and_then(|rest| rest.find(&key));
+            assert!(found.is_some(), "{column} missing or out of order in {text}");
+            at += found.unwrap_or(0) + key.len();
+        }
+        assert_eq!(text.matches("\":").count(), CSV_COLUMNS.len(), "{text}");
     }
 }

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::aggregate::Aggregator;
-use super::event::{Line, Stamped};
+use super::event::Stamped;
+use super::line::Line;
 use super::sink::Sink;
 use super::{Audit, AuditDestination, AuditHealth, AuditMetrics, AuditOptions, Observe};
 

@@ -22,32 +22,19 @@ use std::time::Instant;
 
 use axum::Json;
 use axum::Router;
-use axum::extract::{ConnectInfo, Path, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use sandgate_policy::exception::Narrowing;
-use sandgate_policy::{Exception, NewRequest, Principal, Principals, RequestError, Role};
-use sandgate_proxy::PolicyHandle;
-use sandgate_proxy::audit::event::{AdminRefusal, Event};
+use sandgate_policy::{Exception, NewRequest, Principal, RequestError, Role};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::service::{Control, ControlError};
+use crate::call::{Call, record_refusal, throttled};
+use crate::service::ControlError;
+use crate::state::ApiState;
 use crate::store::StoreError;
-use crate::throttle::{Throttle, Wait};
-
-/// What the handlers share.
-#[derive(Debug)]
-pub struct ApiState {
-    pub control: Control,
-    pub principals: Principals,
-    pub proxy: PolicyHandle,
-    /// Logged-in people on the approvals page.
-    pub sessions: crate::ui::Sessions,
-    /// Failed logins and wrong bearer tokens, limited per client address and in all.
-    pub throttle: Throttle,
-}
 
 /// The `/v1` routes and the health checks.
 pub fn router(state: Arc<ApiState>) -> Router {
@@ -175,29 +162,6 @@ async fn caller(
     }
 }
 
-/// Records a refusal by the throttle, when it is the first since an attempt was let through
-/// (the rest of the run are not: they cost the caller nothing to send).
-pub(crate) async fn throttled(state: &ApiState, call: (&Method, &Uri, Option<SocketAddr>), wait: &Wait) {
-    if wait.record {
-        let status = StatusCode::TOO_MANY_REQUESTS;
-        record_refusal(state, None, call, status, &wait.reason()).await;
-    }
-}
-
-/// At most this many characters of a refused call's path and reason go on record. Both are
-/// the caller's (a reason can quote its task id back); unbounded, a caller without a token
-/// could write megabytes per call into the audit log and the live event ring.
-const RECORDED_CHARS: usize = 256;
-
-/// `text` cut to [`RECORDED_CHARS`] characters, saying how long it was when cut.
-fn recorded(text: &str) -> String {
-    if text.chars().count() <= RECORDED_CHARS {
-        return text.to_owned();
-    }
-    let head: String = text.chars().take(RECORDED_CHARS).collect();
-    format!("{head}... ({} bytes)", text.len())
-}
-
 async fn refuse<T>(
     state: &ApiState,
     who: Option<&Principal>,
@@ -207,27 +171,6 @@ async fn refuse<T>(
 ) -> Result<T, ApiError> {
     record_refusal(state, who.map(|p| p.name.as_str()), call, status, reason).await;
     Err(ApiError::new(status, reason))
-}
-
-/// Puts a refused call (an API call or a page login) on record, bounded in size:
-/// `who` is the token's name when the token was valid.
-pub(crate) async fn record_refusal(
-    state: &ApiState,
-    who: Option<&str>,
-    (method, uri, client_addr): (&Method, &Uri, Option<SocketAddr>),
-    status: StatusCode,
-    reason: &str,
-) {
-    state
-        .proxy
-        .record_event(Event::AdminRefused(AdminRefusal {
-            who: who.map(str::to_owned),
-            action: recorded(&format!("{method} {}", uri.path())),
-            status: status.as_u16(),
-            reason: recorded(reason),
-            client_addr,
-        }))
-        .await;
 }
 
 /// Records a refused call by a known caller (the wrong role, another task) and passes the
@@ -248,37 +191,6 @@ async fn checked<T>(
             }
             Err(error)
         }
-    }
-}
-
-/// The parts of a call the handlers need: who called from where, and how.
-#[derive(Debug)]
-pub(crate) struct Call {
-    method: Method,
-    uri: Uri,
-    pub(crate) peer: Option<SocketAddr>,
-    headers: HeaderMap,
-}
-
-impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Call {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        _: &S,
-    ) -> Result<Call, Self::Rejection> {
-        Ok(Call {
-            method: parts.method.clone(),
-            uri: parts.uri.clone(),
-            peer: parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0),
-            headers: parts.headers.clone(),
-        })
-    }
-}
-
-impl Call {
-    pub(crate) fn parts(&self) -> (&Method, &Uri, Option<SocketAddr>) {
-        (&self.method, &self.uri, self.peer)
     }
 }
 

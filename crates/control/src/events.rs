@@ -13,7 +13,7 @@ use sandgate_policy::{Principal, Role};
 use sandgate_proxy::audit::{Line, Stamped};
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::api::ApiState;
+use crate::state::ApiState;
 
 /// The stream of events `who` may see.
 pub fn stream(

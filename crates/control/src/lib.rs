@@ -4,15 +4,23 @@
 //! PostgreSQL shared by several), the service that
 //! applies roles, transitions, persistence and publication to the proxy's rules
 //! ([`service`]), and the admin API ([`api`]) mounted on the proxy's admin listener, with the
-//! approvals page ([`ui`]) and the limit on failed logins both share ([`throttle`]).
+//! approvals page ([`ui`], its sessions in [`session`]) and the limit on failed logins both
+//! share ([`throttle`]). Below the API and the page: what their handlers share and the
+//! background loops over it ([`state`]), a call and the one path that records a refused one
+//! (`call.rs`), and live events ([`events`]).
 
 pub mod api;
+mod call;
+pub mod client;
 pub mod events;
 pub mod service;
+pub mod session;
+pub mod state;
 pub mod store;
 pub mod throttle;
 pub mod ui;
 
-pub use api::{ApiState, router};
-pub use service::{Clock, Control, ControlError, expire_loop, sync_loop};
+pub use api::router;
+pub use service::{Clock, Control, ControlError};
+pub use state::{ApiState, expire_loop, sync_loop};
 pub use store::{ExceptionStore, PgStore, SqliteStore, StoreError};

@@ -1,7 +1,8 @@
 //! Slows guessing at the admin credentials: a token presented on the approvals page's login
 //! form or as an API bearer token and refused counts as a failure, and failures are limited
 //! per client address and for all addresses together. It does not check credentials (the
-//! caller's closure does), record anything or answer anyone; `api.rs` and `ui.rs` do.
+//! caller's closure does), record anything or answer anyone: `call.rs` records, `api.rs` and
+//! `ui.rs` answer.
 //!
 //! Each limit is the generic cell rate algorithm (ITU-T I.371, "virtual scheduling"): a
 //! budget is the instant at which it is full again; a failure moves that instant one

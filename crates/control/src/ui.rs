@@ -5,15 +5,14 @@
 //! `/ui/state` every second: no build step, no CDN, works offline. A person logs in with an
 //! approver or viewer token; the page keeps only a random session id in an `HttpOnly`,
 //! `SameSite=Strict` cookie scoped to `/ui` (the token is never in a URL or the page). Every
-//! form carries the session's CSRF token, checked on each POST. Sessions live in memory for
-//! eight hours and end with the process. A refused login is recorded like a refused API call
-//! (`admin_refused`, `POST /ui/login`) and counts against the same limits on failed logins
-//! ([`crate::throttle`]): over one, the login is 429 with `Retry-After`, its token unchecked.
+//! form carries the session's CSRF token, checked on each POST. Sessions (`session.rs`) live
+//! in memory for eight hours and end with the process. A refused login is recorded like a
+//! refused API call (`admin_refused`, `POST /ui/login`) and counts against the same limits on
+//! failed logins ([`crate::throttle`]): over one, the login is 429 with `Retry-After`, its
+//! token unchecked.
 
-use std::collections::HashMap;
-use std::io::Read as _;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use axum::Router;
 use axum::extract::{Form, Path, State};
@@ -21,76 +20,13 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use sandgate_policy::exception::Narrowing;
-use sandgate_policy::{Exception, ExceptionState, Principal, Role};
+use sandgate_policy::{Exception, ExceptionState, Role};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::api::{ApiState, Call};
-
-const COOKIE: &str = "sandgate_session";
-const SESSION_LIFE: Duration = Duration::from_secs(8 * 3600);
-
-/// Logged-in people, by session id.
-#[derive(Debug, Default)]
-pub struct Sessions(Mutex<HashMap<String, Session>>);
-
-#[derive(Debug, Clone)]
-struct Session {
-    who: Principal,
-    csrf: String,
-    until: Instant,
-}
-
-/// 128 random bits, hex, from the kernel.
-fn random_id() -> Option<String> {
-    let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .ok()?
-        .read_exact(&mut bytes)
-        .ok()?;
-    Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-impl Sessions {
-    fn start(&self, who: Principal) -> Option<String> {
-        let id = random_id()?;
-        let csrf = random_id()?;
-        let mut map = self.0.lock().ok()?;
-        map.retain(|_, s| s.until > Instant::now());
-        map.insert(
-            id.clone(),
-            Session {
-                who,
-                csrf,
-                until: Instant::now() + SESSION_LIFE,
-            },
-        );
-        Some(id)
-    }
-
-    fn get(&self, headers: &HeaderMap) -> Option<Session> {
-        let cookies = headers.get(header::COOKIE)?.to_str().ok()?;
-        let id = cookies
-            .split(';')
-            .filter_map(|c| c.trim().split_once('='))
-            .find(|(k, _)| *k == COOKIE)?
-            .1;
-        let map = self.0.lock().ok()?;
-        map.get(id).filter(|s| s.until > Instant::now()).cloned()
-    }
-
-    fn end(&self, headers: &HeaderMap) {
-        if let Some(cookies) = headers.get(header::COOKIE).and_then(|v| v.to_str().ok()) {
-            for (k, v) in cookies.split(';').filter_map(|c| c.trim().split_once('=')) {
-                if k == COOKIE
-                    && let Ok(mut map) = self.0.lock()
-                {
-                    map.remove(v);
-                }
-            }
-        }
-    }
-}
+use crate::call::{self, Call};
+use crate::session::{COOKIE, Session};
+use crate::state::ApiState;
 
 /// The page's routes.
 pub fn router(state: Arc<ApiState>) -> Router {
@@ -152,12 +88,12 @@ async fn login(State(state): State<Arc<ApiState>>, call: Call, Form(form): Form<
         Ok(Ok(who)) => who,
         Ok(Err((name, reason))) => {
             let status = StatusCode::UNAUTHORIZED;
-            crate::api::record_refusal(&state, name.as_deref(), call.parts(), status, reason).await;
+            call::record_refusal(&state, name.as_deref(), call.parts(), status, reason).await;
             let page = login_page("That token is not an approver's or a viewer's.");
             return (status, Html(page)).into_response();
         }
         Err(wait) => {
-            crate::api::throttled(&state, call.parts(), &wait).await;
+            call::throttled(&state, call.parts(), &wait).await;
             let page = login_page(&format!("{}.", capitalised(&wait.reason())));
             let retry = [(header::RETRY_AFTER, wait.retry_after.to_string())];
             return (StatusCode::TOO_MANY_REQUESTS, retry, Html(page)).into_response();

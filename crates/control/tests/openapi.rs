@@ -30,8 +30,7 @@ async fn state(dir: &std::path::Path) -> Arc<ApiState> {
         limits: Limits::default(),
         audit_options: AuditOptions::default(),
         metrics_listen: None,
-        upstream_proxy: None,
-        central: None,
+        connector: Default::default(),
     })
     .await
     .unwrap();

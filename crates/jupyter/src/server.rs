@@ -11,11 +11,13 @@
 //! which a kernel must never hold (it could read what is typed there).
 
 use std::ffi::OsString;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use sandgate_control::client::{AdminClient, AdminError, AdminUrl, Limits};
 use serde_json::Value;
 
 use crate::bundle::{LauncherSettings, Layout};
@@ -178,63 +180,43 @@ pub fn spawn(
     cmd.spawn()
 }
 
-/// Jupyter Server's REST API with the token, on loopback.
+/// Jupyter Server's REST API with the token, on loopback, through the shared admin client
+/// (`sandgate_control::client`: bounded in time and size; the token as a bearer token,
+/// which Jupyter Server takes as it takes `token`).
 #[derive(Debug, Clone)]
 pub struct Api {
     pub base: String,
-    token: String,
+    client: AdminClient,
 }
 
 impl Api {
     pub fn new(port: u16, token: &str) -> Api {
+        let url = AdminUrl::from(SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+        let limits = Limits {
+            max_body: 1 << 20,
+            ..Limits::default()
+        };
         Api {
-            base: format!("http://127.0.0.1:{port}"),
-            token: token.to_owned(),
+            base: url.to_string(),
+            client: AdminClient::with_limits(url, token, limits),
         }
     }
 
-    /// One call; the JSON answer of a 2xx, else the status and the server's message.
-    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, String> {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(30)))
-            .build()
-            .into();
-        let url = format!("{}{path}", self.base);
-        let auth = format!("token {}", self.token);
-        let sent = match method {
-            "GET" => agent.get(&url).header("Authorization", &auth).call(),
-            _ => agent
-                .post(&url)
-                .header("Authorization", &auth)
-                .header("Content-Type", "application/json")
-                .send(body.map(Value::to_string).unwrap_or_default()),
-        };
-        let mut response = sent.map_err(|e| e.to_string())?;
-        let status = response.status().as_u16();
-        let text = response
-            .body_mut()
-            .with_config()
-            .limit(1 << 20)
-            .read_to_string()
-            .map_err(|e| e.to_string())?;
-        let json: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        if (200..300).contains(&status) {
-            Ok(json)
-        } else {
-            let message = json
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("no message")
-                .to_owned();
-            Err(format!("{status}: {message}"))
+    /// One call (`GET`, else a `POST` of `body`, `{}` when there is none); the JSON of a
+    /// 2xx answer, else the status and the server's message.
+    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, AdminError> {
+        match method {
+            "GET" => self.client.get(path),
+            _ => self.client.post(path, body.unwrap_or(&serde_json::json!({}))),
         }
     }
 
     /// Starts a kernel of `kernel_name` in the workspace (path `""`: Jupyter's root); its id.
     pub fn start_kernel(&self, kernel_name: &str) -> Result<String, String> {
         let body = serde_json::json!({ "name": kernel_name, "path": "" });
-        let answer = self.call("POST", "/api/kernels", Some(&body))?;
+        let answer = self
+            .call("POST", "/api/kernels", Some(&body))
+            .map_err(|e| e.to_string())?;
         let id = answer.get("id").and_then(Value::as_str).unwrap_or_default();
         // An id goes onto jupyter-mcp-server's command line: only what a UUID is made of.
         if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {

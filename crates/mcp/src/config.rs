@@ -225,11 +225,9 @@ pub fn parse(text: &str, file: &str, base: &Path) -> Result<Config, ConfigError>
         None => None,
         Some(e) => {
             let admin = e.admin.trim_end_matches('/').to_owned();
-            if !admin.starts_with("http://") {
-                error(
-                    "spec.egress.admin",
-                    format!("{admin:?}: expected http://HOST:PORT"),
-                );
+            // Checked now, so a name the client would refuse stops the server at start.
+            if let Err(e) = sandgate_control::client::AdminUrl::parse(&admin) {
+                error("spec.egress.admin", e.to_string());
             }
             let token_path = base.join(&e.token_file);
             own.push(OwnFile::new(&token_path, "the requester token"));

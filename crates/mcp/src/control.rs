@@ -1,21 +1,27 @@
 //! The agent's side of the control plane: filing an exception request and reading the
 //! task's exceptions through a sandgate proxy's admin API (`/v1/exceptions`), with the
 //! requester token from the configuration. The agent holds no approver token: it cannot
-//! approve anything, its own requests included.
+//! approve anything, its own requests included. The calls go through the shared admin
+//! client (`sandgate_control::client`: an IP address or localhost, never a name looked up;
+//! bounded in time and size), each on a blocking thread.
 
 use std::time::Duration;
 
+use sandgate_control::client::{AdminClient, AdminError, AdminUrl, Limits, path_segment};
 use serde_json::{Value, json};
 
 use crate::config::Egress;
 
-/// A failed call: the admin API's status and message, or why it could not be reached.
+/// A call takes at most this long: an agent waits on it.
+const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A failed call: the admin client's error, or the call's thread ended without an answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ControlError {
-    #[error("the control plane refused it ({status}): {message}")]
-    Refused { status: u16, message: String },
-    #[error("cannot reach the control plane at {admin}: {cause}")]
-    Unreachable { admin: String, cause: String },
+    #[error("the control plane: {0}")]
+    Admin(#[from] AdminError),
+    #[error("the call to the control plane stopped before it answered: {0}")]
+    Interrupted(String),
 }
 
 /// Files a request; returns the exception as the API shows it.
@@ -36,68 +42,32 @@ pub async fn request(
     if let (Some(ports), Some(map)) = (ports, body.as_object_mut()) {
         map.insert("requested_ports".into(), json!(ports));
     }
-    call(egress, "POST", "/v1/exceptions", Some(body)).await
+    call(egress, "/v1/exceptions".to_owned(), Some(body)).await
 }
 
 /// One exception by id.
 pub async fn show(egress: &Egress, id: &str) -> Result<Value, ControlError> {
-    let id: String = id
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
-        .collect();
-    call(egress, "GET", &format!("/v1/exceptions/{id}"), None).await
+    call(egress, format!("/v1/exceptions/{}", path_segment(id)), None).await
 }
 
 /// Every exception the token may see.
 pub async fn list(egress: &Egress) -> Result<Value, ControlError> {
-    call(egress, "GET", "/v1/exceptions", None).await
+    call(egress, "/v1/exceptions".to_owned(), None).await
 }
 
-async fn call(
-    egress: &Egress,
-    method: &'static str,
-    path: &str,
-    body: Option<Value>,
-) -> Result<Value, ControlError> {
-    let url = format!("{}{path}", egress.admin);
-    let auth = format!("Bearer {}", egress.token);
-    let admin = egress.admin.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(15)))
-            .build()
-            .into();
-        let sent = match method {
-            "GET" => agent.get(&url).header("Authorization", &auth).call(),
-            _ => agent
-                .post(&url)
-                .header("Authorization", &auth)
-                .header("Content-Type", "application/json")
-                .send(body.map(|b| b.to_string()).unwrap_or_default()),
-        };
-        let mut response = sent.map_err(|e| e.to_string())?;
-        let status = response.status().as_u16();
-        let text = response
-            .body_mut()
-            .with_config()
-            .limit(4 * 1024 * 1024)
-            .read_to_string()
-            .map_err(|e| e.to_string())?;
-        Ok::<_, String>((status, text))
+/// GET `path`, or POST `body` to it.
+async fn call(egress: &Egress, path: String, body: Option<Value>) -> Result<Value, ControlError> {
+    let url = AdminUrl::parse(&egress.admin).map_err(AdminError::from)?;
+    let limits = Limits {
+        timeout: CALL_TIMEOUT,
+        ..Limits::default()
+    };
+    let client = AdminClient::with_limits(url, &egress.token, limits);
+    let answer = tokio::task::spawn_blocking(move || match body {
+        None => client.get(&path),
+        Some(body) => client.post(&path, &body),
     })
     .await
-    .map_err(|e| e.to_string())
-    .and_then(|r| r);
-    let (status, text) = result.map_err(|cause| ControlError::Unreachable { admin, cause })?;
-    let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-    if !(200..300).contains(&status) {
-        let message = value
-            .get("error")
-            .and_then(Value::as_str)
-            .unwrap_or(text.trim())
-            .to_owned();
-        return Err(ControlError::Refused { status, message });
-    }
-    Ok(value)
+    .map_err(|e| ControlError::Interrupted(e.to_string()))?;
+    Ok(answer?)
 }

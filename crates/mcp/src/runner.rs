@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::at;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 /// How long a timed-out run gets between SIGTERM and SIGKILL.
@@ -208,39 +207,24 @@ fn shown(kept: &[u8], total: u64) -> String {
     text
 }
 
-/// The destinations refused during a run, from its audit log: denials, and allowed
-/// requests the upstream proxy refused.
+/// The destinations refused during a run, from its audit log (through the audit trail's
+/// reader, as the run summary reads it): denials, and allowed requests the upstream proxy
+/// refused. Requests that named no valid destination are left out.
 pub fn blocked(audit: &Path) -> Vec<Blocked> {
-    let Ok(text) = std::fs::read_to_string(audit) else {
-        return Vec::new();
-    };
-    let mut out = BTreeSet::new();
-    for line in text.lines() {
-        let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let reason = match (
-            at(&e, "event").as_str(),
-            at(&e, "decision").as_str(),
-            at(&e, "outcome").as_str(),
-        ) {
-            (Some("decision"), Some("deny"), _) => at(&e, "reason_code").as_str().unwrap_or("denied"),
-            (Some("close"), _, Some("upstream_failure:upstream_denied")) => "upstream_denied",
-            _ => continue,
-        };
-        let (Some(host), Some(port)) = (
-            at(&e, "destination_host").as_str(),
-            at(&e, "destination_port").as_u64(),
-        ) else {
-            continue;
-        };
-        out.insert(Blocked {
-            host: host.to_owned(),
-            port: port as u16,
-            reason: reason.to_owned(),
-        });
-    }
-    out.into_iter().collect()
+    use sandgate_sandbox::summary::{self, Unreached};
+    let (records, _) = summary::read(audit);
+    let refused = summary::misses(&records).filter(|m| m.unreached == Unreached::Blocked);
+    let found: BTreeSet<Blocked> = refused
+        .filter_map(|m| {
+            let dest = m.dest?;
+            Some(Blocked {
+                host: dest.host.clone(),
+                port: dest.port,
+                reason: m.reason.to_owned(),
+            })
+        })
+        .collect();
+    found.into_iter().collect()
 }
 
 #[cfg(test)]
@@ -323,13 +307,29 @@ mod tests {
     fn blocked_destinations_come_from_denials_and_upstream_refusals() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| unreachable!("{e}"));
         let audit = dir.path().join("a.jsonl");
+        let line = |fields: &str| {
+            format!(r#"{{"schema_version":1,"created_at":"2026-11-22T10:00:00Z","request_id":"r",{fields}}}"#)
+        };
         let lines = [
-            r#"{"event":"decision","decision":"deny","reason_code":"not_allowlisted","destination_host":"evil.test","destination_port":443}"#,
-            r#"{"event":"decision","decision":"deny","reason_code":"not_allowlisted","destination_host":"evil.test","destination_port":443}"#,
-            r#"{"event":"decision","decision":"allow","reason_code":"allowlisted","destination_host":"ok.test","destination_port":443}"#,
-            r#"{"event":"close","outcome":"upstream_failure:upstream_denied","destination_host":"up.test","destination_port":80}"#,
-            r#"{"event":"decision","decision":"deny","reason_code":"malformed_head","destination_host":null}"#,
-            "not json",
+            line(
+                r#""event":"decision","decision":"deny","reason_code":"not_allowlisted","destination_host":"evil.test","destination_port":443"#,
+            ),
+            line(
+                r#""event":"decision","decision":"deny","reason_code":"not_allowlisted","destination_host":"evil.test","destination_port":443"#,
+            ),
+            line(
+                r#""event":"decision","decision":"allow","reason_code":"allowlisted","destination_host":"ok.test","destination_port":443"#,
+            ),
+            line(
+                r#""event":"close","outcome":"upstream_failure:upstream_denied","destination_host":"up.test","destination_port":80"#,
+            ),
+            line(
+                r#""event":"close","outcome":"upstream_failure:dns","destination_host":"gone.test","destination_port":443"#,
+            ),
+            line(
+                r#""event":"decision","decision":"deny","reason_code":"malformed_head","destination_host":null"#,
+            ),
+            "not json".to_owned(),
         ];
         std::fs::write(&audit, lines.join("\n")).unwrap_or_else(|e| unreachable!("{e}"));
         let b = blocked(&audit);

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::document::{Entry, Scope};
+use crate::entry::{Entry, Scope};
 use crate::host::Host;
 use crate::pattern::{HostPattern, Pattern};
 use crate::target::{Access, Target};

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::document::{Entry, Scope};
+use crate::entry::{Entry, Scope};
 use crate::host::{DomainName, Host};
 use crate::pattern::{HostPattern, Pattern};
 

@@ -10,6 +10,7 @@ pub mod addr;
 pub mod auth;
 pub mod decision;
 pub mod document;
+pub mod entry;
 pub mod exception;
 pub mod host;
 pub mod ids;
@@ -23,9 +24,10 @@ pub use addr::{AddrClass, AddressGuard, Prohibited, classify};
 pub use auth::{AuthError, Credentials, Principal, Principals, Role, TaskCredential};
 pub use decision::{Context, Decision, Identity, PolicyReason, Rule, Ruleset, Verdict};
 pub use document::{
-    AdminSpec, DocError, DocErrors, Entry, ListenerSpec, PolicyFile, Scope, SecretSource, TaskSecretSpec,
-    TokenSpec, binds_overlap, parse_policy,
+    AdminSpec, DocError, DocErrors, ListenerSpec, PolicyFile, SecretSource, TaskSecretSpec, TokenSpec,
+    binds_overlap, parse_policy,
 };
+pub use entry::{Entry, Scope};
 pub use exception::{
     Exception, ExceptionPolicy, NewRequest, RequestError, State as ExceptionState, TransitionError,
 };

@@ -114,14 +114,39 @@ impl PartialEq for PeerFilter {
 
 impl Eq for PeerFilter {}
 
-/// The wire format a listener speaks.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Protocol {
-    /// HTTP/1.1 forward proxy: absolute-form requests and CONNECT.
-    #[default]
-    Http,
-    /// SOCKS5 (RFC 1928), CONNECT only; RFC 1929 logins as task credentials.
-    Socks5,
+/// What a listener speaks, with what that needs: a combination that means nothing (a node
+/// listener that asks for passwords, SOCKS5 over mutual TLS) cannot be written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrontEnd {
+    /// HTTP/1.1 forward proxy: absolute-form requests and CONNECT. `require_auth`: requests
+    /// must carry task credentials (`Proxy-Authorization: Basic`); the task and project then
+    /// come from the credentials.
+    Http1 { require_auth: bool },
+    /// SOCKS5 (RFC 1928), CONNECT only; with `require_auth`, an RFC 1929 login as task
+    /// credentials.
+    Socks5 { require_auth: bool },
+    /// A central proxy's listener for node-local proxies (`role: node`): mutual TLS and
+    /// HTTP/2 streams; the identity comes from each stream, vouched for by its node.
+    Node(Arc<crate::transport::NodeListener>),
+}
+
+impl FrontEnd {
+    /// The role the start-up log names it by.
+    pub fn role(&self) -> &'static str {
+        match self {
+            FrontEnd::Http1 { .. } => "proxy",
+            FrontEnd::Socks5 { .. } => "socks5",
+            FrontEnd::Node(_) => "node",
+        }
+    }
+
+    /// Whether requests must carry task credentials.
+    pub fn require_auth(&self) -> bool {
+        match self {
+            FrontEnd::Http1 { require_auth } | FrontEnd::Socks5 { require_auth } => *require_auth,
+            FrontEnd::Node(_) => false,
+        }
+    }
 }
 
 /// One address to listen on, and the identity of what arrives there.
@@ -129,27 +154,19 @@ pub enum Protocol {
 pub struct Listener {
     pub addr: SocketAddr,
     pub identity: Identity,
-    /// Requests must carry task credentials (`Proxy-Authorization: Basic`); the task and
-    /// project then come from the credentials.
-    pub require_auth: bool,
     /// When set, only these peers are served (the sandbox runner's bridge).
     pub peers: Option<PeerFilter>,
-    pub protocol: Protocol,
-    /// A central proxy's listener for node-local proxies (`role: node`): mutual TLS and
-    /// HTTP/2 streams instead of `protocol`; the identity comes from each stream.
-    pub node: Option<Arc<crate::node::NodeListener>>,
+    pub front_end: FrontEnd,
 }
 
 impl Listener {
-    /// A listener whose traffic has no task or project (system entries only).
+    /// A plain HTTP/1 listener whose traffic has no task or project (system entries only).
     pub fn system(addr: SocketAddr) -> Listener {
         Listener {
             addr,
             identity: Identity::default(),
-            require_auth: false,
             peers: None,
-            protocol: Protocol::Http,
-            node: None,
+            front_end: FrontEnd::Http1 { require_auth: false },
         }
     }
 }
@@ -165,10 +182,9 @@ pub struct ProxyConfig {
     pub limits: Limits,
     /// Rotation and fsync of a file audit log.
     pub audit_options: crate::audit::AuditOptions,
-    /// Chain allowed traffic through this HTTP proxy (e.g. a central sandgate).
-    pub upstream_proxy: Option<SocketAddr>,
-    /// Forward allowed traffic to central proxies (`--upstream https://...`).
-    pub central: Option<Arc<crate::dial::Centrals>>,
+    /// Where allowed traffic goes: direct, an upstream HTTP proxy (`--upstream-proxy`), or
+    /// central proxies (`--upstream https://...`).
+    pub connector: crate::dial::Connector,
     /// The admin listener serving `/metrics`, if any.
     pub metrics_listen: Option<SocketAddr>,
 }

@@ -14,7 +14,7 @@ use sandgate_policy::{Host, PolicyReason, Target, TargetError};
 
 use crate::audit::event::{Outcome, UpstreamFailure};
 use crate::dial::DialError;
-use crate::http1::head::HeadError;
+use crate::h1::head::HeadError;
 
 /// Failures reading the response on an outbound connection.
 #[derive(Debug, thiserror::Error)]
@@ -83,7 +83,7 @@ pub enum NodeRefusal {
     #[error("the certificate's first name is no listed node (its names: {0})")]
     Unknown(String),
     #[error("bad attribution: {0}")]
-    Attribution(#[from] crate::node::attribution::AttributionError),
+    Attribution(#[from] crate::transport::attribution::AttributionError),
     #[error(transparent)]
     NotVouched(#[from] sandgate_policy::VouchError),
     /// A stream that is not a CONNECT.

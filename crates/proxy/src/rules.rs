@@ -82,7 +82,7 @@ pub struct PolicyHandle {
     pub(crate) audit: WeakAudit,
     pub(crate) metrics: Arc<Metrics>,
     /// The node listeners, whose `spec.nodes` follow the file.
-    pub(crate) node_listeners: Vec<Arc<crate::node::NodeListener>>,
+    pub(crate) node_listeners: Vec<Arc<crate::transport::NodeListener>>,
 }
 
 impl PolicyHandle {

@@ -1,12 +1,15 @@
-//! The accept loop, the per-connection request loop, and graceful shutdown.
+//! The accept loop, the hand-off of each connection to its front end, and graceful
+//! shutdown.
 //!
 //! Shape after mini-redis, with one change: a connection is admitted against the proxy's,
 //! its listener's and its client address's limits after `accept` ([`crate::admission`]),
-//! and one over a limit is answered 503 at once instead of waiting unanswered in the
-//! backlog. Every connection task is tracked, and shutdown is three steps: stop accepting and let idle
-//! keep-alive connections go; give in-flight requests and tunnels the grace period; then cut
-//! what remains (each cut tunnel still writes its close event). The audit writer is drained
-//! last, so nothing decided is lost.
+//! and one over a limit is refused at once instead of waiting unanswered in the backlog
+//! (recorded; an HTTP/1 client is answered 503 first, a SOCKS5 client or a node has no
+//! answer before its handshake and is closed). Every connection task is tracked, and
+//! shutdown is three steps: stop accepting and let idle keep-alive connections go; give
+//! in-flight requests and tunnels the grace period; then cut what remains (each cut tunnel
+//! still writes its close event, and a task dropped after that records what it owed from
+//! its states' `Drop`). The audit writer is drained last, so nothing decided is lost.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -22,14 +25,14 @@ use tokio_util::task::TaskTracker;
 
 use crate::admission::{Admission, ListenerSlots};
 use crate::audit::{AuditDestination, AuditWriter};
-use crate::config::{Identity, Protocol, ProxyConfig};
+use crate::config::{FrontEnd, Identity, ProxyConfig};
 use crate::dial::{DialConfig, Dialer};
 use crate::egress::Egress;
 use crate::http1::{self, ClientConn};
 use crate::metrics::{KindLabels, Metrics};
-use crate::node::TlsHandle;
 use crate::refusal::Refusal;
 use crate::rules::PolicyHandle;
+use crate::transport::TlsHandle;
 
 /// Why the proxy could not start.
 #[derive(Debug, thiserror::Error)]
@@ -90,10 +93,8 @@ impl Proxy {
                 listener,
                 ListenerMeta {
                     identity: Arc::new(spec.identity.clone()),
-                    require_auth: spec.require_auth,
-                    protocol: spec.protocol,
+                    front_end: spec.front_end.clone(),
                     peers: spec.peers.clone(),
-                    node: spec.node.clone(),
                     refused_peers: AtomicU64::new(0),
                     last_peer_warning: std::sync::Mutex::new(None),
                 },
@@ -119,10 +120,9 @@ impl Proxy {
             dns_timeout: config.limits.dns_timeout,
             connect_timeout: config.limits.connect_timeout,
             guard: config.guard.clone(),
-            upstream_proxy: config.upstream_proxy,
-            central: config.central.clone(),
+            connector: config.connector.clone(),
         };
-        if let Some(up) = config.upstream_proxy
+        if let crate::dial::Connector::UpstreamProxy(up) = config.connector
             && own.contains(&up)
         {
             return Err(StartError::UpstreamIsSelf(up));
@@ -196,16 +196,11 @@ impl Proxy {
         self.listeners
             .iter()
             .filter_map(|(l, meta)| {
-                let role = match (&meta.node, meta.protocol) {
-                    (Some(_), _) => "node",
-                    (None, Protocol::Socks5) => "socks5",
-                    (None, Protocol::Http) => "proxy",
-                };
                 Some(BoundListener {
                     addr: l.local_addr().ok()?,
-                    role,
+                    role: meta.front_end.role(),
                     identity: meta.identity.clone(),
-                    require_auth: meta.require_auth,
+                    require_auth: meta.front_end.require_auth(),
                 })
             })
             .collect()
@@ -214,13 +209,12 @@ impl Proxy {
     /// What SIGHUP reloads besides the policy: the TLS files of node listeners and of the
     /// connections to central proxies.
     pub fn tls_handle(&self) -> TlsHandle {
+        let listeners = self.listeners.iter().filter_map(|(_, m)| m.node());
+        let mut configs: Vec<Arc<dyn crate::transport::reload::TlsConfig>> =
+            listeners.map(|n| n.tls.clone() as _).collect();
+        configs.extend(self.egress.dialer.centrals().map(|c| c.tls() as _));
         TlsHandle {
-            listeners: self
-                .listeners
-                .iter()
-                .filter_map(|(_, m)| m.node.clone())
-                .collect(),
-            centrals: self.egress.dialer.centrals().cloned(),
+            configs,
             metrics: self.egress.metrics.clone(),
         }
     }
@@ -237,7 +231,7 @@ impl Proxy {
             node_listeners: self
                 .listeners
                 .iter()
-                .filter_map(|(_, m)| m.node.clone())
+                .filter_map(|(_, m)| m.node().cloned())
                 .collect(),
         }
     }
@@ -298,7 +292,16 @@ impl Proxy {
             tracing::warn!(open = tracker.len(), "grace period over; closing what remains");
             egress.hard_stop.cancel();
             // Cut work ends promptly (it only writes its close event); bound it anyway.
-            let _ = tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await;
+            if tokio::time::timeout(Duration::from_secs(5), tracker.wait())
+                .await
+                .is_err()
+            {
+                // Stuck somewhere no stop token reaches (a lookup, a connect): dropped, and
+                // each request it held records what it owed, before the writer drains.
+                tracing::warn!(open = tracker.len(), "dropping what is still open");
+                egress.dropped.cancel();
+                let _ = tokio::time::timeout(Duration::from_secs(1), tracker.wait()).await;
+            }
         }
         drop(egress);
         let written = writer.finish().await?;
@@ -311,14 +314,21 @@ impl Proxy {
 #[derive(Debug)]
 pub(crate) struct ListenerMeta {
     identity: Arc<Identity>,
-    require_auth: bool,
-    protocol: crate::config::Protocol,
+    front_end: FrontEnd,
     peers: Option<crate::config::PeerFilter>,
-    /// A node listener (`role: node`): TLS and HTTP/2 streams.
-    node: Option<Arc<crate::node::NodeListener>>,
     /// Refused peers since the last warning, and when that was (one warning per interval).
     refused_peers: AtomicU64,
     last_peer_warning: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl ListenerMeta {
+    /// A node listener's TLS and nodes.
+    fn node(&self) -> Option<&Arc<crate::transport::NodeListener>> {
+        match &self.front_end {
+            FrontEnd::Node(node) => Some(node),
+            _ => None,
+        }
+    }
 }
 
 /// Connections answered 503 at once (each for at most two seconds); beyond this many,
@@ -391,29 +401,28 @@ async fn accept_loop(
                 // Answered 503 at once, never left waiting; in a flood beyond the refusal
                 // budget the connection is simply closed.
                 if let Ok(slot) = gate.refusals.clone().try_acquire_owned() {
+                    let droppable = egress.dropped.clone();
                     let egress = egress.clone();
                     let identity = meta.identity.clone();
                     let refusal = Refusal::ConnectionLimit(kind);
-                    let protocol = meta.protocol;
-                    let is_node = meta.node.is_some();
-                    tracker.spawn(async move {
-                        match protocol {
-                            // A node gets no answer before its TLS handshake: record and close.
-                            _ if is_node => {
-                                let pending = egress.begin(peer, identity, None);
-                                let _ = egress.refuse(pending, None, refusal).await;
-                            }
-                            Protocol::Http => {
-                                let client = ClientConn::new(stream, peer, identity);
-                                http1::refuse_connection(&egress, client, refusal).await;
-                            }
-                            // SOCKS5 has no answer before its greeting: record and close.
-                            Protocol::Socks5 => {
-                                let pending = egress.begin(peer, identity, None);
-                                let _ = egress.refuse(pending, None, refusal).await;
-                            }
+                    let answered = matches!(meta.front_end, FrontEnd::Http1 { .. });
+                    let work = async move {
+                        if answered {
+                            let client = ClientConn::new(stream, peer, identity);
+                            http1::refuse_connection(&egress, client, refusal).await;
+                        } else {
+                            // SOCKS5 has no answer before its greeting, a node none before
+                            // its TLS handshake: record and close.
+                            let pending = egress.begin(peer, identity, None);
+                            let _ = egress.refuse(pending, None, refusal).await;
                         }
                         drop(slot);
+                    };
+                    tracker.spawn(async move {
+                        tokio::select! {
+                            () = work => {}
+                            () = droppable.cancelled() => {}
+                        }
                     });
                 }
                 continue;
@@ -423,9 +432,7 @@ async fn accept_loop(
         let egress = egress.clone();
         let stop = stop.clone();
         let identity = meta.identity.clone();
-        let require_auth = meta.require_auth;
-        let protocol = meta.protocol;
-        let node = meta.node.clone();
+        let front_end = meta.front_end.clone();
         let tunnels = tracker.clone();
         let streams = crate::node::serve::StreamGate {
             admission: gate.admission.clone(),
@@ -433,20 +440,26 @@ async fn accept_loop(
         };
         egress.metrics.connections.inc();
         egress.metrics.connections_active.inc();
-        tracker.spawn(async move {
-            match protocol {
-                _ if node.is_some() => {
-                    if let Some(node) = node {
+        let work = egress.droppable({
+            let egress = egress.clone();
+            async move {
+                match front_end {
+                    FrontEnd::Node(node) => {
                         crate::node::serve::serve(egress.clone(), stream, peer, node, streams, tunnels, stop)
                             .await;
                     }
+                    FrontEnd::Http1 { require_auth } => {
+                        let client = ClientConn::new(stream, peer, identity);
+                        http1::serve(&egress, client, require_auth, &stop).await;
+                    }
+                    FrontEnd::Socks5 { require_auth } => {
+                        crate::socks5::serve(&egress, stream, peer, identity, require_auth).await;
+                    }
                 }
-                Protocol::Http => {
-                    let client = ClientConn::new(stream, peer, identity);
-                    http1::serve(&egress, client, require_auth, &stop).await;
-                }
-                Protocol::Socks5 => crate::socks5::serve(&egress, stream, peer, identity, require_auth).await,
             }
+        });
+        tracker.spawn(async move {
+            work.await;
             egress.metrics.connections_active.dec();
             drop(permit);
         });

@@ -60,8 +60,7 @@ fn config(dns: &DnsServer, allow: &[&str], limits: Limits) -> ProxyConfig {
         limits,
         audit_options: AuditOptions::default(),
         metrics_listen: None,
-        upstream_proxy: None,
-        central: None,
+        connector: Default::default(),
     }
 }
 
@@ -169,7 +168,7 @@ async fn every_request_has_exactly_one_decision_and_allowed_ones_one_close() {
         assert_eq!(closes.len(), usize::from(allowed), "{id}: {evs:#?}");
     }
     for e in &events {
-        assert_eq!(e.as_object().unwrap().len(), 35, "every field on every line: {e}");
+        assert_eq!(e.as_object().unwrap().len(), 36, "every field on every line: {e}");
     }
     let failures: Vec<&str> = events
         .iter()
@@ -183,6 +182,78 @@ async fn every_request_has_exactly_one_decision_and_allowed_ones_one_close() {
     );
 }
 
+/// Exactly once by construction (issue 29): work still open after the hard stop and its
+/// 5 s wait (a lookup that never ends, an exchange whose origin never answers, neither
+/// watching a stop token) is dropped, and each request records what it owed from its
+/// state's `Drop`, in the audit log: a deny `abandoned` for the undecided lookup, a close
+/// `shutdown` for the allowed exchange. Before, both tasks outlived the writer and their
+/// records were lost.
+#[tokio::test]
+async fn requests_still_open_after_the_hard_stop_record_what_they_owed() {
+    let dns = DnsServer::start(Zone::new().silent("stuck.test").with("mute.test", &["127.0.0.1"])).await;
+    // An origin that accepts and never answers.
+    let mute = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mute_port = mute.local_addr().unwrap().port();
+    let (accepted, mut connected) = tokio::sync::mpsc::unbounded_channel();
+    let held = tokio::spawn(async move {
+        let mut kept = Vec::new();
+        while let Ok((s, _)) = mute.accept().await {
+            kept.push(s);
+            let _ = accepted.send(());
+        }
+    });
+    let limits = Limits {
+        dns_timeout: Duration::from_secs(120),
+        response_timeout: Duration::from_secs(120),
+        shutdown_grace: Duration::ZERO,
+        ..Limits::default()
+    };
+    let mute_target = format!("mute.test:{mute_port}");
+    let p = start(config(&dns, &["stuck.test", &mute_target], limits)).await;
+    let mut clients = Vec::new();
+    for request in [
+        "GET http://stuck.test/ HTTP/1.1\r\nHost: stuck.test\r\n\r\n".to_owned(),
+        format!("GET http://{mute_target}/ HTTP/1.1\r\nHost: {mute_target}\r\n\r\n"),
+    ] {
+        let mut s = TcpStream::connect(p.addr).await.unwrap();
+        s.write_all(request.as_bytes()).await.unwrap();
+        clients.push(s);
+    }
+    // Both requests are in flight: the lookup asked, the origin connected to.
+    let origin_reached = tokio::time::timeout(Duration::from_secs(60), connected.recv()).await;
+    assert!(
+        matches!(origin_reached, Ok(Some(()))),
+        "the origin was never reached"
+    );
+    for _ in 0..6000 {
+        if dns.questions_about("stuck.test") > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(dns.questions_about("stuck.test") > 0, "the lookup never started");
+    let events = p.stop().await;
+    held.abort();
+    let requests = by_request(&events);
+    assert_eq!(requests.len(), 2, "{events:#?}");
+    let abandoned: Vec<_> = events
+        .iter()
+        .filter(|e| e["event"] == "decision" && e["reason_code"] == "abandoned")
+        .collect();
+    assert_eq!(abandoned.len(), 1, "{events:#?}");
+    assert_eq!(abandoned[0]["decision"], "deny");
+    assert_eq!(abandoned[0]["destination_host"], "stuck.test");
+    let closes: Vec<_> = events.iter().filter(|e| e["event"] == "close").collect();
+    assert_eq!(closes.len(), 1, "{events:#?}");
+    assert_eq!(closes[0]["destination_host"], "mute.test");
+    assert_eq!(closes[0]["outcome"], "shutdown");
+    for (id, evs) in &requests {
+        let decisions = evs.iter().filter(|e| e["event"] == "decision").count();
+        assert_eq!(decisions, 1, "{id}: {evs:#?}");
+    }
+    drop(clients);
+}
+
 /// The chained connector: a node-local proxy asks a central one for the tunnel and never
 /// resolves the name itself.
 #[tokio::test]
@@ -193,7 +264,7 @@ async fn the_chained_connector_asks_the_upstream_proxy_and_resolves_nothing() {
     let target = format!("echo.test:{}", echo.addr().port());
     let central = start(config(&central_dns, &[&target], Limits::default())).await;
     let mut node_config = config(&node_dns, &[&target], Limits::default());
-    node_config.upstream_proxy = Some(central.addr);
+    node_config.connector = sandgate_proxy::Connector::UpstreamProxy(central.addr);
     let node = start(node_config).await;
     let mut s = TcpStream::connect(node.addr).await.unwrap();
     s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())

@@ -25,10 +25,8 @@ async fn only_registered_peers_are_served() {
         listen: vec![Listener {
             addr: "127.0.0.1:0".parse().unwrap(),
             identity: Identity::default(),
-            require_auth: false,
             peers: Some(peers.clone()),
-            protocol: Default::default(),
-            node: None,
+            front_end: sandgate_proxy::FrontEnd::Http1 { require_auth: false },
         }],
         rules: Ruleset::new(),
         guard: AddressGuard::default(),
@@ -37,8 +35,7 @@ async fn only_registered_peers_are_served() {
         limits: Limits::default(),
         audit_options: AuditOptions::default(),
         metrics_listen: None,
-        upstream_proxy: None,
-        central: None,
+        connector: Default::default(),
     };
     let proxy = Proxy::bind(config).await.unwrap();
     let addr = proxy.local_addrs()[0];

@@ -6,9 +6,10 @@
 //! splice(2) (`splice.rs`: payload never enters user space, and the whole tunnel is one
 //! small hand-written future), elsewhere through the portable copy relay (`copy.rs`). An end
 //! that is an HTTP/2 stream between a node and a central proxy is relayed frame by frame
-//! (`leg.rs`). `copy.rs` also relays any pair of async streams ([`relay_streams`], a buffer
-//! per direction; the HTTP/1.1 node transport's bridge has a pump of its own,
-//! sandgate-proxy's `node/bridge.rs`). No relay holds a user-space buffer while a tunnel idles.
+//! (`leg/frames.rs`; the ends themselves, [`Leg`] and [`Upstream`], are `leg.rs`'s).
+//! `copy.rs` also relays any pair of async streams ([`relay_streams`], a buffer per
+//! direction; the HTTP/1.1 node transport's bridge has a pump of its own, sandgate-proxy's
+//! `transport/bridge.rs`). No relay holds a user-space buffer while a tunnel idles.
 
 mod copy;
 mod leg;

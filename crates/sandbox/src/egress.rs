@@ -11,7 +11,7 @@ use std::path::Path;
 
 use sandgate_policy::PolicyFile;
 
-use crate::run::RunError;
+use crate::error::RunError;
 
 /// Reads and checks the `EgressPolicy` at `path` for a run.
 pub fn load(path: &Path) -> Result<PolicyFile, RunError> {

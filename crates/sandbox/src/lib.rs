@@ -8,13 +8,14 @@
 //! and the question asked at the terminal for `--ask` ([`ask`]); what a run says while it
 //! runs ([`live`]) and where its audit log is kept ([`runlog`]); the `EgressPolicy` a
 //! sandbox policy may name for its network ([`egress`]); what a command needs to read, for
-//! `sandgate init --for` ([`needs`]).
+//! `sandgate init --for` ([`needs`]); the two error types, below all of these ([`error`]).
 
 pub mod argv;
 pub mod ask;
 pub mod bridge;
 pub mod egress;
 pub mod env;
+pub mod error;
 pub mod exec;
 pub mod fds;
 pub mod init;

@@ -31,7 +31,7 @@ pub fn line(event: &Event) -> Option<String> {
         || "(malformed request)".to_owned(),
         |t| format!("{}:{}", t.host, t.port),
     );
-    match (d.verdict, d.detail.as_deref()) {
+    match (d.verdict, d.would_deny) {
         (Verdict::Deny, _) => {
             let reason = d.reason_code.replace('_', " ");
             let hint = match (d.reason_code.as_ref(), &d.dest) {
@@ -40,11 +40,8 @@ pub fn line(event: &Event) -> Option<String> {
             };
             Some(format!("sandgate: blocked {dest} ({reason}{hint})"))
         }
-        (Verdict::Allow, Some(would)) if d.reason_code == "report_only" => {
-            let reason = would
-                .strip_prefix("would deny: ")
-                .unwrap_or(would)
-                .replace('_', " ");
+        (Verdict::Allow, Some(would)) => {
+            let reason = would.code().replace('_', " ");
             Some(format!("sandgate: learn: let {dest} through ({reason})"))
         }
         _ => None,

@@ -11,7 +11,7 @@
 use std::io::ErrorKind;
 use std::path::{Component, Path, PathBuf};
 
-use crate::policy::PolicyError;
+use crate::error::PolicyError;
 
 /// "What is this host path's canonical form?", as `std::fs::canonicalize` answers it.
 pub type Resolve<'a> = &'a dyn Fn(&Path) -> std::io::Result<PathBuf>;

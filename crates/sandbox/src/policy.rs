@@ -13,30 +13,21 @@ use std::path::PathBuf;
 use sandgate_policy::Pattern;
 use serde::Deserialize;
 
-use crate::paths::{self, Alias, Resolve};
+pub use crate::error::PolicyError;
+use crate::paths::{Alias, Resolve};
 
+mod fs;
+mod header;
 mod limits;
 mod net;
 
+use fs::{RawFs, host_paths};
+pub use header::{API_VERSION, DEPRECATED_FORM, KIND, document_kind};
+use header::{EGRESS_KIND, Peek, deprecated, header};
 use limits::limits;
 pub use limits::{Limits, RawLimits};
 pub use net::NetMode;
 use net::{RawNet, network};
-
-/// The `apiVersion` a sandbox policy names (the same as an `EgressPolicy`'s).
-pub const API_VERSION: &str = sandgate_policy::document::API_VERSION;
-/// The `kind` of a sandbox policy.
-pub const KIND: &str = "SandboxPolicy";
-/// What a file of the first form (no `apiVersion` and `kind`) is told.
-pub const DEPRECATED_FORM: &str = "warning: no apiVersion and kind: read as a SandboxPolicy; this form is deprecated: add the two lines `apiVersion: sandgate.dev/v1` and `kind: SandboxPolicy` at the top";
-
-/// The deprecation warning for `file`, with the one command that fixes it.
-fn deprecated(file: &str) -> String {
-    let quoted = format!("'{}'", file.replace('\'', "'\\''"));
-    format!(
-        "{file}: {DEPRECATED_FORM}: sed -i '1i apiVersion: sandgate.dev/v1\\nkind: SandboxPolicy' {quoted}"
-    )
-}
 
 /// `net.proxy.upstream: [https://HOST:PORT, ...]` with `net.proxy.tls`: the run's proxy is
 /// a node-local proxy of these central proxies (docs/central.md).
@@ -106,11 +97,6 @@ pub struct SandboxPolicy {
     pub limits: Limits,
 }
 
-/// What is wrong with a policy; the message names the field and the value.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct PolicyError(pub String);
-
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Raw {
@@ -150,21 +136,6 @@ struct RawEnv {
     set: BTreeMap<String, String>,
     #[serde(default)]
     passthrough: Vec<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawFs {
-    #[serde(default)]
-    allow_read_all: bool,
-    #[serde(default)]
-    allow_write_all: bool,
-    #[serde(default)]
-    read_paths: Vec<String>,
-    #[serde(default)]
-    write_paths: Vec<String>,
-    #[serde(default)]
-    tmp: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -250,64 +221,6 @@ pub fn substitute(text: &str, params: &BTreeMap<String, String>) -> Result<Strin
     Ok(out)
 }
 
-/// The host paths of one field, canonical, with their aliases.
-struct Bound {
-    canonical: Vec<PathBuf>,
-    aliases: Vec<Alias>,
-}
-
-/// `platform.bwrap.tmpfs`: each path absolute, and canonical where it exists, so that it is
-/// mounted after the bind it lies in (argv.rs orders mounts by path). A path that does not
-/// exist is made on bwrap's own root; inside a bound path it is refused: there is nothing
-/// there to hide, and bwrap would have to make the directory in the host's tree (or fail on
-/// a read-only one).
-fn tmpfs_list(
-    list: &[String],
-    bound: [&Bound; 4],
-    resolve: Resolve<'_>,
-) -> Result<Vec<PathBuf>, PolicyError> {
-    let field = "platform.bwrap.tmpfs";
-    let mut out = Vec::with_capacity(list.len());
-    for value in list {
-        let written = PathBuf::from(value);
-        if !written.is_absolute() {
-            return Err(PolicyError(format!("{field}: {value:?} is not an absolute path")));
-        }
-        match resolve(&written) {
-            Ok(canonical) => out.push(canonical),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let at = paths::lexical(&written);
-                if let Some(b) = bound
-                    .iter()
-                    .flat_map(|b| &b.canonical)
-                    .find(|b| at.starts_with(b))
-                {
-                    return Err(PolicyError(format!(
-                        "{field}: {value:?} does not exist inside the bound path {}: there is nothing to hide there; create it or leave it out",
-                        b.display()
-                    )));
-                }
-                out.push(at);
-            }
-            Err(e) => return Err(PolicyError(format!("{field}: {value:?}: {e}"))),
-        }
-    }
-    Ok(out)
-}
-
-fn bind_list(field: &str, list: &[String], resolve: Resolve<'_>) -> Result<Bound, PolicyError> {
-    let mut bound = Bound {
-        canonical: Vec::new(),
-        aliases: Vec::new(),
-    };
-    for value in list {
-        let (canonical, alias) = paths::resolve(field, value, resolve)?;
-        bound.canonical.push(canonical);
-        bound.aliases.extend(alias);
-    }
-    Ok(bound)
-}
-
 /// Parses and validates a policy. `resolve` answers what a host path's canonical form is;
 /// `net_override` is the command line's `--net`, applied before any check. Entries with
 /// `ttl_seconds` are anchored at the current time; [`parse_at`] takes the time and the
@@ -349,45 +262,14 @@ pub fn parse_at(
     warnings.extend(network.entries.warnings.iter().map(|w| w.as_warning()));
     check_env(&raw.env)?;
     check_platform(&raw.platform, net)?;
-    let fields = [
-        ("fs.read_paths", &raw.fs.read_paths),
-        ("fs.write_paths", &raw.fs.write_paths),
-        ("platform.bwrap.ro_bind", &raw.platform.bwrap.ro_bind),
-        ("platform.bwrap.rw_bind", &raw.platform.bwrap.rw_bind),
-    ];
-    let mut bound = Vec::with_capacity(fields.len());
-    for (field, list) in fields {
-        let b = bind_list(field, list, resolve)?;
-        if net != NetMode::All {
-            refuse_socket_dirs(field, list, &b.canonical)?;
-        }
-        bound.push(b);
-    }
-    // Host Unix sockets (docker.sock, an SSH agent, D-Bus) would be a way out of any
-    // restricted network mode. The seccomp filter denies AF_UNIX sockets; refusing the paths
-    // that hold them is the first layer, and stays even when a policy allows Unix sockets.
-    if net != NetMode::All && (raw.fs.allow_read_all || raw.fs.allow_write_all) {
-        return Err(PolicyError(format!(
-            "fs.allow_read_all/allow_write_all with net.mode {} would expose host Unix sockets (docker.sock, ssh-agent, D-Bus); list read_paths instead",
-            net.name()
-        )));
-    }
-    let private_tmp = match raw.fs.tmp.as_deref() {
-        None | Some("private") => true,
-        Some("none") => false,
-        Some(other) => return Err(PolicyError(format!("fs.tmp: {other:?}: use private or none"))),
-    };
+    let host = host_paths(
+        &raw.fs,
+        &raw.platform.bwrap,
+        net,
+        network.central.as_ref(),
+        resolve,
+    )?;
     let unshare = raw.platform.bwrap.unshare.unwrap_or_default();
-    let [read, write, ro, rw] =
-        <[Bound; 4]>::try_from(bound).map_err(|_| PolicyError("internal: path fields".to_owned()))?;
-    if let Some(central) = &network.central {
-        refuse_bound_key(&central.key, [&read, &write, &ro, &rw], resolve)?;
-    }
-    let extra_tmpfs = tmpfs_list(&raw.platform.bwrap.tmpfs, [&read, &write, &ro, &rw], resolve)?;
-    let aliases = [&read, &write, &ro, &rw]
-        .iter()
-        .flat_map(|b| b.aliases.iter().cloned())
-        .collect();
     Ok(SandboxPolicy {
         name: raw.metadata.and_then(|m| m.name),
         warnings,
@@ -395,10 +277,10 @@ pub fn parse_at(
         env_passthrough: raw.env.passthrough,
         allow_read_all: raw.fs.allow_read_all,
         allow_write_all: raw.fs.allow_write_all,
-        read_paths: read.canonical,
-        write_paths: write.canonical,
-        aliases,
-        private_tmp,
+        read_paths: host.read,
+        write_paths: host.write,
+        aliases: host.aliases,
+        private_tmp: host.private_tmp,
         net,
         allow: network.allow,
         allow_entries: network.entries.allow,
@@ -416,102 +298,11 @@ pub fn parse_at(
         unshare_pid: unshare.pid.unwrap_or(true),
         unshare_ipc: unshare.ipc.unwrap_or(true),
         allow_unix_sockets: raw.platform.seccomp.allow_unix_sockets,
-        extra_ro_binds: ro.canonical,
-        extra_rw_binds: rw.canonical,
-        extra_tmpfs,
+        extra_ro_binds: host.ro,
+        extra_rw_binds: host.rw,
+        extra_tmpfs: host.extra_tmpfs,
         limits: limits(&raw.limits)?,
     })
-}
-
-/// The node's private key (`net.proxy.tls.key`) must not be readable inside the sandbox:
-/// with it, the command could be the node and attribute traffic as it likes. The run's
-/// proxy reads it before the sandbox starts; no bound path may cover it.
-fn refuse_bound_key(
-    key: &std::path::Path,
-    bound: [&Bound; 4],
-    resolve: Resolve<'_>,
-) -> Result<(), PolicyError> {
-    let canonical =
-        resolve(key).map_err(|e| PolicyError(format!("net.proxy.tls.key: {}: {e}", key.display())))?;
-    let fields = [
-        "fs.read_paths",
-        "fs.write_paths",
-        "platform.bwrap.ro_bind",
-        "platform.bwrap.rw_bind",
-    ];
-    for (b, field) in bound.iter().zip(fields) {
-        if let Some(p) = b.canonical.iter().find(|p| canonical.starts_with(p)) {
-            return Err(PolicyError(format!(
-                "net.proxy.tls.key: {} is inside {} ({field}): the command could read the node's key; keep it in a directory the sandbox does not bind",
-                canonical.display(),
-                p.display()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// What a run given the proxy's policy is told.
-const EGRESS_KIND: &str = "kind: EgressPolicy is the proxy's policy (sandgate proxy --policy); sandgate run takes a SandboxPolicy, whose net.egress_policy may name this file (sandgate init --kind sandbox writes one)";
-
-/// Just enough of any policy document to say which kind it is.
-#[derive(Deserialize)]
-struct Peek {
-    #[serde(default)]
-    kind: Option<String>,
-    #[serde(default)]
-    env: Option<serde::de::IgnoredAny>,
-    #[serde(default)]
-    fs: Option<serde::de::IgnoredAny>,
-    #[serde(default)]
-    net: Option<serde::de::IgnoredAny>,
-    #[serde(default)]
-    platform: Option<serde::de::IgnoredAny>,
-}
-
-/// The `kind` a policy document names: its `kind`, or [`KIND`] for a document without one
-/// but with a section only a sandbox policy has (the first form); `None` when it names none
-/// (or is not YAML). `check-config` dispatches on it.
-pub fn document_kind(text: &str) -> Option<String> {
-    let k = serde_saphyr::from_str::<Peek>(text).ok()?;
-    match k.kind {
-        Some(kind) => Some(kind),
-        None if k.env.is_some() || k.fs.is_some() || k.net.is_some() || k.platform.is_some() => {
-            Some(KIND.to_owned())
-        }
-        None => None,
-    }
-}
-
-/// Checks `apiVersion` and `kind`: both, naming a sandbox policy, or neither (the first
-/// form, still read, with a warning saying what to add).
-fn header(raw: &Raw) -> Result<Vec<String>, PolicyError> {
-    let _ = raw.metadata.as_ref().map(|m| (&m.version, &m.labels));
-    match (raw.api_version.as_deref(), raw.kind.as_deref()) {
-        (None, None) => Ok(vec![DEPRECATED_FORM.to_owned()]),
-        (Some(API_VERSION), Some(KIND)) => Ok(Vec::new()),
-        (_, Some("EgressPolicy")) => Err(PolicyError(EGRESS_KIND.to_owned())),
-        (Some(API_VERSION), Some(other)) => Err(PolicyError(format!("kind: {other:?}: expected {KIND:?}"))),
-        (Some(other), Some(_)) => Err(PolicyError(format!(
-            "apiVersion: {other:?}: expected {API_VERSION:?}"
-        ))),
-        (None, Some(_)) => Err(PolicyError(format!(
-            "apiVersion: missing: add `apiVersion: {API_VERSION}`"
-        ))),
-        (Some(_), None) => Err(PolicyError(format!("kind: missing: add `kind: {KIND}`"))),
-    }
-}
-
-fn refuse_socket_dirs(field: &str, written: &[String], canonical: &[PathBuf]) -> Result<(), PolicyError> {
-    for (value, path) in written.iter().zip(canonical) {
-        if paths::may_hold_host_sockets(path) {
-            return Err(PolicyError(format!(
-                "{field}: {value:?} ({}) may hold host Unix sockets (a way around a restricted network); bind something narrower",
-                path.display()
-            )));
-        }
-    }
-    Ok(())
 }
 
 fn check_env(raw: &RawEnv) -> Result<(), PolicyError> {

@@ -2,6 +2,7 @@
 //! field, with the final network mode (the `--net` override) applied before the checks.
 
 use super::*;
+use crate::paths;
 use std::path::Path;
 
 fn params(list: &[(&str, &str)]) -> BTreeMap<String, String> {

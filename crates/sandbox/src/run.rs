@@ -17,6 +17,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
 use crate::argv::{DNS_FILES, RunFacts, bwrap_argv, needs_bridges};
+pub use crate::error::RunError;
 use crate::policy::{NetMode, SandboxPolicy};
 use crate::state::{RunState, sweep_stale_state};
 use crate::{env, processes, summary};
@@ -56,15 +57,6 @@ pub struct RunOptions {
     /// `--limit NAME=VALUE`, over the policy's `limits:`.
     pub limits: Vec<String>,
     pub command: Vec<OsString>,
-}
-
-/// Why a run could not start. The CLI exits 64 for `Usage`, 69 for `Unavailable`.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error("{0}")]
-    Usage(String),
-    #[error("{0}")]
-    Unavailable(String),
 }
 
 fn find_in_path(name: &str) -> Option<PathBuf> {
@@ -143,7 +135,7 @@ fn run_id() -> String {
 /// A run that is a node of central proxies is named under its node (`node-a:run-PID-X`),
 /// so a central can let each node vouch only for its own runs (`tasks: ["node-a:*"]`).
 fn node_run_id(spec: &crate::policy::CentralSpec) -> Result<String, RunError> {
-    let name = sandgate_proxy::node::tls::node_name(&spec.cert)
+    let name = sandgate_proxy::transport::tls::node_name(&spec.cert)
         .map_err(|e| RunError::Usage(format!("net.proxy.tls.cert: {e}")))?
         .ok_or_else(|| {
             RunError::Usage(format!(

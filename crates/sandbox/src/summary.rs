@@ -1,10 +1,11 @@
-//! The summary `sandgate run` prints on exit in the proxied modes, from the run's audit log:
-//! one line per destination the command did not reach, with the reason and a count.
+//! The summary `sandgate run` prints on exit in the proxied modes, from the run's audit log
+//! (read through the audit trail's one reader): one line per destination the command did
+//! not reach, with the reason and a count.
 //!
-//! `blocked:` lines are the policy's denials (decision events with `decision: deny`) and
-//! an upstream proxy's (`upstream_failure:upstream_denied`); `failed:` lines are allowed
-//! requests that failed upstream (close events with another `upstream_failure:*` outcome:
-//! DNS, connect, response).
+//! `blocked:` lines are the policy's denials (deny decisions) and an upstream proxy's
+//! (`upstream_failure:upstream_denied`); `failed:` lines are allowed requests that failed
+//! upstream (closes with another upstream failure: DNS, connect, response). The MCP runner
+//! reports the same blocked destinations ([`misses`]).
 //!
 //! Then one line for the whole run: requests allowed (and of those, let through by
 //! `--learn`) and denied, bytes each way, and where the audit log is kept.
@@ -12,35 +13,64 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde_json::Value;
+use sandgate_policy::Verdict;
+use sandgate_proxy::audit::record::{Destination, Record, Recorded};
+use sandgate_proxy::audit::{Outcome, UpstreamFailure};
 
-fn destination(e: &Value) -> String {
-    match (e["destination_host"].as_str(), e["destination_port"].as_u64()) {
-        (Some(h), Some(p)) => format!("{h}:{p}"),
-        _ => "(malformed request)".to_owned(),
-    }
+/// Why a request did not reach its destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Unreached {
+    /// Refused: by the policy (a deny decision) or by an upstream proxy.
+    Blocked,
+    /// Allowed, then failed upstream (DNS, connect, response).
+    Failed,
 }
 
-/// The summary lines for these audit events, blocked first, each group sorted.
-pub fn lines(events: &[Value]) -> Vec<String> {
-    let mut blocked: BTreeMap<(String, String), usize> = BTreeMap::new();
-    let mut failed: BTreeMap<(String, String), usize> = BTreeMap::new();
-    for e in events {
-        if e["event"] == "decision" && e["decision"] == "deny" {
-            let reason = e["reason_code"].as_str().unwrap_or("denied").replace('_', " ");
-            *blocked.entry((destination(e), reason)).or_default() += 1;
-        } else if e["event"] == "close"
-            && let Some(kind) = e["outcome"]
-                .as_str()
-                .and_then(|o| o.strip_prefix("upstream_failure:"))
-        {
-            let group = if kind == "upstream_denied" {
-                &mut blocked
-            } else {
-                &mut failed
-            };
-            *group.entry((destination(e), kind.replace('_', " "))).or_default() += 1;
-        }
+/// One request that did not reach its destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Miss<'a> {
+    pub unreached: Unreached,
+    /// `None` when the request named no valid destination.
+    pub dest: Option<&'a Destination>,
+    /// The reason code: a deny's `reason_code` (`not_allowlisted`, ...), or the upstream
+    /// failure's kind (`upstream_denied`, `dns`, `connection_refused`, ...).
+    pub reason: &'a str,
+}
+
+/// Every request of `records` that did not reach its destination, in order.
+pub fn misses(records: &[Record]) -> impl Iterator<Item = Miss<'_>> {
+    records.iter().filter_map(|r| match &r.event {
+        Recorded::Decision(d) if d.verdict == Verdict::Deny => Some(Miss {
+            unreached: Unreached::Blocked,
+            dest: d.dest.as_ref(),
+            reason: d.reason_code.as_deref().unwrap_or("denied"),
+        }),
+        Recorded::Close(c) => match c.outcome {
+            Outcome::Upstream(failure) => Some(Miss {
+                unreached: if failure == UpstreamFailure::UpstreamDenied {
+                    Unreached::Blocked
+                } else {
+                    Unreached::Failed
+                },
+                dest: c.dest.as_ref(),
+                reason: failure.kind(),
+            }),
+            _ => None,
+        },
+        _ => None,
+    })
+}
+
+/// The summary lines for these audit records, blocked first, each group sorted.
+pub fn lines(records: &[Record]) -> Vec<String> {
+    let mut counted: BTreeMap<(Unreached, String, String), usize> = BTreeMap::new();
+    for m in misses(records) {
+        let dest = m
+            .dest
+            .map_or_else(|| "(malformed request)".to_owned(), ToString::to_string);
+        *counted
+            .entry((m.unreached, dest, m.reason.replace('_', " ")))
+            .or_default() += 1;
     }
     let times = |n: usize| {
         if n == 1 {
@@ -49,13 +79,16 @@ pub fn lines(events: &[Value]) -> Vec<String> {
             format!("{n} times")
         }
     };
-    let blocked = blocked
+    counted
         .into_iter()
-        .map(|((dest, reason), n)| format!("blocked: {dest} ({reason}), {}", times(n)));
-    let failed = failed
-        .into_iter()
-        .map(|((dest, reason), n)| format!("failed: {dest} ({reason}), {}", times(n)));
-    blocked.chain(failed).collect()
+        .map(|((unreached, dest, reason), n)| {
+            let label = match unreached {
+                Unreached::Blocked => "blocked",
+                Unreached::Failed => "failed",
+            };
+            format!("{label}: {dest} ({reason}), {}", times(n))
+        })
+        .collect()
 }
 
 /// The run's totals: decisions allowed (`learned` of them let through by `--learn`) and
@@ -69,18 +102,22 @@ pub struct Totals {
     pub received: u64,
 }
 
-pub fn totals(events: &[Value]) -> Totals {
+pub fn totals(records: &[Record]) -> Totals {
     let mut t = Totals::default();
-    for e in events {
-        match (e["event"].as_str(), e["decision"].as_str()) {
-            (Some("decision"), Some("allow")) => {
+    for r in records {
+        match &r.event {
+            Recorded::Decision(d) if d.verdict == Verdict::Allow => {
                 t.allowed += 1;
-                t.learned += u64::from(e["reason_code"] == "report_only");
+                t.learned += u64::from(d.would_deny.is_some());
             }
-            (Some("decision"), Some("deny")) => t.denied += 1,
-            (Some("close" | "aggregate"), _) => {
-                t.sent += e["bytes_sent"].as_u64().unwrap_or(0);
-                t.received += e["bytes_received"].as_u64().unwrap_or(0);
+            Recorded::Decision(_) => t.denied += 1,
+            Recorded::Close(c) => {
+                t.sent += c.bytes_sent;
+                t.received += c.bytes_received;
+            }
+            Recorded::Aggregate(a) => {
+                t.sent += a.bytes_sent;
+                t.received += a.bytes_received;
             }
             _ => {}
         }
@@ -105,16 +142,29 @@ pub fn total_line(t: &Totals, kept: Option<&Path>) -> String {
     )
 }
 
+/// The records of a run's audit log (none when it cannot be read), and a line for each
+/// line of it that is not an event.
+pub fn read(audit: &Path) -> (Vec<Record>, Vec<String>) {
+    match sandgate_proxy::audit_query::read_events(&[audit.to_path_buf()]) {
+        Ok((entries, skipped)) => (
+            entries.into_iter().map(|e| e.record).collect(),
+            skipped.iter().map(ToString::to_string).collect(),
+        ),
+        Err(_) => (Vec::new(), Vec::new()),
+    }
+}
+
 /// Prints the summary of the audit log at `audit` on stderr. `kept`: where it stays after
 /// the run (`None`: it goes with the run's state); `learn`: say how to turn it into a policy.
 pub fn print(audit: &Path, kept: Option<&Path>, learn: bool) {
-    let Ok((events, _)) = sandgate_proxy::audit_query::read_events(&[audit.to_path_buf()]) else {
-        return;
-    };
-    for line in lines(&events) {
+    let (records, skipped) = read(audit);
+    for line in skipped {
+        eprintln!("sandgate: {line}");
+    }
+    for line in lines(&records) {
         eprintln!("{line}");
     }
-    eprintln!("{}", total_line(&totals(&events), kept));
+    eprintln!("{}", total_line(&totals(&records), kept));
     if let (true, Some(kept)) = (learn, kept) {
         eprintln!(
             "sandgate: learn: sandgate policy suggest --from {} --output learned.yaml (then net.egress_policy: learned.yaml)",
@@ -128,9 +178,23 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Records read from lines with these fields, as the audit reader reads any log.
+    fn records(lines: &[serde_json::Value]) -> Vec<Record> {
+        lines
+            .iter()
+            .map(|fields| {
+                let mut line = json!({"created_at": "2026-11-22T10:00:00Z", "request_id": "r"});
+                if let (Some(line), Some(more)) = (line.as_object_mut(), fields.as_object()) {
+                    line.extend(more.clone());
+                }
+                Record::parse(&line.to_string()).unwrap()
+            })
+            .collect()
+    }
+
     #[test]
     fn denials_and_upstream_failures_are_both_summarised() {
-        let events = [
+        let events = records(&[
             json!({"event": "decision", "decision": "deny", "reason_code": "not_allowlisted", "destination_host": "evil.test", "destination_port": 443}),
             json!({"event": "decision", "decision": "deny", "reason_code": "not_allowlisted", "destination_host": "evil.test", "destination_port": 443}),
             json!({"event": "decision", "decision": "allow", "destination_host": "ok.test", "destination_port": 443}),
@@ -139,7 +203,7 @@ mod tests {
             json!({"event": "close", "outcome": "upstream_failure:connection_refused", "destination_host": "down.test", "destination_port": 80}),
             json!({"event": "close", "outcome": "upstream_failure:upstream_denied", "destination_host": "up.test", "destination_port": 443}),
             json!({"event": "decision", "decision": "deny", "reason_code": "malformed_request", "destination_host": null, "destination_port": null}),
-        ];
+        ]);
         assert_eq!(
             lines(&events),
             [
@@ -156,13 +220,13 @@ mod tests {
 
     #[test]
     fn the_total_line_counts_decisions_and_bytes() {
-        let events = [
+        let events = records(&[
             json!({"event": "decision", "decision": "allow", "reason_code": "allowlisted"}),
-            json!({"event": "decision", "decision": "allow", "reason_code": "report_only"}),
+            json!({"event": "decision", "decision": "allow", "reason_code": "report_only", "would_deny": "not_allowlisted"}),
             json!({"event": "decision", "decision": "deny", "reason_code": "not_allowlisted"}),
-            json!({"event": "close", "bytes_sent": 10, "bytes_received": 200}),
-            json!({"event": "close", "bytes_sent": 5, "bytes_received": null}),
-        ];
+            json!({"event": "close", "outcome": "ok", "bytes_sent": 10, "bytes_received": 200}),
+            json!({"event": "close", "outcome": "ok", "bytes_sent": 5, "bytes_received": null}),
+        ]);
         assert_eq!(
             total_line(&totals(&events), Some(Path::new("/s/run-1.jsonl"))),
             "sandgate: 2 allowed (1 only because of --learn), 1 denied, 15 bytes sent, 200 bytes received; audit log: /s/run-1.jsonl"

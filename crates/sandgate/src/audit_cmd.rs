@@ -1,29 +1,42 @@
-//! `sandgate audit tail|export|summary`: thin wrappers over `sandgate_proxy::audit_query`.
-//! Skipped (torn or malformed) lines are reported on stderr, never silently dropped.
+//! `sandgate audit tail|export|summary`: thin wrappers over `sandgate_proxy::audit_query`,
+//! which reads every line through the audit trail's one typed reader. Skipped (torn,
+//! malformed or overlong) lines are reported on stderr, never silently dropped.
 
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use sandgate_policy::Verdict;
+use sandgate_proxy::EventKind;
+use sandgate_proxy::audit::Entry;
 use sandgate_proxy::audit_query::{self as q, Filter};
 
 use crate::EX_USAGE;
 use crate::cli::{AuditCommand, AuditFilterArgs, ExportFormat};
 
-fn filter(args: &AuditFilterArgs, events: Vec<String>) -> Result<Filter, String> {
+fn filter(args: &AuditFilterArgs, events: &[String]) -> Result<Filter, String> {
     let since = match &args.since {
         Some(s) => Some(q::parse_since(s, jiff::Timestamp::now())?),
         None => None,
     };
-    if let Some(d) = &args.decision
-        && d != "allow"
-        && d != "deny"
-    {
-        return Err(format!("invalid --decision {d:?}: use allow or deny"));
-    }
+    let decision = match args.decision.as_deref() {
+        None => None,
+        Some("allow") => Some(Verdict::Allow),
+        Some("deny") => Some(Verdict::Deny),
+        Some(d) => return Err(format!("invalid --decision {d:?}: use allow or deny")),
+    };
+    let events = events
+        .iter()
+        .map(|e| {
+            EventKind::parse(e).ok_or_else(|| {
+                let kinds: Vec<&str> = EventKind::ALL.iter().map(|k| k.as_str()).collect();
+                format!("invalid --event-type {e:?}: use {}", kinds.join(", "))
+            })
+        })
+        .collect::<Result<_, _>>()?;
     Ok(Filter {
         since,
-        decision: args.decision.clone(),
+        decision,
         task: args.task.clone(),
         host: args.host.clone(),
         grep: args.grep.clone(),
@@ -93,17 +106,17 @@ fn run_inner(cmd: AuditCommand) -> Result<(), Failure> {
             follow,
             json,
         } => {
-            let filter = filter(&f, Vec::new())?;
+            let filter = filter(&f, &[])?;
             let files = q::log_files(&file);
             if files.is_empty() && !follow {
                 return Err(no_log(&file).into());
             }
-            let (events, skipped) = q::read_lines(&files)?;
+            let (events, skipped) = q::read_events(&files)?;
             report(&skipped);
             // --json passes each line through exactly as the proxy wrote it.
-            let show = |(raw, e): &(String, serde_json::Value)| if json { raw.clone() } else { q::human(e) };
+            let show = |e: &Entry| if json { e.text.clone() } else { q::human(&e.record) };
             let mut out = std::io::stdout().lock();
-            for e in events.iter().filter(|(_, e)| filter.matches(e)) {
+            for e in events.iter().filter(|e| filter.matches(e)) {
                 writeln!(out, "{}", show(e))?;
             }
             out.flush()?;
@@ -112,11 +125,12 @@ fn run_inner(cmd: AuditCommand) -> Result<(), Failure> {
                 // Runs until interrupted, as `tail -f` does.
                 loop {
                     std::thread::sleep(Duration::from_millis(250));
-                    let Ok((new, next)) = q::read_appended(&file, offset) else {
+                    let Ok((new, skipped, next)) = q::read_appended(&file, offset) else {
                         continue;
                     };
                     offset = next;
-                    for e in new.iter().filter(|(_, e)| filter.matches(e)) {
+                    report(&skipped);
+                    for e in new.iter().filter(|e| filter.matches(e)) {
                         writeln!(out, "{}", show(e))?;
                     }
                     out.flush()?;
@@ -131,8 +145,8 @@ fn run_inner(cmd: AuditCommand) -> Result<(), Failure> {
             format,
             output_file,
         } => {
-            let filter = filter(&f, event_types)?;
-            let (events, skipped) = q::read_lines(&inputs)?;
+            let filter = filter(&f, &event_types)?;
+            let (events, skipped) = q::read_events(&inputs)?;
             report(&skipped);
             // `-` is stdout.
             let to_stdout = output_file.as_os_str() == "-";
@@ -149,10 +163,10 @@ fn run_inner(cmd: AuditCommand) -> Result<(), Failure> {
             if format == ExportFormat::Csv {
                 writeln!(out, "{}", q::CSV_COLUMNS.join(","))?;
             }
-            for (raw, e) in events.iter().filter(|(_, e)| filter.matches(e)) {
+            for e in events.iter().filter(|e| filter.matches(e)) {
                 match format {
-                    ExportFormat::Jsonl => writeln!(out, "{raw}")?,
-                    ExportFormat::Csv => writeln!(out, "{}", q::csv_row(e))?,
+                    ExportFormat::Jsonl => writeln!(out, "{}", e.text)?,
+                    ExportFormat::Csv => writeln!(out, "{}", q::csv_row(&e.record))?,
                 }
                 n += 1;
             }
@@ -169,15 +183,14 @@ fn run_inner(cmd: AuditCommand) -> Result<(), Failure> {
             Ok(())
         }
         AuditCommand::Summary { filter: f, file, top } => {
-            let filter = filter(&f, Vec::new())?;
+            let filter = filter(&f, &[])?;
             let files = q::log_files(&file);
             if files.is_empty() {
                 return Err(no_log(&file).into());
             }
             let (events, skipped) = q::read_events(&files)?;
             report(&skipped);
-            let chosen: Vec<_> = events.into_iter().filter(|e| filter.matches(e)).collect();
-            let s = q::summarize(&chosen);
+            let s = q::summarize(events.iter().filter(|e| filter.matches(e)).map(|e| &e.record));
             let mut out = std::io::stdout().lock();
             writeln!(out, "top denied destinations:")?;
             for (dest, n) in s.denied.iter().take(top) {

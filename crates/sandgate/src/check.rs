@@ -9,9 +9,9 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use sandgate_policy::{AddressGuard, PolicyFile, Ruleset};
+use sandgate_policy::AddressGuard;
 
-use crate::EX_USAGE;
+use crate::{EX_USAGE, settings};
 
 /// `check-config FILE`: dispatches on the document's `kind` (a file of the first sandbox
 /// form, with no `kind` but sandbox sections, is a SandboxPolicy too); anything else is
@@ -94,12 +94,12 @@ fn egress_check(file: &Path) -> ExitCode {
     }
     // A node listener's certificate, key and client CA must be readable and match.
     for tls in policy.listeners.iter().filter_map(|l| l.node_tls.as_ref()) {
-        if let Err(e) = crate::settings::node_tls_files(file, tls).load() {
+        if let Err(e) = settings::node_tls_files(file, tls).load() {
             eprintln!("{}: spec.listeners.tls: {e}", file.display());
             return ExitCode::from(EX_USAGE);
         }
     }
-    for w in warnings(&policy, &AddressGuard::new(policy.allow_ranges.clone())) {
+    for w in settings::warnings::for_file(&policy, &AddressGuard::new(policy.allow_ranges.clone())) {
         eprintln!("{w}");
     }
     println!(
@@ -111,27 +111,4 @@ fn egress_check(file: &Path) -> ExitCode {
         policy.listeners.len()
     );
     ExitCode::SUCCESS
-}
-
-/// The file's warnings and the allowed IP literals `guard` refuses, one line each as
-/// `file:line: warning: field: message`. The proxy prints the same at start, with the
-/// guard of its flags and file together.
-pub fn warnings(policy: &PolicyFile, guard: &AddressGuard) -> Vec<String> {
-    let mut out: Vec<String> = policy.warnings.iter().map(|w| w.as_warning()).collect();
-    let rules = Ruleset::from_parts(&[], &[], Some(policy));
-    for (rule, class) in rules.guarded_literals(guard) {
-        out.push(format!(
-            "{}: warning: spec.network.allowlist: {} is a {} address, which the address guard refuses: this entry allows nothing unless an allow range covers it (spec.network.allow_ranges, or --allow-range)",
-            rule.origin,
-            rule.pattern,
-            class.as_str()
-        ));
-    }
-    if let (Some(token), None) = (policy.admin.tokens.first(), policy.admin.listen) {
-        out.push(format!(
-            "{}: warning: spec.admin: tokens but no listen address: the proxy needs --admin-listen ADDR (or spec.admin.listen) to start",
-            token.origin
-        ));
-    }
-    out
 }

@@ -1,12 +1,14 @@
-//! `sandgate exceptions`: a thin client of the admin API (`/v1/exceptions`). The address
-//! comes from `--admin` or `SANDGATE_ADMIN`, the bearer token from `--token-file` or
-//! `SANDGATE_TOKEN` (never from the command line, where other users could read it). Tables
-//! for people, `--json` for scripts. Exit 0 on success, 1 when the API refuses (its reason
-//! on stderr), 64 for bad input, 69 when the API cannot be reached.
+//! `sandgate exceptions`: a thin client of the admin API (`/v1/exceptions`) through the
+//! shared admin client (`sandgate_control::client`). The address comes from `--admin` or
+//! `SANDGATE_ADMIN` (`http://HOST:PORT`, HOST an IP address or localhost: no name is looked
+//! up), the bearer token from `--token-file` or `SANDGATE_TOKEN` (never from the command
+//! line, where other users could read it). Tables for people, `--json` for scripts. Exit 0
+//! on success, 1 when the API refuses (its reason on stderr), 64 for bad input, 69 when the
+//! API cannot be reached.
 
 use std::process::ExitCode;
-use std::time::Duration;
 
+use sandgate_control::client::{AdminClient, AdminError, AdminUrl, path_segment};
 use serde_json::{Value, json};
 
 use crate::EX_USAGE;
@@ -14,20 +16,25 @@ use crate::cli::{ExceptionsArgs, ExceptionsCommand};
 
 const DEFAULT_ADMIN: &str = "http://127.0.0.1:9090";
 
+/// EX_UNAVAILABLE (sysexits.h): the admin API could not be reached.
+const EX_UNAVAILABLE: u8 = 69;
+
 pub fn run(args: &ExceptionsArgs) -> ExitCode {
-    let base = args
-        .admin
-        .clone()
-        .or_else(|| std::env::var("SANDGATE_ADMIN").ok())
-        .unwrap_or_else(|| DEFAULT_ADMIN.to_owned());
-    let base = base.trim_end_matches('/').to_owned();
-    if !base.starts_with("http://") {
-        eprintln!("sandgate: --admin {base:?}: expected http://HOST:PORT");
-        return ExitCode::from(EX_USAGE);
-    }
+    let (source, base) = match (&args.admin, std::env::var("SANDGATE_ADMIN")) {
+        (Some(flag), _) => ("--admin", flag.clone()),
+        (None, Ok(env)) => ("SANDGATE_ADMIN", env),
+        (None, Err(_)) => ("the default", DEFAULT_ADMIN.to_owned()),
+    };
+    let url = match AdminUrl::parse(&base) {
+        Ok(url) => url,
+        Err(e) => {
+            eprintln!("sandgate: {source}: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
     let token = match &args.token_file {
         Some(path) => match std::fs::read_to_string(path) {
-            Ok(t) => t.trim().to_owned(),
+            Ok(t) => t,
             Err(e) => {
                 eprintln!("sandgate: cannot read {}: {e}", path.display());
                 return ExitCode::from(EX_USAGE);
@@ -35,37 +42,18 @@ pub fn run(args: &ExceptionsArgs) -> ExitCode {
         },
         None => std::env::var("SANDGATE_TOKEN").unwrap_or_default(),
     };
-    let (method, path, body) = request_of(&args.command);
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(30)))
-        .build()
-        .into();
-    let url = format!("{base}{path}");
-    let auth = format!("Bearer {token}");
-    let sent = match (method, body) {
-        ("GET", _) => agent.get(&url).header("Authorization", &auth).call(),
-        (_, body) => agent
-            .post(&url)
-            .header("Authorization", &auth)
-            .header("Content-Type", "application/json")
-            .send(body.map(|b| b.to_string()).unwrap_or_default()),
+    let client = AdminClient::new(url, &token);
+    let answer = match call_of(&args.command) {
+        Call::Get(path) => client.get(&path),
+        Call::Post(path, body) => client.post(&path, &body),
     };
-    let mut response = match sent {
-        Ok(r) => r,
+    let value = match answer {
+        Ok(value) => value,
         Err(e) => {
-            eprintln!("sandgate: cannot reach the admin API at {base}: {e}");
-            return ExitCode::from(69);
+            eprintln!("sandgate: {e}");
+            return ExitCode::from(exit_code(&e));
         }
     };
-    let status = response.status().as_u16();
-    let text = response.body_mut().read_to_string().unwrap_or_default();
-    let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-    if !(200..300).contains(&status) {
-        let reason = value.get("error").and_then(Value::as_str).unwrap_or(text.trim());
-        eprintln!("sandgate: {status}: {reason}");
-        return ExitCode::FAILURE;
-    }
     if args.json {
         println!("{value}");
     } else {
@@ -77,8 +65,25 @@ pub fn run(args: &ExceptionsArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// The API call for a subcommand: method, path, JSON body.
-fn request_of(cmd: &ExceptionsCommand) -> (&'static str, String, Option<Value>) {
+/// 64 for what the user gave (the URL, the token), 69 when the API cannot be reached or
+/// does not answer in time, 1 when it answered with a refusal or an answer we cannot read.
+fn exit_code(error: &AdminError) -> u8 {
+    match error {
+        AdminError::Url(_) | AdminError::Token => EX_USAGE,
+        AdminError::Unreachable { .. } | AdminError::Timeout { .. } => EX_UNAVAILABLE,
+        AdminError::Refused { .. } | AdminError::TooLarge { .. } | AdminError::NotJson { .. } => 1,
+    }
+}
+
+/// One call of the admin API: GET a path, or POST a JSON body to it.
+#[derive(Debug)]
+enum Call {
+    Get(String),
+    Post(String, Value),
+}
+
+/// The API call for a subcommand.
+fn call_of(cmd: &ExceptionsCommand) -> Call {
     match cmd {
         ExceptionsCommand::Request {
             task,
@@ -99,10 +104,10 @@ fn request_of(cmd: &ExceptionsCommand) -> (&'static str, String, Option<Value>) 
             if !ports.is_empty() {
                 body.insert("requested_ports".into(), json!(ports));
             }
-            ("POST", "/v1/exceptions".to_owned(), Some(Value::Object(body)))
+            Call::Post("/v1/exceptions".to_owned(), Value::Object(body))
         }
-        ExceptionsCommand::List => ("GET", "/v1/exceptions".to_owned(), None),
-        ExceptionsCommand::Show { id } => ("GET", format!("/v1/exceptions/{}", encode(id)), None),
+        ExceptionsCommand::List => Call::Get("/v1/exceptions".to_owned()),
+        ExceptionsCommand::Show { id } => Call::Get(format!("/v1/exceptions/{}", path_segment(id))),
         ExceptionsCommand::Approve { id, hosts, ttl } => {
             let mut body = serde_json::Map::new();
             if !hosts.is_empty() {
@@ -111,36 +116,20 @@ fn request_of(cmd: &ExceptionsCommand) -> (&'static str, String, Option<Value>) 
             if let Some(t) = ttl {
                 body.insert("ttl_seconds".into(), json!(t));
             }
-            (
-                "POST",
-                format!("/v1/exceptions/{}/approve", encode(id)),
-                Some(Value::Object(body)),
+            Call::Post(
+                format!("/v1/exceptions/{}/approve", path_segment(id)),
+                Value::Object(body),
             )
         }
-        ExceptionsCommand::Deny { id, note } => (
-            "POST",
-            format!("/v1/exceptions/{}/deny", encode(id)),
-            Some(json!({ "note": note })),
+        ExceptionsCommand::Deny { id, note } => Call::Post(
+            format!("/v1/exceptions/{}/deny", path_segment(id)),
+            json!({ "note": note }),
         ),
-        ExceptionsCommand::Revoke { id, note } => (
-            "POST",
-            format!("/v1/exceptions/{}/revoke", encode(id)),
-            Some(json!({ "note": note })),
+        ExceptionsCommand::Revoke { id, note } => Call::Post(
+            format!("/v1/exceptions/{}/revoke", path_segment(id)),
+            json!({ "note": note }),
         ),
     }
-}
-
-/// Ids are `ex-` and hex; anything else is percent-encoded so it stays one path segment.
-fn encode(id: &str) -> String {
-    id.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 fn print_table(list: &[Value]) {
@@ -177,5 +166,61 @@ fn print_table(list: &[Value]) {
             expires,
             field(e, "requested_by").as_str().unwrap_or("-"),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_admin_error_has_its_exit_code() {
+        let api = || "http://127.0.0.1:9090".to_owned();
+        let url = AdminUrl::parse("http://evil.example:1/").unwrap_err();
+        let cases = [
+            (AdminError::Url(url), EX_USAGE),
+            (AdminError::Token, EX_USAGE),
+            (
+                AdminError::Unreachable {
+                    api: api(),
+                    cause: "refused".into(),
+                },
+                EX_UNAVAILABLE,
+            ),
+            (
+                AdminError::Timeout {
+                    api: api(),
+                    after: std::time::Duration::from_secs(30),
+                },
+                EX_UNAVAILABLE,
+            ),
+            (
+                AdminError::Refused {
+                    api: api(),
+                    status: 409,
+                    message: "not approved".into(),
+                },
+                1,
+            ),
+            (AdminError::TooLarge { api: api(), limit: 1 }, 1),
+            (
+                AdminError::NotJson {
+                    api: api(),
+                    status: 200,
+                },
+                1,
+            ),
+        ];
+        for (error, code) in cases {
+            assert_eq!(exit_code(&error), code, "{error}");
+        }
+    }
+
+    #[test]
+    fn an_id_stays_one_path_segment() {
+        let show = ExceptionsCommand::Show {
+            id: "../ex-1?x".into(),
+        };
+        assert!(matches!(call_of(&show), Call::Get(p) if p == "/v1/exceptions/%2E%2E%2Fex-1%3Fx"));
     }
 }

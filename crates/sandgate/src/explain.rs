@@ -242,8 +242,7 @@ fn resolve(
         dns_timeout: std::time::Duration::from_secs(5),
         connect_timeout: std::time::Duration::from_secs(5),
         guard: guard.clone(),
-        upstream_proxy: None,
-        central: None,
+        connector: Default::default(),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -51,7 +51,7 @@ fn suggest(
     }
     let sources: Vec<String> = from.iter().map(|f| f.display().to_string()).collect();
     let reason = reason.unwrap_or_else(|| format!("learned from {}", sources.join(", ")));
-    let learned = q::learned(&events, include_denied);
+    let learned = q::learned(events.iter().map(|e| &e.record), include_denied);
     let text = render(name, &reason, &sources, &learned);
     match output {
         Some(path) => {

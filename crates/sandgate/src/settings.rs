@@ -2,7 +2,9 @@
 //!
 //! Flags win over environment. The environment comes in through the [`Env`] trait so tests
 //! can hand in a map instead of mutating the process environment (after linkerd's `Strings`).
-//! Every bad value is an error naming the flag or variable and the value.
+//! Every bad value is an error naming the flag or variable and the value. The limits are
+//! read in [`limits`], the links to other proxies in [`upstream`], and what would start but
+//! cannot work as meant is said by [`warnings`].
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -13,10 +15,19 @@ use ipnet::IpNet;
 use sandgate_policy::{AddressGuard, Pattern, PolicyFile, Ruleset, binds_overlap};
 use sandgate_proxy::reload::{LoadError, PolicySource};
 use sandgate_proxy::{
-    AuditDestination, AuditOptions, Identity, Limits, Listener, Nameservers, Protocol, ProxyConfig,
+    AuditDestination, AuditOptions, FrontEnd, Identity, Listener, Nameservers, ProxyConfig,
 };
 
 use crate::cli::ProxyArgs;
+
+mod limits;
+mod upstream;
+pub(crate) mod warnings;
+
+pub use limits::fit_to_fd_limit;
+use limits::{limits, seconds};
+pub(crate) use upstream::node_tls_files;
+use upstream::{connector, node_listener};
 
 /// Default listen address when neither flags nor environment name one.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:3128";
@@ -165,18 +176,6 @@ pub fn ranges(values: &[String]) -> Result<Vec<IpNet>, SettingsError> {
         .collect()
 }
 
-fn seconds(flag: &str, value: Option<f64>, default: Duration) -> Result<Duration, SettingsError> {
-    match value {
-        None => Ok(default),
-        Some(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(Duration::from_secs_f64(s)),
-        Some(s) => Err(invalid(
-            flag,
-            &s.to_string(),
-            "expected a positive number of seconds",
-        )),
-    }
-}
-
 /// Builds the proxy configuration: flags and environment, plus the policy file if given.
 pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, SettingsError> {
     let (flag_allow, flag_deny) = flag_patterns(args, env)?;
@@ -192,7 +191,7 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
             v.parse::<SocketAddr>()
                 .map_err(|_| invalid("--socks-listen", v, "expected IP:PORT, e.g. 127.0.0.1:1080"))
                 .map(|addr| Listener {
-                    protocol: Protocol::Socks5,
+                    front_end: FrontEnd::Socks5 { require_auth: false },
                     ..Listener::system(addr)
                 })
         })
@@ -202,10 +201,9 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
             config.listen.push(default_listen()?);
         }
         config.listen.extend(socks);
-        config.upstream_proxy = upstream_proxy(args, &config)?;
-        config.central = centrals(args)?;
+        config.connector = connector(args, &config)?;
         check_binds(&config)?;
-        let warnings = start_warnings(&config, None, env);
+        let warnings = warnings::at_start(&config, None, env);
         return Ok(ProxySetup {
             config,
             policy: None,
@@ -222,20 +220,17 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
             job: l.job.clone(),
             subject: l.subject.clone(),
         };
+        let require_auth = l.require_auth;
+        let front_end = match &l.node_tls {
+            Some(tls) => FrontEnd::Node(node_listener(path, tls, &file)?),
+            None if l.socks5 => FrontEnd::Socks5 { require_auth },
+            None => FrontEnd::Http1 { require_auth },
+        };
         config.listen.push(Listener {
             addr: l.listen,
             identity,
-            require_auth: l.require_auth,
             peers: None,
-            protocol: if l.socks5 {
-                Protocol::Socks5
-            } else {
-                Protocol::Http
-            },
-            node: match &l.node_tls {
-                Some(tls) => Some(node_listener(path, tls, &file)?),
-                None => None,
-            },
+            front_end,
         });
     }
     if config.listen.is_empty() {
@@ -256,153 +251,14 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
             config.limits.dns_timeout = Duration::from_millis(ms);
         }
     }
-    config.upstream_proxy = upstream_proxy(args, &config)?;
-    config.central = centrals(args)?;
+    config.connector = connector(args, &config)?;
     check_binds(&config)?;
-    let warnings = start_warnings(&config, Some(&file), env);
+    let warnings = warnings::at_start(&config, Some(&file), env);
     Ok(ProxySetup {
         config,
         policy: Some((source, file)),
         warnings,
     })
-}
-
-/// What would start but cannot work as meant: the file's warnings; allowed IP literals the
-/// guard refuses (flags and file together, against every allow range); and listeners on
-/// every interface (but node listeners).
-fn start_warnings(config: &ProxyConfig, file: Option<&PolicyFile>, env: &dyn Env) -> Vec<String> {
-    let mut out = match file {
-        Some(f) => crate::check::warnings(f, &config.guard),
-        None => Vec::new(),
-    };
-    for (rule, class) in config.rules.guarded_literals(&config.guard) {
-        if &*rule.origin == "flag" {
-            out.push(format!(
-                "--allow {}: a {} address, which the address guard refuses: this allows nothing unless --allow-range covers it",
-                rule.pattern,
-                class.as_str()
-            ));
-        }
-    }
-    // A node listener is meant for other hosts, and admits only certificates of its CA.
-    for l in config
-        .listen
-        .iter()
-        .filter(|l| l.addr.ip().is_unspecified() && l.node.is_none())
-    {
-        let via_env = env.get("PROXY_PORT").is_some() && env.get("SANDGATE_LISTEN").is_none();
-        out.push(format!(
-            "listening on {}{}: every interface of this host can reach the proxy; unless other hosts or containers must use it, listen on 127.0.0.1:{} ({})",
-            l.addr,
-            if via_env { " (PROXY_PORT)" } else { "" },
-            l.addr.port(),
-            if via_env {
-                "SANDGATE_LISTEN=127.0.0.1:PORT instead of PROXY_PORT"
-            } else {
-                "--listen 127.0.0.1:PORT"
-            }
-        ));
-    }
-    out
-}
-
-/// A `role: node` listener's TLS files, relative to the policy file.
-pub(crate) fn node_tls_files(
-    policy: &std::path::Path,
-    tls: &sandgate_policy::document::TlsSpec,
-) -> sandgate_proxy::node::ServerFiles {
-    let dir = policy.parent().unwrap_or(std::path::Path::new("."));
-    sandgate_proxy::node::ServerFiles {
-        cert: dir.join(&tls.cert),
-        key: dir.join(&tls.key),
-        client_ca: dir.join(&tls.client_ca),
-    }
-}
-
-/// A `role: node` listener: its TLS files read now, so a missing or mismatched file stops
-/// the start with its name.
-fn node_listener(
-    policy: &std::path::Path,
-    tls: &sandgate_policy::document::TlsSpec,
-    file: &PolicyFile,
-) -> Result<std::sync::Arc<sandgate_proxy::node::NodeListener>, SettingsError> {
-    sandgate_proxy::node::NodeListener::new(node_tls_files(policy, tls), file.nodes.clone())
-        .map(std::sync::Arc::new)
-        .map_err(|e| invalid("spec.listeners.tls", &policy.display().to_string(), e))
-}
-
-/// `--upstream https://HOST:PORT` (repeatable) with the node's TLS files, read now.
-fn centrals(
-    args: &ProxyArgs,
-) -> Result<Option<std::sync::Arc<sandgate_proxy::dial::Centrals>>, SettingsError> {
-    if args.upstream.is_empty() {
-        return Ok(None);
-    }
-    let (Some(ca), Some(cert), Some(key)) = (&args.upstream_ca, &args.client_cert, &args.client_key) else {
-        return Err(invalid(
-            "--upstream",
-            &args.upstream.join(" "),
-            "needs --upstream-ca, --client-cert and --client-key",
-        ));
-    };
-    let files = sandgate_proxy::node::ClientFiles {
-        ca: ca.clone(),
-        cert: cert.clone(),
-        key: key.clone(),
-        http1: args.upstream_transport.as_deref() == Some("http1"),
-    };
-    use sandgate_proxy::dial::{Centrals, CentralsError};
-    match Centrals::from_urls(&args.upstream, files) {
-        Ok(c) => Ok(Some(std::sync::Arc::new(c))),
-        Err(CentralsError::Url(u, e)) => Err(invalid("--upstream", &u, e)),
-        Err(CentralsError::Tls(e)) => Err(invalid("--client-cert", &cert.display().to_string(), e)),
-    }
-}
-
-/// `--upstream-proxy`: `IP:PORT`, `HOST:PORT` or `http://HOST:PORT[/]`. A name is resolved
-/// once, here, through the proxy's own resolver (`config.nameservers`; never getaddrinfo),
-/// and the first address is used for as long as the proxy runs.
-fn upstream_proxy(args: &ProxyArgs, config: &ProxyConfig) -> Result<Option<SocketAddr>, SettingsError> {
-    let Some(value) = args.upstream_proxy.as_deref() else {
-        return Ok(None);
-    };
-    let bad = |why: &str| invalid("--upstream-proxy", value, why);
-    let authority = match value.split_once("://") {
-        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest.strip_suffix('/').unwrap_or(rest),
-        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
-            return Err(bad(
-                "TLS to the upstream proxy is not supported; use http://HOST:PORT",
-            ));
-        }
-        Some(_) => return Err(bad("expected IP:PORT, HOST:PORT or http://HOST:PORT")),
-        None => value,
-    };
-    if let Ok(addr) = authority.parse::<SocketAddr>() {
-        return Ok(Some(addr));
-    }
-    let target = sandgate_policy::parse_connect_target(authority)
-        .map_err(|e| bad(&format!("expected IP:PORT, HOST:PORT or http://HOST:PORT ({e})")))?;
-    let dial = sandgate_proxy::dial::DialConfig {
-        nameservers: config.nameservers.clone(),
-        dns_timeout: config.limits.dns_timeout,
-        connect_timeout: config.limits.connect_timeout,
-        guard: AddressGuard::new(Vec::new()),
-        upstream_proxy: None,
-        central: None,
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| bad(&format!("cannot start a resolver: {e}")))?;
-    let ips = runtime.block_on(async {
-        let dialer = sandgate_proxy::dial::Dialer::new(&dial, Vec::new()).map_err(|e| e.to_string())?;
-        dialer.lookup(&target).await.map_err(|e| e.to_string())
-    });
-    match ips.as_deref() {
-        Ok([first, ..]) => Ok(Some(SocketAddr::new(*first, target.port))),
-        Ok([]) => Err(bad("the name has no address")),
-        Err(e) => Err(bad(&format!("cannot resolve {}: {e}", target.host))),
-    }
 }
 
 /// Refuses two listeners (HTTP, SOCKS5, admin) that cannot both be bound, before any is:
@@ -451,66 +307,7 @@ fn proxy_config(
     deny: &[Pattern],
 ) -> Result<ProxyConfig, SettingsError> {
     let rules = Ruleset::from_parts(allow, deny, None);
-    let d = Limits::default();
-    let limits = Limits {
-        max_head_bytes: match args.max_head_bytes {
-            Some(n) if (1024..=1024 * 1024).contains(&n) => n,
-            Some(n) => {
-                return Err(invalid(
-                    "--max-head-bytes",
-                    &n.to_string(),
-                    "expected 1024 to 1048576",
-                ));
-            }
-            None => d.max_head_bytes,
-        },
-        head_timeout: seconds("--head-timeout", args.head_timeout, d.head_timeout)?,
-        connect_timeout: seconds("--connect-timeout", args.connect_timeout, d.connect_timeout)?,
-        dns_timeout: seconds("--dns-timeout", args.dns_timeout, d.dns_timeout)?,
-        response_timeout: seconds("--response-timeout", args.response_timeout, d.response_timeout)?,
-        body_idle_timeout: seconds("--body-idle-timeout", args.body_idle_timeout, d.body_idle_timeout)?,
-        tunnel_idle_timeout: seconds(
-            "--tunnel-idle-timeout",
-            args.tunnel_idle_timeout,
-            d.tunnel_idle_timeout,
-        )?,
-        max_connections: match args.max_connections {
-            Some(0) => return Err(invalid("--max-connections", "0", "expected at least 1")),
-            Some(n) => n,
-            None => d.max_connections,
-        },
-        max_connections_per_listener: match args.max_connections_per_listener {
-            Some(0) => {
-                return Err(invalid(
-                    "--max-connections-per-listener",
-                    "0",
-                    "expected at least 1",
-                ));
-            }
-            other => other,
-        },
-        max_connections_per_client: match args.max_connections_per_client {
-            Some(0) => {
-                return Err(invalid(
-                    "--max-connections-per-client",
-                    "0",
-                    "expected at least 1",
-                ));
-            }
-            other => other,
-        },
-        shutdown_grace: match args.shutdown_grace {
-            Some(s) if s >= 0.0 && s.is_finite() && s < 1e9 => Duration::from_secs_f64(s),
-            Some(s) => {
-                return Err(invalid(
-                    "--shutdown-grace",
-                    &s.to_string(),
-                    "expected seconds >= 0",
-                ));
-            }
-            None => d.shutdown_grace,
-        },
-    };
+    let limits = limits(args)?;
     let audit = match args.audit_log.as_deref() {
         None | Some("-") => AuditDestination::Stdout,
         Some("") => return Err(invalid("--audit-log", "", "expected a path or -")),
@@ -563,8 +360,7 @@ fn proxy_config(
         audit_options,
         metrics_listen,
         // A name is resolved in `proxy_setup`, once the resolver is known.
-        upstream_proxy: None,
-        central: None,
+        connector: Default::default(),
     })
 }
 
@@ -588,35 +384,6 @@ pub fn check_audit_log(flag: &str, path: &std::path::Path) -> Result<(), Setting
         )),
         Err(e) => Err(invalid(flag, &shown, format!("cannot be written: {e}"))),
     }
-}
-
-/// Fits the connection cap to the open-file limit `nofile` (two descriptors a connection,
-/// plus a reserve): a default cap shrinks to fit, an explicit one that cannot fit is an
-/// error that says what to raise.
-pub fn fit_to_fd_limit(limits: &mut Limits, explicit: bool, nofile: u64) -> Result<(), SettingsError> {
-    use sandgate_proxy::admission::{FDS_PER_CONNECTION, RESERVED_FDS, connections_for_fd_limit};
-    let fits = connections_for_fd_limit(nofile);
-    if limits.max_connections <= fits {
-        return Ok(());
-    }
-    if explicit || fits == 0 {
-        let n = limits.max_connections;
-        return Err(invalid(
-            "--max-connections",
-            &n.to_string(),
-            format!(
-                "needs {} open files ({FDS_PER_CONNECTION} per connection + {RESERVED_FDS}) but the limit is {nofile}; raise it (ulimit -n, LimitNOFILE=) or lower --max-connections to {fits}",
-                n as u64 * FDS_PER_CONNECTION + RESERVED_FDS
-            ),
-        ));
-    }
-    tracing::info!(
-        max_connections = fits,
-        open_file_limit = nofile,
-        "connection cap lowered to fit the open-file limit"
-    );
-    limits.max_connections = fits;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! against the open-file limit.
 
 use super::*;
+use sandgate_proxy::Limits;
 
 #[test]
 fn the_connection_cap_fits_the_open_file_limit() {

@@ -207,13 +207,10 @@ fn rotation_under_load_keeps_every_event_exactly_once() {
             f.display()
         );
     }
-    let mut seen: HashMap<(String, String), usize> = HashMap::new();
+    let mut seen: HashMap<(String, &str), usize> = HashMap::new();
     for e in &events {
         *seen
-            .entry((
-                e["request_id"].as_str().unwrap().to_owned(),
-                e["event"].as_str().unwrap().to_owned(),
-            ))
+            .entry((e.record.request_id.clone(), e.record.kind().as_str()))
             .or_default() += 1;
     }
     assert_eq!(events.len(), 640, "320 decisions and 320 closes");

@@ -997,7 +997,7 @@ fn a_central_that_cannot_write_its_audit_log_refuses_every_node_stream() {
     );
     let pki = Pki::new();
     let body = central::spec_allowing(&[("echo.test", echo.addr().port()), ("ok.test", origin.port())]);
-    let c = central::central_with_audit(&pki, dns.addr(), &body, &[], std::path::Path::new("/dev/full"));
+    let mut c = central::central_with_audit(&pki, dns.addr(), &body, &[], std::path::Path::new("/dev/full"));
     let cert = pki.node("node-a", &[]);
     let target = format!("echo.test:{}", echo.addr().port());
     let ok = format!("ok.test:{}", origin.port());
@@ -1062,4 +1062,19 @@ fn a_central_that_cannot_write_its_audit_log_refuses_every_node_stream() {
         "{headers}"
     );
     assert_eq!(origin.connections(), 0, "a refused request reached the origin");
+
+    // Nothing the central decided is lost: at shutdown what its log could not take is on
+    // its stderr, each of the seven refusals (six tunnels, one plain request) among it.
+    c.proxy.terminate();
+    let refused = "\"reason_code\":\"audit_unavailable\"";
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    // The drain thread may still be reading the last lines.
+    while c.proxy.log_text().matches(refused).count() < 7 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = c.proxy.log_text();
+    assert!(
+        log.matches(refused).count() >= 7,
+        "refusals missing from stderr: {log}"
+    );
 }

@@ -170,7 +170,7 @@ fn an_unwritable_audit_log_refuses_http1_and_socks5_alike() {
         .map(String::from),
     );
     let full = Some(Path::new("/dev/full").to_path_buf());
-    let p = ProxyProcess::start_with_audit(Command::new(common::sandgate_bin()), full, &strs(&args));
+    let mut p = ProxyProcess::start_with_audit(Command::new(common::sandgate_bin()), full, &strs(&args));
     let socks = p.listener(&["role=socks5"]);
     let get = format!("GET http://{web}/ HTTP/1.1\r\nHost: {web}\r\nConnection: close\r\n\r\n");
     // The first request may pass (decided before the writer first failed); its events are
@@ -184,10 +184,18 @@ fn an_unwritable_audit_log_refuses_http1_and_socks5_alike() {
     let served = origin.connections();
 
     let connect = format!("CONNECT {tunnel} HTTP/1.1\r\nHost: {tunnel}\r\n\r\nping");
+    let mut ids = Vec::new();
     for i in 0..3 {
         for (what, request) in [("CONNECT", &connect), ("absolute-form", &get)] {
             let reply = common::raw(p.addr, request.as_bytes());
             assert!(reply.starts_with("HTTP/1.1 503"), "{what} {i}: {reply}");
+            ids.extend(
+                reply
+                    .split("request id: ")
+                    .nth(1)
+                    .and_then(|r| r.split_whitespace().next())
+                    .map(str::to_owned),
+            );
             assert!(
                 reply.contains("Proxy-Status: sandgate; error=proxy_internal_error")
                     && reply.contains("audit log cannot be written"),
@@ -206,6 +214,15 @@ fn an_unwritable_audit_log_refuses_http1_and_socks5_alike() {
         "a refused request reached the origin"
     );
     assert_eq!(echo.connections(), 0, "a refused tunnel reached the origin");
+
+    // Nothing decided is lost: at shutdown every decision the log could not take is on
+    // stderr, each refusal's request id among them.
+    assert_eq!(ids.len(), 6, "every HTTP/1 refusal names its request id");
+    p.terminate();
+    for id in &ids {
+        // The drain thread may still be reading the last lines: waits up to 5 s for each.
+        assert!(p.log_line(id).is_some(), "{id} not on stderr: {}", p.log_text());
+    }
 }
 
 /// A SOCKS5 CONNECT (no login) to `host:port` with the tunnel's first bytes behind it: the

@@ -19,8 +19,6 @@ use crate::store::{ExceptionStore, StoreError};
 
 mod sync;
 
-pub use sync::{expire_loop, sync_loop};
-
 /// The clock, injected so tests can set the second.
 pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
 

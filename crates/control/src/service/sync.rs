@@ -8,7 +8,6 @@
 //! those exceptions, each only until its own expiry: the rules drop an entry at its second
 //! by themselves, and [`Control::tick`] cuts what it let through.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -16,7 +15,6 @@ use sandgate_policy::{Exception, ExceptionState};
 use sandgate_proxy::audit::event::Change;
 
 use super::{Control, ControlError};
-use crate::api::ApiState;
 use crate::store::StoreError;
 
 impl Control {
@@ -153,38 +151,38 @@ impl Control {
             }
         }
     }
-}
 
-/// Expires approved exceptions at their second, until the runtime ends.
-pub async fn expire_loop(state: Arc<ApiState>) {
-    let mut every = tokio::time::interval(Duration::from_millis(250));
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        every.tick().await;
-        let result = state.control.tick().await;
-        state.control.note_store(result.err().as_ref());
+    /// Expires approved exceptions at their second, until the runtime ends.
+    pub async fn expire_loop(&self) {
+        let mut every = tokio::time::interval(Duration::from_millis(250));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            let result = self.tick().await;
+            self.note_store(result.err().as_ref());
+        }
+    }
+
+    /// With a shared store: reads it again on every notification of a change and at least
+    /// every `every`, so a missed notification cannot leave this proxy stale for longer.
+    /// Returns at once for a store only this proxy writes.
+    pub async fn sync_loop(&self, every: Duration) {
+        let Some(changed) = self.store.changed() else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                () = changed.notified() => {}
+                () = tokio::time::sleep(every) => {}
+            }
+            // Logged (once per outage) inside; the next wake or period tries again.
+            let _ = self.sync().await;
+            // At most ten re-reads a second, however many notifications come (a flood of
+            // them, sent by anyone who may connect to the database, coalesces meanwhile).
+            tokio::time::sleep(MIN_SYNC_GAP).await;
+        }
     }
 }
 
 /// The least time between two re-reads of a shared store.
 const MIN_SYNC_GAP: Duration = Duration::from_millis(100);
-
-/// With a shared store: reads it again on every notification of a change and at least every
-/// `every`, so a missed notification cannot leave this proxy stale for longer. Returns at
-/// once for a store only this proxy writes.
-pub async fn sync_loop(state: Arc<ApiState>, every: Duration) {
-    let Some(changed) = state.control.store.changed() else {
-        return;
-    };
-    loop {
-        tokio::select! {
-            () = changed.notified() => {}
-            () = tokio::time::sleep(every) => {}
-        }
-        // Logged (once per outage) inside; the next wake or period tries again.
-        let _ = state.control.sync().await;
-        // At most ten re-reads a second, however many notifications come (a flood of
-        // them, sent by anyone who may connect to the database, coalesces meanwhile).
-        tokio::time::sleep(MIN_SYNC_GAP).await;
-    }
-}

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use serde_saphyr::Spanned;
 
-use super::raw::{RawEntry, RawScope, RawTlsOnly, RawTunnels};
-use super::{DocError, Entry, Scope};
+use super::DocError;
+use super::raw::{RawEntry, RawEntryFull, RawScope, RawTlsOnly, RawTunnels};
+use crate::entry::{Entry, Scope};
 use crate::pattern::HostPattern;
 use crate::pattern::Pattern;
 use crate::tunnel::{SniMode, TlsOnly, TunnelRules};
@@ -38,10 +39,10 @@ impl Checker<'_> {
         });
     }
 
+    /// One allow or deny entry, or `None` after reporting every error in it.
     pub(super) fn entry(&mut self, raw: &Spanned<RawEntry>, field: &str, now: i64) -> Option<Entry> {
         let line = raw.referenced.line();
         let e = &raw.value.0;
-        let mut ok = true;
         let pattern = match Pattern::parse(&e.host) {
             Ok(p) => Some(p),
             Err(err) => {
@@ -49,40 +50,67 @@ impl Checker<'_> {
                 None
             }
         };
-        let ports = match &e.ports {
-            None => None,
-            Some(list) => {
-                let mut ports = Vec::with_capacity(list.len());
-                for p in list {
-                    match u16::try_from(*p) {
-                        Ok(port) if port > 0 => ports.push(port),
-                        _ => {
-                            self.error(
-                                line,
-                                format!("{field}.ports"),
-                                format!("port {p} out of range 1-65535"),
-                            );
-                            ok = false;
-                        }
-                    }
-                }
-                if ports.is_empty() && ok {
-                    self.error(line, format!("{field}.ports"), "empty port list");
-                    ok = false;
-                }
-                if pattern.as_ref().is_some_and(|p| p.port.is_some()) {
+        // Each part is checked (and its errors reported) before any is given up on.
+        let ports = self.ports(line, field, e.ports.as_deref(), pattern.as_ref());
+        let scope = self.scope(line, field, e.scope.as_ref());
+        let expires_at = self.expiry(line, field, e, now);
+        Some(Entry {
+            pattern: pattern?,
+            ports: ports?,
+            scope: scope?,
+            expires_at: expires_at?,
+            created_by: e.created_by.clone(),
+            reason: e.reason.clone(),
+            origin: Arc::from(format!("{}:{line}", self.file)),
+        })
+    }
+
+    /// An entry's `ports`: `Some(None)` when there are none (the pattern's default ports
+    /// apply), `None` when they are invalid.
+    fn ports(
+        &mut self,
+        line: u64,
+        field: &str,
+        list: Option<&[i64]>,
+        pattern: Option<&Pattern>,
+    ) -> Option<Option<Vec<u16>>> {
+        let Some(list) = list else {
+            return Some(None);
+        };
+        let mut ok = true;
+        let mut ports = Vec::with_capacity(list.len());
+        for p in list {
+            match u16::try_from(*p) {
+                Ok(port) if port > 0 => ports.push(port),
+                _ => {
                     self.error(
                         line,
                         format!("{field}.ports"),
-                        "give the port in `host` or in `ports`, not both",
+                        format!("port {p} out of range 1-65535"),
                     );
                     ok = false;
                 }
-                Some(ports)
             }
-        };
-        let scope = match &e.scope {
-            None => Scope::System,
+        }
+        if ports.is_empty() && ok {
+            self.error(line, format!("{field}.ports"), "empty port list");
+            ok = false;
+        }
+        if pattern.is_some_and(|p| p.port.is_some()) {
+            self.error(
+                line,
+                format!("{field}.ports"),
+                "give the port in `host` or in `ports`, not both",
+            );
+            ok = false;
+        }
+        ok.then_some(Some(ports))
+    }
+
+    /// An entry's `scope` (the system scope when it has none), or `None` when it is invalid.
+    fn scope(&mut self, line: u64, field: &str, raw: Option<&RawScope>) -> Option<Scope> {
+        match raw {
+            None => Some(Scope::System),
             // An entry is for one task or project, named exactly: a pattern there would be
             // a literal that no request can carry (ids have no `*`), so it is refused.
             Some(RawScope(Ok(Scope::Task(id) | Scope::Project(id)))) if id.contains('*') => {
@@ -91,24 +119,26 @@ impl Checker<'_> {
                     format!("{field}.scope"),
                     format!("{id:?}: an entry's scope names one task or project exactly (patterns are for spec.nodes, spec.exceptions and requester tokens)"),
                 );
-                ok = false;
-                Scope::System
+                None
             }
-            Some(RawScope(Ok(s))) => s.clone(),
+            Some(RawScope(Ok(s))) => Some(s.clone()),
             Some(RawScope(Err(msg))) => {
                 self.error(line, format!("{field}.scope"), msg.clone());
-                ok = false;
-                Scope::System
+                None
             }
-        };
-        let expires_at = match (e.ttl_seconds, &e.expires_at) {
+        }
+    }
+
+    /// An entry's expiry from `ttl_seconds` (counted from `now`) or `expires_at`: `Some(None)`
+    /// when it has neither, `None` when it is invalid. A time already past is a warning.
+    fn expiry(&mut self, line: u64, field: &str, e: &RawEntryFull, now: i64) -> Option<Option<i64>> {
+        match (e.ttl_seconds, &e.expires_at) {
             (Some(_), Some(_)) => {
                 self.error(
                     line,
                     format!("{field}.ttl_seconds"),
                     "give ttl_seconds or expires_at, not both",
                 );
-                ok = false;
                 None
             }
             (Some(ttl), None) if ttl <= 0 => {
@@ -117,10 +147,9 @@ impl Checker<'_> {
                     format!("{field}.ttl_seconds"),
                     format!("must be positive, got {ttl}"),
                 );
-                ok = false;
                 None
             }
-            (Some(ttl), None) => Some(now.saturating_add(ttl)),
+            (Some(ttl), None) => Some(Some(now.saturating_add(ttl))),
             (None, Some(text)) => match text.parse::<jiff::Timestamp>() {
                 Ok(ts) if ts.as_second() <= now => {
                     self.warn(
@@ -128,31 +157,20 @@ impl Checker<'_> {
                         format!("{field}.expires_at"),
                         format!("{text} has passed: this entry never applies (remove it, or move the time)"),
                     );
-                    Some(ts.as_second())
+                    Some(Some(ts.as_second()))
                 }
-                Ok(ts) => Some(ts.as_second()),
+                Ok(ts) => Some(Some(ts.as_second())),
                 Err(err) => {
                     self.error(
                         line,
                         format!("{field}.expires_at"),
                         format!("{text:?} is not an RFC 3339 time: {err}"),
                     );
-                    ok = false;
                     None
                 }
             },
-            (None, None) => None,
-        };
-        let pattern = pattern?;
-        ok.then(|| Entry {
-            pattern,
-            ports,
-            scope,
-            expires_at,
-            created_by: e.created_by.clone(),
-            reason: e.reason.clone(),
-            origin: Arc::from(format!("{}:{line}", self.file)),
-        })
+            (None, None) => Some(None),
+        }
     }
 }
 

@@ -7,7 +7,8 @@ use std::net::SocketAddr;
 use serde_saphyr::Spanned;
 
 use super::raw::{RawAdmin, RawExceptions};
-use super::{AdminSpec, Checker, Scope, SecretSource, TokenSpec};
+use super::{AdminSpec, Checker, SecretSource, TokenSpec};
+use crate::entry::Scope;
 
 pub(super) fn exception_policy(
     c: &mut Checker<'_>,

@@ -8,7 +8,8 @@ use serde_saphyr::Spanned;
 
 use super::checker::{self, Checker};
 use super::raw::RawEntry;
-use super::{DocError, DocErrors, Entry};
+use super::{DocError, DocErrors};
+use crate::entry::Entry;
 
 /// A list of entries as written (deserialize it inside the embedding document).
 #[derive(Debug, Default, Deserialize)]

@@ -5,16 +5,23 @@
 //! `ttl_seconds`); reading the file is the caller's job. Unknown fields, bad patterns, bad
 //! CIDRs, ports out of range and non-positive TTLs are errors; every error found is reported,
 //! each as `file:line: field: message`.
+//!
+//! [`parse_policy`] converts the document section by section: `network.rs` the entries,
+//! presets, `allow_ranges` and the resolver; `listeners.rs` the listeners, the task
+//! credentials and overlapping binds; `checker.rs` each entry and the tunnel rules;
+//! `nodes.rs` `spec.nodes`; `control.rs` `spec.exceptions` and `spec.admin`. The entry model
+//! it produces ([`Entry`], [`Scope`]) is [`crate::entry`]'s, re-exported here.
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use ipnet::IpNet;
 
 mod checker;
 mod control;
 mod embedded;
+mod listeners;
+mod network;
 mod nodes;
 mod raw;
 mod syntax;
@@ -36,66 +43,14 @@ pub fn line_of(text: &str, field: &str) -> Option<u64> {
     syntax::line_of(text, field)
 }
 
-use raw::*;
+use raw::RawDoc;
 
-use crate::pattern::Pattern;
-use crate::preset;
+pub use crate::entry::{Entry, Scope};
 
 /// The only `apiVersion` understood.
 pub const API_VERSION: &str = "sandgate.dev/v1";
 /// The only `kind` understood.
 pub const KIND: &str = "EgressPolicy";
-
-/// Who an entry applies to.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Scope {
-    /// Every request.
-    System,
-    /// Requests attributed to this project.
-    Project(String),
-    /// Requests attributed to this task.
-    Task(String),
-}
-
-impl fmt::Display for Scope {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Scope::System => f.write_str("system"),
-            Scope::Project(p) => write!(f, "project:{p}"),
-            Scope::Task(t) => write!(f, "task:{t}"),
-        }
-    }
-}
-
-/// One allow or deny entry, validated.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    pub pattern: Pattern,
-    /// Exactly these ports (replaces the pattern's default ports).
-    pub ports: Option<Vec<u16>>,
-    pub scope: Scope,
-    /// Unix seconds; the entry is absent from this second on (`now >= expires_at`).
-    pub expires_at: Option<i64>,
-    pub created_by: Option<String>,
-    pub reason: Option<String>,
-    /// Where it came from: `file:line`, `preset:NAME` or `flag`.
-    pub origin: Arc<str>,
-}
-
-impl Entry {
-    /// A system-scope entry given on the command line.
-    pub fn from_flag(pattern: Pattern) -> Entry {
-        Entry {
-            pattern,
-            ports: None,
-            scope: Scope::System,
-            expires_at: None,
-            created_by: None,
-            reason: None,
-            origin: Arc::from("flag"),
-        }
-    }
-}
 
 /// A listener declared in the file, with the identity of everything that arrives on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -249,226 +204,17 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
         errors: Vec::new(),
         warnings: Vec::new(),
     };
-    if raw.api_version.value != API_VERSION {
-        c.error(
-            raw.api_version.referenced.line(),
-            "apiVersion",
-            format!("expected {API_VERSION:?}"),
-        );
-    }
-    if raw.kind.value != KIND {
-        c.error(raw.kind.referenced.line(), "kind", format!("expected {KIND:?}"));
-    }
+    header(&mut c, &raw);
     let _ = &raw.metadata.labels;
     let net = &raw.spec.network;
-    let allow: Vec<Entry> = net
-        .allowlist
-        .iter()
-        .filter_map(|e| c.entry(e, "spec.network.allowlist", now))
-        .collect();
-    let deny: Vec<Entry> = net
-        .denylist
-        .iter()
-        .filter_map(|e| c.entry(e, "spec.network.denylist", now))
-        .collect();
-    checker::shadowed(&mut c, "spec.network.allowlist", &allow, &deny);
-    let mut allow = allow;
-    for name in &net.presets {
-        match preset::hosts(&name.value) {
-            Some(hosts) => allow.extend(hosts.iter().filter_map(|h| {
-                Pattern::parse(h).ok().map(|pattern| Entry {
-                    pattern,
-                    ports: Some(vec![443]),
-                    scope: Scope::System,
-                    expires_at: None,
-                    created_by: None,
-                    reason: Some(format!("preset {}", name.value)),
-                    origin: Arc::from(format!("preset:{}", name.value)),
-                })
-            })),
-            None => c.error(
-                name.referenced.line(),
-                "spec.network.presets",
-                format!(
-                    "unknown preset {:?} (known: {})",
-                    name.value,
-                    preset::NAMES.join(", ")
-                ),
-            ),
-        }
-    }
-    let mut allow_ranges = Vec::new();
-    for r in &net.allow_ranges {
-        match r.value.parse::<IpNet>() {
-            Ok(net) if net != net.trunc() => {
-                c.warn(
-                    r.referenced.line(),
-                    "spec.network.allow_ranges",
-                    format!(
-                        "{} has host bits set; it means {} (write that)",
-                        r.value,
-                        net.trunc()
-                    ),
-                );
-                allow_ranges.push(net.trunc());
-            }
-            Ok(net) => allow_ranges.push(net.trunc()),
-            Err(_) => c.error(
-                r.referenced.line(),
-                "spec.network.allow_ranges",
-                format!("{:?} is not a CIDR", r.value),
-            ),
-        }
-    }
-    let resolver = raw.spec.resolver.as_ref().map(|r| {
-        let line = r.referenced.line();
-        let mut servers = Vec::new();
-        for s in &r.value.servers {
-            match s
-                .parse::<SocketAddr>()
-                .or_else(|_| s.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
-            {
-                Ok(addr) => servers.push(addr),
-                Err(_) => c.error(
-                    line,
-                    "spec.resolver.servers",
-                    format!("{s:?} is not IP or IP:PORT"),
-                ),
-            }
-        }
-        let timeout_ms = match r.value.timeout_ms {
-            Some(ms) if ms <= 0 => {
-                c.error(
-                    line,
-                    "spec.resolver.timeout_ms",
-                    format!("must be positive, got {ms}"),
-                );
-                None
-            }
-            other => other.map(|ms| ms as u64),
-        };
-        ResolverSpec { servers, timeout_ms }
-    });
-    let mut listeners = Vec::new();
+    let (allow, deny) = network::entries(&mut c, net, now);
+    let allow_ranges = network::allow_ranges(&mut c, &net.allow_ranges);
+    let resolver = raw.spec.resolver.as_ref().map(|r| network::resolver(&mut c, r));
     // Every address the file binds, with its line and field: two that overlap cannot both
     // be bound, and that is known before binding.
-    let mut binds: Vec<(SocketAddr, u64, &str)> = Vec::new();
-    for l in &raw.spec.listeners {
-        let line = l.referenced.line();
-        let require_auth = match l.value.auth.as_deref() {
-            None | Some("none") => false,
-            Some("basic") => true,
-            Some(other) => {
-                c.error(
-                    line,
-                    "spec.listeners.auth",
-                    format!("{other:?}: use basic or none"),
-                );
-                false
-            }
-        };
-        for (value, field) in [
-            (&l.value.task, "spec.listeners.task"),
-            (&l.value.project, "spec.listeners.project"),
-            (&l.value.job, "spec.listeners.job"),
-            (&l.value.subject, "spec.listeners.subject"),
-        ] {
-            if let Some(v) = value.as_deref().filter(|v| !crate::ids::valid(v)) {
-                c.error(line, field, format!("{v:?}: {}", crate::ids::ID_RULE));
-            }
-        }
-        if require_auth && l.value.task.is_some() {
-            c.error(
-                line,
-                "spec.listeners.task",
-                "a listener takes its task from credentials (auth: basic) or from `task`, not both",
-            );
-        }
-        // A credential's identity comes only from its own record: a listener-wide project
-        // would let a task with none pick a project's scope by choosing the listener.
-        if require_auth && l.value.project.is_some() {
-            c.error(
-                line,
-                "spec.listeners.project",
-                "an auth: basic listener takes the project from each task's credential (spec.auth.tasks[].project), not from the listener",
-            );
-        }
-        let socks5 = match l.value.protocol.as_deref() {
-            None | Some("http") => false,
-            Some("socks5") => true,
-            Some(other) => {
-                c.error(
-                    line,
-                    "spec.listeners.protocol",
-                    format!("{other:?}: use http or socks5"),
-                );
-                false
-            }
-        };
-        let node_tls = nodes::listener_role(&mut c, line, &l.value);
-        match l.value.listen.parse::<SocketAddr>() {
-            Ok(listen) => {
-                binds.push((listen, line, "spec.listeners.listen"));
-                listeners.push(ListenerSpec {
-                    listen,
-                    task: l.value.task.clone(),
-                    project: l.value.project.clone(),
-                    job: l.value.job.clone(),
-                    subject: l.value.subject.clone(),
-                    require_auth,
-                    socks5,
-                    node_tls,
-                });
-            }
-            Err(_) => c.error(
-                line,
-                "spec.listeners.listen",
-                format!("{:?} is not IP:PORT", l.value.listen),
-            ),
-        }
-    }
-    let mut task_secrets = Vec::new();
-    for t in raw.spec.auth.iter().flat_map(|a| a.tasks.iter()) {
-        let line = t.referenced.line();
-        let secret = match (&t.value.secret_sha256, &t.value.secret_sha256_file) {
-            (Some(hex), None) => match crate::auth::TaskCredential::from_hex(t.value.task.clone(), None, hex)
-            {
-                Ok(_) => Some(SecretSource::Inline(hex.clone())),
-                Err(e) => {
-                    c.error(line, "spec.auth.tasks.secret_sha256", e.to_string());
-                    None
-                }
-            },
-            (None, Some(path)) => Some(SecretSource::File(path.clone())),
-            _ => {
-                c.error(
-                    line,
-                    "spec.auth.tasks",
-                    "give exactly one of secret_sha256 or secret_sha256_file",
-                );
-                None
-            }
-        };
-        if !crate::ids::valid(&t.value.task) {
-            let m = format!("{:?}: {}", t.value.task, crate::ids::ID_RULE);
-            c.error(line, "spec.auth.tasks.task", m);
-        }
-        if let Some(p) = t.value.project.as_deref().filter(|p| !crate::ids::valid(p)) {
-            c.error(
-                line,
-                "spec.auth.tasks.project",
-                format!("{p:?}: {}", crate::ids::ID_RULE),
-            );
-        }
-        if let Some(secret) = secret {
-            task_secrets.push(TaskSecretSpec {
-                task: t.value.task.clone(),
-                project: t.value.project.clone(),
-                secret,
-                origin: format!("{file}:{line}"),
-            });
-        }
-    }
+    let mut binds = Vec::new();
+    let listeners = listeners::listeners(&mut c, &raw.spec.listeners, &mut binds);
+    let task_secrets = listeners::task_secrets(&mut c, raw.spec.auth.as_ref(), file);
     if listeners.iter().any(|l| l.require_auth) && task_secrets.is_empty() {
         c.error(
             0,
@@ -492,16 +238,7 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
     if let (Some(addr), Some(raw_admin)) = (admin.listen, raw.spec.admin.as_ref()) {
         binds.push((addr, raw_admin.referenced.line(), "spec.admin.listen"));
     }
-    for (i, (addr, line, field)) in binds.iter().enumerate() {
-        if let Some((other, other_line, _)) = binds.iter().take(i).find(|(a, _, _)| binds_overlap(*a, *addr))
-        {
-            c.error(
-                *line,
-                *field,
-                format!("{addr} overlaps {other} (line {other_line}): both cannot be bound; give each listener its own address or port"),
-            );
-        }
-    }
+    listeners::overlapping_binds(&mut c, &binds);
     if !c.errors.is_empty() {
         return Err(DocErrors(c.errors));
     }
@@ -520,4 +257,18 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
         tunnels,
         nodes,
     })
+}
+
+/// The document's `apiVersion` and `kind`: the only ones understood.
+fn header(c: &mut Checker<'_>, raw: &RawDoc) {
+    if raw.api_version.value != API_VERSION {
+        c.error(
+            raw.api_version.referenced.line(),
+            "apiVersion",
+            format!("expected {API_VERSION:?}"),
+        );
+    }
+    if raw.kind.value != KIND {
+        c.error(raw.kind.referenced.line(), "kind", format!("expected {KIND:?}"));
+    }
 }

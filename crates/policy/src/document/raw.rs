@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde_saphyr::Spanned;
 
-use super::Scope;
+use crate::entry::Scope;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

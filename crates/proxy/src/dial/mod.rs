@@ -50,12 +50,21 @@ pub struct DialConfig {
     pub dns_timeout: Duration,
     pub connect_timeout: Duration,
     pub guard: AddressGuard,
-    /// Send allowed traffic through this HTTP proxy instead of dialling destinations: no
-    /// local DNS, and the upstream proxy applies its own policy and address guard.
-    pub upstream_proxy: Option<SocketAddr>,
-    /// Send allowed traffic to these central proxies over mutual TLS, one HTTP/2 stream
-    /// each (no local DNS for destinations; the central decides again and dials).
-    pub central: Option<Arc<Centrals>>,
+    pub connector: Connector,
+}
+
+/// Where allowed traffic goes: one of three, so no two can be configured at once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Connector {
+    /// To the destinations, resolved and guarded here.
+    #[default]
+    Direct,
+    /// Through this HTTP proxy instead of dialling destinations: no local DNS, and the
+    /// upstream proxy applies its own policy and address guard.
+    UpstreamProxy(SocketAddr),
+    /// To these central proxies over mutual TLS, one HTTP/2 stream each (no local DNS for
+    /// destinations; the central decides again and dials).
+    Central(Arc<Centrals>),
 }
 
 /// Addresses that passed the guard for one target, in the resolver's order; when chained,
@@ -174,8 +183,7 @@ pub struct Dialer {
     own_listeners: Vec<SocketAddr>,
     host_addrs: HostAddrs,
     metrics: Option<Arc<Metrics>>,
-    upstream_proxy: Option<SocketAddr>,
-    central: Option<Arc<Centrals>>,
+    connector: Connector,
 }
 
 impl Dialer {
@@ -209,8 +217,7 @@ impl Dialer {
             own_listeners,
             host_addrs: HostAddrs::new(),
             metrics: None,
-            upstream_proxy: config.upstream_proxy,
-            central: config.central.clone(),
+            connector: config.connector.clone(),
         })
     }
 
@@ -226,7 +233,7 @@ impl Dialer {
 
     /// Resolves `target` (IP literals are not looked up) and vets every address.
     pub async fn vet(&self, target: &Target) -> Result<VettedAddrs, DialError> {
-        if self.central.is_some() {
+        if let Connector::Central(_) = self.connector {
             // Names are neither resolved nor guarded here: the central proxy does both. An
             // address literal naming one of this proxy's own ports is refused here too, so
             // a central whose ranges reach this host cannot be made to loop back into it.
@@ -238,7 +245,7 @@ impl Dialer {
             }
             return Ok(VettedAddrs { addrs: Vec::new() });
         }
-        if let Some(upstream) = self.upstream_proxy {
+        if let Connector::UpstreamProxy(upstream) = self.connector {
             // The name is never resolved here; the upstream proxy resolves and guards it.
             return Ok(VettedAddrs {
                 addrs: vec![upstream],
@@ -263,7 +270,7 @@ impl Dialer {
 
     /// Whether allowed traffic goes through an upstream proxy instead of to destinations.
     pub fn is_chained(&self) -> bool {
-        self.upstream_proxy.is_some() || self.central.is_some()
+        !matches!(self.connector, Connector::Direct)
     }
 
     /// Whether requests go to a proxy, which takes them in absolute form: an HTTP upstream
@@ -275,7 +282,10 @@ impl Dialer {
 
     /// The central proxies, when this is a node-local proxy.
     pub fn centrals(&self) -> Option<&Arc<Centrals>> {
-        self.central.as_ref()
+        match &self.connector {
+            Connector::Central(c) => Some(c),
+            _ => None,
+        }
     }
 
     /// Connects to a vetted destination, ready for the request's bytes: directly, or, when
@@ -289,7 +299,7 @@ impl Dialer {
         times: HopTimes,
     ) -> Result<(Upstream, SocketAddr), DialError> {
         let timeout = times.answer;
-        if let Some(central) = &self.central {
+        if let Connector::Central(central) = &self.connector {
             return central.open(self, target, access, identity, times).await;
         }
         let (mut stream, addr) = self.connect(vetted).await?;
@@ -331,7 +341,7 @@ impl Dialer {
         tokio::time::timeout(timeout, read_head)
             .await
             .map_err(|_| DialError::UpstreamBroken)??;
-        match crate::head::parse_response_head(&head, "CONNECT") {
+        match crate::h1::head::parse_response_head(&head, "CONNECT") {
             Ok(Some((h, _))) if (200..300).contains(&h.status) => Ok(()),
             Ok(Some((h, _))) => Err(DialError::UpstreamRefused(h.status)),
             _ => Err(DialError::UpstreamBroken),

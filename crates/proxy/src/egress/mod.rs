@@ -7,15 +7,20 @@
 //! with 503 (`audit_unavailable`) while the audit log cannot be written, before the policy
 //! is asked. Nothing passes without a [`Decided`], so no front end can skip the check.
 //!
-//! Exactly one decision event per request holds by construction: a request starts as a
-//! [`Pending`] (from [`Egress::begin`]), which only [`Egress::refuse`] (a deny) or
-//! [`Egress::decide`] consumes; an allowed [`Decided`] is consumed by [`Decided::open`] or
-//! [`Decided::reuse`], each of which records the allow (or the deny the guard found). What
-//! they return, a [`Grant`], is consumed by [`Egress::close`] or [`Egress::fail`], which
-//! record the close. A tunnel is dialled first ([`Decided::dial`]) and decided by its first
-//! bytes: the [`Dialed`] connection is admitted (the allow) or refused (the deny) by
-//! [`Egress::carry`] (`tunnel.rs`). None of these types can be cloned, and each is
-//! `#[must_use]`.
+//! Exactly one decision event per request, and one close per allow, hold by construction
+//! (`states.rs`): a request starts as a [`Pending`] (from [`Egress::begin`]), which
+//! [`Egress::refuse`] (a deny) or [`Egress::decide`] consumes; an allowed [`Decided`] is
+//! consumed by [`Decided::open`] or [`Decided::reuse`], each of which records the allow (or
+//! the deny the guard found). What they return, a [`Grant`], is consumed by
+//! [`Egress::close`] or [`Egress::fail`], which record the close. A state dropped before
+//! any of these records what it owes from its `Drop`.
+//!
+//! The order is decide, vet, record, dial: [`Decided::open`] records the allow once the
+//! guard passed the addresses and before it connects, so a slow connect never delays the
+//! record (a failed connect is the allow's close). A tunnel is the one exception, since its
+//! first bytes decide it: it is vetted and dialled first ([`Decided::dial`]), and the
+//! [`Dialed`] connection is admitted (the allow, with the TLS server name read) or refused
+//! (the deny) by [`Egress::carry`] (`tunnel.rs`) before a byte goes upstream.
 //!
 //! A grant lasts no longer than the rule that allowed it: one under an exception registers
 //! where a revocation cuts it, one under an entry with an expiry where that second does
@@ -23,27 +28,31 @@
 
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
 
 use sandgate_policy::{Access, Context, Ruleset, Target, Verdict};
 use tokio_util::sync::CancellationToken;
 
 use crate::ask::Asker;
 use crate::audit::Audit;
-use crate::audit::event::{Close, Decision, Dest, Event, Outcome, Party};
+use crate::audit::event::{Decision, Event, Outcome, Party};
 use crate::config::{Identity, Limits};
 use crate::cuts::{CutGuard, Cuts};
 use crate::dial::{DialError, Dialer};
 use crate::metrics::Metrics;
-use crate::refusal::{Classified, Refusal};
-use crate::relay::Upstream;
+use crate::refusal::Refusal;
 use crate::rules::Layers;
 
 mod ask;
+mod clear;
 mod open;
+mod states;
 mod tunnel;
+
+pub(crate) use clear::Request;
+pub(crate) use states::{Decided, Dialed, End, Grant, Opened, Pending, Refused};
+use states::{RequestIds, dest_of};
 
 /// Unix seconds now, for decisions (entries expire at exact seconds).
 pub fn unix_now() -> i64 {
@@ -71,13 +80,17 @@ pub(crate) struct Egress {
     /// Connections granted under revocable rules (exceptions) or expiring entries.
     pub cuts: Arc<Cuts>,
     pub dialer: Arc<Dialer>,
-    pub audit: Audit,
+    /// Shared with every request in flight, whose `Drop` records what it still owes.
+    pub audit: Arc<Audit>,
     pub limits: Limits,
     ids: RequestIds,
     /// Cancelled when in-flight work must end (grace period over).
     pub hard_stop: CancellationToken,
     /// Cancelled when shutdown begins (stop accepting; long-lived streams end).
     pub stopping: CancellationToken,
+    /// Cancelled when the wait after the hard stop is over: what still runs is dropped
+    /// ([`Egress::droppable`]) while the audit writer still takes its records.
+    pub dropped: CancellationToken,
     /// Asks a person before the allowlist refuses (`sandgate run --ask`).
     pub asker: std::sync::OnceLock<Arc<dyn Asker>>,
     /// Report-only (learn) mode: a request the policy denies passes and is recorded as
@@ -85,95 +98,6 @@ pub(crate) struct Egress {
     /// entries and tunnel checks still refuse.
     pub report_only: std::sync::atomic::AtomicBool,
     pub metrics: Arc<Metrics>,
-}
-
-/// A request that has not been decided yet.
-#[must_use = "a request must end in exactly one decision event: refuse it or decide it"]
-#[derive(Debug)]
-pub(crate) struct Pending {
-    party: Party,
-    started: Instant,
-}
-
-impl Pending {
-    /// Gives up a request that is not one after all, with no record: a node's stream of
-    /// plain HTTP requests (refused as a stream, or else each request on it begun, decided
-    /// and recorded on its own).
-    pub(crate) fn forgo(self) {}
-}
-
-/// An allowed request, before the guard has seen its addresses.
-#[must_use = "an allowed request must be opened or reused, which records its decision"]
-#[derive(Debug)]
-pub(crate) struct Decided {
-    pending: Pending,
-    target: Target,
-    access: Access,
-    rule: Option<Arc<str>>,
-    /// The second the deciding entry expires: what it let through ends then.
-    expires: Option<i64>,
-    /// Let through in report-only mode: what the policy said instead.
-    would_deny: Option<sandgate_policy::PolicyReason>,
-}
-
-/// A request whose allow is on record; its close must be recorded too.
-#[must_use = "an allowed request must end in a close event: close or fail it"]
-#[derive(Debug)]
-pub(crate) struct Grant {
-    party: Party,
-    /// Cancelled at the end of the shutdown grace, or when the granting rule is revoked or
-    /// expires.
-    stop: CancellationToken,
-    /// Registered where a revocation or the expiry can cut it; removed when the grant ends.
-    _cut: Option<CutGuard>,
-    /// A revocation or the expiry can end it early (whoever holds the registration now).
-    cuttable: bool,
-    /// The second the deciding entry expires.
-    expires: Option<i64>,
-    pub target: Target,
-    access: Access,
-    resolved: Option<IpAddr>,
-    started: Instant,
-}
-
-/// An upstream connection the core opened for a granted request.
-#[derive(Debug)]
-pub(crate) struct Opened {
-    pub stream: Upstream,
-    pub addr: SocketAddr,
-    /// The connection goes to an upstream proxy (which needs absolute-form HTTP requests).
-    pub chained: bool,
-    pub grant: Grant,
-}
-
-/// A connection the core opened for an allowed tunnel whose allow is not on record yet: the
-/// tunnel's first bytes decide it ([`Egress::carry`]).
-#[must_use = "a dialled tunnel must be carried or abandoned, which records its decision"]
-#[derive(Debug)]
-pub(crate) struct Dialed {
-    decided: Decided,
-    pub stream: Upstream,
-    pub addr: SocketAddr,
-    vetted_ip: Option<IpAddr>,
-    /// Cancelled at the end of the shutdown grace, or when the granting rule is revoked or
-    /// expires.
-    stop: (CancellationToken, Option<CutGuard>),
-}
-
-/// A refusal already on record; the front end renders it.
-#[derive(Debug)]
-pub(crate) struct Refused {
-    pub id: String,
-    pub classified: Classified,
-}
-
-/// How an allowed exchange or tunnel ended.
-#[derive(Debug)]
-pub(crate) struct End {
-    pub sent: u64,
-    pub received: u64,
-    pub status: Option<u16>,
-    pub outcome: Outcome,
 }
 
 impl Egress {
@@ -189,14 +113,31 @@ impl Egress {
             cuts: Arc::new(Cuts::default()),
             rules: Arc::new(RwLock::new(Arc::new(rules))),
             dialer: Arc::new(dialer),
-            audit,
+            audit: Arc::new(audit),
             limits,
             ids: RequestIds::new(),
             hard_stop: CancellationToken::new(),
             stopping: CancellationToken::new(),
+            dropped: CancellationToken::new(),
             asker: std::sync::OnceLock::new(),
             report_only: std::sync::atomic::AtomicBool::new(false),
             metrics,
+        }
+    }
+
+    /// `work`, ended by dropping it once [`Egress::dropped`] is cancelled: each request state
+    /// it holds then records what it still owes from its `Drop` (`states.rs`), into the
+    /// audit log, since the writer drains only after.
+    pub(crate) fn droppable<F>(&self, work: F) -> impl std::future::Future<Output = ()> + use<F>
+    where
+        F: std::future::Future<Output = ()>,
+    {
+        let dropped = self.dropped.clone();
+        async move {
+            tokio::select! {
+                () = work => {}
+                () = dropped.cancelled() => {}
+            }
         }
     }
 
@@ -228,16 +169,14 @@ impl Egress {
         method: Option<Cow<'static, str>>,
         node: Option<Arc<str>>,
     ) -> Pending {
-        Pending {
-            party: Party {
-                request_id: self.ids.next(),
-                client_addr: peer,
-                identity,
-                method,
-                node,
-            },
-            started: Instant::now(),
-        }
+        let party = Party {
+            request_id: self.ids.next(),
+            client_addr: peer,
+            identity,
+            method,
+            node,
+        };
+        Pending::new(party, self.audit.clone())
     }
 
     /// Refuses a request before any destination was decided (a bad head, missing
@@ -266,6 +205,8 @@ impl Egress {
             Refusal::Tunnel { refusal, .. } => refusal.seen().map(str::to_owned),
             _ => None,
         };
+        let (party, _) = pending.settle();
+        let request_id = party.request_id.clone();
         let e = Event::Decision(Decision {
             dest: dest.map(|(t, a)| dest_of(t, a)),
             verdict: Verdict::Deny,
@@ -274,7 +215,8 @@ impl Egress {
             rule,
             status: Some(classified.status),
             tls_server_name,
-            party: pending.party.clone(),
+            party,
+            would_deny: None,
             // A refused node: which certificate problem or which claim, for the operator.
             detail: matches!(refusal, Refusal::Node(_)).then(|| classified.text.clone()),
         });
@@ -285,7 +227,7 @@ impl Egress {
             self.audit.record(e).await;
         }
         Refused {
-            id: pending.party.request_id,
+            id: request_id,
             classified,
         }
     }
@@ -305,9 +247,14 @@ impl Egress {
             let refusal = Refusal::AuditUnavailable(cause);
             return Err(self.refuse(pending, Some((target, access)), refusal).await);
         }
+        let mut pending = pending;
         let decision = self
             .rules()
             .decide(target, access, &context(&pending.party.identity));
+        if decision.verdict == Verdict::Allow || self.report_only.load(Ordering::Relaxed) {
+            // Owed from here on with its destination, should it be dropped undecided.
+            pending.dest = Some(dest_of(target, access));
+        }
         if decision.verdict == Verdict::Deny
             && decision.reason == sandgate_policy::PolicyReason::NotAllowlisted
             && let Some((rule, expires)) = self.ask(&pending, target, access).await
@@ -355,16 +302,7 @@ impl Egress {
 
     /// Records the close of a granted request.
     pub async fn close(&self, grant: Grant, end: End) {
-        let e = Event::Close(Close {
-            dest: dest_of(&grant.target, grant.access),
-            resolved_ip: grant.resolved,
-            status: end.status,
-            bytes_sent: end.sent,
-            bytes_received: end.received,
-            duration_ms: grant.started.elapsed().as_millis() as u64,
-            outcome: end.outcome,
-            party: grant.party,
-        });
+        let e = grant.settle(end.sent, end.received, end.status, end.outcome);
         self.audit.record(e).await;
     }
 
@@ -426,12 +364,15 @@ impl Egress {
         tls_server_name: Option<String>,
         stop: Option<(CancellationToken, Option<CutGuard>)>,
     ) -> Grant {
+        // Readers take the verdict from `would_deny`; `detail` keeps the words docs/audit.md
+        // promises people (`would deny: not_allowlisted`).
         let (reason_code, detail) = match d.would_deny {
             None => ("allowlisted", None),
             Some(reason) => ("report_only", Some(format!("would deny: {}", reason.code()))),
         };
+        let (party, started) = d.pending.settle();
         let e = Event::Decision(Decision {
-            party: d.pending.party.clone(),
+            party: party.clone(),
             dest: Some(dest_of(&d.target, d.access)),
             verdict: Verdict::Allow,
             reason_code: reason_code.into(),
@@ -439,77 +380,22 @@ impl Egress {
             rule: d.rule.clone(),
             status: None,
             tls_server_name,
+            would_deny: d.would_deny,
             detail,
         });
         self.audit.record(e).await;
         let (stop, cut) = stop.unwrap_or_else(|| self.stop_for(d.rule.as_ref(), d.expires));
         Grant {
-            party: d.pending.party,
+            party,
             stop,
             cuttable: cut.is_some(),
-            _cut: cut,
+            cut,
             expires: d.expires,
             target: d.target,
             access: d.access,
             resolved,
-            started: d.pending.started,
+            started,
+            owed: Some(self.audit.clone()),
         }
-    }
-}
-
-impl Grant {
-    /// Cancelled when in-flight work under this grant must end (shutdown, revocation,
-    /// expiry).
-    pub fn stop(&self) -> &CancellationToken {
-        &self.stop
-    }
-
-    /// Whether a revocation or an expiry can end this grant early (also once its
-    /// registration was handed on by [`Grant::keep_cut`]).
-    pub fn cuttable(&self) -> bool {
-        self.cuttable
-    }
-
-    /// Hands the registration to whatever outlives this grant (a kept-alive client
-    /// connection): the token it cancels and the guard that keeps it registered.
-    pub fn keep_cut(&mut self) -> Option<(CancellationToken, CutGuard)> {
-        let guard = self._cut.take()?;
-        Some((self.stop.clone(), guard))
-    }
-}
-
-fn dest_of(target: &Target, access: Access) -> Dest {
-    Dest {
-        scheme: access.scheme(),
-        host: target.host.to_string(),
-        port: target.port,
-    }
-}
-
-/// Request ids: a per-process prefix and a counter, unique within a run and unlikely to
-/// repeat across restarts.
-#[derive(Debug)]
-struct RequestIds {
-    prefix: u32,
-    next: AtomicU64,
-}
-
-impl RequestIds {
-    fn new() -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        RequestIds {
-            prefix: nanos ^ std::process::id().rotate_left(16),
-            next: AtomicU64::new(1),
-        }
-    }
-
-    fn next(&self) -> String {
-        format!(
-            "{:08x}{:08x}",
-            self.prefix,
-            self.next.fetch_add(1, Ordering::Relaxed)
-        )
     }
 }

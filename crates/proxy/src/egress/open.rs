@@ -9,20 +9,82 @@ use sandgate_policy::Target;
 use tokio_util::sync::CancellationToken;
 
 use super::{Decided, Dialed, Egress, Grant, Opened, Refused, context};
+use crate::dial::{HopTimes, VettedAddrs};
 use crate::refusal::Refusal;
+
+/// How long a hop may take to answer, and to stall.
+fn hop_times(egress: &Egress) -> HopTimes {
+    HopTimes {
+        answer: egress.limits.response_timeout,
+        stall: egress.limits.tunnel_idle_timeout,
+    }
+}
 
 impl Decided {
     /// Vets the destination (a guard refusal or an address deny entry is this request's
-    /// deny), records the allow, and connects through the dialer (directly, or through the
-    /// upstream proxy when chained). A failure after the allow is recorded as its close.
+    /// deny), records the allow, then connects through the dialer (directly, or through the
+    /// upstream proxy when chained). The allow is on record before the connect starts; a
+    /// failure to connect is recorded as its close.
     pub async fn open(self, egress: &Egress) -> Result<Opened, Refused> {
-        Ok(self.dial(egress).await?.admit(egress, None).await)
+        let (decided, vetted) = self.vet(egress).await?;
+        let (target, access) = (decided.target.clone(), decided.access);
+        let mut grant = egress.allow(decided, vetted.primary(), None, None).await;
+        let times = hop_times(egress);
+        let identity = grant.party.identity.clone();
+        let dialed = egress
+            .dialer
+            .open(&vetted, &target, access, &identity, times)
+            .await;
+        match dialed {
+            Ok((stream, addr)) => {
+                // The close names the address actually connected to.
+                grant.resolved = Some(addr.ip());
+                Ok(Opened {
+                    stream,
+                    addr,
+                    chained: egress.dialer.sends_absolute_form(),
+                    grant,
+                })
+            }
+            Err(error) => Err(egress.fail(grant, Refusal::Dial { target, error }, 0, 0).await),
+        }
     }
 
-    /// As [`Decided::open`], but the allow is recorded only when the [`Dialed`] connection
-    /// is admitted (a tunnel, once its first bytes passed). A refusal, or a failure to
-    /// connect (an allow followed by its close), is on record when this returns it.
+    /// As [`Decided::open`] for a tunnel, whose first bytes decide it: vets and connects,
+    /// and the allow is recorded only when the [`Dialed`] connection is admitted. A
+    /// refusal, or a failure to connect (an allow followed by its close), is on record when
+    /// this returns it.
     pub async fn dial(self, egress: &Egress) -> Result<Dialed, Refused> {
+        let (decided, vetted) = self.vet(egress).await?;
+        let (target, access) = (decided.target.clone(), decided.access);
+        let identity = &decided.pending.party.identity;
+        match egress
+            .dialer
+            .open(&vetted, &target, access, identity, hop_times(egress))
+            .await
+        {
+            Ok((stream, addr)) => {
+                // Cuttable from here on: a tunnel waiting for its first bytes is cut too.
+                let stop = egress.stop_for(decided.rule.as_ref(), decided.expires);
+                Ok(Dialed {
+                    decided,
+                    stream,
+                    addr,
+                    vetted_ip: vetted.primary(),
+                    stop,
+                })
+            }
+            Err(error) => {
+                let grant = egress.allow(decided, vetted.primary(), None, None).await;
+                Err(egress.fail(grant, Refusal::Dial { target, error }, 0, 0).await)
+            }
+        }
+    }
+
+    /// Resolves and guards the destination, and applies the address deny entries. Each
+    /// refusal is on record when this returns it; a failure to resolve is an allow
+    /// followed by its close (allowed by policy, failed upstream).
+    async fn vet(self, egress: &Egress) -> Result<(Decided, VettedAddrs), Refused> {
         let target = self.target.clone();
         let access = self.access;
         let vetted = match egress.dialer.vet(&target).await {
@@ -34,7 +96,6 @@ impl Decided {
                     .await);
             }
             Err(error) => {
-                // Allowed by policy, failed upstream (DNS): an allow followed by a close.
                 let grant = egress.allow(self, None, None, None).await;
                 return Err(egress.fail(grant, Refusal::Dial { target, error }, 0, 0).await);
             }
@@ -58,32 +119,7 @@ impl Decided {
                     .await);
             }
         }
-        let times = crate::dial::HopTimes {
-            answer: egress.limits.response_timeout,
-            stall: egress.limits.tunnel_idle_timeout,
-        };
-        let identity = &self.pending.party.identity;
-        match egress
-            .dialer
-            .open(&vetted, &target, access, identity, times)
-            .await
-        {
-            Ok((stream, addr)) => {
-                // Cuttable from here on: a tunnel waiting for its first bytes is cut too.
-                let stop = egress.stop_for(self.rule.as_ref(), self.expires);
-                Ok(Dialed {
-                    decided: self,
-                    stream,
-                    addr,
-                    vetted_ip: vetted.primary(),
-                    stop,
-                })
-            }
-            Err(error) => {
-                let grant = egress.allow(self, vetted.primary(), None, None).await;
-                Err(egress.fail(grant, Refusal::Dial { target, error }, 0, 0).await)
-            }
-        }
+        Ok((self, vetted))
     }
 
     /// Records the allow for a request served on a kept upstream connection to `addr`,

@@ -5,7 +5,7 @@
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::framing::{BodyKind, ChunkError, ChunkedScanner};
+use crate::h1::framing::{BodyKind, ChunkError, ChunkedScanner};
 
 /// Read size while relaying bodies.
 const RELAY_CHUNK: usize = 64 * 1024;

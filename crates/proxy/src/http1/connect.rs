@@ -7,8 +7,8 @@ use sandgate_policy::{Access, parse_connect_target};
 use tokio::io::AsyncWriteExt;
 
 use super::ClientConn;
-use super::head::RequestHead;
-use crate::egress::{Dialed, Egress};
+use crate::egress::{Dialed, Egress, Request};
+use crate::h1::head::RequestHead;
 use crate::refusal::Refusal;
 
 /// Handles a CONNECT request; the client connection ends with it.
@@ -37,13 +37,18 @@ pub(crate) async fn handle_connect(egress: &Egress, mut client: ClientConn, head
 
 /// Parses, decides and dials the target; answers and records every refusal. `None`: refused.
 async fn open(egress: &Egress, client: &mut ClientConn, raw_target: &str) -> Option<Dialed> {
-    let pending = egress.begin(client.peer, client.identity.clone(), Some("CONNECT".into()));
-    let result = match parse_connect_target(raw_target) {
-        Err(e) => Err(egress.refuse(pending, None, Refusal::Target(e)).await),
-        Ok(target) => match egress.decide(pending, &target, Access::Connect).await {
-            Ok(decided) => decided.dial(egress).await,
-            Err(refused) => Err(refused),
-        },
+    let request = Request {
+        peer: client.peer,
+        identity: client.identity.clone(),
+        node: None,
+        method: "CONNECT".into(),
+        dest: parse_connect_target(raw_target)
+            .map(|t| (t, Access::Connect))
+            .map_err(Refusal::Target),
+    };
+    let result = match egress.clear(request).await {
+        Ok(decided) => decided.dial(egress).await,
+        Err(refused) => Err(refused),
     };
     match result {
         Ok(dialed) => Some(dialed),

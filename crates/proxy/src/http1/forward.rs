@@ -15,18 +15,17 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 
 use super::body::{RelayError, relay_body};
-use super::framing::BodyKind;
-use super::head::{Field, RequestHead, ResponseHead, end_to_end_fields, parse_response_head};
+use super::rewrite::{request_head_bytes, response_head_bytes};
 use super::{ClientConn, Next};
 use crate::audit::event::{Outcome, UpstreamFailure as F};
-use crate::egress::{Egress, End};
+use crate::egress::{Egress, End, Request};
+use crate::h1::framing::BodyKind;
+use crate::h1::head::{RequestHead, ResponseHead, parse_response_head};
 use crate::refusal::{Refusal, ResponseError};
 use crate::relay::Upstream;
 
 /// Largest upstream response head accepted.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
-/// Added to every forwarded message (RFC 9110 section 7.6.3).
-const VIA: &str = "1.1 sandgate";
 /// A kept outbound connection idle for longer is not reused. A server closes an idle
 /// connection on its own timer (Apache httpd and Node.js after 5 s, a central proxy after
 /// its head timeout, 10 s by default); a request written as it does so is lost, and the
@@ -69,20 +68,26 @@ pub(crate) async fn handle_http<S: AsyncRead + AsyncWrite + Unpin>(
     head: RequestHead,
     outbound: &mut Option<Outbound>,
 ) -> Next {
-    let pending = client.begin(egress, Some(head.method.clone()));
-    let decided = match parse_http_target(&head.target) {
-        Err(e) => Err(egress.refuse(pending, None, Refusal::Target(e)).await),
-        Ok(http) => egress
-            .decide(pending, &http.target, Access::Http)
-            .await
-            .map(|d| (d, http)),
+    let (dest, http) = match parse_http_target(&head.target) {
+        Ok(http) => (Ok((http.target.clone(), Access::Http)), Some(http)),
+        Err(e) => (Err(Refusal::Target(e)), None),
     };
-    let (decided, http) = match decided {
-        Ok(pair) => pair,
-        Err(refused) => {
+    let request = Request {
+        peer: client.peer,
+        identity: client.identity.clone(),
+        node: client.node.clone(),
+        method: head.method.clone().into(),
+        dest,
+    };
+    let (decided, http) = match (egress.clear(request).await, http) {
+        (Ok(decided), Some(http)) => (decided, http),
+        (Err(refused), _) => {
             client.reply(&refused).await;
             return Next::Close;
         }
+        // Never: the core refuses a destination that did not parse. (Dropped, the allow
+        // would record itself as abandoned.)
+        (Ok(_), None) => return Next::Close,
     };
     let mut grant = match connect(egress, decided, &http, &client.identity, outbound).await {
         Ok(grant) => grant,
@@ -381,7 +386,7 @@ async fn relay_response<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// Whether a response is a proxy's denial: 403 with a `Proxy-Status` error of
 /// `http_request_denied` or `destination_ip_prohibited`.
-fn refused_by_proxy(response: &super::head::ResponseHead) -> bool {
+fn refused_by_proxy(response: &crate::h1::head::ResponseHead) -> bool {
     response.status == 403
         && response.fields.iter().any(|f| {
             f.name.eq_ignore_ascii_case("proxy-status") && {
@@ -415,7 +420,7 @@ where
             match parse_response_head(buf, method) {
                 Ok(Some((head, len))) if (100..200).contains(&head.status) => {
                     if head.status == 101 {
-                        return Err(ResponseError::Malformed(super::head::HeadError::Syntax(
+                        return Err(ResponseError::Malformed(crate::h1::head::HeadError::Syntax(
                             "unrequested upgrade",
                         )));
                     }
@@ -433,7 +438,7 @@ where
                 }
                 Ok(None) if buf.len() >= MAX_RESPONSE_HEAD => return Err(ResponseError::HeadTooLarge),
                 Ok(None) => {}
-                Err(super::head::HeadError::TooManyFields) => return Err(ResponseError::HeadTooLarge),
+                Err(crate::h1::head::HeadError::TooManyFields) => return Err(ResponseError::HeadTooLarge),
                 Err(e) => return Err(ResponseError::Malformed(e)),
             }
         }
@@ -452,73 +457,5 @@ where
             Ok(_) => {}
             Err(e) => return Err(ResponseError::Io(e)),
         }
-    }
-}
-
-fn push_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
-    out.extend_from_slice(name.as_bytes());
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// The request head sent upstream: origin-form target (absolute-form to an upstream proxy),
-/// Host from the request-target,
-/// end-to-end fields only, and Via.
-fn request_head_bytes(head: &RequestHead, http: &HttpTarget, absolute: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(256 + head.fields.len() * 32);
-    out.extend_from_slice(head.method.as_bytes());
-    out.push(b' ');
-    if absolute {
-        // Chained through an upstream proxy: it needs the absolute form to know the target.
-        out.extend_from_slice(b"http://");
-        out.extend_from_slice(http.authority.as_bytes());
-    }
-    out.extend_from_slice(http.origin_form.as_bytes());
-    out.extend_from_slice(if head.minor_version == 0 {
-        b" HTTP/1.0\r\n"
-    } else {
-        b" HTTP/1.1\r\n"
-    });
-    push_field(&mut out, "Host", http.authority.as_bytes());
-    for field in end_to_end_fields(&head.fields).filter(|f| !f.is("via")) {
-        push_field(&mut out, &field.name, &field.value);
-    }
-    push_field(&mut out, "Via", via(&head.fields).as_bytes());
-    out.extend_from_slice(b"\r\n");
-    out
-}
-
-/// The response head sent to the client: end-to-end fields, Via, and `Connection: close`
-/// when this connection ends after the response.
-fn response_head_bytes(head: &ResponseHead, close: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(256 + head.fields.len() * 32);
-    let line = format!(
-        "HTTP/1.{} {} {}\r\n",
-        head.minor_version, head.status, head.reason
-    );
-    out.extend_from_slice(line.as_bytes());
-    for field in end_to_end_fields(&head.fields).filter(|f| !f.is("via")) {
-        push_field(&mut out, &field.name, &field.value);
-    }
-    push_field(&mut out, "Via", via(&head.fields).as_bytes());
-    if close {
-        push_field(&mut out, "Connection", b"close");
-    }
-    out.extend_from_slice(b"\r\n");
-    out
-}
-
-/// Appends this hop to any Via the message already carries.
-fn via(fields: &[Field]) -> String {
-    let prior: Vec<String> = fields
-        .iter()
-        .filter(|f| f.is("via"))
-        .map(|f| String::from_utf8_lossy(&f.value).into_owned())
-        .collect();
-    if prior.is_empty() {
-        VIA.to_owned()
-    } else {
-        format!("{}, {VIA}", prior.join(", "))
     }
 }

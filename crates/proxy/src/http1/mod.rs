@@ -8,9 +8,8 @@ mod auth;
 mod body;
 pub(crate) mod connect;
 pub(crate) mod forward;
-pub mod framing;
-pub mod head;
 pub(crate) mod render;
+mod rewrite;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Identity, Limits};
 use crate::egress::{Egress, Pending, Refused};
+use crate::h1::head::{HeadError, RequestHead, parse_request_head};
 use crate::refusal::{NodeRefusal, Refusal};
-use head::{HeadError, RequestHead, parse_request_head};
 
 /// A client connection with its read buffer (bytes received but not yet consumed): a
 /// client's socket, or a node's stream of requests on a central proxy.
@@ -239,14 +238,7 @@ fn authenticate(
         .find(|f| f.is("proxy-authorization"))
         .map(|f| f.value.as_slice());
     let (task, secret) = auth::basic_login(header)?;
-    let rules = egress.rules();
-    let cred = rules.credentials().verify_login(&task, &secret)?;
-    Ok(Arc::new(Identity {
-        task: Some(cred.task.clone()),
-        project: cred.project.clone(),
-        job: listener.job.clone(),
-        subject: listener.subject.clone(),
-    }))
+    egress.login(&task, &secret, listener)
 }
 
 /// Whether a request on a node's stream is one the stream may carry: plain HTTP in absolute

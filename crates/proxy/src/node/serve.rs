@@ -11,7 +11,6 @@ use std::borrow::Cow;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -23,30 +22,15 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::{ACCESS_FIELD, NodeListener, attribution, bridge, tls};
 use crate::admission::Permit;
-use crate::egress::{Dialed, Egress, Refused};
+use crate::egress::{self, Dialed, Egress, Refused};
 use crate::http1::{self, ClientConn};
 use crate::refusal::{NodeRefusal, Refusal};
 use crate::relay::{Leg, NodeStream};
-
-/// Flow control (RFC 9113 section 5.2). Each stream may have `STREAM_WINDOW` bytes in
-/// flight that its reader has not taken, and the connection's window is that times the
-/// most streams a connection may have open: so streams whose readers stop (a client that
-/// never reads, whether slow or hostile) can hold at most their own windows, never the
-/// connection's, and cannot stall the other tunnels on it. The product is also the most a
-/// connection can buffer (128 MiB, reached only when every stream is stalled).
-pub(crate) const STREAM_WINDOW: u32 = 256 * 1024;
-/// Streams one node connection may have open at once (more wait for a free one).
-pub(crate) const MAX_STREAMS: u32 = 512;
-pub(crate) const CONNECTION_WINDOW: u32 = STREAM_WINDOW * MAX_STREAMS;
-/// The largest DATA frame either side accepts: bulk tunnels move in fewer frames.
-pub(crate) const MAX_FRAME: u32 = 64 * 1024;
-/// The largest header block either side accepts.
-pub(crate) const MAX_HEADER_LIST: u32 = 16 * 1024;
-/// PING a connection this often; no answer within the timeout ends it.
-pub(crate) const KEEPALIVE: Duration = Duration::from_secs(10);
-pub(crate) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::transport::{
+    ACCESS_FIELD, CONNECTION_WINDOW, MAX_FRAME, MAX_HEADER_LIST, MAX_STREAMS, NodeListener, STREAM_WINDOW,
+    attribution, bridge, tls,
+};
 
 /// The connection limits each stream counts against, like a connection of its own: a
 /// stream's tunnel holds a descriptor (the upstream socket; an HTTP/1.1-transport tunnel
@@ -171,7 +155,7 @@ async fn serve_h2(
         Ok(Err(e)) => return tracing::debug!(peer = %conn.peer, error = %e, "node connection: no HTTP/2"),
         Err(_) => return tracing::debug!(peer = %conn.peer, "node connection: no HTTP/2 preface in time"),
     };
-    let keepalive = super::keepalive(connection.ping_pong());
+    let keepalive = crate::transport::keepalive(connection.ping_pong());
     tokio::pin!(keepalive);
     let mut stopping = false;
     // Told of a reload once (or the listener is gone: nothing more to hear).
@@ -180,7 +164,7 @@ async fn serve_h2(
         tokio::select! {
             next = connection.accept() => match next {
                 Some(Ok((request, respond))) => {
-                    tracker.spawn(h2_stream(conn.clone(), request, respond));
+                    tracker.spawn(conn.egress.droppable(h2_stream(conn.clone(), request, respond)));
                 }
                 Some(Err(e)) => {
                     tracing::debug!(peer = %conn.peer, error = %e, "node connection ended");
@@ -318,13 +302,14 @@ async fn http1_request(
         Ok((Admitted::Tunnel(dialed), permits)) => (*dialed, permits),
         Ok((Admitted::Requests(r), permits)) => {
             let upgrade = hyper::upgrade::on(&mut req);
-            tracker.spawn(async move {
+            let egress = conn.egress.clone();
+            tracker.spawn(egress.droppable(async move {
                 let _permits = permits;
                 let Ok(stream) = upgrade.await else { return };
                 let mut client = r.client(&conn, TokioIo::new(stream));
                 http1::serve_node_stream(&conn.egress, &mut client, &r.target, &conn.stop).await;
                 let _ = client.stream.shutdown().await;
-            });
+            }));
             return Response::new(Full::new(Bytes::new()));
         }
         Err(refused) => {
@@ -345,7 +330,8 @@ async fn http1_request(
         }
     };
     let upgrade = hyper::upgrade::on(&mut req);
-    tracker.spawn(async move {
+    let droppable = egress.clone();
+    tracker.spawn(droppable.droppable(async move {
         let _permits = permits;
         let stream = match upgrade.await {
             Ok(s) => s,
@@ -364,7 +350,7 @@ async fn http1_request(
             carry,
             bridge::pump(TokioIo::new(stream), pump, Some(pump_reset), stall)
         );
-    });
+    }));
     Response::new(Full::new(Bytes::new()))
 }
 
@@ -391,28 +377,34 @@ async fn refuse_connection(egress: &Egress, peer: SocketAddr, why: NodeRefusal) 
 async fn admit(conn: &Conn, req: &hyper::http::request::Parts) -> Result<(Admitted, Permit), Refused> {
     let egress = &conn.egress;
     let node = conn.node();
-    let method = Cow::Owned(req.method.as_str().to_owned());
     let claimed = attribution::read(&req.headers);
     let identity = Arc::new(claimed.clone().unwrap_or_default());
     let name = node.as_ref().map(|n| Arc::<str>::from(n.name.as_str()));
-    let pending = egress.begin_via(conn.peer, identity.clone(), Some(method), name);
+    // A stream of plain HTTP requests is not a request itself (each request on it is begun,
+    // decided and recorded on its own): a request is begun here only to be refused, or for
+    // a tunnel.
+    let begin = || {
+        let method = Cow::Owned(req.method.as_str().to_owned());
+        egress.begin_via(conn.peer, identity.clone(), Some(method), name.clone())
+    };
+    let refuse = |refusal| async { Err(egress.refuse(begin(), None, refusal).await) };
     let permits = match conn.gate.admit(conn.peer) {
         Ok(p) => p,
-        Err(kind) => return Err(egress.refuse(pending, None, Refusal::ConnectionLimit(kind)).await),
+        Err(kind) => return refuse(Refusal::ConnectionLimit(kind)).await,
     };
     let Some(node) = node else {
         let why = NodeRefusal::Unknown(conn.names.join(", "));
-        return Err(egress.refuse(pending, None, Refusal::Node(why)).await);
+        return refuse(Refusal::Node(why)).await;
     };
     if req.method != Method::CONNECT {
         let why = NodeRefusal::NotConnect(req.method.to_string());
-        return Err(egress.refuse(pending, None, Refusal::Node(why)).await);
+        return refuse(Refusal::Node(why)).await;
     }
     if let Err(e) = claimed {
-        return Err(egress.refuse(pending, None, Refusal::Node(e.into())).await);
+        return refuse(Refusal::Node(e.into())).await;
     }
     if let Err(e) = node.vouches(identity.task.as_deref(), identity.project.as_deref()) {
-        return Err(egress.refuse(pending, None, Refusal::Node(e.into())).await);
+        return refuse(Refusal::Node(e.into())).await;
     }
     let authority = req
         .uri
@@ -421,11 +413,9 @@ async fn admit(conn: &Conn, req: &hyper::http::request::Parts) -> Result<(Admitt
         .unwrap_or_default();
     let target = match sandgate_policy::target::parse_connect_target(&authority) {
         Ok(t) => t,
-        Err(e) => return Err(egress.refuse(pending, None, Refusal::Target(e)).await),
+        Err(e) => return refuse(Refusal::Target(e)).await,
     };
     if let Some(b"http") = req.headers.get(ACCESS_FIELD).map(|v| v.as_bytes()) {
-        // Each request on the stream is its own record; the stream is none.
-        pending.forgo();
         let requests = Requests {
             target,
             identity,
@@ -433,7 +423,14 @@ async fn admit(conn: &Conn, req: &hyper::http::request::Parts) -> Result<(Admitt
         };
         return Ok((Admitted::Requests(requests), permits));
     }
-    let decided = egress.decide(pending, &target, Access::Connect).await?;
+    let request = egress::Request {
+        peer: conn.peer,
+        identity,
+        node: name,
+        method: Cow::Owned(req.method.as_str().to_owned()),
+        dest: Ok((target, Access::Connect)),
+    };
+    let decided = egress.clear(request).await?;
     let dialed = decided.dial(egress).await?;
     Ok((Admitted::Tunnel(Box::new(dialed)), permits))
 }

@@ -17,8 +17,8 @@ use sandgate_policy::{Access, AuthError, Identity, Target, parse_connect_target}
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::egress::{Egress, Refused};
-use crate::http1::head::HeadError;
+use crate::egress::{Egress, Refused, Request};
+use crate::h1::head::HeadError;
 use crate::refusal::Refusal;
 
 pub mod wire;
@@ -89,9 +89,15 @@ pub(crate) async fn serve(
             return;
         }
     };
-    let pending = egress.begin(peer, identity, Some("CONNECT".into()));
+    let request = Request {
+        peer,
+        identity,
+        node: None,
+        method: "CONNECT".into(),
+        dest: Ok((target, Access::Socks5)),
+    };
     // The core refuses it while the audit log cannot be written (a general failure here).
-    let dialed = match egress.decide(pending, &target, Access::Socks5).await {
+    let dialed = match egress.clear(request).await {
         Ok(decided) => decided.dial(egress).await,
         Err(refused) => Err(refused),
     };
@@ -217,16 +223,10 @@ async fn login(
 ) -> Result<Arc<Identity>, Stop> {
     let user = String::from_utf8_lossy(&login.user);
     let pass = String::from_utf8_lossy(&login.pass);
-    let rules = egress.rules();
-    match rules.credentials().verify_login(&user, &pass) {
-        Ok(cred) => {
+    match egress.login(&user, &pass, listener) {
+        Ok(identity) => {
             s.write_all(&[1, 0]).await.map_err(|_| Stop::Gone)?;
-            Ok(Arc::new(Identity {
-                task: Some(cred.task.clone()),
-                project: cred.project.clone(),
-                job: listener.job.clone(),
-                subject: listener.subject.clone(),
-            }))
+            Ok(identity)
         }
         Err(e) => {
             let _ = s.write_all(&[1, 1]).await;

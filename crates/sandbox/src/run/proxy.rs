@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 
 use sandgate_policy::{AddressGuard, Ruleset};
 use sandgate_proxy::{
-    AuditDestination, AuditOptions, Identity, Limits, Listener, Nameservers, PeerFilter, Protocol, Proxy,
-    ProxyConfig,
+    AuditDestination, AuditOptions, Connector, FrontEnd, Identity, Limits, Listener, Nameservers, PeerFilter,
+    Proxy, ProxyConfig,
 };
 use tokio::net::UnixListener;
 
@@ -148,7 +148,7 @@ fn proxy_config(
         );
     }
     let task = task.to_owned();
-    let listener = |protocol| Listener {
+    let listener = |front_end| Listener {
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         identity: Identity {
             task: Some(task.clone()),
@@ -156,14 +156,16 @@ fn proxy_config(
             job: None,
             subject: Some(subject.to_owned()),
         },
-        require_auth: false,
         peers: Some(peers.clone()),
-        protocol,
-        node: None,
+        front_end,
     };
-    let socks = policy.socks_port.map(|_| listener(Protocol::Socks5));
+    let socks = policy
+        .socks_port
+        .map(|_| listener(FrontEnd::Socks5 { require_auth: false }));
     Ok(ProxyConfig {
-        listen: std::iter::once(listener(Protocol::Http)).chain(socks).collect(),
+        listen: std::iter::once(listener(FrontEnd::Http1 { require_auth: false }))
+            .chain(socks)
+            .collect(),
         rules,
         guard: AddressGuard::new(ranges),
         nameservers: if servers.is_empty() {
@@ -178,10 +180,10 @@ fn proxy_config(
         },
         audit_options: AuditOptions::default(),
         metrics_listen: None,
-        upstream_proxy: policy.upstream_proxy,
-        central: match &policy.central {
-            Some(spec) => Some(centrals(spec)?),
-            None => None,
+        connector: match (&policy.central, policy.upstream_proxy) {
+            (Some(spec), _) => Connector::Central(centrals(spec)?),
+            (None, Some(addr)) => Connector::UpstreamProxy(addr),
+            (None, None) => Connector::Direct,
         },
     })
 }
@@ -191,7 +193,7 @@ fn proxy_config(
 fn centrals(
     spec: &crate::policy::CentralSpec,
 ) -> Result<std::sync::Arc<sandgate_proxy::dial::Centrals>, RunError> {
-    let files = sandgate_proxy::node::ClientFiles {
+    let files = sandgate_proxy::transport::ClientFiles {
         ca: spec.ca.clone(),
         cert: spec.cert.clone(),
         key: spec.key.clone(),

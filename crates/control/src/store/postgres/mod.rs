@@ -329,8 +329,8 @@ fn tls(config: &mut Config, ca: Option<&std::path::Path>) -> Result<Option<MakeR
         ));
     }
     config.ssl_mode(SslMode::Require);
-    let roots =
-        sandgate_proxy::node::tls::roots(ca).map_err(|e| StoreError::Config(format!("--state-ca: {e}")))?;
+    let roots = sandgate_proxy::transport::tls::roots(ca)
+        .map_err(|e| StoreError::Config(format!("--state-ca: {e}")))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let client = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

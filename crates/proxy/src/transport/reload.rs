@@ -181,13 +181,50 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// One TLS configuration [`TlsHandle`] reloads, whichever side it serves (a central's node
+/// listener, a node's connections to its centrals): the handle needs no more of it.
+pub trait TlsConfig: Send + Sync + std::fmt::Debug {
+    /// Reads the files again ([`Reloadable::reload`]).
+    fn reload(&self) -> Result<(), TlsError>;
+    /// Reloads if the files changed on disk ([`Reloadable::reload_if_stale`]).
+    fn reload_if_stale(&self) -> Option<Result<(), TlsError>>;
+    /// Whether changed files failed to load when last tried.
+    fn failing(&self) -> bool;
+    /// When each certificate file in force expires.
+    fn expiries(&self) -> Expiries;
+    /// The files it is read from.
+    fn paths(&self) -> Vec<PathBuf>;
+}
+
+impl<C, F> TlsConfig for Reloadable<C, F>
+where
+    C: Send + Sync + std::fmt::Debug,
+    F: Load<C> + Send + Sync + std::fmt::Debug,
+{
+    fn reload(&self) -> Result<(), TlsError> {
+        Reloadable::reload(self)
+    }
+    fn reload_if_stale(&self) -> Option<Result<(), TlsError>> {
+        Reloadable::reload_if_stale(self)
+    }
+    fn failing(&self) -> bool {
+        Reloadable::failing(self)
+    }
+    fn expiries(&self) -> Expiries {
+        Reloadable::expiries(self)
+    }
+    fn paths(&self) -> Vec<PathBuf> {
+        Reloadable::paths(self)
+    }
+}
+
 /// Reloads TLS files, on SIGHUP and when they change on disk: new connections use the new
 /// certificates; connections already up take no new streams, and the tunnels on them
 /// carry on.
 #[derive(Debug, Clone)]
 pub struct TlsHandle {
-    pub(crate) listeners: Vec<Arc<super::NodeListener>>,
-    pub(crate) centrals: Option<Arc<crate::dial::Centrals>>,
+    /// Every TLS configuration in the process: node listeners' and the centrals connector's.
+    pub(crate) configs: Vec<Arc<dyn TlsConfig>>,
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
 }
 
@@ -198,13 +235,7 @@ impl TlsHandle {
     /// Reads every TLS file again; on an error that configuration stays as it was. Returns
     /// the errors.
     pub fn reload(&self) -> Vec<TlsError> {
-        let mut errors = Vec::new();
-        for l in &self.listeners {
-            errors.extend(l.tls.reload().err());
-        }
-        if let Some(c) = &self.centrals {
-            errors.extend(c.reload_tls().err());
-        }
+        let errors = self.configs.iter().filter_map(|c| c.reload().err()).collect();
         self.publish();
         errors
     }
@@ -213,16 +244,11 @@ impl TlsHandle {
     /// expires (a path two configurations share, such as one CA, by the earlier of the two
     /// versions they hold), and how many configurations have changed files that do not load.
     pub fn publish(&self) {
-        let listeners = self.listeners.iter().map(|l| (l.tls.failing(), l.tls.expiries()));
-        let centrals = self
-            .centrals
-            .iter()
-            .map(|c| (c.tls().failing(), c.tls().expiries()));
         let mut failing = 0;
         let mut by_path: std::collections::BTreeMap<PathBuf, Option<i64>> = Default::default();
-        for (failed, expiries) in listeners.chain(centrals) {
-            failing += i64::from(failed);
-            for (path, not_after) in expiries {
+        for config in &self.configs {
+            failing += i64::from(config.failing());
+            for (path, not_after) in config.expiries() {
                 let earliest = by_path.entry(path).or_insert(not_after);
                 *earliest = match (*earliest, not_after) {
                     (Some(a), Some(b)) => Some(a.min(b)),
@@ -242,15 +268,12 @@ impl TlsHandle {
 
     /// Whether there is anything to reload.
     pub fn is_empty(&self) -> bool {
-        self.listeners.is_empty() && self.centrals.is_none()
+        self.configs.is_empty()
     }
 
     /// Every TLS file of the node listeners and of the connections to central proxies.
     pub fn paths(&self) -> Vec<PathBuf> {
-        let mut paths: Vec<PathBuf> = self.listeners.iter().flat_map(|l| l.tls.paths()).collect();
-        if let Some(c) = &self.centrals {
-            paths.extend(c.tls_paths());
-        }
+        let mut paths: Vec<PathBuf> = self.configs.iter().flat_map(|c| c.paths()).collect();
         paths.sort();
         paths.dedup();
         paths
@@ -261,12 +284,7 @@ impl TlsHandle {
     fn reload_stale(&self) -> Option<Vec<TlsError>> {
         let mut tried = false;
         let mut errors = Vec::new();
-        let outcomes = self
-            .listeners
-            .iter()
-            .map(|l| l.tls.reload_if_stale())
-            .chain(self.centrals.iter().map(|c| c.reload_tls_if_stale()));
-        for outcome in outcomes.flatten() {
+        for outcome in self.configs.iter().filter_map(|c| c.reload_if_stale()) {
             tried = true;
             errors.extend(outcome.err());
         }

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use h2::client::SendRequest;
-use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use sandgate_policy::{Access, Identity, Target};
@@ -24,10 +23,13 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::DialError;
-use crate::node::reload::Reloadable;
-use crate::node::tls::{ClientFiles, TlsError};
-use crate::node::{ACCESS_FIELD, attribution, bridge, serve};
-use crate::relay::{NodeStream, StreamSlot, Upstream};
+use crate::relay::{StreamSlot, Upstream};
+use crate::transport::reload::Reloadable;
+use crate::transport::tls::{ClientFiles, TlsError};
+use crate::transport::{CONNECTION_WINDOW, MAX_FRAME, MAX_HEADER_LIST, MAX_STREAMS, STREAM_WINDOW};
+
+mod stream;
+use stream::{connect_request, exchange_http1, open_stream};
 
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -132,7 +134,7 @@ struct HopState {
 #[derive(Debug)]
 pub struct Centrals {
     hops: Vec<(Hop, Mutex<HopState>)>,
-    tls: Reloadable<rustls::ClientConfig, ClientFiles>,
+    tls: Arc<Reloadable<rustls::ClientConfig, ClientFiles>>,
     /// A TLS connection per tunnel with HTTP/1.1 CONNECT, instead of HTTP/2 streams.
     http1: bool,
 }
@@ -157,6 +159,15 @@ enum HopError {
 /// counts as down.
 const KEPT_RETRIES: usize = 8;
 
+impl PartialEq for Centrals {
+    /// The same connector, not an equal one (it holds live connections).
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Eq for Centrals {}
+
 impl Centrals {
     /// Parses each `https://HOST:PORT` of `urls` and reads the TLS files (what both the
     /// proxy's `--upstream` and a sandbox policy's `net.proxy.upstream` give).
@@ -172,7 +183,7 @@ impl Centrals {
     pub fn new(hops: Vec<Hop>, files: ClientFiles) -> Result<Centrals, TlsError> {
         let http1 = files.http1;
         // Centrals know a node by its certificate's first name only (`spec.nodes`).
-        if let Ok(Some(name)) = crate::node::tls::node_name(&files.cert) {
+        if let Ok(Some(name)) = crate::transport::tls::node_name(&files.cert) {
             tracing::info!(node = %name, "node name (its certificate's first name; list it in the centrals' spec.nodes)");
         }
         Ok(Centrals {
@@ -181,28 +192,13 @@ impl Centrals {
                 .into_iter()
                 .map(|h| (h, Mutex::new(HopState::default())))
                 .collect(),
-            tls: Reloadable::new(files)?,
+            tls: Arc::new(Reloadable::new(files)?),
         })
     }
 
-    /// Reads the TLS files again: new connections use them, open ones carry on.
-    pub fn reload_tls(&self) -> Result<(), TlsError> {
-        self.tls.reload()
-    }
-
-    /// Reads the TLS files again if they changed on disk (`None`: they did not).
-    pub(crate) fn reload_tls_if_stale(&self) -> Option<Result<(), TlsError>> {
-        self.tls.reload_if_stale()
-    }
-
-    /// The client configuration and its files.
-    pub(crate) fn tls(&self) -> &Reloadable<rustls::ClientConfig, ClientFiles> {
-        &self.tls
-    }
-
-    /// The TLS files [`Centrals::reload_tls`] reads.
-    pub fn tls_paths(&self) -> Vec<std::path::PathBuf> {
-        self.tls.paths()
+    /// The client configuration and its files (SIGHUP reloads them: [`crate::TlsHandle`]).
+    pub(crate) fn tls(&self) -> Arc<Reloadable<rustls::ClientConfig, ClientFiles>> {
+        self.tls.clone()
     }
 
     /// Opens a stream to `target` on a central, attributed to `identity`; returns the core's
@@ -294,7 +290,7 @@ impl Centrals {
         let room = state
             .conns
             .iter()
-            .find(|c| c.open.load(Ordering::Relaxed) < serve::MAX_STREAMS as usize);
+            .find(|c| c.open.load(Ordering::Relaxed) < MAX_STREAMS as usize);
         if let Some(c) = room {
             c.open.fetch_add(1, Ordering::Relaxed);
             return Ok(Some(Room {
@@ -326,10 +322,10 @@ impl Centrals {
         let (tls, addr) = self.tls_connect(dialer, hop).await?;
         let mut builder = h2::client::Builder::new();
         builder
-            .initial_window_size(serve::STREAM_WINDOW)
-            .initial_connection_window_size(serve::CONNECTION_WINDOW)
-            .max_frame_size(serve::MAX_FRAME)
-            .max_header_list_size(serve::MAX_HEADER_LIST);
+            .initial_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .max_frame_size(MAX_FRAME)
+            .max_header_list_size(MAX_HEADER_LIST);
         let handshake = builder.handshake::<_, Bytes>(tls);
         let (sender, mut connection) = tokio::time::timeout(dialer.connect_timeout, handshake)
             .await
@@ -344,7 +340,7 @@ impl Centrals {
                 r = &mut connection => if let Err(e) = r {
                     tracing::warn!(central = %name, error = %e, "connection to the central proxy ended");
                 },
-                () = crate::node::keepalive(ping) => {
+                () = crate::transport::keepalive(ping) => {
                     tracing::warn!(central = %name, "the central proxy stopped answering pings; connection dropped");
                 }
             }
@@ -451,91 +447,6 @@ async fn health_check(dialer: Weak<super::Dialer>, hop: Hop) {
         }
         wait = (wait * 2).min(BACKOFF_MAX);
     }
-}
-
-/// The CONNECT request for `target` with the request's attribution (its authority is the
-/// target; HTTP/2 carries it as `:authority`, HTTP/1.1 as the request target and `Host`).
-fn connect_request(
-    target: &Target,
-    access: Access,
-    identity: &Identity,
-) -> Result<hyper::Request<()>, HopError> {
-    let authority = target.to_string();
-    let mut request = hyper::Request::connect(authority.as_str());
-    for (k, v) in attribution::fields(identity) {
-        request = request.header(k, v);
-    }
-    if access == Access::Http {
-        request = request.header(ACCESS_FIELD, "http");
-    }
-    request.body(()).map_err(|e| HopError::Unavailable(e.to_string()))
-}
-
-/// Opens a CONNECT stream on an HTTP/2 connection; on a 2xx the stream is the upstream
-/// (the core relays a tunnel's frame by frame; the HTTP/1 forwarder reads and writes it).
-async fn open_stream(
-    sender: SendRequest<Bytes>,
-    request: impl FnOnce() -> Result<hyper::Request<()>, HopError>,
-    timeout: Duration,
-    slot: StreamSlot,
-) -> Result<Upstream, HopError> {
-    let request = request()?;
-    let not_sent = |e: h2::Error| HopError::NotSent(e.to_string());
-    let exchange = async {
-        let mut sender = sender.ready().await.map_err(not_sent)?;
-        let (response, send) = sender.send_request(request, false).map_err(not_sent)?;
-        // Refused before the central looked at it (beyond a GOAWAY's last stream, or
-        // REFUSED_STREAM), or lost after it may have: only the first may be sent again.
-        let response = response.await.map_err(|e| {
-            if e.is_go_away() || e.reason() == Some(h2::Reason::REFUSED_STREAM) {
-                not_sent(e)
-            } else {
-                HopError::Unavailable(e.to_string())
-            }
-        })?;
-        Ok::<_, HopError>((response, send))
-    };
-    let (response, send) = tokio::time::timeout(timeout, exchange)
-        .await
-        .map_err(|_| HopError::Unavailable("no answer in time".into()))??;
-    if !response.status().is_success() {
-        return Err(HopError::Refused(response.status().as_u16()));
-    }
-    let stream = NodeStream::new(send, response.into_body(), Some(slot));
-    Ok(Upstream::Stream(Box::new(stream)))
-}
-
-/// `--upstream-transport http1`: sends the CONNECT, and on a 2xx bridges the connection:
-/// the core's end.
-async fn exchange_http1(
-    mut sender: hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
-    request: impl FnOnce() -> Result<hyper::Request<()>, HopError>,
-    times: super::HopTimes,
-) -> Result<TcpStream, HopError> {
-    let timeout = times.answer;
-    let (parts, ()) = request()?.into_parts();
-    let mut request = hyper::Request::from_parts(parts, Empty::<Bytes>::new());
-    if let Ok(host) = hyper::header::HeaderValue::from_str(&request.uri().to_string()) {
-        request.headers_mut().insert(hyper::header::HOST, host);
-    }
-    let send = async {
-        sender.ready().await?;
-        sender.send_request(request).await
-    };
-    let response = match tokio::time::timeout(timeout, send).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return Err(HopError::Unavailable(e.to_string())),
-        Err(_) => return Err(HopError::Unavailable("no answer in time".into())),
-    };
-    if !response.status().is_success() {
-        return Err(HopError::Refused(response.status().as_u16()));
-    }
-    let upgraded = hyper::upgrade::on(response)
-        .await
-        .map_err(|e| HopError::Unavailable(e.to_string()))?;
-    let (core, pump) = bridge::pair().map_err(|e| HopError::Unavailable(e.to_string()))?;
-    tokio::spawn(bridge::pump(TokioIo::new(upgraded), pump, None, times.stall));
-    Ok(core)
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 //! It does not read sockets: [`parse_request_head`] takes bytes, so the fuzz target and the
 //! tests drive it directly.
 
-use crate::framing::BodyKind;
+use super::framing::BodyKind;
 
 /// Most header fields accepted in one head.
 pub const MAX_HEADERS: usize = 100;

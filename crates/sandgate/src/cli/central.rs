@@ -1,0 +1,134 @@
+//! `sandgate exceptions` and `sandgate pki`: the admin API's client for temporary egress
+//! exceptions, and the certificates of the central mode.
+
+use clap::{Args, Subcommand};
+
+/// `sandgate exceptions` flags.
+#[derive(Debug, Args)]
+pub struct ExceptionsArgs {
+    /// The admin API's base URL, http://IP:PORT or http://localhost:PORT (never a looked-up
+    /// name) [env: SANDGATE_ADMIN; default: http://127.0.0.1:9090]
+    #[arg(long, value_name = "URL")]
+    pub admin: Option<String>,
+    /// A file holding the bearer token [default: the SANDGATE_TOKEN environment variable]
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
+    /// Print the API's JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: ExceptionsCommand,
+}
+
+/// `sandgate exceptions` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ExceptionsCommand {
+    /// Ask for exact hosts for a task, for a bounded time.
+    Request {
+        /// The task that needs the destinations.
+        #[arg(long)]
+        task: String,
+        /// The task's project, when the policy gives it one.
+        #[arg(long)]
+        project: Option<String>,
+        /// An exact host name (repeatable).
+        #[arg(long = "host", required = true)]
+        hosts: Vec<String>,
+        /// A port (repeatable) [default: 443 and 80]
+        #[arg(long = "port")]
+        ports: Vec<u16>,
+        /// Seconds the exception lasts once approved.
+        #[arg(long, value_name = "SECS")]
+        ttl: u32,
+        /// Why, for the person deciding (recorded in the audit log).
+        #[arg(long)]
+        reason: String,
+    },
+    /// List exceptions (a requester sees its tasks').
+    List,
+    /// Show one exception.
+    Show {
+        /// The exception's id (ex-...).
+        id: String,
+    },
+    /// Approve a pending request, optionally narrowed.
+    Approve {
+        /// The exception's id (ex-...).
+        id: String,
+        /// Approve only these of the requested hosts (repeatable).
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+        /// A shorter lifetime than requested.
+        #[arg(long, value_name = "SECS")]
+        ttl: Option<u32>,
+    },
+    /// Deny a pending request.
+    Deny {
+        /// The exception's id (ex-...).
+        id: String,
+        /// Why, for the requester and the audit log.
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Revoke an active exception: its connections are cut.
+    Revoke {
+        /// The exception's id (ex-...).
+        id: String,
+        /// Why, for the requester and the audit log.
+        #[arg(long)]
+        note: Option<String>,
+    },
+}
+
+/// `sandgate pki ...`
+#[derive(Debug, Subcommand)]
+pub enum PkiCommand {
+    /// Make a CA: DIR/ca.pem (give it to nodes as --upstream-ca and to central listeners as
+    /// tls.client_ca) and DIR/ca.key (keep it private).
+    Init {
+        /// Where the files go (created, mode 0700).
+        #[arg(long, value_name = "DIR", default_value = "sandgate-pki")]
+        dir: std::path::PathBuf,
+        /// Days the CA is valid.
+        #[arg(long, value_name = "N", default_value_t = 3650, conflicts_with = "not_after")]
+        days: u32,
+        /// The last day it is valid instead (YYYY-MM-DD, UTC; a past date makes an expired
+        /// CA, for tests of refusal).
+        #[arg(long, value_name = "DATE")]
+        not_after: Option<String>,
+        /// Replace files that exist.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Issue a certificate signed by DIR's CA: DIR/node-NAME.pem and .key (a client
+    /// certificate; NAME goes in the central's spec.nodes) or DIR/central-NAME.pem and .key
+    /// (a server certificate; NAME is the host nodes use in --upstream https://NAME:PORT).
+    Issue {
+        #[arg(long, value_name = "DIR", default_value = "sandgate-pki")]
+        dir: std::path::PathBuf,
+        /// A node-local proxy's name.
+        #[arg(
+            long,
+            value_name = "NAME",
+            conflicts_with = "central",
+            required_unless_present = "central"
+        )]
+        node: Option<String>,
+        /// A central proxy's host name or IP address.
+        #[arg(long, value_name = "NAME")]
+        central: Option<String>,
+        /// More names the certificate carries (repeatable).
+        #[arg(long, value_name = "NAME")]
+        san: Vec<String>,
+        /// Days the certificate is valid.
+        #[arg(long, value_name = "N", default_value_t = 365, conflicts_with = "not_after")]
+        days: u32,
+        /// The last day it is valid instead (YYYY-MM-DD, UTC; a past date makes an expired
+        /// certificate, for tests of refusal).
+        #[arg(long, value_name = "DATE")]
+        not_after: Option<String>,
+        /// Replace files that exist.
+        #[arg(long)]
+        force: bool,
+    },
+}

@@ -1,0 +1,179 @@
+//! `sandgate proxy` and `sandgate explain`: the proxy's flags, and explain's, which decide
+//! as the proxy would, with the same pattern and range grammar.
+
+use clap::Args;
+
+/// `sandgate proxy` flags. Repeatable flags also take comma-separated lists.
+#[derive(Debug, Args)]
+#[command(name = "proxy")]
+pub struct ProxyArgs {
+    /// Address to listen on [env: SANDGATE_LISTEN; PROXY_PORT=N means 0.0.0.0:N]
+    /// [default: 127.0.0.1:3128]
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Vec<String>,
+    /// Allowlist pattern: host, host:port, *.domain, *, IP literal [env: SANDGATE_ALLOW,
+    /// PROXY_ALLOWLIST]
+    #[arg(long, value_name = "PATTERN")]
+    pub allow: Vec<String>,
+    /// Denylist pattern, same grammar; always wins [env: SANDGATE_DENY]
+    #[arg(long, value_name = "PATTERN")]
+    pub deny: Vec<String>,
+    /// DNS server to use, IP or IP:PORT (default: nameservers of /etc/resolv.conf)
+    #[arg(long, value_name = "IP:PORT")]
+    pub dns_server: Vec<String>,
+    /// Address range exempt from the address guard (e.g. an internal service network)
+    #[arg(long, value_name = "CIDR")]
+    pub allow_range: Vec<String>,
+    /// Policy file (YAML EgressPolicy); reloaded on SIGHUP and when it changes
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<std::path::PathBuf>,
+    /// Audit log file (JSON lines), or - for stdout [default: -]
+    #[arg(long, value_name = "PATH|-")]
+    pub audit_log: Option<String>,
+    /// Rotate the audit log before it grows past this many bytes
+    #[arg(long, value_name = "BYTES")]
+    pub audit_max_bytes: Option<u64>,
+    /// Rotated audit files kept (audit.jsonl.1 .. .N) [default: 5]
+    #[arg(long, value_name = "N")]
+    pub audit_keep: Option<usize>,
+    /// Seconds between fsyncs of the audit log while events flow; 0 = only at shutdown
+    /// [default: 1]
+    #[arg(long, value_name = "SECS")]
+    pub audit_fsync_interval: Option<f64>,
+    /// Fold allowed traffic into one `aggregate` audit event per destination and task every
+    /// SECS seconds (denies, failures and reloads stay individual)
+    #[arg(long, value_name = "SECS")]
+    pub audit_aggregate_window: Option<f64>,
+    /// Chain allowed traffic through this HTTP proxy (e.g. a central sandgate): IP:PORT,
+    /// HOST:PORT or http://HOST:PORT (a name is resolved once, at start); no other local DNS
+    #[arg(long, value_name = "URL", conflicts_with = "upstream")]
+    pub upstream_proxy: Option<String>,
+    /// Forward allowed traffic to a central sandgate over mutual TLS, each request one
+    /// HTTP/2 stream on one connection: https://HOST:PORT (repeatable: tried in order, the
+    /// next when one is unreachable; never direct). Needs --upstream-ca, --client-cert and
+    /// --client-key (docs/central.md)
+    #[arg(long, value_name = "URL", requires_all = ["upstream_ca", "client_cert", "client_key"])]
+    pub upstream: Vec<String>,
+    /// The CA (PEM) the central proxies' certificates chain to
+    #[arg(long, value_name = "FILE", requires = "upstream")]
+    pub upstream_ca: Option<std::path::PathBuf>,
+    /// This node's certificate (PEM) for the central proxies; its name is listed in their
+    /// spec.nodes
+    #[arg(long, value_name = "FILE", requires = "upstream")]
+    pub client_cert: Option<std::path::PathBuf>,
+    /// The key (PEM) of --client-cert
+    #[arg(long, value_name = "FILE", requires = "upstream")]
+    pub client_key: Option<std::path::PathBuf>,
+    /// How requests travel to the central proxies: h2 (streams of one connection) or http1
+    /// (a TLS connection per tunnel; for comparison) [default: h2]
+    #[arg(long, value_name = "h2|http1", value_parser = ["h2", "http1"], requires = "upstream")]
+    pub upstream_transport: Option<String>,
+    /// Serve Prometheus/OpenMetrics text on http://ADDR/metrics (e.g. 127.0.0.1:9090)
+    #[arg(long, value_name = "ADDR", conflicts_with = "admin_listen")]
+    pub metrics_listen: Option<String>,
+    /// Also serve SOCKS5 (RFC 1928, CONNECT only) on ADDR, under the same policy (repeatable)
+    #[arg(long, value_name = "ADDR")]
+    pub socks_listen: Vec<String>,
+    /// The admin listener: /metrics and, with admin tokens in the policy, the exceptions API
+    /// (/v1) [default: spec.admin.listen]
+    #[arg(long, value_name = "ADDR")]
+    pub admin_listen: Option<String>,
+    /// Where the exceptions database lives [default: $STATE_DIRECTORY]
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<std::path::PathBuf>,
+    /// Keep exceptions in a PostgreSQL database shared with other proxies instead of SQLite
+    /// under the state directory: postgres://USER@HOST/DB, or postgresql:///DB?host=/SOCKET/DIR
+    /// (prefer the environment variable for a URL with a password)
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "SANDGATE_STATE",
+        conflicts_with = "state_dir"
+    )]
+    pub state: Option<String>,
+    /// With --state postgres://: seconds between full re-reads of the shared store, beside
+    /// its change notifications [default: 5]
+    #[arg(long, value_name = "SECS", requires = "state")]
+    pub state_resync: Option<f64>,
+    /// With --state postgres:// over the network: the CA certificate(s) (PEM) that signed
+    /// the database's certificate. Connections are then TLS and verified (the certificate
+    /// must name the host); without it they are plain, and sslmode=require is refused
+    #[arg(long, value_name = "FILE", requires = "state")]
+    pub state_ca: Option<std::path::PathBuf>,
+    /// Most concurrent client connections; beyond it, 503 [default: 16384, or what the
+    /// open-file limit allows at two descriptors each]
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Most connections one listener may hold [default: the cap with one listener, else an
+    /// equal share but at least a quarter of it]
+    #[arg(long, value_name = "N")]
+    pub max_connections_per_listener: Option<usize>,
+    /// Most connections one client address may hold on each listener (counted per listener)
+    /// [default: a quarter of the cap]
+    #[arg(long, value_name = "N")]
+    pub max_connections_per_client: Option<usize>,
+    /// Largest request head in bytes [default: 16384]
+    #[arg(long, value_name = "BYTES")]
+    pub max_head_bytes: Option<usize>,
+    /// Seconds for a request head to arrive [default: 10]
+    #[arg(long, value_name = "SECS")]
+    pub head_timeout: Option<f64>,
+    /// Seconds to connect upstream [default: 10]
+    #[arg(long, value_name = "SECS")]
+    pub connect_timeout: Option<f64>,
+    /// Seconds for DNS answers [default: 5]
+    #[arg(long, value_name = "SECS")]
+    pub dns_timeout: Option<f64>,
+    /// Seconds for the upstream response head [default: 60]
+    #[arg(long, value_name = "SECS")]
+    pub response_timeout: Option<f64>,
+    /// Seconds a body relay may stall [default: 60]
+    #[arg(long, value_name = "SECS")]
+    pub body_idle_timeout: Option<f64>,
+    /// Seconds a tunnel may stay idle [default: 900]
+    #[arg(long, value_name = "SECS")]
+    pub tunnel_idle_timeout: Option<f64>,
+    /// Seconds in-flight work may take after SIGTERM/SIGINT [default: 10]
+    #[arg(long, value_name = "SECS")]
+    pub shutdown_grace: Option<f64>,
+    /// Learn mode: requests the policy denies pass and are recorded as report_only with what
+    /// the policy would have said (sandgate policy suggest turns them into entries); the
+    /// address guard, address deny entries and tunnel checks still refuse
+    #[arg(long)]
+    pub report_only: bool,
+}
+
+/// `sandgate explain` flags.
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// Policy file to consult.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<std::path::PathBuf>,
+    /// Decide as this task would be (its task-scoped entries apply).
+    #[arg(long, value_name = "ID")]
+    pub task: Option<String>,
+    /// Decide as this project would be.
+    #[arg(long, value_name = "ID")]
+    pub project: Option<String>,
+    /// Extra allowlist pattern, as for `proxy --allow`.
+    #[arg(long, value_name = "PATTERN")]
+    pub allow: Vec<String>,
+    /// Extra denylist pattern, as for `proxy --deny`.
+    #[arg(long, value_name = "PATTERN")]
+    pub deny: Vec<String>,
+    /// Address range exempt from the address guard, as for `proxy --allow-range`.
+    #[arg(long, value_name = "CIDR")]
+    pub allow_range: Vec<String>,
+    /// Also resolve the name (through --dns-server, the file's resolver, or resolv.conf's
+    /// nameservers; never getaddrinfo) and classify every address.
+    #[arg(long)]
+    pub resolve: bool,
+    /// DNS server for --resolve, IP or IP:PORT.
+    #[arg(long, value_name = "IP:PORT")]
+    pub dns_server: Vec<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// host, host:port, or a URL (http:// is plain HTTP; https:// and host:port are CONNECT).
+    pub target: String,
+}
