@@ -201,13 +201,15 @@ impl Writer<'_> {
                 Err(e) => {
                     self.metrics.write_errors.inc();
                     if !self.health.is_failing() {
+                        // Failing first, then said: once the line is out, every new request
+                        // is refused (a test, or an operator, may act on the line at once).
+                        self.health.fail(e.to_string());
+                        self.metrics.healthy.set(0);
                         tracing::error!(
                             error = %e,
                             pending_bytes = self.sink.pending_len(),
                             "cannot write the audit log; refusing new requests (503) until it can be written"
                         );
-                        self.health.fail(e.to_string());
-                        self.metrics.healthy.set(0);
                     }
                     if self.rx.is_closed() {
                         // Shutting down: `finish` retries for a bounded time.

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! bin/sandgate                              this binary (hard link, or a copy)
+//! env/                                      the carried Python environment (`--python-env copy`)
 //! jupyter/config/jupyter_server_config.py   Jupyter Server's only configuration
 //! jupyter/data/                             Jupyter Server's data directory
 //! kernels/python3-NAME/kernel.json          one kernelspec per profile
@@ -33,6 +34,16 @@ impl Layout {
 
     pub fn sandgate(&self) -> PathBuf {
         self.root.join("bin/sandgate")
+    }
+
+    /// The carried environment (`--python-env copy`): a venv, bound read-only into kernels.
+    pub fn env_dir(&self) -> PathBuf {
+        self.root.join(ENV_DIR)
+    }
+
+    /// The carried environment's interpreter, as the bundle's place gives it.
+    pub fn env_python(&self) -> PathBuf {
+        self.root.join(ENV_PYTHON)
     }
 
     pub fn config_dir(&self) -> PathBuf {
@@ -89,6 +100,30 @@ impl Layout {
     ];
 }
 
+/// The carried environment's directory and interpreter, from the bundle's root.
+pub const ENV_DIR: &str = "env";
+pub const ENV_PYTHON: &str = "env/bin/python";
+
+/// The Python that runs Jupyter Server, jupyter-mcp-server and the kernels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BundlePython {
+    /// An interpreter outside the bundle, by its absolute path (`--python-env external`).
+    External(PathBuf),
+    /// The bundle's own `env/bin/python`, found from where the bundle is at each start
+    /// (`--python-env copy`).
+    Carried,
+}
+
+impl BundlePython {
+    /// The interpreter's path for a bundle at `layout`.
+    pub fn path(&self, layout: &Layout) -> PathBuf {
+        match self {
+            BundlePython::External(p) => p.clone(),
+            BundlePython::Carried => layout.env_python(),
+        }
+    }
+}
+
 /// The API version and kind of the launcher's file.
 pub const API_VERSION: &str = "sandgate.dev/v1";
 pub const KIND: &str = "JupyterLauncher";
@@ -97,7 +132,7 @@ pub const KIND: &str = "JupyterLauncher";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LauncherSettings {
     /// Runs Jupyter Server, jupyter-mcp-server and (through `sandgate run`) the kernels.
-    pub python: PathBuf,
+    pub python: BundlePython,
     pub profiles: Vec<ProfileName>,
     /// jupyter-mcp-server's own kernel, and Jupyter Server's default kernel.
     pub default_profile: ProfileName,
@@ -133,13 +168,16 @@ impl LauncherSettings {
         if raw.api_version != API_VERSION || raw.kind != KIND {
             return Err(format!("expected apiVersion {API_VERSION} and kind {KIND}"));
         }
-        let python = PathBuf::from(&raw.spec.python);
-        if !python.is_absolute() {
+        let python = if raw.spec.python == ENV_PYTHON {
+            BundlePython::Carried
+        } else if Path::new(&raw.spec.python).is_absolute() {
+            BundlePython::External(PathBuf::from(&raw.spec.python))
+        } else {
             return Err(format!(
-                "spec.python: {:?} is not an absolute path",
+                "spec.python: {:?} is neither an absolute path nor {ENV_PYTHON} (the bundle's own environment)",
                 raw.spec.python
             ));
-        }
+        };
         let mut profiles = Vec::new();
         for p in &raw.spec.profiles {
             let name = ProfileName::parse(p).map_err(|e| format!("spec.profiles: {e}"))?;
@@ -175,6 +213,9 @@ impl LauncherSettings {
         let settings = LauncherSettings::parse(&text)
             .map_err(|e| JupyterError::Usage(format!("{}: {e}", path.display())))?;
         let mut needed = vec![layout.sandgate(), layout.server_config(), layout.workspace()];
+        if settings.python == BundlePython::Carried {
+            needed.push(layout.env_dir().join("pyvenv.cfg"));
+        }
         for p in &settings.profiles {
             needed.extend([layout.kernelspec(p), layout.policy(p), layout.state(p)]);
         }
@@ -208,11 +249,22 @@ mod tests {
     #[test]
     fn the_launcher_settings_parse_and_every_error_names_its_field() {
         let s = LauncherSettings::parse(GOOD).unwrap();
-        assert_eq!(s.python, Path::new("/v/bin/python"));
+        assert_eq!(s.python, BundlePython::External("/v/bin/python".into()));
+        let carried = LauncherSettings::parse(&GOOD.replace("/v/bin/python", "env/bin/python")).unwrap();
+        assert_eq!(carried.python, BundlePython::Carried);
+        assert_eq!(
+            carried.python.path(&Layout::new("/b")),
+            Path::new("/b/env/bin/python")
+        );
         assert_eq!(s.default_profile.as_str(), "low");
         assert_eq!(s.profiles.len(), 2);
         for (bad, want) in [
             (GOOD.replace("/v/bin/python", "python3"), "spec.python"),
+            (GOOD.replace("/v/bin/python", "./env/bin/python"), "spec.python"),
+            (
+                GOOD.replace("/v/bin/python", "env/../../x/bin/python"),
+                "spec.python",
+            ),
             (GOOD.replace("[ low, high ]", "[ low, low ]"), "listed twice"),
             (GOOD.replace("[ low, high ]", "[ low, \"Hi!\" ]"), "spec.profiles"),
             (

@@ -3,13 +3,16 @@
 //! Everything is written into a staging directory beside `--out` and checked there (each
 //! profile's policy as `sandgate run` will read it, [`crate::profile::check`]); only then
 //! is it renamed into place, so a failed compose leaves nothing behind and a bundle on disk
-//! is always whole.
+//! is always whole. With `--python-env copy` the Python's venv is copied into the staging
+//! directory's `env/` first ([`crate::carry`]), checked, and asked about itself from there:
+//! the policies then name it through `${BUNDLE}`.
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use crate::JupyterError;
-use crate::bundle::{LauncherSettings, Layout, read_small};
+use crate::bundle::{BundlePython, LauncherSettings, Layout, read_small};
+use crate::carry::{self, PythonEnv};
 use crate::profile::{self, DEFAULT_PROFILES, HostPaths, KernelPython, ProfileName};
 use crate::python::{self, KERNEL_PACKAGES, MCP_PACKAGES, SERVER_PACKAGES};
 use crate::render;
@@ -22,6 +25,8 @@ pub struct ComposeOptions {
     pub profiles: Vec<String>,
     /// `--python`; `python3` on PATH when absent.
     pub python: Option<PathBuf>,
+    /// `--python-env`: name that Python, or carry a copy of its venv.
+    pub python_env: PythonEnv,
     /// This binary, linked (or copied) into the bundle's `bin/`.
     pub sandgate: PathBuf,
 }
@@ -33,6 +38,11 @@ pub struct Composed {
     pub settings: LauncherSettings,
     /// Packages the launcher will need that the Python lacks (the kernels have theirs).
     pub missing_for_launch: Vec<&'static str>,
+    /// The interpreter the kernels run now (in the bundle, for a carried environment).
+    pub python: PathBuf,
+    /// Directories a carried environment reads outside the bundle and its base Python (an
+    /// editable install, a `.pth` file): wherever the bundle goes, they must be too.
+    pub outside: Vec<PathBuf>,
 }
 
 /// A profile and where its policy comes from: the operator's file, or the default.
@@ -136,10 +146,13 @@ pub fn compose(opts: &ComposeOptions) -> Result<Composed, JupyterError> {
         )));
     }
     let missing_for_launch = facts.missing(&wanted);
-    let kernel_python = KernelPython {
-        executable: facts.executable.clone(),
-        roots: facts.roots.clone(),
-    };
+    if opts.python_env == PythonEnv::Copy && !facts.is_venv() {
+        return Err(JupyterError::Usage(format!(
+            "--python-env copy: {} is not in a venv (its sys.prefix is its installation's, {}); make one with `python3 -m venv DIR`, or use --python-env external",
+            facts.executable.display(),
+            facts.prefix.display()
+        )));
+    }
     let parent = out.parent().unwrap_or(Path::new("/"));
     let staging = tempfile::Builder::new()
         .prefix(".sandgate-jupyter-")
@@ -149,12 +162,27 @@ pub fn compose(opts: &ComposeOptions) -> Result<Composed, JupyterError> {
     let layout = Layout::new(&root);
     skeleton(&layout, &profiles)?;
     link(&opts.sandgate, &layout.sandgate())?;
+    let (bundle_python, facts, outside) = match opts.python_env {
+        PythonEnv::External => (
+            BundlePython::External(facts.executable.clone()),
+            facts,
+            Vec::new(),
+        ),
+        PythonEnv::Copy => {
+            let (facts, outside) = carry_env(&layout, &facts, &wanted)?;
+            (BundlePython::Carried, facts, outside)
+        }
+    };
+    let kernel_python = KernelPython {
+        executable: facts.executable.clone(),
+        roots: facts.roots.clone(),
+    };
     let host = HostPaths::here();
     let check_dir = std::env::temp_dir().join("sandgate-jupyter-check");
     for p in &profiles {
         let text = match &p.source {
             Some((_, text)) => text.clone(),
-            None => profile::default_policy(&p.name, &kernel_python, &host)?
+            None => profile::default_policy(&p.name, &kernel_python, &host, &root)?
                 .ok_or_else(|| JupyterError::Usage(format!("profile {}: no policy", p.name)))?,
         };
         let path = layout.policy(&p.name);
@@ -170,7 +198,7 @@ pub fn compose(opts: &ComposeOptions) -> Result<Composed, JupyterError> {
             )),
         })?;
         let spec = layout.kernelspec(&p.name);
-        std::fs::write(&spec, render::kernelspec(&p.name, &kernel_python.executable)).map_err(io(&spec))?;
+        std::fs::write(&spec, render::kernelspec(&p.name, &bundle_python)).map_err(io(&spec))?;
     }
     let names: Vec<ProfileName> = profiles.iter().map(|p| p.name.clone()).collect();
     let low = ProfileName::parse("low")?;
@@ -185,7 +213,7 @@ pub fn compose(opts: &ComposeOptions) -> Result<Composed, JupyterError> {
     let config = layout.server_config();
     std::fs::write(&config, render::server_config(&names, &default_profile)).map_err(io(&config))?;
     let settings = LauncherSettings {
-        python: kernel_python.executable,
+        python: bundle_python,
         profiles: names,
         default_profile,
     };
@@ -200,10 +228,48 @@ pub fn compose(opts: &ComposeOptions) -> Result<Composed, JupyterError> {
         )));
     }
     Ok(Composed {
+        python: settings.python.path(&Layout::new(&out)),
         root: out,
         settings,
         missing_for_launch,
+        outside,
     })
+}
+
+/// Copies the venv of the Python in `source` into the bundle's `env/`, checks the copy
+/// ([`carry::check`]) and asks it about itself: its facts (paths in the staging directory,
+/// which the policies write as `${BUNDLE}`), and the directories it reads outside the
+/// bundle and its base Python.
+fn carry_env(
+    layout: &Layout,
+    source: &python::PythonFacts,
+    wanted: &[&str],
+) -> Result<(python::PythonFacts, Vec<PathBuf>), JupyterError> {
+    let prefix = &source.prefix;
+    let within = |e: JupyterError| match e {
+        JupyterError::Usage(m) => {
+            JupyterError::Usage(format!("--python-env copy of {}: {m}", prefix.display()))
+        }
+        other => other,
+    };
+    carry::copy_venv(prefix, &layout.env_dir()).map_err(within)?;
+    carry::check(layout).map_err(within)?;
+    let facts = python::probe(&layout.env_python(), wanted)?;
+    let lost = facts.missing(wanted);
+    if lost.len() > source.missing(wanted).len() {
+        return Err(JupyterError::Failed(format!(
+            "the copy of {} in the bundle cannot import {}, which the venv can",
+            prefix.display(),
+            lost.join(", ")
+        )));
+    }
+    let outside = facts
+        .roots
+        .iter()
+        .filter(|r| !r.starts_with(&layout.root) && !r.starts_with(&facts.base_prefix))
+        .cloned()
+        .collect();
+    Ok((facts, outside))
 }
 
 /// Every directory of the bundle; a profile's state and the audit only for their owner.

@@ -1,9 +1,11 @@
 //! `sandgate jupyter launch`: Jupyter Server from a bundle, then jupyter-mcp-server on stdio.
 //!
-//! 1. Preflight: the bundle is whole, its Python has what the server, the kernels and
-//!    jupyter-mcp-server import (else the pip command is named), bubblewrap is there, and
-//!    every profile's policy passes its check again, now against this launch's runtime
-//!    directory (a policy edited to bind too much is refused here, not discovered later).
+//! 1. Preflight: the bundle is whole, its carried environment (if it has one) passes
+//!    [`crate::carry::check`] before any of it runs, its Python has what the server, the
+//!    kernels and jupyter-mcp-server import (else the pip command is named), bubblewrap is
+//!    there, and every profile's policy passes its check again, now against this launch's
+//!    runtime directory (a policy edited to bind too much is refused here, not discovered
+//!    later).
 //! 2. A private runtime directory (0700, removed at exit) for the server's files, the
 //!    kernels' connection files and sockets, and a random token (never printed; written to
 //!    `--token-file` on request). It stays locked (`flock`) while the launcher or Jupyter
@@ -26,7 +28,8 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use crate::JupyterError;
-use crate::bundle::{LauncherSettings, Layout, read_small};
+use crate::bundle::{BundlePython, LauncherSettings, Layout, read_small};
+use crate::carry;
 use crate::profile::{self, ProfileName};
 use crate::python::{self, KERNEL_PACKAGES, MCP_PACKAGES, SERVER_PACKAGES};
 use crate::server::{self, Api, Launch};
@@ -69,7 +72,11 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32, JupyterError> {
         .map_err(|e| JupyterError::Usage(format!("--bundle {}: {e}", opts.bundle.display())))?;
     let layout = Layout::new(root);
     let settings = LauncherSettings::load(&layout)?;
-    let roots = preflight(&settings, opts.no_mcp)?;
+    if settings.python == BundlePython::Carried {
+        carry::check(&layout)?;
+    }
+    let python = settings.python.path(&layout);
+    let roots = preflight(&python, opts.no_mcp)?;
     let tmp = std::env::temp_dir();
     sweep_stale_runtimes(&tmp);
     let runtime = Runtime::create(&tmp)?;
@@ -87,6 +94,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32, JupyterError> {
     let token = random_token()?;
     let launch = Launch {
         sandgate: opts.sandgate.clone(),
+        python,
         parent: std::process::id(),
         token_file: runtime_path.join("token"),
         runtime: runtime_path,
@@ -160,18 +168,16 @@ fn sweep_stale_runtimes(tmp: &Path) {
 
 /// The Python has what this launch imports, bubblewrap is there; the Python's directories
 /// (for the policies' check).
-fn preflight(settings: &LauncherSettings, no_mcp: bool) -> Result<Vec<PathBuf>, JupyterError> {
+fn preflight(python: &Path, no_mcp: bool) -> Result<Vec<PathBuf>, JupyterError> {
     let mut wanted: Vec<&str> = SERVER_PACKAGES.iter().chain(&KERNEL_PACKAGES).copied().collect();
     if !no_mcp {
         wanted.extend(MCP_PACKAGES);
     }
-    let facts = python::probe(&settings.python, &wanted)?;
+    let facts = python::probe(python, &wanted)?;
     let missing = facts.missing(&wanted);
     if !missing.is_empty() {
-        return Err(JupyterError::Unavailable(python::missing_message(
-            &settings.python,
-            &missing,
-        )));
+        let message = python::missing_message(python, &missing);
+        return Err(JupyterError::Unavailable(message));
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
     if !std::env::split_paths(&path).any(|d| d.join("bwrap").is_file()) {
@@ -247,7 +253,7 @@ fn supervise(
     sandgate_sandbox::processes::become_subreaper();
     let host: Vec<(String, String)> = std::env::vars().collect();
     let mut server = server::spawn(
-        &server::server_argv(layout, settings, launch),
+        &server::server_argv(layout, launch),
         &server::server_env(layout, launch, &host),
         &layout.workspace(),
         false,
@@ -274,7 +280,7 @@ fn supervise(
         if !opts.no_mcp {
             let kernel = prestart(&api, settings)?;
             let child = server::spawn(
-                &server::mcp_argv(settings, launch, &api.base, &kernel),
+                &server::mcp_argv(launch, &api.base, &kernel),
                 &server::mcp_env(launch, token, &host),
                 &launch.runtime.join("mcp"),
                 true,

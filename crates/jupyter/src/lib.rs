@@ -10,7 +10,11 @@
 //!   (`mcp/jupyter_mcp_launcher.yaml`).
 //! - `render.rs`: the files compose writes: kernel.json, jupyter_server_config.py (its
 //!   Python is `server_config.py`), the launcher's YAML (pure).
+//! - `carry.rs`: the carried environment (`--python-env copy`): a venv copied into the
+//!   bundle's `env/`, and the check it passes before any of it runs.
 //! - `compose.rs`: writes a bundle in a staging directory and renames it into place.
+//! - `kernel.rs`: what a carried-environment kernelspec runs: the profile's `sandgate run`
+//!   line with the interpreter found from the bundle's place.
 //! - `server.rs`: Jupyter Server and jupyter-mcp-server as children: command lines and
 //!   environments (pure), start, readiness, the REST calls, stop.
 //! - `launch.rs`: the launcher: preflight, a private runtime directory and token, the
@@ -23,15 +27,19 @@
 //! kernel's sockets go (a directory of its own) and that no other kernelspec can start.
 
 pub mod bundle;
+pub mod carry;
 pub mod compose;
 pub mod guard;
+pub mod kernel;
 pub mod launch;
 pub mod profile;
 pub mod python;
 pub mod render;
 pub mod server;
 
+pub use carry::PythonEnv;
 pub use compose::{ComposeOptions, compose};
+pub use kernel::KernelOptions;
 pub use launch::{LaunchOptions, launch};
 
 /// Why a `sandgate jupyter` command failed; [`JupyterError::exit_code`] maps it.

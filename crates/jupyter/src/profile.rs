@@ -5,7 +5,7 @@
 //! a default or the operator's own, must pass [`check`]: what a kernel needs (its
 //! connection file, its socket directory, Unix sockets, its Python) and what must stay
 //! closed (other kernels' connection files, the host's network, a parent watch that would
-//! end the kernel at once). Pure apart from the injected path resolver.
+//! end the kernel at once, a writable Python that Jupyter Server also runs). Pure apart from the injected path resolver.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -124,11 +124,29 @@ fn quoted(path: &Path) -> Result<String, JupyterError> {
     serde_json::to_string(text).map_err(|e| JupyterError::Usage(e.to_string()))
 }
 
-/// The default policy of `low` or `high` (None for another name).
+/// A path as a policy names it: under the bundle (a carried environment) as
+/// `"${BUNDLE}/..."`, so the policy moves with the bundle; else [`quoted`].
+fn in_policy(path: &Path, bundle: &Path) -> Result<String, JupyterError> {
+    match path.strip_prefix(bundle) {
+        Ok(rel) if rel.as_os_str().is_empty() => Ok(format!("\"${{{BUNDLE_PARAM}}}\"")),
+        Ok(rel) => {
+            let q = quoted(rel)?;
+            Ok(format!(
+                "\"${{{BUNDLE_PARAM}}}/{}",
+                q.get(1..).unwrap_or_default()
+            ))
+        }
+        Err(_) => quoted(path),
+    }
+}
+
+/// The default policy of `low` or `high` (None for another name), for a bundle whose
+/// root is `bundle` now (the Python's paths under it are written as `${BUNDLE}`).
 pub fn default_policy(
     name: &ProfileName,
     python: &KernelPython,
     host: &HostPaths,
+    bundle: &Path,
 ) -> Result<Option<String>, JupyterError> {
     let (summary, net) = match name.as_str() {
         "low" => ("no network", "net:\n  mode: none\n"),
@@ -142,7 +160,7 @@ pub fn default_policy(
     let bin = python
         .executable
         .parent()
-        .map(quoted)
+        .map(|bin| in_policy(bin, bundle))
         .transpose()?
         .map(|q| q.trim_matches('"').to_owned());
     let path = match bin {
@@ -155,7 +173,7 @@ pub fn default_policy(
     }
     for root in &python.roots {
         if !host.system.iter().any(|s| root.starts_with(s)) {
-            read.push(quoted(root)?);
+            read.push(in_policy(root, bundle)?);
         }
     }
     read.push(format!("\"${{{CONNECTION_FILE_PARAM}}}\""));
@@ -261,7 +279,16 @@ pub fn check(
             wide.display()
         ));
     }
+    // Jupyter Server runs the same Python outside any sandbox: a kernel that could write
+    // it would run code there at the next start.
     for root in python_roots {
+        if let Some(w) = write.iter().find(|w| root.starts_with(w) || w.starts_with(root)) {
+            return Err(format!(
+                "{} is writable and overlaps the kernel's Python ({}), which Jupyter Server runs outside any sandbox; bind it read-only",
+                w.display(),
+                root.display()
+            ));
+        }
         if !read.iter().chain(&write).any(|b| root.starts_with(b)) {
             return Err(format!(
                 "fs.read_paths does not cover the kernel's Python ({}); add it",

@@ -32,7 +32,7 @@ fn check_text(text: &str) -> Result<SandboxPolicy, String> {
 }
 
 fn low() -> String {
-    default_policy(&name("low"), &python(), &host_paths())
+    default_policy(&name("low"), &python(), &host_paths(), Path::new("/b"))
         .unwrap()
         .unwrap()
 }
@@ -68,7 +68,7 @@ fn profile_names_are_narrow() {
 #[test]
 fn the_default_policies_pass_their_check_and_differ_only_in_network() {
     let low_text = low();
-    let high_text = default_policy(&name("high"), &python(), &host_paths())
+    let high_text = default_policy(&name("high"), &python(), &host_paths(), Path::new("/b"))
         .unwrap()
         .unwrap();
     let low = check_text(&low_text).unwrap();
@@ -100,7 +100,7 @@ fn the_default_policies_pass_their_check_and_differ_only_in_network() {
     // A root under a system path is not listed twice.
     assert_eq!(low_text.matches("/usr/lib/python3.11").count(), 0, "{low_text}");
     assert!(
-        default_policy(&name("gpu"), &python(), &host_paths())
+        default_policy(&name("gpu"), &python(), &host_paths(), Path::new("/b"))
             .unwrap()
             .is_none()
     );
@@ -112,16 +112,40 @@ fn a_python_path_with_quotes_is_quoted_and_one_with_a_parameter_is_refused() {
         executable: "/opt/my \"py\"/bin/python".into(),
         roots: vec!["/opt/my \"py\"".into()],
     };
-    let text = default_policy(&name("low"), &odd, &host_paths())
+    let text = default_policy(&name("low"), &odd, &host_paths(), Path::new("/b"))
         .unwrap()
         .unwrap();
     let p = check(&text, Path::new("/b"), Path::new(RUNTIME), &odd.roots, &host).unwrap();
     assert!(p.read_paths.contains(&PathBuf::from("/opt/my \"py\"")));
+    // A carried environment (under the bundle) is named through ${BUNDLE}.
+    let carried = KernelPython {
+        executable: "/b/env/bin/python".into(),
+        roots: vec!["/b/env".into(), "/opt/py".into()],
+    };
+    let text = default_policy(&name("low"), &carried, &host_paths(), Path::new("/b"))
+        .unwrap()
+        .unwrap();
+    assert!(text.contains("    - \"${BUNDLE}/env\"\n"), "{text}");
+    assert!(
+        text.contains("PATH: \"${BUNDLE}/env/bin:/usr/local/bin"),
+        "{text}"
+    );
+    assert!(!text.contains("\"/b/"), "{text}");
+    let p = check(
+        &text,
+        Path::new("/moved"),
+        Path::new(RUNTIME),
+        &["/moved/env".into()],
+        &host,
+    )
+    .unwrap();
+    assert!(p.read_paths.contains(&PathBuf::from("/moved/env")));
+    assert_eq!(p.env_set["PATH"], "/moved/env/bin:/usr/local/bin:/usr/bin:/bin");
     let bad = KernelPython {
         executable: "/opt/${X}/bin/python".into(),
         roots: vec!["/opt/${X}".into()],
     };
-    assert!(default_policy(&name("low"), &bad, &host_paths()).is_err());
+    assert!(default_policy(&name("low"), &bad, &host_paths(), Path::new("/b")).is_err());
 }
 
 #[test]
@@ -158,6 +182,14 @@ fn every_hole_in_a_kernel_policy_is_refused_naming_it() {
         (
             base.replace("    - \"/venv\"\n", ""),
             "does not cover the kernel's Python (/venv)",
+        ),
+        (
+            base.replace("  write_paths:\n", "  write_paths:\n    - /venv/lib\n"),
+            "/venv/lib is writable and overlaps the kernel's Python (/venv)",
+        ),
+        (
+            base.replace("  write_paths:\n", "  write_paths:\n    - /opt\n"),
+            "/opt is writable and overlaps the kernel's Python (/opt/py)",
         ),
         (
             base.replace("env:\n", "env:\n  passthrough: [ JPY_* ]\n"),

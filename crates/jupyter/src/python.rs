@@ -1,7 +1,8 @@
 //! The Python that runs the kernels, Jupyter Server and jupyter-mcp-server: what it is, as
 //! the interpreter itself says (`sys.executable`, its prefixes, `sys.path`, installed
-//! distributions), asked with a clean environment like the kernel's and bounded in time
-//! and output.
+//! distributions), asked with a clean environment like the kernel's, isolated (`-I`: neither
+//! the working directory nor a `PYTHON*` variable decides what it imports) and bounded in
+//! time and output.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -27,6 +28,8 @@ roots = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
 roots += [p for p in sys.path if os.path.isabs(p) and os.path.isdir(p)]
 print(json.dumps({
     "executable": sys.executable,
+    "prefix": sys.prefix,
+    "base_prefix": sys.base_prefix,
     "version": "%d.%d.%d" % sys.version_info[:3],
     "roots": roots,
     "modules": {n: importlib.util.find_spec(n) is not None for n in names},
@@ -39,6 +42,10 @@ pub struct PythonFacts {
     /// `sys.executable`: for a venv its `bin/python`, for a pyenv shim the real one.
     pub executable: PathBuf,
     pub version: String,
+    /// `sys.prefix`: for a venv the venv's directory.
+    pub prefix: PathBuf,
+    /// `sys.base_prefix`: the installation a venv is made from (its `prefix` otherwise).
+    pub base_prefix: PathBuf,
     /// Directories it reads, absolute, none inside another.
     pub roots: Vec<PathBuf>,
     /// Import name -> importable.
@@ -46,6 +53,11 @@ pub struct PythonFacts {
 }
 
 impl PythonFacts {
+    /// Is it a venv (`sys.prefix` is not the installation's)?
+    pub fn is_venv(&self) -> bool {
+        self.prefix != self.base_prefix
+    }
+
     /// The wanted modules it lacks.
     pub fn missing<'a>(&self, wanted: &[&'a str]) -> Vec<&'a str> {
         wanted
@@ -87,7 +99,10 @@ pub fn locate(name: &Path) -> Result<PathBuf, JupyterError> {
 /// Asks `python` about itself and whether it can import `modules`.
 pub fn probe(python: &Path, modules: &[&str]) -> Result<PythonFacts, JupyterError> {
     let mut cmd = Command::new(python);
-    cmd.arg("-c")
+    // -I: `-c` would put the working directory first on sys.path, and the launcher may run
+    // in the workspace, which kernels write.
+    cmd.arg("-I")
+        .arg("-c")
         .arg(PROBE)
         .args(modules)
         .env_clear()
@@ -190,12 +205,15 @@ mod tests {
         let facts = PythonFacts {
             executable: "/v/bin/python".into(),
             version: "3.11.7".into(),
+            prefix: "/v".into(),
+            base_prefix: "/usr".into(),
             roots: vec![],
             modules: BTreeMap::from([
                 ("ipykernel".to_owned(), true),
                 ("jupyter_server".to_owned(), false),
             ]),
         };
+        assert!(facts.is_venv());
         assert_eq!(
             facts.missing(&["ipykernel", "jupyter_server", "jupyter_mcp_server"]),
             ["jupyter_server", "jupyter_mcp_server"]

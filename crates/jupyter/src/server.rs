@@ -1,7 +1,9 @@
 //! Jupyter Server and jupyter-mcp-server as the launcher's children.
 //!
 //! Their command lines and environments are built by pure functions from the bundle and the
-//! launch's facts. Each child starts behind `sandgate jupyter guard` (the parent-death
+//! launch's facts. Both Pythons run isolated (`-I`): `python -m` would put the working
+//! directory first on `sys.path`, and Jupyter Server's is the workspace, which kernels
+//! write; a module planted there would run outside any sandbox at the next launch. Each child starts behind `sandgate jupyter guard` (the parent-death
 //! signal, [`crate::guard`]) in a process group of its own, with an environment of exactly
 //! what it needs: the token reaches Jupyter Server as a file (`JUPYTER_TOKEN_FILE`) and
 //! jupyter-mcp-server in its environment, never on a command line, which every local user
@@ -20,13 +22,15 @@ use std::time::{Duration, Instant};
 use sandgate_control::client::{AdminClient, AdminError, AdminUrl, Limits};
 use serde_json::Value;
 
-use crate::bundle::{LauncherSettings, Layout};
+use crate::bundle::Layout;
 
 /// What one launch knows besides the bundle.
 #[derive(Debug, Clone)]
 pub struct Launch {
     /// The sandgate binary that guards the children (the launcher's own).
     pub sandgate: PathBuf,
+    /// The bundle's Python, as this launch found it (the carried one from the bundle's place).
+    pub python: PathBuf,
     /// The launcher's pid: a child whose parent is gone exits.
     pub parent: u32,
     /// The private runtime directory (0700): connection files, sockets, the token.
@@ -52,13 +56,14 @@ fn guarded(launch: &Launch, command: Vec<OsString>) -> Vec<OsString> {
 
 /// Jupyter Server's command line: the bundle's configuration file only, loopback, the
 /// port (no retries on another one), through the guard.
-pub fn server_argv(layout: &Layout, settings: &LauncherSettings, launch: &Launch) -> Vec<OsString> {
+pub fn server_argv(layout: &Layout, launch: &Launch) -> Vec<OsString> {
     let mut config = OsString::from("--config=");
     config.push(layout.server_config());
     guarded(
         launch,
         vec![
-            settings.python.clone().into(),
+            launch.python.clone().into(),
+            "-I".into(),
             "-m".into(),
             "jupyter_server".into(),
             config,
@@ -106,11 +111,12 @@ pub fn server_env(layout: &Layout, launch: &Launch, host: &[(String, String)]) -
 /// jupyter-mcp-server on stdio, attached to `kernel` (its default for every tool), told to
 /// start no kernel of its own (it would ask for `python3`, which the bundle refuses) and
 /// not to look for JupyterLab.
-pub fn mcp_argv(settings: &LauncherSettings, launch: &Launch, url: &str, kernel: &str) -> Vec<OsString> {
+pub fn mcp_argv(launch: &Launch, url: &str, kernel: &str) -> Vec<OsString> {
     guarded(
         launch,
         [
-            settings.python.as_os_str(),
+            launch.python.as_os_str(),
+            "-I".as_ref(),
             "-m".as_ref(),
             "jupyter_mcp_server".as_ref(),
             "--transport".as_ref(),
@@ -269,18 +275,12 @@ mod tests {
     fn launch() -> Launch {
         Launch {
             sandgate: "/b/bin/sandgate".into(),
+            python: "/v/bin/python".into(),
             parent: 42,
             runtime: "/tmp/sandgate-jupyter-x".into(),
             token_file: "/tmp/sandgate-jupyter-x/token".into(),
             port: 0,
         }
-    }
-
-    fn settings() -> LauncherSettings {
-        LauncherSettings::parse(
-            "apiVersion: sandgate.dev/v1\nkind: JupyterLauncher\nspec:\n  python: /v/bin/python\n  profiles: [ low ]\n  default_profile: low\n",
-        )
-        .unwrap()
     }
 
     fn strings(v: &[OsString]) -> Vec<String> {
@@ -290,7 +290,7 @@ mod tests {
     #[test]
     fn the_server_runs_guarded_with_the_bundle_config_only_and_no_token_on_its_command_line() {
         let layout = Layout::new("/b");
-        let argv = strings(&server_argv(&layout, &settings(), &launch()));
+        let argv = strings(&server_argv(&layout, &launch()));
         assert_eq!(
             argv,
             [
@@ -301,6 +301,7 @@ mod tests {
                 "42",
                 "--",
                 "/v/bin/python",
+                "-I",
                 "-m",
                 "jupyter_server",
                 "--config=/b/jupyter/config/jupyter_server_config.py",
@@ -344,14 +345,9 @@ mod tests {
 
     #[test]
     fn the_mcp_server_gets_the_token_in_its_environment_only() {
-        let argv = strings(&mcp_argv(
-            &settings(),
-            &launch(),
-            "http://127.0.0.1:8888",
-            "abc-1",
-        ));
+        let argv = strings(&mcp_argv(&launch(), "http://127.0.0.1:8888", "abc-1"));
         assert!(argv.iter().all(|a| !a.contains("s3cret")));
-        assert_eq!(argv[6..9], ["/v/bin/python", "-m", "jupyter_mcp_server"]);
+        assert_eq!(argv[6..10], ["/v/bin/python", "-I", "-m", "jupyter_mcp_server"]);
         assert!(argv.ends_with(&["--code-sandbox-id".to_owned(), "abc-1".to_owned()]));
         let host = [("PORT", "1"), ("TRANSPORT", "http"), ("PATH", "/usr/bin")]
             .map(|(k, v)| (k.to_owned(), v.to_owned()));

@@ -32,6 +32,11 @@ pub struct RunSpec<'a> {
     pub max_output_bytes: usize,
     /// Who asked for the run (`mcp:CLIENT`): the run's `--subject`.
     pub subject: &'a str,
+    /// The server's task: the run's `--task`, so the task's scoped entries and exceptions
+    /// apply to its runs.
+    pub task: &'a str,
+    /// The run's own job id ([`next_job`]): its `--job`, on each of its requests.
+    pub job: &'a str,
     /// The server's own files (`--protect`): read-only in the run.
     pub protect: &'a [PathBuf],
     /// `--limit NAME=VALUE` values ([`crate::limits::flags`]).
@@ -78,8 +83,14 @@ pub fn argv(spec: &RunSpec<'_>, audit: &Path, workspace: &Path) -> Vec<OsString>
     a.push(spec.policy.into());
     a.push("--audit-log".into());
     a.push(audit.into());
-    a.push("--subject".into());
-    a.push(spec.subject.into());
+    for (flag, value) in [
+        ("--subject", spec.subject),
+        ("--task", spec.task),
+        ("--job", spec.job),
+    ] {
+        a.push(flag.into());
+        a.push(value.into());
+    }
     a.push("--param".into());
     a.push(format!("WORKSPACE={}", workspace.display()).into());
     for path in spec.protect {
@@ -93,6 +104,14 @@ pub fn argv(spec: &RunSpec<'_>, audit: &Path, workspace: &Path) -> Vec<OsString>
     a.push("--".into());
     a.extend(spec.command.iter().map(OsString::from));
     a
+}
+
+/// A job id for one run, unique among this server's runs and across its restarts:
+/// `mcp-PID-N`.
+pub fn next_job() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("mcp-{}-{n}", std::process::id())
 }
 
 /// Runs `spec` and reports. `Err`: the run could not be started at all.
@@ -245,6 +264,8 @@ mod tests {
             limit: Duration::from_secs(60),
             max_output_bytes: 10,
             subject: "mcp:client",
+            task: "agent-7",
+            job: "mcp-1-1",
             protect: &protect,
             limits: &limits,
         };
@@ -269,6 +290,10 @@ mod tests {
                 "/tmp/r/audit.jsonl",
                 "--subject",
                 "mcp:client",
+                "--task",
+                "agent-7",
+                "--job",
+                "mcp-1-1",
                 "--param",
                 "WORKSPACE=/tmp/r/workspace",
                 "--protect",

@@ -269,10 +269,10 @@ impl SandgateMcp {
         let limits = limits::for_run(&sandbox.gates.limits, &sandbox.policy_limits, admitted.seconds);
         let limit_flags = limits::flags(&limits, &sandbox.policy_limits);
         // Fail closed: a run that cannot be recorded does not start.
-        let mut started = base.clone();
+        let (mut started, job) = (base.clone(), runner::next_job());
         merge(
             &mut started,
-            json!({"outcome": "started", "timeout_seconds": admitted.seconds, "limits": limits::text(&limits)}),
+            json!({"outcome": "started", "job_id": job, "timeout_seconds": admitted.seconds, "limits": limits::text(&limits)}),
         );
         self.audit.record("tool_call_started", started)?;
         let spec = runner::RunSpec {
@@ -284,6 +284,8 @@ impl SandgateMcp {
             limit: Duration::from_secs(admitted.seconds),
             max_output_bytes: sandbox.gates.max_output_bytes,
             subject: &subject_id(&ctx),
+            task: &self.config.task,
+            job: &job,
             protect: &self.protect,
             limits: &limit_flags,
         };

@@ -24,8 +24,8 @@ pub use addr::{AddrClass, AddressGuard, Prohibited, classify};
 pub use auth::{AuthError, Credentials, Principal, Principals, Role, TaskCredential};
 pub use decision::{Context, Decision, Identity, PolicyReason, Rule, Ruleset, Verdict};
 pub use document::{
-    AdminSpec, DocError, DocErrors, ListenerSpec, PolicyFile, SecretSource, TaskSecretSpec, TokenSpec,
-    binds_overlap, parse_policy,
+    AdminSpec, DocError, DocErrors, FirstLoaded, ListenerSpec, PolicyFile, SecretSource, TaskSecretSpec,
+    TokenSpec, binds_overlap, parse_policy, parse_policy_since,
 };
 pub use entry::{Entry, Scope};
 pub use exception::{

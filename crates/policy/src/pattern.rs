@@ -5,7 +5,7 @@
 //! | `example.com`      | that name; allow: CONNECT to 443 and HTTP to 80; deny: every port  |
 //! | `example.com:8443` | that name on exactly that port, CONNECT or HTTP                    |
 //! | `*.example.com`    | every subdomain at any depth, never the apex (ports as above)      |
-//! | `*`, `*:443`       | every name (never an IP literal), still subject to the address guard |
+//! | `*`, `*:8443`      | every name (never an IP literal), ports as above; the address guard applies |
 //! | `192.0.2.7`, `[2001:db8::7]:443` | that IP literal, canonical spelling only              |
 //!
 //! Names compare case-insensitively with one trailing dot ignored. A wildcard must stand for a
@@ -76,11 +76,12 @@ impl Pattern {
 
     /// Does this pattern, used as an allow entry, permit `target` accessed by `access`?
     pub fn allows(&self, target: &Target, access: Access) -> bool {
+        // Without a port, every entry (`*` included) means the scheme's usual port only: `*`
+        // is "every name", never "every port" (SMTP on 25, a database on 5432), so another
+        // port is always named (`*:8443`, or `ports:`).
         let port_ok = match self.port {
             Some(port) => port == target.port,
-            // `*` is the escape hatch: every port. A named entry without a port means the
-            // scheme's usual port only.
-            None => self.host == HostPattern::AnyName || access.default_ports().contains(&target.port),
+            None => access.default_ports().contains(&target.port),
         };
         port_ok && self.host_matches(&target.host)
     }
@@ -325,7 +326,15 @@ mod tests {
             ("*.example.com", "a.example.com:22", Access::Connect, false),
             ("*.example.com:22", "a.example.com:22", Access::Connect, true),
             ("*", "anything.test:443", Access::Connect, true),
-            ("*", "anything.test:22", Access::Connect, true),
+            ("*", "anything.test:80", Access::Http, true),
+            // `*` is every name on the usual ports, like any entry without a port.
+            ("*", "anything.test:22", Access::Connect, false),
+            ("*", "anything.test:25", Access::Connect, false),
+            ("*", "anything.test:80", Access::Connect, false),
+            ("*", "anything.test:8080", Access::Http, false),
+            ("*", "anything.test:80", Access::Socks5, false),
+            ("*:8443", "anything.test:8443", Access::Connect, true),
+            ("*:8443", "anything.test:443", Access::Connect, false),
             ("*", "192.0.2.1:443", Access::Connect, false),
             ("*:443", "anything.test:22", Access::Connect, false),
             ("192.0.2.7", "192.0.2.7:443", Access::Connect, true),

@@ -6,13 +6,21 @@
 //! invalid file leaves the old rules in force; both outcomes are logged and audited
 //! (`policy_reload`). Listeners, the resolver and `allow_ranges` are read at start only; a
 //! reload that changes them says so in the log.
+//!
+//! A reload renews no TTL: the watcher keeps the version in force, whose
+//! [`PolicyFile::first_loaded`] records when each entry with a `ttl_seconds` was first loaded
+//! (by the entry's text), and each reload counts those TTLs from there, not from its own
+//! time. Only an entry whose text changed (or that was absent from the version in force)
+//! starts its TTL again. A rejected file changes nothing, the record included. An applied
+//! file's warnings that the version in force did not have (an entry whose TTL has ended) are
+//! logged once.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use sandgate_policy::{
-    Credentials, DocError, DocErrors, Pattern, PolicyFile, Ruleset, SecretSource, TaskCredential,
-    parse_policy,
+    Credentials, DocError, DocErrors, FirstLoaded, Pattern, PolicyFile, Ruleset, SecretSource,
+    TaskCredential, parse_policy_since,
 };
 use tokio::sync::mpsc;
 
@@ -43,13 +51,21 @@ pub struct PolicySource {
     pub read_at_mtime: Option<SystemTime>,
 }
 
-/// Reads and validates a policy file, including the secret files it refers to.
+/// Reads and validates a policy file, including the secret files it refers to; its TTLs
+/// count from now.
 pub fn load_file(path: &Path) -> Result<(PolicyFile, Credentials), LoadError> {
+    load_file_since(path, &FirstLoaded::new())
+}
+
+/// As [`load_file`], each TTL counting from when its entry was first loaded as `earlier`
+/// records it (the version in force), else from now.
+fn load_file_since(path: &Path, earlier: &FirstLoaded) -> Result<(PolicyFile, Credentials), LoadError> {
     let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
         path: path.display().to_string(),
         source,
     })?;
-    let file = parse_policy(&text, &path.display().to_string(), unix_now()).map_err(LoadError::Invalid)?;
+    let file = parse_policy_since(&text, &path.display().to_string(), unix_now(), earlier)
+        .map_err(LoadError::Invalid)?;
     let credentials = credentials(&file, path)?;
     Ok((file, credentials))
 }
@@ -151,12 +167,14 @@ impl PolicySource {
     /// notes the file's modification time as it was before reading.
     pub fn load_first(&mut self) -> Result<(PolicyFile, Ruleset), LoadError> {
         self.read_at_mtime = modified(&self.path);
-        self.load()
+        self.load(&FirstLoaded::new())
     }
 
-    /// Loads the file and builds the rules (file entries plus command-line patterns).
-    pub fn load(&self) -> Result<(PolicyFile, Ruleset), LoadError> {
-        let (file, credentials) = load_file(&self.path)?;
+    /// Loads the file and builds the rules (file entries plus command-line patterns); each
+    /// TTL counts from when its entry was first loaded as `earlier` records it (the record
+    /// of the version in force), else from now.
+    pub fn load(&self, earlier: &FirstLoaded) -> Result<(PolicyFile, Ruleset), LoadError> {
+        let (file, credentials) = load_file_since(&self.path, earlier)?;
         let mut rules = Ruleset::from_parts(&self.flag_allow, &self.flag_deny, Some(&file));
         rules.set_credentials(credentials);
         Ok((file, rules))
@@ -196,7 +214,7 @@ pub async fn watch(
                 last_seen = now;
             }
         }
-        match source.load() {
+        match source.load(&in_force.first_loaded) {
             Ok((file, rules)) => {
                 generation += 1;
                 rejections = 0;
@@ -208,6 +226,11 @@ pub async fn watch(
                 }
                 let (allow, deny) = rules.len();
                 tracing::info!(path = %source.path.display(), generation, allow, deny, "policy reloaded");
+                // What the new version says that the version in force did not (a TTL entry
+                // that has now ended, say), once.
+                for w in file.warnings.iter().filter(|w| !in_force.warnings.contains(w)) {
+                    tracing::warn!(warning = %w.as_warning(), "reloaded policy");
+                }
                 handle
                     .replace(
                         rules,

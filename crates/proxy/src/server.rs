@@ -20,6 +20,7 @@ use std::time::Duration;
 use sandgate_policy::AddressGuard;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio_util::future::FutureExt as _;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -418,12 +419,7 @@ async fn accept_loop(
                         }
                         drop(slot);
                     };
-                    tracker.spawn(async move {
-                        tokio::select! {
-                            () = work => {}
-                            () = droppable.cancelled() => {}
-                        }
-                    });
+                    tracker.spawn(work.with_cancellation_token_owned(droppable));
                 }
                 continue;
             }
@@ -440,28 +436,40 @@ async fn accept_loop(
         };
         egress.metrics.connections.inc();
         egress.metrics.connections_active.inc();
-        let work = egress.droppable({
-            let egress = egress.clone();
-            async move {
-                match front_end {
-                    FrontEnd::Node(node) => {
-                        crate::node::serve::serve(egress.clone(), stream, peer, node, streams, tunnels, stop)
-                            .await;
-                    }
-                    FrontEnd::Http1 { require_auth } => {
-                        let client = ClientConn::new(stream, peer, identity);
-                        http1::serve(&egress, client, require_auth, &stop).await;
-                    }
-                    FrontEnd::Socks5 { require_auth } => {
-                        crate::socks5::serve(&egress, stream, peer, identity, require_auth).await;
-                    }
+        let open = Open {
+            egress: egress.clone(),
+            _permit: permit,
+        };
+        let dropped = egress.dropped.clone();
+        let work = async move {
+            let _open = open;
+            match front_end {
+                FrontEnd::Node(node) => {
+                    crate::node::serve::serve(egress.clone(), stream, peer, node, streams, tunnels, stop)
+                        .await;
+                }
+                FrontEnd::Http1 { require_auth } => {
+                    let client = ClientConn::new(stream, peer, identity);
+                    http1::serve(&egress, client, require_auth, &stop).await;
+                }
+                FrontEnd::Socks5 { require_auth } => {
+                    crate::socks5::serve(&egress, stream, peer, identity, require_auth).await;
                 }
             }
-        });
-        tracker.spawn(async move {
-            work.await;
-            egress.metrics.connections_active.dec();
-            drop(permit);
-        });
+        };
+        tracker.spawn(work.with_cancellation_token_owned(dropped));
+    }
+}
+
+/// A connection being served: counted as active, and holding its admission, until its task
+/// ends or is dropped.
+struct Open {
+    egress: Arc<Egress>,
+    _permit: crate::admission::Permit,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.egress.metrics.connections_active.dec();
     }
 }

@@ -8,6 +8,8 @@
 //! [`INIT_PATH`]; in the proxied modes the bridge directory, read-only, at [`BRIDGE_DIR`]
 //! (one socket for the HTTP proxy, one for its SOCKS5 listener).
 //!
+//! The command starts in `policy.cwd` (`--chdir`; see [`crate::policy::start_dir`]).
+//!
 //! The command always starts through `INIT_PATH sandbox-exec`, which sets the run's rlimits,
 //! loads the seccomp filter and then executes it. With a PID namespace (always, but for
 //! `pid: false` in `net.mode: all`) the init `INIT_PATH sandbox-init` is PID 1 and starts
@@ -119,6 +121,12 @@ pub fn bwrap_argv(policy: &SandboxPolicy, facts: &RunFacts) -> Vec<OsString> {
         push(&mut argv, &["--unshare-net"]);
     }
     mounts(&mut argv, policy, facts);
+    if let Some(dir) = &policy.cwd {
+        // Chosen by `policy::start_dir`, which checked the sandbox has it: never bwrap's
+        // silent fallback to HOME or `/`.
+        argv.push("--chdir".into());
+        argv.push(dir.into());
+    }
     let init = needs_init(policy);
     if init && policy.unshare_pid {
         // Our init is PID 1: bwrap's own reaper would be a process inside without the

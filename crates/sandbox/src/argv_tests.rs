@@ -361,3 +361,17 @@ fn limits_size_every_tmpfs_and_a_no_terminal_run_gets_a_session_of_its_own() {
     let s = joined(&bwrap_argv(&p, &facts()));
     assert!(!s.contains("--size") && !s.contains("--new-session"), "{s}");
 }
+
+/// The start directory is always bwrap's `--chdir` once chosen, after the mounts (so it is
+/// there), before the command; never left to bwrap's fallback to HOME or `/`.
+#[test]
+fn the_start_directory_is_given_to_bwrap() {
+    let mut p = policy("fs:\n  read_paths: [ /usr ]\n  write_paths: [ /srv/p ]\n  cwd: /srv/p\n");
+    let s = joined(&bwrap_argv(&p, &facts()));
+    assert!(
+        s.contains("--remount-ro / --chdir /srv/p --as-pid-1 -- /run/sandgate-init sandbox-init"),
+        "{s}"
+    );
+    p.cwd = None;
+    assert!(!joined(&bwrap_argv(&p, &facts())).contains("--chdir"));
+}

@@ -123,11 +123,12 @@ pub fn environment(
         for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
             out.insert(k.to_owned(), proxy.clone());
         }
-        // `socks5h`: the name goes to the proxy unresolved (there is no DNS inside).
-        // Clients read it only for schemes without a variable of their own (curl: not
-        // http/https while the two above are set). Without a SOCKS5 port, the HTTP proxy.
-        // `net.proxy.all_proxy: http` keeps it the HTTP proxy, for clients that read it but
-        // cannot speak SOCKS5 (httpx without socksio).
+        // The HTTP proxy by default: httpx builds a transport for every proxy variable when
+        // a client is made, and without `socksio` a SOCKS5 URL here fails every client (the
+        // OpenAI and Anthropic Python SDKs among them), https included. `net.proxy.all_proxy:
+        // socks5` names the SOCKS5 port instead, as `socks5h` (the name goes to the proxy
+        // unresolved: there is no DNS inside); clients read it only for schemes without a
+        // variable of their own (curl: not http/https while the two above are set).
         let all = match policy.socks_port {
             Some(port) if !policy.all_proxy_http => format!("socks5h://127.0.0.1:{port}"),
             _ => proxy,
@@ -263,39 +264,53 @@ mod tests {
         assert_eq!(get("PATH"), Some("/opt/bin"));
         assert_eq!(get("HTTPS_PROXY"), Some("http://127.0.0.1:3128"));
         assert_eq!(get("http_proxy"), Some("http://127.0.0.1:3128"));
-        assert_eq!(get("ALL_PROXY"), Some("socks5h://127.0.0.1:1080"));
-        assert_eq!(get("all_proxy"), Some("socks5h://127.0.0.1:1080"));
+        assert_eq!(get("ALL_PROXY"), Some("http://127.0.0.1:3128"));
+        assert_eq!(get("all_proxy"), Some("http://127.0.0.1:3128"));
         assert_eq!(get("no_proxy"), Some("localhost,127.0.0.1,::1"));
     }
 
+    /// Each proxied policy's variables: (policy text, `HTTP_PROXY` and the others, `ALL_PROXY`).
     #[test]
-    fn all_proxy_names_the_socks5_port_and_the_others_the_http_proxy() {
-        let text = "net:\n  mode: allowlist\n  proxy: { listen: \"127.0.0.1:8080\", socks_listen: \"127.0.0.1:9050\" }\n";
-        let p = crate::policy::parse(text, &BTreeMap::new(), &|p| Ok(PathBuf::from(p)), None).unwrap();
-        let (env, _) = environment(&p, &[]);
-        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
-        for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
-            assert_eq!(get(k), Some("http://127.0.0.1:8080"), "{k}");
+    fn all_proxy_is_the_http_proxy_unless_the_policy_asks_for_socks5() {
+        let cases = [
+            (
+                "net:\n  mode: allowlist\n",
+                "http://127.0.0.1:3128",
+                "http://127.0.0.1:3128",
+            ),
+            (
+                "net:\n  mode: allowlist\n  proxy: { all_proxy: http }\n",
+                "http://127.0.0.1:3128",
+                "http://127.0.0.1:3128",
+            ),
+            (
+                "net:\n  mode: allowlist\n  proxy: { listen: \"127.0.0.1:8080\", socks_listen: \"127.0.0.1:9050\", all_proxy: socks5 }\n",
+                "http://127.0.0.1:8080",
+                "socks5h://127.0.0.1:9050",
+            ),
+            (
+                "net:\n  mode: proxy\n  proxy: { listen: \"127.0.0.1:0\", upstream: null }\n",
+                "http://127.0.0.1:3128",
+                "http://127.0.0.1:3128",
+            ),
+            (
+                "net:\n  mode: proxy\n  proxy: { upstream: \"10.0.0.1:3128\", all_proxy: socks5 }\n",
+                "http://127.0.0.1:3128",
+                "socks5h://127.0.0.1:1080",
+            ),
+        ];
+        for (text, http, all) in cases {
+            let p = crate::policy::parse(text, &BTreeMap::new(), &|p| Ok(PathBuf::from(p)), None).unwrap();
+            assert!(p.socks_port.is_some(), "the SOCKS5 port stays: {text}");
+            let (env, _) = environment(&p, &[]);
+            let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+            for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+                assert_eq!(get(k), Some(http), "{k}: {text}");
+            }
+            for k in ["ALL_PROXY", "all_proxy"] {
+                assert_eq!(get(k), Some(all), "{k}: {text}");
+            }
         }
-        for k in ["ALL_PROXY", "all_proxy"] {
-            assert_eq!(get(k), Some("socks5h://127.0.0.1:9050"), "{k}");
-        }
-        let chained = "net:\n  mode: proxy\n  proxy: { upstream: \"10.0.0.1:3128\" }\n";
-        let p = crate::policy::parse(chained, &BTreeMap::new(), &|p| Ok(PathBuf::from(p)), None).unwrap();
-        let (env, _) = environment(&p, &[]);
-        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
-        assert_eq!(
-            get("ALL_PROXY"),
-            Some("socks5h://127.0.0.1:1080"),
-            "chained, the SOCKS5 port is there too"
-        );
-        // `all_proxy: http`: the HTTP proxy for every variable (the SOCKS5 port stays).
-        let http = "net:\n  mode: allowlist\n  proxy: { all_proxy: http }\n";
-        let p = crate::policy::parse(http, &BTreeMap::new(), &|p| Ok(PathBuf::from(p)), None).unwrap();
-        assert_eq!(p.socks_port, Some(1080));
-        let (env, _) = environment(&p, &[]);
-        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
-        assert_eq!(get("ALL_PROXY"), Some("http://127.0.0.1:3128"));
         let bad = "net:\n  mode: allowlist\n  proxy: { all_proxy: socks4 }\n";
         let err = crate::policy::parse(bad, &BTreeMap::new(), &|p| Ok(PathBuf::from(p)), None).unwrap_err();
         assert!(err.0.contains("net.proxy.all_proxy: \"socks4\""), "{}", err.0);

@@ -71,7 +71,7 @@ pub fn parse_forward(text: &str) -> Result<(SocketAddr, PathBuf), String> {
 
 /// Connects to a bridge socket and reads its status byte: the stream, ready to relay, or
 /// the host side's reason why nothing is behind it.
-async fn open_bridge(bridge: &Path) -> Result<UnixStream, String> {
+pub(crate) async fn open_bridge(bridge: &Path) -> Result<UnixStream, String> {
     let mut unix = UnixStream::connect(bridge)
         .await
         .map_err(|e| format!("{}: {e}", bridge.display()))?;
@@ -165,7 +165,7 @@ fn reap_until(command: nix::unistd::Pid) -> i32 {
 
 /// Relays one connection of the command; when nothing is behind the bridge, resets it so
 /// the client sees a refused connection rather than an empty reply.
-async fn relay(mut tcp: TcpStream, bridge: PathBuf) {
+pub(crate) async fn relay(mut tcp: TcpStream, bridge: PathBuf) {
     match open_bridge(&bridge).await {
         Ok(mut unix) => {
             let _ = tokio::io::copy_bidirectional(&mut tcp, &mut unix).await;

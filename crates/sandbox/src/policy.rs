@@ -3,8 +3,13 @@
 //!
 //! Pure apart from one injected question, "what is this host path's canonical form?"
 //! ([`crate::paths::Resolve`]), so tests need no files. Every check sees the final network
-//! mode (the command line's `--net` included) and canonical paths. Everything the platform
-//! cannot enforce is an error, never silently ignored.
+//! mode (the command line's `--net` included, which sets aside the policy's network fields
+//! with a note) and canonical paths. Everything the platform cannot enforce is an error, never
+//! silently ignored; the other platform's section (`platform.seatbelt` on Linux,
+//! `platform.bwrap` under macOS's Seatbelt) is checked all the same and left to its backend.
+//! Two steps are done at run start, not here: an upstream proxy's name is
+//! resolved ([`upstream`], the one function of this module that does I/O), and the directory
+//! the command starts in is chosen ([`start_dir`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -16,18 +21,23 @@ use serde::Deserialize;
 pub use crate::error::PolicyError;
 use crate::paths::{Alias, Resolve};
 
+mod cwd;
 mod fs;
 mod header;
 mod limits;
 mod net;
+mod seatbelt;
+pub mod upstream;
 
+pub use cwd::{StartDir, start_dir};
 use fs::{RawFs, host_paths};
 pub use header::{API_VERSION, DEPRECATED_FORM, KIND, document_kind};
 use header::{EGRESS_KIND, Peek, deprecated, header};
 use limits::limits;
 pub use limits::{Limits, RawLimits};
 pub use net::NetMode;
-use net::{RawNet, network};
+use net::{RawNet, UpstreamProxy, network};
+pub use seatbelt::{MachService, SeatbeltSettings};
 
 /// `net.proxy.upstream: [https://HOST:PORT, ...]` with `net.proxy.tls`: the run's proxy is
 /// a node-local proxy of these central proxies (docs/central.md).
@@ -59,6 +69,10 @@ pub struct SandboxPolicy {
     /// Symlinks inside the sandbox from paths as the policy wrote them to their targets.
     pub aliases: Vec<Alias>,
     pub private_tmp: bool,
+    /// `fs.cwd`, canonical; `sandgate run` then puts here where the command starts
+    /// ([`start_dir`]: `--chdir`, `fs.cwd`, or the caller's directory when it is bound),
+    /// given to bwrap as `--chdir`. `None`: bwrap's own choice.
+    pub cwd: Option<PathBuf>,
     pub net: NetMode,
     pub allow: Vec<Pattern>,
     /// `net.allowlist` and `net.denylist`: entries of the same model as an EgressPolicy's.
@@ -69,8 +83,12 @@ pub struct SandboxPolicy {
     pub egress_policy: Option<PathBuf>,
     /// That file, parsed (filled in by [`crate::run::load_policy`], which reads files).
     pub egress: Option<Box<sandgate_policy::PolicyFile>>,
-    /// `proxy` mode: the HTTP proxy that allowed traffic is chained through.
+    /// `proxy` mode: the HTTP proxy that allowed traffic is chained through (`IP:PORT`, or
+    /// the address [`upstream::resolve`] found for [`Self::upstream_proxy_name`]).
     pub upstream_proxy: Option<SocketAddr>,
+    /// `proxy` mode with `upstream: HOST:PORT`: the name, resolved once at run start through
+    /// the run's resolver ([`upstream::resolve`]), never by the system resolver.
+    pub upstream_proxy_name: Option<sandgate_policy::Target>,
     /// `proxy` mode with `https://` upstreams: the central proxies, over mutual TLS.
     pub central: Option<CentralSpec>,
     /// Host loopback ports bridged into the sandbox's loopback, same port number.
@@ -80,9 +98,10 @@ pub struct SandboxPolicy {
     /// Port the proxy's SOCKS5 front end listens on inside the sandbox, in the proxied
     /// modes (see [`proxy_ports`]).
     pub socks_port: Option<u16>,
-    /// `ALL_PROXY` names the HTTP proxy instead of the SOCKS5 port (`net.proxy.all_proxy:
-    /// http`), for clients that cannot speak SOCKS5 yet read `ALL_PROXY` (httpx without
-    /// `socksio`, and so the OpenAI and Anthropic Python SDKs).
+    /// `ALL_PROXY` names the HTTP proxy (the default, `net.proxy.all_proxy: http`), not the
+    /// SOCKS5 port (`all_proxy: socks5`): clients that read `ALL_PROXY` but cannot speak
+    /// SOCKS5 (httpx without `socksio`, and so the OpenAI and Anthropic Python SDKs) fail
+    /// on a SOCKS5 URL.
     pub all_proxy_http: bool,
     pub allow_ranges: Vec<String>,
     pub resolver_servers: Vec<String>,
@@ -95,6 +114,8 @@ pub struct SandboxPolicy {
     pub extra_tmpfs: Vec<PathBuf>,
     /// `limits:`, over the defaults.
     pub limits: Limits,
+    /// `platform.seatbelt`, for the macOS backend (the bwrap backend ignores it).
+    pub seatbelt: SeatbeltSettings,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -144,7 +165,7 @@ struct RawPlatform {
     #[serde(default)]
     bwrap: RawBwrap,
     #[serde(default)]
-    seatbelt: Option<serde_json::Value>,
+    seatbelt: Option<seatbelt::RawSeatbelt>,
     #[serde(default)]
     seccomp: RawSeccomp,
 }
@@ -174,6 +195,10 @@ struct RawBwrap {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawUnshare {
+    /// The design's spelling of the network mode: `false` is `net.mode: all`
+    /// ([`net::mode`]).
+    #[serde(default)]
+    net: Option<bool>,
     #[serde(default)]
     pid: Option<bool>,
     #[serde(default)]
@@ -251,12 +276,23 @@ pub fn parse_at(
     if serde_saphyr::from_str::<Peek>(&text).is_ok_and(|p| p.kind.as_deref() == Some("EgressPolicy")) {
         return Err(PolicyError(EGRESS_KIND.to_owned()));
     }
-    let raw: Raw = serde_saphyr::from_str(&text)
+    let mut raw: Raw = serde_saphyr::from_str(&text)
         .map_err(|e| PolicyError(sandgate_policy::document::yaml_error(&e, &text, file).to_string()))?;
     let mut warnings: Vec<String> = header(&raw)?.into_iter().map(|_| deprecated(file)).collect();
+    let unshare_net = raw.platform.bwrap.unshare.as_ref().and_then(|u| u.net);
     let net = match net_override {
-        Some(mode) => mode,
-        None => NetMode::parse(raw.net.mode.as_deref().unwrap_or("none"))?,
+        Some(mode) => {
+            let ignored = net::set_aside(&mut raw.net, unshare_net, mode);
+            if !ignored.is_empty() {
+                warnings.push(format!(
+                    "{file}: note: --net {} wins over the policy's network fields; ignoring {}",
+                    mode.name(),
+                    ignored.join(", ")
+                ));
+            }
+            mode
+        }
+        None => net::mode(raw.net.mode.as_deref(), unshare_net)?,
     };
     let network = network(&raw.net, net, file, now)?;
     warnings.extend(network.entries.warnings.iter().map(|w| w.as_warning()));
@@ -270,7 +306,12 @@ pub fn parse_at(
         resolve,
     )?;
     let unshare = raw.platform.bwrap.unshare.unwrap_or_default();
-    Ok(SandboxPolicy {
+    let (upstream_proxy, upstream_proxy_name) = match network.upstream_proxy {
+        None => (None, None),
+        Some(UpstreamProxy::Addr(addr)) => (Some(addr), None),
+        Some(UpstreamProxy::Name(target)) => (None, Some(target)),
+    };
+    let policy = SandboxPolicy {
         name: raw.metadata.and_then(|m| m.name),
         warnings,
         env_set: raw.env.set,
@@ -281,6 +322,7 @@ pub fn parse_at(
         write_paths: host.write,
         aliases: host.aliases,
         private_tmp: host.private_tmp,
+        cwd: cwd::written(raw.fs.cwd.as_deref(), resolve)?,
         net,
         allow: network.allow,
         allow_entries: network.entries.allow,
@@ -288,7 +330,8 @@ pub fn parse_at(
         egress_policy: raw.net.egress_policy.as_ref().map(PathBuf::from),
         egress: None,
         loopback_ports: raw.net.loopback_ports,
-        upstream_proxy: network.upstream_proxy,
+        upstream_proxy,
+        upstream_proxy_name,
         central: network.central,
         proxy_port: network.proxy_port,
         socks_port: network.socks_port,
@@ -302,7 +345,10 @@ pub fn parse_at(
         extra_rw_binds: host.rw,
         extra_tmpfs: host.extra_tmpfs,
         limits: limits(&raw.limits)?,
-    })
+        seatbelt: seatbelt::settings(raw.platform.seatbelt.as_ref(), resolve)?,
+    };
+    cwd::check(&policy)?;
+    Ok(policy)
 }
 
 fn check_env(raw: &RawEnv) -> Result<(), PolicyError> {
@@ -317,13 +363,6 @@ fn check_env(raw: &RawEnv) -> Result<(), PolicyError> {
 }
 
 fn check_platform(raw: &RawPlatform, net: NetMode) -> Result<(), PolicyError> {
-    if raw.seatbelt.as_ref().is_some_and(|v| {
-        !v.is_null() && *v != serde_json::json!({}) && *v != serde_json::json!({"extra_allow": {}})
-    }) {
-        return Err(PolicyError(
-            "platform.seatbelt: seatbelt settings cannot be enforced on Linux".to_owned(),
-        ));
-    }
     if let Some(devices) = &raw.bwrap.devices {
         for d in devices.iter().flatten() {
             if !["null", "zero", "full", "random", "urandom", "tty"].contains(&d.as_str()) {

@@ -100,7 +100,7 @@ fn errors_name_the_field() {
         ),
         (
             "net:\n  mode: none\n  loopback_ports: [ 5432 ]\n",
-            "needs net.mode loopback or allowlist",
+            "needs net.mode loopback, allowlist, or proxy without net.proxy.upstream",
         ),
         (
             "fs:\n  allow_read_all: true\nnet:\n  mode: allowlist\n",
@@ -189,9 +189,9 @@ fn checks_see_the_command_line_network_mode() {
     let run_dir = "fs:\n  read_paths: [ /run ]\nnet:\n  mode: all\n";
     assert!(parse_err(run_dir, Some(NetMode::Allowlist)).contains("may hold host Unix sockets"));
     let ports = "net:\n  mode: loopback\n  loopback_ports: [ 5432 ]\n";
-    assert!(parse_err(ports, Some(NetMode::All)).contains("loopback_ports"));
     let p = parse(ports, &params(&[]), &as_written, Some(NetMode::Allowlist)).unwrap();
     assert_eq!(p.net, NetMode::Allowlist);
+    assert_eq!(p.loopback_ports, [5432]);
 }
 
 #[test]

@@ -22,15 +22,20 @@ use crate::policy::{NetMode, SandboxPolicy};
 use crate::state::{RunState, sweep_stale_state};
 use crate::{env, processes, summary};
 
+mod identity;
 mod load;
 mod proxy;
+// The macOS backend's run, kept with the rest of it in seatbelt/ (a part of the runner).
+#[path = "seatbelt/run.rs"]
+mod seatbelt;
 
+use identity::RunIdentity;
 use load::protected_files;
 pub use load::{load_policy, path_param};
 use proxy::{ProxyRun, open_bridge, start_proxy};
 
 /// How `sandgate run` was asked to run.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct RunOptions {
     pub policy_path: PathBuf,
     pub params: BTreeMap<String, String>,
@@ -50,12 +55,21 @@ pub struct RunOptions {
     pub ask: Option<std::time::Duration>,
     /// `--subject`: who starts the run (else the user).
     pub subject: Option<String>,
+    /// `--task`: the run's task id, as its orchestrator names it (else the run's own id,
+    /// `run-PID-T`); task-scoped policy entries and exceptions apply to it.
+    pub task: Option<String>,
+    /// `--project`: the run's project id.
+    pub project: Option<String>,
+    /// `--job`: the run's job id.
+    pub job: Option<String>,
     /// `--no-terminal`: a session of its own, stdin not the terminal.
     pub no_terminal: bool,
     /// `--protect`: host paths the command may not change.
     pub protect: Vec<PathBuf>,
     /// `--limit NAME=VALUE`, over the policy's `limits:`.
     pub limits: Vec<String>,
+    /// `--chdir DIR`: where the command starts, over `fs.cwd` ([`crate::policy::start_dir`]).
+    pub chdir: Option<PathBuf>,
     pub command: Vec<OsString>,
 }
 
@@ -107,45 +121,6 @@ fn preflight() -> Result<PathBuf, RunError> {
     Ok(bwrap)
 }
 
-/// Who starts the run: `--subject`, else the user ($USER when it is an id, else uid-N).
-fn run_subject(given: Option<&str>) -> Result<String, RunError> {
-    use sandgate_policy::ids;
-    if let Some(s) = given {
-        return match ids::valid(s) {
-            true => Ok(s.to_owned()),
-            false => Err(RunError::Usage(format!("--subject {s:?}: {}", ids::ID_RULE))),
-        };
-    }
-    let user = std::env::var("USER").or_else(|_| std::env::var("LOGNAME"));
-    Ok(match user {
-        Ok(u) if ids::valid(&u) => u,
-        _ => format!("uid-{}", rustix::process::getuid().as_raw()),
-    })
-}
-
-/// `run-PID-T`: T the start time in nanoseconds since the epoch, 16 hex digits, so run ids
-/// (and the kept logs named after them) sort by start time ([`crate::runlog::prune`]).
-fn run_id() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("run-{}-{nanos:016x}", std::process::id())
-}
-
-/// A run that is a node of central proxies is named under its node (`node-a:run-PID-X`),
-/// so a central can let each node vouch only for its own runs (`tasks: ["node-a:*"]`).
-fn node_run_id(spec: &crate::policy::CentralSpec) -> Result<String, RunError> {
-    let name = sandgate_proxy::transport::tls::node_name(&spec.cert)
-        .map_err(|e| RunError::Usage(format!("net.proxy.tls.cert: {e}")))?
-        .ok_or_else(|| {
-            RunError::Usage(format!(
-                "net.proxy.tls.cert: {} names no node (no DNS or IP subject alternative name)",
-                spec.cert.display()
-            ))
-        })?;
-    Ok(format!("{name}:{}", run_id()))
-}
-
 fn shell_quote(s: &OsString) -> String {
     let s = s.to_string_lossy();
     if !s.is_empty()
@@ -172,14 +147,31 @@ fn dns_files(policy: &SandboxPolicy) -> Vec<(PathBuf, PathBuf)> {
 /// Runs the command; returns its exit status (128+N for a signal).
 pub fn run(opts: RunOptions) -> Result<i32, RunError> {
     let policy = load_policy(&opts)?;
+    let identity = RunIdentity::of(&opts, policy.central.as_ref())?;
     let host_env: Vec<(String, String)> = std::env::vars().collect();
-    let (env, withheld) = env::environment(&policy, &host_env);
+    let (mut env, withheld) = env::environment(&policy, &host_env);
+    env.extend(identity.env());
     for w in &withheld {
         eprintln!(
             "sandgate: not passing {}: {}; list it by its exact name to pass it",
             w.name, w.reason
         );
     }
+    let start = crate::policy::start_dir(
+        &policy,
+        opts.chdir.as_deref(),
+        &env,
+        std::env::current_dir().ok().as_deref(),
+        &|p| std::fs::canonicalize(p),
+    )
+    .map_err(|e| RunError::Usage(e.0))?;
+    if let Some(note) = start.note.as_deref().filter(|_| !opts.quiet) {
+        eprintln!("sandgate: {note}");
+    }
+    let policy = SandboxPolicy {
+        cwd: Some(start.dir),
+        ..policy
+    };
     let sandgate_exe = std::env::current_exe()
         .map_err(|e| RunError::Unavailable(format!("cannot find the sandgate binary: {e}")))?;
     match opts.print_profile.as_deref() {
@@ -224,7 +216,7 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
         );
         return Ok(0);
     }
-    let bwrap = preflight()?;
+    let sandboxer = seatbelt::Sandboxer::choose(preflight)?;
     if opts.no_terminal {
         // Out of the caller's session: no controlling terminal to read, write or take (it
         // fails harmlessly for a process group leader, whose sandbox bwrap's --new-session
@@ -239,12 +231,25 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
         .enable_all()
         .build()
         .map_err(|e| RunError::Unavailable(e.to_string()))?;
-    rt.block_on(supervise(policy, opts, env, sandgate_exe, bwrap))
+    // `net.proxy.upstream: HOST:PORT`: resolved once, now, through the run's resolver.
+    let policy = rt.block_on(crate::policy::upstream::resolve(policy))?;
+    if !opts.quiet {
+        eprintln!("sandgate: {}", identity.describe());
+    }
+    match sandboxer {
+        seatbelt::Sandboxer::Bwrap(bwrap) => {
+            rt.block_on(supervise(policy, opts, identity, env, sandgate_exe, bwrap))
+        }
+        seatbelt::Sandboxer::Seatbelt(exec) => {
+            rt.block_on(seatbelt::supervise(policy, opts, identity, env, exec))
+        }
+    }
 }
 
 async fn supervise(
     policy: SandboxPolicy,
     opts: RunOptions,
+    identity: RunIdentity,
     env: Vec<(String, String)>,
     sandgate_exe: PathBuf,
     bwrap: PathBuf,
@@ -254,11 +259,7 @@ async fn supervise(
     let state = RunState::create(&tmp).map_err(|e| {
         RunError::Unavailable(format!("cannot create the run's state in {}: {e}", tmp.display()))
     })?;
-    let subject = run_subject(opts.subject.as_deref())?;
-    let run = match &policy.central {
-        Some(spec) => node_run_id(spec)?,
-        None => run_id(),
-    };
+    let run = identity.run.clone();
     let kept = match (&opts.audit_log, opts.no_audit_log || !policy.net.proxied()) {
         (Some(path), _) => Some(path.clone()),
         (None, true) => None,
@@ -274,8 +275,7 @@ async fn supervise(
     let proxy = if policy.net.proxied() {
         let how = ProxyRun {
             sandbox: sandbox.clone(),
-            task: run.clone(),
-            subject,
+            identity,
             ask: opts.ask,
             learn: opts.learn,
             live: !opts.quiet,

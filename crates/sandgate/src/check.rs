@@ -20,7 +20,9 @@ pub fn run(file: &Path, params: &[String]) -> ExitCode {
     let text = std::fs::read_to_string(file).unwrap_or_default();
     match sandgate_sandbox::policy::document_kind(&text).as_deref() {
         Some(sandgate_sandbox::policy::KIND) => sandbox_check(file, params),
-        None | Some(sandgate_policy::document::KIND) => egress_check(file),
+        None | Some(sandgate_policy::document::KIND | sandgate_policy::document::GOVERNANCE_KIND) => {
+            egress_check(file)
+        }
         Some(other) => {
             eprintln!(
                 "{}: kind: {other:?}: check-config reads EgressPolicy (sandgate proxy) and SandboxPolicy (sandgate run)",
@@ -46,20 +48,7 @@ fn sandbox_check(file: &Path, params: &[String]) -> ExitCode {
     let opts = RunOptions {
         policy_path: file.to_path_buf(),
         params: values,
-        net: None,
-        allow_domains: Vec::new(),
-        audit_log: None,
-        no_audit_log: false,
-        learn: false,
-        print_argv: false,
-        print_profile: None,
-        quiet: false,
-        ask: None,
-        subject: None,
-        no_terminal: false,
-        protect: Vec::new(),
-        limits: Vec::new(),
-        command: Vec::new(),
+        ..RunOptions::default()
     };
     match sandgate_sandbox::run::load_policy(&opts) {
         Ok(p) => {

@@ -94,7 +94,7 @@ fn explain(args: &ExplainArgs) -> Result<ExitCode, String> {
         None => None,
     };
     let rules = Ruleset::from_parts(&allow, &deny, file.as_ref());
-    let mut exempt = ranges(&args.allow_range).map_err(|e| e.to_string())?;
+    let mut exempt = ranges("--allow-range", &args.allow_range).map_err(|e| e.to_string())?;
     if let Some(f) = &file {
         exempt.extend(f.allow_ranges.iter().copied());
     }
@@ -230,13 +230,14 @@ fn resolve(
     (guard, rules, ctx): (&AddressGuard, &Ruleset, &Context<'_>),
     target: &Target,
 ) -> Result<Resolved, String> {
-    let nameservers = match crate::settings::nameservers(&args.dns_server).map_err(|e| e.to_string())? {
-        Nameservers::System => match file.and_then(|f| f.resolver.as_ref()) {
-            Some(r) if !r.servers.is_empty() => Nameservers::Explicit(r.servers.clone()),
-            _ => Nameservers::System,
-        },
-        explicit => explicit,
-    };
+    let nameservers =
+        match crate::settings::nameservers("--dns-server", &args.dns_server).map_err(|e| e.to_string())? {
+            Nameservers::System => match file.and_then(|f| f.resolver.as_ref()) {
+                Some(r) if !r.servers.is_empty() => Nameservers::Explicit(r.servers.clone()),
+                _ => Nameservers::System,
+            },
+            explicit => explicit,
+        };
     let config = DialConfig {
         nameservers,
         dns_timeout: std::time::Duration::from_secs(5),

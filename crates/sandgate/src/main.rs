@@ -211,9 +211,13 @@ fn run_sandbox(args: cli::RunArgs) -> ExitCode {
             .ask
             .then(|| std::time::Duration::from_secs(args.ask_timeout.unwrap_or(60))),
         subject: args.subject,
+        task: args.task,
+        project: args.project,
+        job: args.job,
         no_terminal: args.no_terminal,
         protect: args.protect,
         limits: args.limit,
+        chdir: args.chdir,
         command: args.command,
     };
     match sandgate_sandbox::run::run(opts) {

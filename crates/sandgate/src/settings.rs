@@ -1,12 +1,12 @@
 //! Turns command-line flags and environment variables into a [`ProxyConfig`].
 //!
-//! Flags win over environment. The environment comes in through the [`Env`] trait so tests
-//! can hand in a map instead of mutating the process environment (after linkerd's `Strings`).
-//! Every bad value is an error naming the flag or variable and the value. The limits are
-//! read in [`limits`], the links to other proxies in [`upstream`], and what would start but
-//! cannot work as meant is said by [`warnings`].
+//! Flags win over environment. Which variable stands for which flag, and the design's names
+//! accepted as aliases, are in [`environment`]; it comes in through the [`Env`] trait so
+//! tests can hand in a map instead of mutating the process environment. Every bad value is
+//! an error naming the flag or variable and the value. The limits are read in [`limits`],
+//! the links to other proxies in [`upstream`], and what would start but cannot work as meant
+//! is said by [`warnings`].
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -20,10 +20,16 @@ use sandgate_proxy::{
 
 use crate::cli::ProxyArgs;
 
+mod environment;
 mod limits;
 mod upstream;
 pub(crate) mod warnings;
 
+use environment::{
+    ALLOW_RANGE_VAR, ALLOW_VARS, AUDIT_LOG_VAR, DENY_VAR, DNS_SERVER_VAR, POLICY_VAR, flag_or_env, items,
+    list, single,
+};
+pub use environment::{Env, ProcessEnv};
 pub use limits::fit_to_fd_limit;
 use limits::{limits, seconds};
 pub(crate) use upstream::node_tls_files;
@@ -31,27 +37,6 @@ use upstream::{connector, node_listener};
 
 /// Default listen address when neither flags nor environment name one.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:3128";
-
-/// A source of environment variables.
-pub trait Env {
-    fn get(&self, key: &str) -> Option<String>;
-}
-
-/// The real process environment.
-#[derive(Debug)]
-pub struct ProcessEnv;
-
-impl Env for ProcessEnv {
-    fn get(&self, key: &str) -> Option<String> {
-        std::env::var(key).ok()
-    }
-}
-
-impl Env for HashMap<String, String> {
-    fn get(&self, key: &str) -> Option<String> {
-        HashMap::get(self, key).cloned()
-    }
-}
 
 /// A configuration mistake; the CLI exits 64 with this message.
 #[derive(Debug, thiserror::Error)]
@@ -71,8 +56,9 @@ pub enum SettingsError {
 pub struct ProxySetup {
     pub config: ProxyConfig,
     pub policy: Option<(PolicySource, PolicyFile)>,
-    /// What starts but cannot work as meant (logged at start): the policy file's warnings,
-    /// allowed addresses the guard refuses, a listener open to every interface.
+    /// What starts but cannot work as meant, and the design's names read as sandgate's
+    /// (logged at start): the policy file's warnings, allowed addresses the guard refuses, a
+    /// listener open to every interface, an allowlist variable of the design's.
     pub warnings: Vec<String>,
 }
 
@@ -82,32 +68,6 @@ fn invalid(source_name: &str, value: &str, reason: impl ToString) -> SettingsErr
         value: value.to_owned(),
         reason: reason.to_string(),
     }
-}
-
-/// Splits repeatable, comma-separated values into items, dropping empty ones.
-fn items(values: &[String]) -> impl Iterator<Item = &str> {
-    values
-        .iter()
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-}
-
-/// Values from flags if any were given, else from the first environment variables set.
-fn flag_or_env(flags: &[String], env: &dyn Env, vars: &[&str]) -> Vec<(String, String)> {
-    if !flags.is_empty() {
-        return items(flags)
-            .map(|v| ("--flag".to_owned(), v.to_owned()))
-            .collect();
-    }
-    vars.iter()
-        .filter_map(|var| env.get(var).map(|v| (var.to_string(), v)))
-        .flat_map(|(var, v)| {
-            items(std::slice::from_ref(&v))
-                .map(|i| (var.clone(), i.to_owned()))
-                .collect::<Vec<_>>()
-        })
-        .collect()
 }
 
 pub fn patterns(
@@ -151,7 +111,8 @@ fn listen_addrs(args: &ProxyArgs, env: &dyn Env) -> Result<Vec<SocketAddr>, Sett
     Ok(Vec::new())
 }
 
-pub fn nameservers(values: &[String]) -> Result<Nameservers, SettingsError> {
+/// The resolvers named by `values` (from `source`, a flag or variable), or the system's.
+pub fn nameservers(source: &str, values: &[String]) -> Result<Nameservers, SettingsError> {
     if values.is_empty() {
         return Ok(Nameservers::System);
     }
@@ -159,19 +120,20 @@ pub fn nameservers(values: &[String]) -> Result<Nameservers, SettingsError> {
         .map(|v| {
             v.parse::<SocketAddr>()
                 .or_else(|_| v.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
-                .map_err(|_| invalid("--dns-server", v, "expected IP or IP:PORT"))
+                .map_err(|_| invalid(source, v, "expected IP or IP:PORT"))
         })
         .collect::<Result<_, _>>()
         .map(Nameservers::Explicit)
 }
 
-pub fn ranges(values: &[String]) -> Result<Vec<IpNet>, SettingsError> {
+/// The ranges exempt from the address guard named by `values` (from `source`).
+pub fn ranges(source: &str, values: &[String]) -> Result<Vec<IpNet>, SettingsError> {
     items(values)
         .map(|v| {
             v.parse::<IpNet>()
                 .map(|net| net.trunc())
                 .or_else(|_| v.parse::<IpAddr>().map(IpNet::from))
-                .map_err(|_| invalid("--allow-range", v, "expected a CIDR like 10.20.0.0/16"))
+                .map_err(|_| invalid(source, v, "expected a CIDR like 10.20.0.0/16"))
         })
         .collect()
 }
@@ -196,14 +158,20 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
                 })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let Some(path) = &args.policy else {
+    let aliases = environment::alias_notes(!args.allow.is_empty(), env);
+    let policy_path = args
+        .policy
+        .clone()
+        .or_else(|| single("--policy", None, env, POLICY_VAR).map(|(_, path)| PathBuf::from(path)));
+    let Some(path) = &policy_path else {
         if config.listen.is_empty() {
             config.listen.push(default_listen()?);
         }
         config.listen.extend(socks);
         config.connector = connector(args, &config)?;
         check_binds(&config)?;
-        let warnings = warnings::at_start(&config, None, env);
+        let mut warnings = aliases;
+        warnings.extend(warnings::at_start(&config, None, env));
         return Ok(ProxySetup {
             config,
             policy: None,
@@ -244,7 +212,10 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
         config.metrics_listen = file.admin.listen;
     }
     if let Some(resolver) = &file.resolver {
-        if args.dns_server.is_empty() && !resolver.servers.is_empty() {
+        let resolvers_named = !list("--dns-server", &args.dns_server, env, DNS_SERVER_VAR)
+            .1
+            .is_empty();
+        if !resolvers_named && !resolver.servers.is_empty() {
             config.nameservers = Nameservers::Explicit(resolver.servers.clone());
         }
         if let (None, Some(ms)) = (args.dns_timeout, resolver.timeout_ms) {
@@ -253,7 +224,8 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
     }
     config.connector = connector(args, &config)?;
     check_binds(&config)?;
-    let warnings = warnings::at_start(&config, Some(&file), env);
+    let mut warnings = aliases;
+    warnings.extend(warnings::at_start(&config, Some(&file), env));
     Ok(ProxySetup {
         config,
         policy: Some((source, file)),
@@ -288,13 +260,8 @@ fn check_binds(config: &ProxyConfig) -> Result<(), SettingsError> {
 /// The allow and deny patterns from flags, or else from the environment.
 fn flag_patterns(args: &ProxyArgs, env: &dyn Env) -> Result<(Vec<Pattern>, Vec<Pattern>), SettingsError> {
     Ok((
-        patterns(
-            "--allow",
-            &args.allow,
-            env,
-            &["SANDGATE_ALLOW", "PROXY_ALLOWLIST"],
-        )?,
-        patterns("--deny", &args.deny, env, &["SANDGATE_DENY"])?,
+        patterns("--allow", &args.allow, env, ALLOW_VARS)?,
+        patterns("--deny", &args.deny, env, &[DENY_VAR])?,
     ))
 }
 
@@ -308,10 +275,11 @@ fn proxy_config(
 ) -> Result<ProxyConfig, SettingsError> {
     let rules = Ruleset::from_parts(allow, deny, None);
     let limits = limits(args)?;
-    let audit = match args.audit_log.as_deref() {
-        None | Some("-") => AuditDestination::Stdout,
-        Some("") => return Err(invalid("--audit-log", "", "expected a path or -")),
-        Some(path) => AuditDestination::File(PathBuf::from(path)),
+    let audit = match single("--audit-log", args.audit_log.as_deref(), env, AUDIT_LOG_VAR) {
+        None => AuditDestination::Stdout,
+        Some((_, path)) if path == "-" => AuditDestination::Stdout,
+        Some((source, path)) if path.is_empty() => return Err(invalid(source, "", "expected a path or -")),
+        Some((_, path)) => AuditDestination::File(PathBuf::from(path)),
     };
     let audit_defaults = AuditOptions::default();
     let audit_options = AuditOptions {
@@ -353,8 +321,14 @@ fn proxy_config(
             .map(Listener::system)
             .collect(),
         rules,
-        guard: AddressGuard::new(ranges(&args.allow_range)?),
-        nameservers: nameservers(&args.dns_server)?,
+        guard: {
+            let (source, values) = list("--allow-range", &args.allow_range, env, ALLOW_RANGE_VAR);
+            AddressGuard::new(ranges(source, &values)?)
+        },
+        nameservers: {
+            let (source, values) = list("--dns-server", &args.dns_server, env, DNS_SERVER_VAR);
+            nameservers(source, &values)?
+        },
         audit,
         limits,
         audit_options,

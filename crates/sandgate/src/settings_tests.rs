@@ -1,6 +1,8 @@
 //! Flags, environment and policy files into a proxy configuration; the connection cap
 //! against the open-file limit.
 
+use std::collections::HashMap;
+
 use super::*;
 use sandgate_proxy::Limits;
 
@@ -135,4 +137,183 @@ fn dns_servers_and_ranges() {
     );
     let ranges: Vec<String> = c.guard.allow_ranges().iter().map(|r| r.to_string()).collect();
     assert_eq!(ranges, ["10.20.0.0/16", "192.0.2.1/32"]);
+}
+
+fn setup(argv: &[&str], env: &[(&str, &str)]) -> ProxySetup {
+    let mut full = vec!["sandgate", "proxy"];
+    full.extend_from_slice(argv);
+    let crate::cli::Command::Proxy(args) = crate::cli::Cli::try_parse_from(full).unwrap().command else {
+        panic!("not a proxy command")
+    };
+    let env: HashMap<String, String> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    proxy_setup(&args, &env).unwrap()
+}
+
+/// The design's aa-proxy variable is the allowlist, with one note naming sandgate's own
+/// name; set but empty, it still allows nothing (aa-proxy's empty meant "no filter").
+#[test]
+fn the_designs_allowlist_variable_is_an_alias_with_a_note() {
+    let s = setup(
+        &[],
+        &[(
+            "AA_PROXY_NETWORK_ALLOWLIST",
+            "api.openai.com,*.anthropic.com,*.googleapis.com",
+        )],
+    );
+    assert_eq!(s.config.rules.len(), (3, 0));
+    let notes: Vec<&String> = s
+        .warnings
+        .iter()
+        .filter(|w| w.contains("AA_PROXY_NETWORK_ALLOWLIST"))
+        .collect();
+    assert_eq!(notes.len(), 1, "{:?}", s.warnings);
+    assert!(
+        notes[0].contains("read as SANDGATE_ALLOW, sandgate's own name"),
+        "{notes:?}"
+    );
+    for empty in ["", " , "] {
+        let s = setup(&[], &[("AA_PROXY_NETWORK_ALLOWLIST", empty)]);
+        assert!(s.config.rules.allows_nothing(), "{empty:?} opened the proxy");
+        assert!(
+            s.warnings
+                .iter()
+                .any(|w| w.contains("set but empty") && w.contains("default deny")),
+            "{:?}",
+            s.warnings
+        );
+    }
+    // With the other names: every set variable adds; a flag wins over all of them.
+    let s = setup(
+        &[],
+        &[
+            ("SANDGATE_ALLOW", "a.example"),
+            ("PROXY_ALLOWLIST", "b.example"),
+            ("AA_PROXY_NETWORK_ALLOWLIST", "c.example"),
+        ],
+    );
+    assert_eq!(s.config.rules.len(), (3, 0));
+    let s = setup(
+        &["--allow", "d.example"],
+        &[("AA_PROXY_NETWORK_ALLOWLIST", "c.example")],
+    );
+    assert_eq!(s.config.rules.len(), (1, 0));
+    assert!(
+        s.warnings
+            .iter()
+            .any(|w| w.contains("AA_PROXY_NETWORK_ALLOWLIST is ignored")),
+        "{:?}",
+        s.warnings
+    );
+    // A bad pattern names the variable it came from.
+    let err = config(&[], &[("AA_PROXY_NETWORK_ALLOWLIST", "ok.example,*.com")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("AA_PROXY_NETWORK_ALLOWLIST value \"*.com\""),
+        "{err}"
+    );
+}
+
+/// An environment-only sidecar names its internal ranges, resolvers, policy file and audit
+/// log; a flag wins over each; a bad value names the variable.
+#[test]
+fn ranges_resolvers_policy_and_audit_log_from_the_environment() {
+    let c = config(
+        &[],
+        &[
+            ("SANDGATE_ALLOW_RANGE", "192.168.1.0/24, 10.1.2.3"),
+            ("SANDGATE_DNS_SERVER", "10.0.0.2,10.0.0.3:5353"),
+            ("SANDGATE_AUDIT_LOG", "/var/log/sandgate/audit.jsonl"),
+        ],
+    )
+    .unwrap();
+    let ranges: Vec<String> = c.guard.allow_ranges().iter().map(|r| r.to_string()).collect();
+    assert_eq!(ranges, ["192.168.1.0/24", "10.1.2.3/32"]);
+    assert_eq!(
+        c.nameservers,
+        Nameservers::Explicit(vec![
+            "10.0.0.2:53".parse().unwrap(),
+            "10.0.0.3:5353".parse().unwrap()
+        ])
+    );
+    assert_eq!(
+        c.audit,
+        AuditDestination::File("/var/log/sandgate/audit.jsonl".into())
+    );
+    let c = config(
+        &[
+            "--allow-range",
+            "172.16.0.0/12",
+            "--dns-server",
+            "10.9.9.9",
+            "--audit-log",
+            "-",
+        ],
+        &[
+            ("SANDGATE_ALLOW_RANGE", "192.168.1.0/24"),
+            ("SANDGATE_DNS_SERVER", "10.0.0.2"),
+            ("SANDGATE_AUDIT_LOG", "/x"),
+        ],
+    )
+    .unwrap();
+    let ranges: Vec<String> = c.guard.allow_ranges().iter().map(|r| r.to_string()).collect();
+    assert_eq!(ranges, ["172.16.0.0/12"]);
+    assert_eq!(
+        c.nameservers,
+        Nameservers::Explicit(vec!["10.9.9.9:53".parse().unwrap()])
+    );
+    assert_eq!(c.audit, AuditDestination::Stdout);
+    // Set but empty (a compose file's `${VAR:-}`): unset.
+    let c = config(
+        &[],
+        &[
+            ("SANDGATE_ALLOW_RANGE", ""),
+            ("SANDGATE_DNS_SERVER", " "),
+            ("SANDGATE_AUDIT_LOG", ""),
+            ("SANDGATE_POLICY", ""),
+        ],
+    )
+    .unwrap();
+    assert!(c.guard.allow_ranges().is_empty());
+    assert_eq!(c.nameservers, Nameservers::System);
+    assert_eq!(c.audit, AuditDestination::Stdout);
+    for (var, value) in [
+        ("SANDGATE_ALLOW_RANGE", "10.0.0.0/33"),
+        ("SANDGATE_DNS_SERVER", "dns.example"),
+    ] {
+        let err = config(&[], &[(var, value)]).unwrap_err().to_string();
+        assert!(err.contains(&format!("{var} value {value:?}")), "{err}");
+    }
+    // The policy file: read from the variable, its errors naming the file.
+    let err = config(&[], &[("SANDGATE_POLICY", "/nonexistent/sandgate-policy.yaml")])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("/nonexistent/sandgate-policy.yaml"), "{err}");
+}
+
+/// The environment wins over the file's resolver, as the flag does.
+#[test]
+fn the_resolver_variable_wins_over_the_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.yaml");
+    std::fs::write(
+        &path,
+        "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: { name: r }\nspec:\n  resolver: { servers: [ \"10.0.0.53\" ] }\n  listeners:\n    - listen: 127.0.0.1:0\n",
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    let c = config(&[], &[("SANDGATE_POLICY", p)]).unwrap();
+    assert_eq!(
+        c.nameservers,
+        Nameservers::Explicit(vec!["10.0.0.53:53".parse().unwrap()])
+    );
+    let c = config(
+        &[],
+        &[("SANDGATE_POLICY", p), ("SANDGATE_DNS_SERVER", "10.0.0.2")],
+    )
+    .unwrap();
+    assert_eq!(
+        c.nameservers,
+        Nameservers::Explicit(vec!["10.0.0.2:53".parse().unwrap()])
+    );
 }

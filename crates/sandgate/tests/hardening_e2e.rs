@@ -296,12 +296,47 @@ fn the_hosts_own_addresses_do_not_lead_back_into_the_proxy() {
         }
     });
     let dns_addr = dns.addr().to_string();
+    // `*` is the usual ports only (issue 30), so each port is named in a policy file: the
+    // proxy's own once it has bound them, by a reload.
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    let allow = |ports: &[u16]| {
+        let entries: Vec<String> = ports.iter().map(|p| format!("\"self.test:{p}\"")).collect();
+        let staged = dir.path().join("policy.yaml.new");
+        std::fs::write(
+            &staged,
+            format!(
+                "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{ name: self }}\nspec:\n  network:\n    allowlist: [ {} ]\n",
+                entries.join(", ")
+            ),
+        )
+        .unwrap();
+        std::fs::rename(&staged, &policy).unwrap();
+    };
+    let reload = |p: &ProxyProcess, ports: &[u16]| {
+        allow(ports);
+        let pid = p.child.id().to_string();
+        Command::new("kill").args(["-HUP", &pid]).status().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !common::read_audit(&p.audit_path)
+            .iter()
+            .any(|e| e["event"] == "policy_reload" && e["outcome"] == "applied")
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no reload:\n{}",
+                p.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    allow(&[service_port]);
     let start = |extra: &[&str]| {
         let mut args = vec![
             "--dns-server",
             &dns_addr,
-            "--allow",
-            "*",
+            "--policy",
+            policy.to_str().unwrap(),
             "--listen",
             "0.0.0.0:0",
             "--metrics-listen",
@@ -319,6 +354,7 @@ fn the_hosts_own_addresses_do_not_lead_back_into_the_proxy() {
         .find(|a| *a != &p.addr && !a.ip().is_unspecified())
         .unwrap()
         .port();
+    reload(&p, &[wildcard, metrics, p.addr.port(), service_port]);
     for (port, what) in [
         (wildcard, "this proxy"),
         (metrics, "this proxy"),
@@ -331,15 +367,18 @@ fn the_hosts_own_addresses_do_not_lead_back_into_the_proxy() {
     }
     // An operator may open one of the host's addresses for local services, but never the
     // proxy's own ports.
+    allow(&[service_port]);
     let p = start(&["--allow-range", "8.8.8.8/32"]);
     let addrs = p.listening(3);
     let wildcard = addrs.iter().find(|a| a.ip().is_unspecified()).unwrap().port();
+    reload(&p, &[wildcard, service_port]);
     assert_eq!(
         status_from("127.0.0.1", p.addr, &format!("self.test:{service_port}")).0,
         200
     );
     let (status, head) = status_from("127.0.0.1", p.addr, &format!("self.test:{wildcard}"));
     assert_eq!(status, 403, "{head}");
+    assert!(head.contains("this proxy"), "{head}");
 }
 
 /// Item 11: one tenant holding idle connections must not starve the others. With two

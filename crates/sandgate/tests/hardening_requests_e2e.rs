@@ -167,7 +167,13 @@ fn a_denied_address_is_denied_whatever_name_leads_to_it() {
     ));
     let port = origin.port();
     let mut args = base_args(&dns);
-    args.extend(["--allow".into(), "*".into(), "--deny".into(), "127.0.0.1".into()]);
+    // `*` is the usual ports only (issue 30): the origin's port is named.
+    args.extend([
+        "--allow".into(),
+        format!("*:{port}"),
+        "--deny".into(),
+        "127.0.0.1".into(),
+    ]);
     let p = ProxyProcess::start(&strs(&args));
     let (_, out, _) = curl(&p.url(), &["-s", "-i", &format!("http://innocent.test:{port}/")]);
     assert!(out.starts_with("HTTP/1.1 403"), "{out}");

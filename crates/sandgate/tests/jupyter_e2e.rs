@@ -1119,3 +1119,358 @@ print(json.dumps(r))
     let left = none_left(bundle.to_str().unwrap(), Duration::from_secs(30));
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// The kernel turned attacker, through the workspace it writes: a module it plants there
+/// must never run outside its sandbox. `python -m jupyter_server` puts its working directory
+/// (the workspace) first on `sys.path`, and `python -c` (the launcher's probe of its Python)
+/// the launcher's own; so the launcher runs both isolated (`-I`), else the next launch would
+/// import the kernel's `jupyter_server.py` or `json.py` as the user, unsandboxed.
+#[test]
+fn modules_a_kernel_plants_in_the_workspace_never_run_outside_a_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = compose_ok(&dir.path().join("b"), &[]);
+    let ws = bundle.join("workspace");
+    let marker = dir.path().join("escaped");
+    for module in ["jupyter_server", "json", "traitlets"] {
+        std::fs::write(
+            ws.join(format!("{module}.py")),
+            format!(
+                "open({:?}, 'a').write('{module}\\n')\nraise SystemExit('planted {module} ran')\n",
+                marker.display().to_string()
+            ),
+        )
+        .unwrap();
+    }
+    let token_file = dir.path().join("token");
+    let mut child = Command::new(common::sandgate_bin())
+        .args(["jupyter", "launch", "--no-mcp", "--bundle"])
+        .arg(&bundle)
+        .arg("--token-file")
+        .arg(&token_file)
+        // The launcher run from the workspace, as a person may.
+        .current_dir(&ws)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = collect(child.stderr.take().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ready = loop {
+        if log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("ready at http://127.0.0.1:"))
+        {
+            break true;
+        }
+        if child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let status = child.wait().unwrap();
+    let ran = std::fs::read_to_string(&marker).unwrap_or_default();
+    assert!(ran.is_empty(), "planted modules ran outside any sandbox: {ran}");
+    assert!(ready, "{status}: {:?}", log.lock().unwrap());
+    assert!(status.success(), "{status}: {:?}", log.lock().unwrap());
+}
+
+/// The venv of the tests' Python (`sys.prefix`).
+fn venv_of(python: &str) -> PathBuf {
+    let o = Command::new(python)
+        .args(["-I", "-c", "import sys; print(sys.prefix)"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    PathBuf::from(String::from_utf8(o.stdout).unwrap().trim())
+}
+
+/// `--python-env copy`: the bundle carries a copy of the venv in `env/`. Composed from a
+/// venv that is then deleted, and moved, it still starts kernels (through jupyter_client
+/// and under `jupyter launch`) whose interpreter, packages and scripts are the bundle's
+/// own, at its new path.
+#[test]
+fn a_carried_environment_moves_with_its_bundle_and_outlives_its_source_venv() {
+    let dir = tempfile::tempdir().unwrap();
+    // A venv of its own to compose from (hard links: quick, and target/venv is untouched
+    // when it goes).
+    let source = dir.path().join("source-venv");
+    let o = Command::new("cp")
+        .arg("-al")
+        .arg(venv_of(&common::python()))
+        .arg(&source)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let out = dir.path().join("b");
+    let o = sandgate(&[
+        "jupyter",
+        "compose",
+        "--out",
+        out.to_str().unwrap(),
+        "--python",
+        source.join("bin/python").to_str().unwrap(),
+        "--python-env",
+        "copy",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("kernels run {}/env/bin/python", out.display())),
+        "{}",
+        text(&o)
+    );
+    // Nothing names the source venv or where the bundle was composed.
+    for f in [
+        "kernels/python3-low/kernel.json",
+        "kernels/python3-high/kernel.json",
+        "policies/low/policy.yaml",
+        "policies/high/policy.yaml",
+        "mcp/jupyter_mcp_launcher.yaml",
+        "env/pyvenv.cfg",
+        "env/bin/pip",
+        "env/bin/jupyter",
+    ] {
+        let t = std::fs::read_to_string(out.join(f)).unwrap();
+        for path in [&source, &out, &venv_of(&common::python())] {
+            assert!(
+                !t.contains(path.to_str().unwrap()),
+                "{f} names {}:\n{t}",
+                path.display()
+            );
+        }
+    }
+    assert!(!out.join("env/bin/activate").exists());
+    std::fs::remove_dir_all(&source).unwrap();
+    let bundle = relocate(&out, dir.path());
+    let real = bundle.canonicalize().unwrap();
+
+    let mut k = Kernels::start(&bundle);
+    k.start_kernel("python3-low", "a");
+    let code = format!(
+        r#"{WRITE_FN}
+import ipykernel, json, os, subprocess, sys
+pip = subprocess.run([os.path.join(sys.prefix, "bin", "pip"), "--version"], capture_output=True, text=True)
+print(json.dumps({{"sum": 6 * 7, "executable": sys.executable, "prefix": sys.prefix,
+                  "ipykernel": ipykernel.__file__, "env": write("{env}/pwned"),
+                  "pip": pip.stdout + pip.stderr}}))
+"#,
+        env = real.join("env").display()
+    );
+    let r = k.probe("a", &code);
+    assert_eq!(r["sum"], 42, "{r}");
+    let env = real.join("env");
+    assert_eq!(r["prefix"], env.to_str().unwrap(), "{r}");
+    assert_eq!(r["executable"], env.join("bin/python").to_str().unwrap(), "{r}");
+    assert!(
+        r["ipykernel"]
+            .as_str()
+            .unwrap()
+            .starts_with(env.to_str().unwrap()),
+        "{r}"
+    );
+    assert_ne!(
+        r["env"], "ok",
+        "the carried environment is read-only to kernels: {r}"
+    );
+    // A script of the venv (its shebang rewritten) runs the bundle's interpreter, in the
+    // sandbox too.
+    assert!(
+        r["pip"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("from {}", env.display())),
+        "{r}"
+    );
+    drop(k);
+
+    // The launcher from the new path, under a real MCP client: Jupyter Server from the
+    // carried interpreter, and code run in its kernels.
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp/driver.py");
+    let mut driver = Command::new(common::python())
+        .arg(script)
+        .arg("legacy")
+        .arg(bundle.join("bin/sandgate"))
+        .args(["jupyter", "launch", "--bundle"])
+        .arg(&bundle)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = collect(driver.stderr.take().unwrap());
+    let mut stdin = driver.stdin.take().unwrap();
+    let mut stdout = BufReader::new(driver.stdout.take().unwrap()).lines();
+    let mut next = || -> Value {
+        let line = stdout.next().and_then(Result::ok);
+        let line = line.unwrap_or_else(|| panic!("the MCP client ended: {:?}", log.lock().unwrap()));
+        serde_json::from_str(&line).unwrap()
+    };
+    assert!(next()["protocol_version"].is_string());
+    let server = format!("{}/bin/python -I -m jupyter_server", env.display());
+    assert!(
+        !processes_with(&server).is_empty(),
+        "{:?}",
+        processes_with(real.to_str().unwrap())
+    );
+    let code = "import sys; print(6 * 7, sys.prefix)";
+    writeln!(
+        stdin,
+        "{}",
+        json!({"call": "execute_code", "args": {"code": code}})
+    )
+    .unwrap();
+    let r = next();
+    assert_eq!(
+        r["text"].as_str().unwrap_or_default().trim(),
+        format!("42 {}", env.display()),
+        "{r}"
+    );
+    drop(stdin);
+    let (status, _) = common::exit_of(driver, Duration::from_secs(30), "the MCP client");
+    assert!(status.success(), "{status}: {:?}", log.lock().unwrap());
+    let left = none_left(real.to_str().unwrap(), Duration::from_secs(30));
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// The kernel's own start (what a carried-environment kernelspec runs): its exit status
+/// and output, given a connection file that exists.
+fn kernel_start(bundle: &Path, dir: &Path) -> Output {
+    let connection = dir.join("kernel-1.json");
+    std::fs::write(&connection, "{}").unwrap();
+    let _ = std::fs::create_dir(dir.join("kernel-1.json.d"));
+    Command::new(bundle.join("bin/sandgate"))
+        .args(["jupyter", "kernel", "--bundle"])
+        .arg(bundle)
+        .args(["--profile", "low", "--connection-file"])
+        .arg(&connection)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// The carried environment tampered with to reach out of the bundle: refused at launch and
+/// at each kernel's start, before any of it runs (a planted `sitecustomize.py` or stdlib
+/// would otherwise run outside any sandbox, in the launcher's probe); and a policy that
+/// lets kernels write the Python that Jupyter Server runs is refused, carried or not.
+#[test]
+fn a_carried_environment_tampered_to_reach_out_of_the_bundle_is_refused_before_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = compose_ok(&dir.path().join("b"), &["--python-env", "copy"]);
+    let env = bundle.join("env");
+    let ws = bundle.join("workspace");
+    let marker = dir.path().join("ran");
+    let plant = |path: &Path| {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(
+            path,
+            format!(
+                "open({:?}, 'a').write('{}\\n')\n",
+                marker.display().to_string(),
+                path.display()
+            ),
+        )
+        .unwrap();
+    };
+    let b = bundle.to_str().unwrap();
+    let refused = |want: &str, code: i32| {
+        let o = sandgate(&["jupyter", "launch", "--bundle", b]);
+        assert_eq!(o.status.code(), Some(code), "{want}: {}", text(&o));
+        assert!(text(&o).contains(want), "want {want:?}: {}", text(&o));
+        let o = kernel_start(&bundle, dir.path());
+        assert_eq!(o.status.code(), Some(code), "{want}: {}", text(&o));
+        assert!(text(&o).contains(want), "want {want:?}: {}", text(&o));
+        let ran = std::fs::read_to_string(&marker).unwrap_or_default();
+        assert!(ran.is_empty(), "{want}: ran outside any sandbox: {ran}");
+    };
+    let site = std::fs::read_dir(env.join("lib"))
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("python3"))
+        .unwrap()
+        .path()
+        .join("site-packages");
+
+    // env a link to a directory outside: every kernel's policy would bind that directory.
+    let outside = dir.path().join("outside-env");
+    std::fs::rename(&env, &outside).unwrap();
+    std::os::unix::fs::symlink(&outside, &env).unwrap();
+    refused("env is a symbolic link", 64);
+    std::fs::remove_file(&env).unwrap();
+    std::fs::rename(&outside, &env).unwrap();
+
+    // A link in it to a file in the workspace (kernels write there): site imports
+    // sitecustomize at every start, the unsandboxed ones included.
+    plant(&ws.join("sitecustomize.py"));
+    std::os::unix::fs::symlink(ws.join("sitecustomize.py"), site.join("sitecustomize.py")).unwrap();
+    refused("is a symbolic link out of the carried environment", 64);
+    std::fs::remove_file(site.join("sitecustomize.py")).unwrap();
+
+    // Its base Python moved into the workspace, a stdlib planted there.
+    let cfg = std::fs::read_to_string(env.join("pyvenv.cfg")).unwrap();
+    let home = cfg
+        .lines()
+        .find_map(|l| l.strip_prefix("home = "))
+        .unwrap()
+        .to_owned();
+    plant(&ws.join("py/lib/python3.11/os.py"));
+    let moved_home = ws.join("py/bin");
+    std::fs::write(
+        env.join("pyvenv.cfg"),
+        cfg.replace(&home, moved_home.to_str().unwrap()),
+    )
+    .unwrap();
+    std::fs::create_dir_all(&moved_home).unwrap();
+    refused("is inside the bundle", 64);
+
+    // Another machine without the base Python: unavailable, naming it.
+    std::fs::write(env.join("pyvenv.cfg"), cfg.replace(&home, "/nonexistent/py/bin")).unwrap();
+    refused("/nonexistent/py/bin (version 3.11", 69);
+    std::fs::write(env.join("pyvenv.cfg"), &cfg).unwrap();
+
+    // A policy that makes the Python writable to kernels: refused at compose and launch,
+    // for a carried environment and an external venv alike.
+    let policy = bundle.join("policies/low/policy.yaml");
+    let low = std::fs::read_to_string(&policy).unwrap();
+    let venv = venv_of(&common::python());
+    // The external venv's policy: the same, without the carried environment.
+    let external = low.replace("    - \"${BUNDLE}/env\"\n", "");
+    for (base, writable, extra, want) in [
+        (
+            &low,
+            "\"${BUNDLE}/env\"",
+            vec!["--python-env", "copy"],
+            "env is writable and overlaps",
+        ),
+        (
+            &external,
+            venv.to_str().unwrap(),
+            vec![],
+            "is writable and overlaps the kernel's Python",
+        ),
+    ] {
+        let text_of = base.replace("  write_paths:\n", &format!("  write_paths:\n    - {writable}\n"));
+        let file = dir.path().join("writable.yaml");
+        std::fs::write(&file, &text_of).unwrap();
+        let flag = format!("low={}", file.display());
+        let mut args = vec!["--profile", &flag];
+        args.extend(extra);
+        let o = compose(&dir.path().join("never"), &args);
+        assert_eq!(o.status.code(), Some(64), "{}", text(&o));
+        assert!(text(&o).contains(want), "want {want:?}: {}", text(&o));
+    }
+    std::fs::write(
+        &policy,
+        low.replace("  write_paths:\n", "  write_paths:\n    - \"${BUNDLE}/env\"\n"),
+    )
+    .unwrap();
+    let o = sandgate(&["jupyter", "launch", "--bundle", b]);
+    assert_eq!(o.status.code(), Some(64), "{}", text(&o));
+    assert!(text(&o).contains("env is writable and overlaps"), "{}", text(&o));
+    assert!(!dir.path().join("never").exists());
+}

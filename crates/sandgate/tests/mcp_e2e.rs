@@ -353,7 +353,9 @@ fn egress_is_approved_by_a_person_and_ends_with_the_revocation() {
         dir.path(),
         "web",
         &format!(
-            "net:\n  mode: proxy\n  allow_domains: [ \"*\" ]\n  proxy: {{ upstream: \"{listener}\" }}\n"
+            // `*` is the usual ports only (issue 30): the origin's port is named.
+            "net:\n  mode: proxy\n  allow_domains: [ \"*:{}\" ]\n  proxy: {{ upstream: \"{listener}\" }}\n",
+            origin.port()
         ),
     );
     let config = write_config(

@@ -284,11 +284,17 @@ fn upstream_failures_map_to_502_and_504() {
     let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let mute_port = mute.local_addr().unwrap().port();
     let dns = w.dns(Zone::new().with("up.test", &["127.0.0.1"]).silent("slow.test"));
+    // `*` is the usual ports only (issue 30): the two test ports are named.
+    let (closed_allow, mute_allow) = (format!("*:{closed_port}"), format!("*:{mute_port}"));
     let p = proxy(
         &dns,
         &[
             "--allow",
             "*",
+            "--allow",
+            &closed_allow,
+            "--allow",
+            &mute_allow,
             "--dns-timeout",
             "0.5",
             "--response-timeout",

@@ -85,7 +85,10 @@ fn a_sandboxed_command_is_denied_asks_is_approved_and_is_cut_on_revocation() {
     let sandbox = write_policy(
         dir.path(),
         &format!(
-            "net:\n  mode: proxy\n  allow_domains: [ \"*\" ]\n  proxy: {{ upstream: \"{listener}\" }}\n"
+            // `*` is the usual ports only (issue 30): the test ports are named.
+            "net:\n  mode: proxy\n  allow_domains: [ \"*:{}\", \"*:{}\" ]\n  proxy: {{ upstream: \"{listener}\" }}\n",
+            origin.port(),
+            echo.addr().port()
         ),
     );
     let url = format!("http://web.test:{}/", origin.port());

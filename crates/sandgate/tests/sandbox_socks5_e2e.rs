@@ -1,5 +1,6 @@
-//! SOCKS5 inside `sandgate run`: the proxied modes give the command a SOCKS5 port
-//! (`ALL_PROXY=socks5h://127.0.0.1:1080`) over a bridge of its own, decided by the run's
+//! SOCKS5 inside `sandgate run`: the proxied modes give the command a SOCKS5 port (named in
+//! `ALL_PROXY=socks5h://127.0.0.1:1080` with `net.proxy.all_proxy: socks5`, as here; the
+//! HTTP proxy otherwise) over a bridge of its own, decided by the run's
 //! policy under the run's task and audited as `scheme: socks5`. From inside, the SOCKS5 port
 //! reaches only what the policy allows (guarded addresses, unlisted ports and host loopback
 //! stay out of reach); from the host, no other process can use the run's listeners. Chained
@@ -92,7 +93,7 @@ for spec in sys.argv[1:]:
 fn allowlist(dns: &DnsServer, allow: &[String]) -> String {
     let quoted: Vec<String> = allow.iter().map(|a| format!("\"{a}\"")).collect();
     format!(
-        "net:\n  mode: allowlist\n  allow_domains: [ {} ]\n  allow_ranges: [ 127.0.0.1/32 ]\n  resolver: {{ servers: [ \"{}\" ] }}\n",
+        "net:\n  mode: allowlist\n  allow_domains: [ {} ]\n  allow_ranges: [ 127.0.0.1/32 ]\n  resolver: {{ servers: [ \"{}\" ] }}\n  proxy: {{ all_proxy: socks5 }}\n",
         quoted.join(", "),
         dns.addr()
     )
@@ -381,7 +382,7 @@ fn proxy_mode_chains_socks5_through_the_upstream() {
     let policy = write_policy(
         dir.path(),
         &format!(
-            "net:\n  mode: proxy\n  allow_domains: [ \"{allow}\" ]\n  proxy: {{ upstream: \"{}\" }}\n",
+            "net:\n  mode: proxy\n  allow_domains: [ \"{allow}\" ]\n  proxy: {{ upstream: \"{}\", all_proxy: socks5 }}\n",
             central.addr
         ),
     );

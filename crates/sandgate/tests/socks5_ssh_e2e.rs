@@ -392,7 +392,7 @@ fn git_ls_remote_over_ssh_from_inside_sandgate_run() {
         std::fs::write(
             &policy,
             format!(
-                "{}net:\n  mode: allowlist\n  allow_domains: [ \"{entry}\" ]\n  allow_ranges: [ 127.0.0.1/32 ]\n  resolver: {{ servers: [ \"{}\" ] }}\n",
+                "{}net:\n  mode: allowlist\n  allow_domains: [ \"{entry}\" ]\n  allow_ranges: [ 127.0.0.1/32 ]\n  resolver: {{ servers: [ \"{}\" ] }}\n  proxy: {{ all_proxy: socks5 }}\n",
                 sandbox_support::base().replace(
                     "/etc/alternatives",
                     &format!("/etc/alternatives, /etc/passwd, \"{}\"", keys.path().display()),

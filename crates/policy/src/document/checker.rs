@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde_saphyr::Spanned;
 
 use super::DocError;
+use super::first_loaded::{FirstLoaded, entry_text};
 use super::raw::{RawEntry, RawEntryFull, RawScope, RawTlsOnly, RawTunnels};
 use crate::entry::{Entry, Scope};
 use crate::pattern::HostPattern;
@@ -18,6 +19,10 @@ pub(super) struct Checker<'a> {
     /// What is valid but cannot be what was meant (an entry already expired, a CIDR with
     /// host bits, a host both allowed and denied).
     pub(super) warnings: Vec<DocError>,
+    /// When the TTL entries of the version in force were first loaded (empty at start).
+    pub(super) earlier: &'a FirstLoaded,
+    /// The same for this document's TTL entries, filled as they are checked.
+    pub(super) loaded: FirstLoaded,
 }
 
 impl Checker<'_> {
@@ -129,8 +134,10 @@ impl Checker<'_> {
         }
     }
 
-    /// An entry's expiry from `ttl_seconds` (counted from `now`) or `expires_at`: `Some(None)`
-    /// when it has neither, `None` when it is invalid. A time already past is a warning.
+    /// An entry's expiry from `ttl_seconds` (counted from when this entry, by its text, was
+    /// first loaded: `now` unless the version in force already had it) or `expires_at`:
+    /// `Some(None)` when it has neither, `None` when it is invalid. A time already past is a
+    /// warning.
     fn expiry(&mut self, line: u64, field: &str, e: &RawEntryFull, now: i64) -> Option<Option<i64>> {
         match (e.ttl_seconds, &e.expires_at) {
             (Some(_), Some(_)) => {
@@ -149,7 +156,18 @@ impl Checker<'_> {
                 );
                 None
             }
-            (Some(ttl), None) => Some(Some(now.saturating_add(ttl))),
+            (Some(ttl), None) => {
+                let since = self.loaded.note(self.earlier, entry_text(field, e), now);
+                let at = since.saturating_add(ttl);
+                if at <= now {
+                    self.warn(
+                        line,
+                        format!("{field}.ttl_seconds"),
+                        format!("{ttl} seconds from when this entry was first loaded have passed: it no longer applies (a reload does not renew it; change the entry to grant it again)"),
+                    );
+                }
+                Some(Some(at))
+            }
             (None, Some(text)) => match text.parse::<jiff::Timestamp>() {
                 Ok(ts) if ts.as_second() <= now => {
                     self.warn(

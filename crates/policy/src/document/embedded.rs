@@ -7,6 +7,7 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::checker::{self, Checker};
+use super::first_loaded::FirstLoaded;
 use super::raw::RawEntry;
 use super::{DocError, DocErrors};
 use crate::entry::Entry;
@@ -40,10 +41,14 @@ pub fn entries(
     file: &str,
     now: i64,
 ) -> Result<Entries, DocErrors> {
+    // Nothing embedding entries is reloaded: every TTL counts from `now`.
+    let earlier = FirstLoaded::new();
     let mut c = Checker {
         file,
         errors: Vec::new(),
         warnings: Vec::new(),
+        earlier: &earlier,
+        loaded: FirstLoaded::new(),
     };
     let (allow_field, deny_field) = (format!("{prefix}.allowlist"), format!("{prefix}.denylist"));
     let allow: Vec<Entry> = allow

@@ -6,6 +6,13 @@
 //! CIDRs, ports out of range and non-positive TTLs are errors; every error found is reported,
 //! each as `file:line: field: message`.
 //!
+//! The design's policy form (`apiVersion: agent-assembly.dev/v1alpha1`, `kind:
+//! GovernancePolicy`, whose `spec.network.allowlist` is a list of patterns) is read as an
+//! EgressPolicy, with a warning naming sandgate's own form ([`GOVERNANCE_KIND`]).
+//!
+//! A TTL counts from when its entry was first loaded: [`parse_policy_since`] takes the record
+//! of the version in force ([`FirstLoaded`], `first_loaded.rs`), so a reload renews nothing.
+//!
 //! [`parse_policy`] converts the document section by section: `network.rs` the entries,
 //! presets, `allow_ranges` and the resolver; `listeners.rs` the listeners, the task
 //! credentials and overlapping binds; `checker.rs` each entry and the tunnel rules;
@@ -20,6 +27,7 @@ use ipnet::IpNet;
 mod checker;
 mod control;
 mod embedded;
+mod first_loaded;
 mod listeners;
 mod network;
 mod nodes;
@@ -28,6 +36,7 @@ mod syntax;
 
 use checker::Checker;
 pub use embedded::{Entries, EntryList, entries};
+pub use first_loaded::FirstLoaded;
 pub use nodes::TlsSpec;
 
 /// The `file:line: field: message` error for a document the YAML layer refused, for any
@@ -47,10 +56,15 @@ use raw::RawDoc;
 
 pub use crate::entry::{Entry, Scope};
 
-/// The only `apiVersion` understood.
+/// sandgate's own `apiVersion`.
 pub const API_VERSION: &str = "sandgate.dev/v1";
-/// The only `kind` understood.
+/// sandgate's own `kind`.
 pub const KIND: &str = "EgressPolicy";
+/// The design's `apiVersion` (agent-assembly's policy DSL), read as [`API_VERSION`] with
+/// [`GOVERNANCE_KIND`].
+pub const GOVERNANCE_API_VERSION: &str = "agent-assembly.dev/v1alpha1";
+/// The design's `kind`: its `spec.network.allowlist` is read as an EgressPolicy's.
+pub const GOVERNANCE_KIND: &str = "GovernancePolicy";
 
 /// A listener declared in the file, with the identity of everything that arrives on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,8 +129,12 @@ pub struct PolicyFile {
     /// The node-local proxies a `role: node` listener serves (`spec.nodes`).
     pub nodes: crate::node::Nodes,
     /// What is valid but probably not meant (an expired entry, a CIDR with host bits, a
-    /// host both allowed and denied): `check-config` and the proxy print them.
+    /// host both allowed and denied, the design's form read as sandgate's): `check-config`
+    /// and the proxy print them.
     pub warnings: Vec<DocError>,
+    /// When each entry with a `ttl_seconds` was first loaded: what the next reload's TTLs
+    /// count from ([`parse_policy_since`]).
+    pub first_loaded: FirstLoaded,
 }
 
 /// `spec.admin`: where the admin API listens and who may use it.
@@ -195,14 +213,29 @@ pub fn binds_overlap(a: SocketAddr, b: SocketAddr) -> bool {
     x == y || covers(x, y) || covers(y, x)
 }
 
-/// Parses and validates a policy file. `now` (Unix seconds) anchors `ttl_seconds`.
+/// Parses and validates a policy file read for the first time. `now` (Unix seconds) anchors
+/// `ttl_seconds`.
 pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocErrors> {
+    parse_policy_since(text, file, now, &FirstLoaded::new())
+}
+
+/// Parses and validates a policy file read again: each `ttl_seconds` counts from when its
+/// entry was first loaded as `earlier` (the version in force's
+/// [`PolicyFile::first_loaded`]) records it, and from `now` for an entry it does not know.
+pub fn parse_policy_since(
+    text: &str,
+    file: &str,
+    now: i64,
+    earlier: &FirstLoaded,
+) -> Result<PolicyFile, DocErrors> {
     let raw: RawDoc =
         serde_saphyr::from_str(text).map_err(|e| DocErrors(vec![syntax::parse_error(&e, text, file)]))?;
     let mut c = Checker {
         file,
         errors: Vec::new(),
         warnings: Vec::new(),
+        earlier,
+        loaded: FirstLoaded::new(),
     };
     header(&mut c, &raw);
     let _ = &raw.metadata.labels;
@@ -242,7 +275,15 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
     if !c.errors.is_empty() {
         return Err(DocErrors(c.errors));
     }
+    if raw.kind.value == GOVERNANCE_KIND && allow.is_empty() {
+        c.warn(
+            raw.kind.referenced.line(),
+            "spec.network.allowlist",
+            "empty: sandgate denies every request (default deny), where an empty allowlist meant no filter to aa-proxy",
+        );
+    }
     Ok(PolicyFile {
+        first_loaded: c.loaded,
         warnings: c.warnings,
         name: raw.metadata.name,
         version: raw.metadata.version,
@@ -259,16 +300,36 @@ pub fn parse_policy(text: &str, file: &str, now: i64) -> Result<PolicyFile, DocE
     })
 }
 
-/// The document's `apiVersion` and `kind`: the only ones understood.
+/// The document's `apiVersion` and `kind`: sandgate's own, or the design's pair (read as
+/// sandgate's, with a warning that names it).
 fn header(c: &mut Checker<'_>, raw: &RawDoc) {
-    if raw.api_version.value != API_VERSION {
+    let (api_version, kind) = (raw.api_version.value.as_str(), raw.kind.value.as_str());
+    if kind == GOVERNANCE_KIND {
+        if api_version == GOVERNANCE_API_VERSION {
+            c.warn(
+                raw.kind.referenced.line(),
+                "kind",
+                format!(
+                    "{GOVERNANCE_API_VERSION} {GOVERNANCE_KIND} is read as sandgate's own form, apiVersion: {API_VERSION}, kind: {KIND} (docs/policy.md)"
+                ),
+            );
+        } else {
+            c.error(
+                raw.api_version.referenced.line(),
+                "apiVersion",
+                format!("expected {GOVERNANCE_API_VERSION:?} with kind {GOVERNANCE_KIND} (or {API_VERSION:?} with kind {KIND})"),
+            );
+        }
+        return;
+    }
+    if api_version != API_VERSION {
         c.error(
             raw.api_version.referenced.line(),
             "apiVersion",
             format!("expected {API_VERSION:?}"),
         );
     }
-    if raw.kind.value != KIND {
+    if kind != KIND {
         c.error(raw.kind.referenced.line(), "kind", format!("expected {KIND:?}"));
     }
 }

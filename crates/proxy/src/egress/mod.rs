@@ -32,6 +32,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 
 use sandgate_policy::{Access, Context, Ruleset, Target, Verdict};
+use tokio_util::future::FutureExt as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::ask::Asker;
@@ -127,18 +128,14 @@ impl Egress {
 
     /// `work`, ended by dropping it once [`Egress::dropped`] is cancelled: each request state
     /// it holds then records what it still owes from its `Drop` (`states.rs`), into the
-    /// audit log, since the writer drains only after.
-    pub(crate) fn droppable<F>(&self, work: F) -> impl std::future::Future<Output = ()> + use<F>
-    where
-        F: std::future::Future<Output = ()>,
-    {
-        let dropped = self.dropped.clone();
-        async move {
-            tokio::select! {
-                () = work => {}
-                () = dropped.cancelled() => {}
-            }
-        }
+    /// audit log, since the writer drains only after. A combinator, not an async block: a
+    /// block that awaits a future it captured would hold it twice (every idle tunnel's
+    /// task twice its size).
+    pub(crate) fn droppable<F: std::future::Future>(
+        &self,
+        work: F,
+    ) -> impl std::future::Future<Output = Option<F::Output>> + use<F> {
+        work.with_cancellation_token_owned(self.dropped.clone())
     }
 
     /// The rules in force now.

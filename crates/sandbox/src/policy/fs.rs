@@ -28,6 +28,9 @@ pub(super) struct RawFs {
     pub(super) write_paths: Vec<String>,
     #[serde(default)]
     pub(super) tmp: Option<String>,
+    /// Where the command starts (checked in `cwd.rs`).
+    #[serde(default)]
+    pub(super) cwd: Option<String>,
 }
 
 /// A policy's host paths, canonical (symlinks resolved), each bound at the same place.

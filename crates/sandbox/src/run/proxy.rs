@@ -20,10 +20,9 @@ use crate::state::RunState;
 
 /// How the run's proxy serves this run.
 pub(super) struct ProxyRun {
-    /// The run's task id (`run-PID-XXXXXXXX`), on every audit event.
-    pub(super) task: String,
-    /// Who started the run, on every audit event and forwarded to central proxies.
-    pub(super) subject: String,
+    /// The run's task, project, job and subject: on every audit event, decided under, and
+    /// forwarded to central proxies.
+    pub(super) identity: super::RunIdentity,
     pub(super) ask: Option<std::time::Duration>,
     pub(super) learn: bool,
     /// Print each deny on stderr as it happens.
@@ -63,7 +62,7 @@ pub(super) async fn start_proxy(
     // Only this run's bridges may talk to its proxy: the listeners share one filter, and
     // one task identity, so HTTP and SOCKS5 requests are the same run's in the audit log.
     let peers = PeerFilter::new();
-    let config = proxy_config(policy, audit_path, &peers, &how.task, &how.subject)?;
+    let config = proxy_config(policy, audit_path, &peers, &how.identity)?;
     let listeners = config.listen.len();
     let proxy = Proxy::bind(config)
         .await
@@ -107,8 +106,7 @@ fn proxy_config(
     policy: &SandboxPolicy,
     audit_path: &std::path::Path,
     peers: &PeerFilter,
-    task: &str,
-    subject: &str,
+    run: &super::RunIdentity,
 ) -> Result<ProxyConfig, RunError> {
     let egress = policy.egress.as_deref();
     let mut rules = Ruleset::from_parts(&policy.allow, &[], egress);
@@ -147,14 +145,13 @@ fn proxy_config(
                 .flat_map(|r| r.servers.iter().copied()),
         );
     }
-    let task = task.to_owned();
     let listener = |front_end| Listener {
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         identity: Identity {
-            task: Some(task.clone()),
-            project: None,
-            job: None,
-            subject: Some(subject.to_owned()),
+            task: Some(run.task.clone()),
+            project: run.project.clone(),
+            job: run.job.clone(),
+            subject: Some(run.subject.clone()),
         },
         peers: Some(peers.clone()),
         front_end,

@@ -11,23 +11,27 @@ pub struct ProxyArgs {
     /// [default: 127.0.0.1:3128]
     #[arg(long, value_name = "ADDR")]
     pub listen: Vec<String>,
-    /// Allowlist pattern: host, host:port, *.domain, *, IP literal [env: SANDGATE_ALLOW,
-    /// PROXY_ALLOWLIST]
+    /// Allowlist pattern: host, host:port, *.domain, *, IP literal; without a port, 443 for
+    /// CONNECT and 80 for HTTP (`*` too) [env: SANDGATE_ALLOW; aliases PROXY_ALLOWLIST,
+    /// AA_PROXY_NETWORK_ALLOWLIST]
     #[arg(long, value_name = "PATTERN")]
     pub allow: Vec<String>,
     /// Denylist pattern, same grammar; always wins [env: SANDGATE_DENY]
     #[arg(long, value_name = "PATTERN")]
     pub deny: Vec<String>,
-    /// DNS server to use, IP or IP:PORT (default: nameservers of /etc/resolv.conf)
+    /// DNS server to use, IP or IP:PORT (default: spec.resolver, else the nameservers of
+    /// /etc/resolv.conf) [env: SANDGATE_DNS_SERVER]
     #[arg(long, value_name = "IP:PORT")]
     pub dns_server: Vec<String>,
     /// Address range exempt from the address guard (e.g. an internal service network)
+    /// [env: SANDGATE_ALLOW_RANGE]
     #[arg(long, value_name = "CIDR")]
     pub allow_range: Vec<String>,
     /// Policy file (YAML EgressPolicy); reloaded on SIGHUP and when it changes
+    /// [env: SANDGATE_POLICY]
     #[arg(long, value_name = "FILE")]
     pub policy: Option<std::path::PathBuf>,
-    /// Audit log file (JSON lines), or - for stdout [default: -]
+    /// Audit log file (JSON lines), or - for stdout [env: SANDGATE_AUDIT_LOG] [default: -]
     #[arg(long, value_name = "PATH|-")]
     pub audit_log: Option<String>,
     /// Rotate the audit log before it grows past this many bytes

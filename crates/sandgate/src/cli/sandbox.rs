@@ -56,6 +56,17 @@ pub struct RunArgs {
     /// requests, and forwarded to central proxies [default: the user, $USER or uid-N]
     #[arg(long, value_name = "ID")]
     pub subject: Option<String>,
+    /// The run's task id, as its orchestrator names it: recorded as `task_id` on each of its
+    /// requests, and task-scoped policy entries and exceptions apply to it; the command
+    /// sees it as SANDGATE_TASK [default: the run's own id, run-PID-T]
+    #[arg(long, value_name = "ID")]
+    pub task: Option<String>,
+    /// The run's project id (`project_id`; SANDGATE_PROJECT inside)
+    #[arg(long, value_name = "ID")]
+    pub project: Option<String>,
+    /// The run's job id (`job_id`; SANDGATE_JOB inside)
+    #[arg(long, value_name = "ID")]
+    pub job: Option<String>,
     /// No terminal: the run starts in a session of its own (it can neither read, write nor
     /// take the caller's terminal), stdin is /dev/null unless redirected; refuses --ask
     #[arg(long, conflicts_with = "ask")]
@@ -68,6 +79,11 @@ pub struct RunArgs {
     /// cpu=SECONDS, open_files=N; SIZE as 512MiB, 4GiB; `off` for no limit), repeatable
     #[arg(long, value_name = "NAME=VALUE")]
     pub limit: Vec<String>,
+    /// Start the command in DIR (it must be in the sandbox: under a read or write path)
+    /// [default: fs.cwd, else this directory when the sandbox has it, else HOME, with a
+    /// line saying so]
+    #[arg(long, value_name = "DIR")]
+    pub chdir: Option<std::path::PathBuf>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     pub command: Vec<std::ffi::OsString>,
@@ -122,6 +138,11 @@ pub enum JupyterCommand {
         /// The Python that runs the kernels (and Jupyter Server) [default: python3 on PATH]
         #[arg(long, value_name = "PATH")]
         python: Option<std::path::PathBuf>,
+        /// external: the bundle names that Python by its absolute path; copy: it carries a
+        /// copy of the Python's venv in env/, so it runs wherever it moves (the base
+        /// Python must be there)
+        #[arg(long, value_name = "HOW", default_value = "external", value_parser = ["external", "copy"])]
+        python_env: String,
     },
     /// Start Jupyter Server from a bundle on loopback, then jupyter-mcp-server on stdio;
     /// stop everything when it ends or on a signal.
@@ -138,6 +159,17 @@ pub enum JupyterCommand {
         /// Only Jupyter Server (needs --token-file); stop on SIGINT or SIGTERM.
         #[arg(long)]
         no_mcp: bool,
+    },
+    /// (internal) A carried-environment kernelspec's kernel: its `sandgate run` line with
+    /// the bundle's own Python.
+    #[command(hide = true)]
+    Kernel {
+        #[arg(long, value_name = "DIR")]
+        bundle: std::path::PathBuf,
+        #[arg(long, value_name = "NAME")]
+        profile: String,
+        #[arg(long, value_name = "F")]
+        connection_file: std::path::PathBuf,
     },
     /// (internal) Exits with SIGTERM when the launcher PID dies, then runs the command.
     #[command(hide = true)]

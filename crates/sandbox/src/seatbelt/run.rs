@@ -1,0 +1,420 @@
+//! `sandgate run` under macOS's Seatbelt (`crate::run::seatbelt`; the file sits with the
+//! rest of the backend in `seatbelt/`, and is a part of the runner so it shares the run's
+//! proxy start, identity and protected files without widening their visibility).
+//!
+//! Chosen at run time ([`Sandboxer::choose`]): on macOS always, elsewhere when
+//! `SANDGATE_SANDBOX_EXEC` names a stand-in for sandbox-exec (how the Linux tests drive
+//! this whole flow). Everything before it (the policy, the environment, the identity, the
+//! start directory) is `run`'s, the same for both backends. Then, in order:
+//!
+//! 1. the run's state directory, and in the proxied modes the run's own proxy and its
+//!    bridges, exactly as for bwrap, with a loopback port in front of each bridge
+//!    ([`crate::seatbelt::front`]); the command's proxy variables name those ports;
+//! 2. the profile ([`crate::seatbelt::profile`]) written to `profile.sb` in the state
+//!    directory, and `tmp/` beside it for `tmp: private` (the command's `TMPDIR`);
+//! 3. `sandbox-exec -f profile.sb -D ... -- COMMAND` with exactly the command's environment,
+//!    in the start directory; SIGINT, SIGTERM and SIGHUP forwarded to it (sandbox-exec
+//!    executes the command in its own process);
+//! 4. teardown: the denials' recorder, the loopback ports, the proxy (its audit log drained,
+//!    the summary printed), then the state directory with the profile in it.
+//!
+//! Not here: limits (no cgroups or rlimits are applied; a policy that sets any is warned
+//! about), `--ask` (refused: stopping the sandbox while asking reads Linux's /proc), and
+//! killing what the command leaves running (macOS has no PID namespace; what survives keeps
+//! the profile but loses the proxy).
+
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+
+use super::proxy::{ProxyRun, RunningProxy, start_proxy};
+use super::{RunError, RunIdentity, RunOptions, protected_files, relay};
+use crate::argv::{PROXY_SOCKET, SOCKS_SOCKET};
+use crate::policy::{Limits, SandboxPolicy};
+use crate::seatbelt::{Facts, front, trace};
+use crate::state::{RunState, sweep_stale_state};
+
+/// Which sandbox runs the command.
+#[derive(Debug)]
+pub(super) enum Sandboxer {
+    /// bubblewrap, at this path.
+    Bwrap(PathBuf),
+    /// Seatbelt, through this sandbox-exec.
+    Seatbelt(PathBuf),
+}
+
+impl Sandboxer {
+    /// Seatbelt where [`crate::seatbelt::sandbox_exec`] chooses it, else bwrap after its
+    /// `preflight`.
+    pub(super) fn choose(
+        preflight: impl FnOnce() -> Result<PathBuf, RunError>,
+    ) -> Result<Sandboxer, RunError> {
+        let Some(exec) = crate::seatbelt::sandbox_exec() else {
+            return preflight().map(Sandboxer::Bwrap);
+        };
+        if exec != Path::new(crate::seatbelt::SANDBOX_EXEC) {
+            eprintln!(
+                "sandgate: {}={}: the command runs under this stand-in for macOS's sandbox-exec (a test hook){}",
+                crate::seatbelt::SANDBOX_EXEC_VAR,
+                exec.display(),
+                if cfg!(target_os = "macos") {
+                    ""
+                } else {
+                    "; on this system nothing confines it"
+                }
+            );
+        }
+        Ok(Sandboxer::Seatbelt(exec))
+    }
+}
+
+/// The run's proxy with the loopback ports in front of it.
+struct Network {
+    proxy: RunningProxy,
+    fronts: front::Fronts,
+}
+
+/// Runs the command under sandbox-exec `exec`; returns its exit status (128+N for a signal).
+pub(super) async fn supervise(
+    policy: SandboxPolicy,
+    opts: RunOptions,
+    identity: RunIdentity,
+    env: Vec<(String, String)>,
+    exec: PathBuf,
+) -> Result<i32, RunError> {
+    refuse_what_does_not_hold(&policy, &opts)?;
+    let tmp = std::env::temp_dir();
+    sweep_stale_state(&tmp);
+    let state = RunState::create(&tmp).map_err(|e| {
+        RunError::Unavailable(format!("cannot create the run's state in {}: {e}", tmp.display()))
+    })?;
+    let run = identity.run.clone();
+    let (kept, audit_path) = audit_place(&policy, &opts, &state, &run)?;
+    let sandbox = std::sync::Arc::new(std::sync::OnceLock::new());
+    let network = match policy.net.proxied() {
+        true => {
+            let how = ProxyRun {
+                sandbox: sandbox.clone(),
+                identity,
+                ask: None,
+                learn: opts.learn,
+                live: !opts.quiet,
+            };
+            let proxy = start_proxy(&policy, &audit_path, &state, how).await?;
+            Some(open_fronts(&policy, &state, proxy).await?)
+        }
+        false => None,
+    };
+    let ports = network.as_ref().map(|n| n.fronts.ports.as_slice());
+    let (policy, mut env) = at_front_ports(policy, env, ports.unwrap_or_default());
+    let tmp = private_tmp(&policy, &state, &mut env)?;
+    let recorder = policy.seatbelt.trace.then(|| record_denials(&run)).flatten();
+    let mut protected = protected_files(&opts, &policy, Some(&audit_path))?;
+    protected.extend(recorder.as_ref().map(|r| r.path.clone()));
+    let facts = Facts {
+        tmp,
+        protected,
+        trace_tag: recorder.as_ref().map(|_| trace::tag(&run)),
+        ..crate::seatbelt::user_facts()
+    };
+    let argv = write_profile(&policy, &facts, &state, &exec, &opts.command)?;
+    let code = run_command(&argv, env, &policy, &opts, &sandbox).await;
+    if let Some(recorder) = recorder {
+        let path = recorder.stop().await;
+        if !opts.quiet {
+            eprintln!("sandgate: the profile's denials are in {}", path.display());
+        }
+    }
+    if let Some(Network { proxy, fronts }) = network {
+        fronts.close().await;
+        proxy.stop().await;
+        if !opts.quiet {
+            crate::summary::print(&audit_path, kept.as_deref(), opts.learn);
+        }
+    }
+    drop(state);
+    code
+}
+
+/// What this backend cannot do: `--ask` is refused; limits are warned about.
+fn refuse_what_does_not_hold(policy: &SandboxPolicy, opts: &RunOptions) -> Result<(), RunError> {
+    if opts.ask.is_some() {
+        return Err(RunError::Usage(
+            "--ask needs the Linux sandbox: under macOS's sandbox-exec the run cannot hold the command still while it asks".into(),
+        ));
+    }
+    if policy.limits != Limits::default() || !opts.limits.is_empty() {
+        eprintln!(
+            "sandgate: warning: limits are not enforced under sandbox-exec (no cgroups or rlimits here)"
+        );
+    }
+    Ok(())
+}
+
+/// Where the audit log is kept (`kept`, if anywhere) and written, as for bwrap
+/// (`super::supervise`).
+fn audit_place(
+    policy: &SandboxPolicy,
+    opts: &RunOptions,
+    state: &RunState,
+    run: &str,
+) -> Result<(Option<PathBuf>, PathBuf), RunError> {
+    let kept = match (&opts.audit_log, opts.no_audit_log || !policy.net.proxied()) {
+        (Some(path), _) => Some(path.clone()),
+        (None, true) => None,
+        (None, false) => crate::runlog::keep(run),
+    };
+    if opts.learn && kept.is_none() {
+        return Err(RunError::Usage(
+            "--learn keeps what it learned in the run's audit log, and there is no state directory to keep it in: pass --audit-log PATH".into(),
+        ));
+    }
+    let audit_path = kept.clone().unwrap_or_else(|| state.audit_path());
+    Ok((kept, audit_path))
+}
+
+/// A loopback port in front of each of the proxy's bridges (HTTP, then SOCKS5).
+async fn open_fronts(
+    policy: &SandboxPolicy,
+    state: &RunState,
+    proxy: RunningProxy,
+) -> Result<Network, RunError> {
+    let sockets = std::iter::once(PROXY_SOCKET).chain(policy.socks_port.map(|_| SOCKS_SOCKET));
+    let bridges: Vec<PathBuf> = sockets.map(|s| state.bridge_dir().join(s)).collect();
+    match front::open(&bridges).await {
+        Ok(fronts) => Ok(Network { proxy, fronts }),
+        Err(reason) => {
+            proxy.stop().await;
+            Err(RunError::Unavailable(format!(
+                "the run's proxy is not ready: {reason}; the command was not run"
+            )))
+        }
+    }
+}
+
+/// The policy and the command's environment with the proxy ports the command really has
+/// (`ports`: HTTP, then SOCKS5), not the ones inside a bwrap sandbox: every variable
+/// [`crate::env::environment`] derives from the ports takes the new value, the rest stays.
+fn at_front_ports(
+    policy: SandboxPolicy,
+    env: Vec<(String, String)>,
+    ports: &[u16],
+) -> (SandboxPolicy, Vec<(String, String)>) {
+    let Some(&http) = ports.first() else {
+        return (policy, env);
+    };
+    let moved = SandboxPolicy {
+        proxy_port: http,
+        socks_port: policy.socks_port.and(ports.get(1).copied()),
+        ..policy.clone()
+    };
+    let (before, _) = crate::env::environment(&policy, &[]);
+    let (after, _) = crate::env::environment(&moved, &[]);
+    let changed: std::collections::BTreeMap<String, String> =
+        after.into_iter().filter(|kv| !before.contains(kv)).collect();
+    let env = env
+        .into_iter()
+        .map(|(k, v)| match changed.get(&k) {
+            Some(new) => (k, new.clone()),
+            None => (k, v),
+        })
+        .collect();
+    (moved, env)
+}
+
+/// `tmp: private`: `tmp/` in the state directory, canonical (macOS's temporary directory is
+/// under the `/var` symlink, and Seatbelt matches real paths); the command's `TMPDIR`
+/// unless the policy sets one.
+fn private_tmp(
+    policy: &SandboxPolicy,
+    state: &RunState,
+    env: &mut Vec<(String, String)>,
+) -> Result<Option<PathBuf>, RunError> {
+    if !policy.private_tmp {
+        return Ok(None);
+    }
+    let dir = state.path().join("tmp");
+    let made = {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().mode(0o700).create(&dir)
+    };
+    let dir = made
+        .and_then(|()| std::fs::canonicalize(&dir))
+        .map_err(|e| RunError::Unavailable(format!("cannot create the run's {}: {e}", dir.display())))?;
+    if !policy.env_set.contains_key("TMPDIR") {
+        env.retain(|(k, _)| k != "TMPDIR");
+        env.push(("TMPDIR".to_owned(), dir.display().to_string()));
+    }
+    Ok(Some(dir))
+}
+
+/// Starts recording the profile's denials; a run goes on without it, saying why.
+fn record_denials(run: &str) -> Option<trace::Recorder> {
+    let tool = trace::log_tool();
+    let path = trace::path(crate::runlog::dir().as_deref(), run);
+    match trace::start(&tool, &trace::tag(run), &path) {
+        Ok(recorder) => Some(recorder),
+        Err(e) => {
+            eprintln!(
+                "sandgate: warning: platform.seatbelt.trace: cannot run {}: {e}; denials are not recorded",
+                tool.display()
+            );
+            None
+        }
+    }
+}
+
+/// Renders the profile into `profile.sb` in the state directory; returns the sandbox-exec
+/// argv that applies it to `command`.
+fn write_profile(
+    policy: &SandboxPolicy,
+    facts: &Facts,
+    state: &RunState,
+    exec: &Path,
+    command: &[OsString],
+) -> Result<Vec<OsString>, RunError> {
+    let profile = crate::seatbelt::render_with(policy, facts);
+    let path = state.path().join("profile.sb");
+    write_private(&path, &profile.text)
+        .map_err(|e| RunError::Unavailable(format!("cannot write the profile {}: {e}", path.display())))?;
+    Ok(crate::seatbelt::argv(exec, &path, &profile, command))
+}
+
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(text.as_bytes())
+}
+
+/// Starts `argv` with exactly `env`, in the policy's start directory, and waits for it,
+/// forwarding SIGINT, SIGTERM and SIGHUP.
+async fn run_command(
+    argv: &[OsString],
+    env: Vec<(String, String)>,
+    policy: &SandboxPolicy,
+    opts: &RunOptions,
+    sandbox: &std::sync::OnceLock<i32>,
+) -> Result<i32, RunError> {
+    use std::io::IsTerminal;
+    use std::process::Stdio;
+    let Some((program, args)) = argv.split_first() else {
+        return Err(RunError::Usage("no command".into()));
+    };
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args).env_clear().envs(env);
+    if let Some(dir) = &policy.cwd {
+        cmd.current_dir(dir);
+    }
+    // --no-terminal: as for bwrap, no descriptor of the terminal reaches the command.
+    let (out_tty, err_tty) = (
+        opts.no_terminal && std::io::stdout().is_terminal(),
+        opts.no_terminal && std::io::stderr().is_terminal(),
+    );
+    if opts.no_terminal && std::io::stdin().is_terminal() {
+        cmd.stdin(Stdio::null());
+    }
+    if out_tty {
+        cmd.stdout(Stdio::piped());
+    }
+    if err_tty {
+        cmd.stderr(Stdio::piped());
+    }
+    // Listening before the command starts: a signal in between is forwarded, not fatal to
+    // sandgate with the command left running.
+    let signals = Signals::listen();
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| RunError::Unavailable(format!("cannot start {}: {e}", program.to_string_lossy())))?;
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        let _ = sandbox.set(pid);
+    }
+    let relays = [
+        child
+            .stdout
+            .take()
+            .map(|o| tokio::spawn(relay(o, tokio::io::stdout()))),
+        child
+            .stderr
+            .take()
+            .map(|e| tokio::spawn(relay(e, tokio::io::stderr()))),
+    ];
+    let status = wait_forwarding(&mut child, signals).await;
+    for relay in relays.into_iter().flatten() {
+        let _ = relay.await;
+    }
+    match status {
+        Ok(s) => Ok(s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0))),
+        Err(e) => Err(RunError::Unavailable(format!(
+            "waiting for sandbox-exec failed: {e}"
+        ))),
+    }
+}
+
+/// SIGINT, SIGTERM and SIGHUP, caught for the command.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Catches the three (sandgate no longer ends on them); `None` if one cannot be caught.
+    fn listen() -> Option<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Some(Signals {
+            int: signal(SignalKind::interrupt()).ok()?,
+            term: signal(SignalKind::terminate()).ok()?,
+            hup: signal(SignalKind::hangup()).ok()?,
+        })
+    }
+}
+
+/// Waits for `child`, passing the `signals` sandgate gets on to it.
+async fn wait_forwarding(
+    child: &mut tokio::process::Child,
+    signals: Option<Signals>,
+) -> std::io::Result<std::process::ExitStatus> {
+    use nix::sys::signal::Signal;
+    let Some(mut s) = signals else {
+        return child.wait().await;
+    };
+    loop {
+        let sig = tokio::select! {
+            status = child.wait() => return status,
+            _ = s.int.recv() => Signal::SIGINT,
+            _ = s.term.recv() => Signal::SIGTERM,
+            _ = s.hup.recv() => Signal::SIGHUP,
+        };
+        // `id()` is None once the child has been reaped: a pid is never signalled after it
+        // could have been reused.
+        if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_proxy_variables_name_the_ports_the_command_has() {
+        let text = "net:\n  mode: allowlist\n  proxy: { all_proxy: socks5 }\nenv:\n  set: { KEEP: \"http://127.0.0.1:3128\" }\n";
+        let p = crate::policy::parse(text, &Default::default(), &|p| Ok(p.to_path_buf()), None).unwrap();
+        let (env, _) = crate::env::environment(&p, &[]);
+        let (moved, env) = at_front_ports(p, env, &[40001, 40002]);
+        assert_eq!((moved.proxy_port, moved.socks_port), (40001, Some(40002)));
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("HTTP_PROXY"), Some("http://127.0.0.1:40001"));
+        assert_eq!(get("https_proxy"), Some("http://127.0.0.1:40001"));
+        assert_eq!(get("ALL_PROXY"), Some("socks5h://127.0.0.1:40002"));
+        assert_eq!(get("NO_PROXY"), Some("localhost,127.0.0.1,::1"));
+        // A value the policy set that happens to name the old port is not a proxy variable.
+        assert_eq!(get("KEEP"), Some("http://127.0.0.1:3128"));
+    }
+}
