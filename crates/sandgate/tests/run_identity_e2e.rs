@@ -88,7 +88,10 @@ fn a_run_named_by_its_orchestrator_is_recorded_and_decided_as_that_task() {
         stdout.contains("task=t-1 project=p-1 job=j-1 run=run-"),
         "{stdout}"
     );
-    let start = stderr.lines().next().unwrap_or_default();
+    let start = stderr
+        .lines()
+        .find(|l| l.starts_with("sandgate: run "))
+        .unwrap_or_default();
     assert!(
         start.starts_with("sandgate: run run-") && start.ends_with(": task t-1, project p-1, job j-1"),
         "{stderr}"

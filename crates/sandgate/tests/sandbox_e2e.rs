@@ -420,7 +420,10 @@ fn print_profile_seatbelt_renders_the_same_policy() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("(allow network-outbound (remote ip \"localhost:3128\"))"),
+        // Only the run's proxy ports: HTTP, and SOCKS5 (its default port in allowlist mode).
+        stdout.contains(
+            "(allow network-outbound (remote ip \"localhost:3128\") (remote ip \"localhost:1080\"))"
+        ),
         "{stdout}"
     );
     assert!(stdout.contains("-D READ_0=/usr"), "{stdout}");
