@@ -402,7 +402,7 @@ async fn accept_loop(
                 // Answered 503 at once, never left waiting; in a flood beyond the refusal
                 // budget the connection is simply closed.
                 if let Ok(slot) = gate.refusals.clone().try_acquire_owned() {
-                    let droppable = egress.dropped.clone();
+                    let droppable = egress.dropped.child_token();
                     let egress = egress.clone();
                     let identity = meta.identity.clone();
                     let refusal = Refusal::ConnectionLimit(kind);
@@ -440,7 +440,8 @@ async fn accept_loop(
             egress: egress.clone(),
             _permit: permit,
         };
-        let dropped = egress.dropped.clone();
+        // A child token: see `Egress::droppable`.
+        let dropped = egress.dropped.child_token();
         let work = async move {
             let _open = open;
             match front_end {

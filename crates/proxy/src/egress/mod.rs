@@ -135,7 +135,11 @@ impl Egress {
         &self,
         work: F,
     ) -> impl std::future::Future<Output = Option<F::Output>> + use<F> {
-        work.with_cancellation_token_owned(self.dropped.clone())
+        // A child token of its own: polling one shared token from every connection task
+        // would take that token's one lock on every wake-up (tokio's Notify locks its
+        // waiter list to update the waker); a child locks the parent only when made and
+        // dropped.
+        work.with_cancellation_token_owned(self.dropped.child_token())
     }
 
     /// The rules in force now.
