@@ -260,17 +260,7 @@ async fn supervise(
         RunError::Unavailable(format!("cannot create the run's state in {}: {e}", tmp.display()))
     })?;
     let run = identity.run.clone();
-    let kept = match (&opts.audit_log, opts.no_audit_log || !policy.net.proxied()) {
-        (Some(path), _) => Some(path.clone()),
-        (None, true) => None,
-        (None, false) => crate::runlog::keep(&run),
-    };
-    if opts.learn && kept.is_none() {
-        return Err(RunError::Usage(
-            "--learn keeps what it learned in the run's audit log, and there is no state directory to keep it in: pass --audit-log PATH".into(),
-        ));
-    }
-    let audit_path = kept.clone().unwrap_or_else(|| state.audit_path());
+    let (kept, audit_path) = audit_place(&policy, &opts, &state, &run)?;
     let sandbox = std::sync::Arc::new(std::sync::OnceLock::new());
     let proxy = if policy.net.proxied() {
         let how = ProxyRun {
@@ -351,16 +341,7 @@ async fn supervise(
     if let Some(pid) = bwrap_pid.and_then(|p| i32::try_from(p).ok()) {
         let _ = sandbox.set(pid);
     }
-    let relays = [
-        child
-            .stdout
-            .take()
-            .map(|o| tokio::spawn(relay(o, tokio::io::stdout()))),
-        child
-            .stderr
-            .take()
-            .map(|e| tokio::spawn(relay(e, tokio::io::stderr()))),
-    ];
+    let relays = relay_outputs(&mut child);
     let status = {
         let forward = processes::forward_signals(bwrap_pid);
         tokio::pin!(forward);
@@ -388,6 +369,43 @@ async fn supervise(
     drop(state);
     drop(limits);
     Ok(code)
+}
+
+/// Where the run's audit log is kept (`kept`, if anywhere) and written: `--audit-log`, else
+/// under the state directory for a proxied run ([`crate::runlog::keep`]), else the run's
+/// own state directory (gone with it). `--learn` needs it kept. Both backends.
+fn audit_place(
+    policy: &SandboxPolicy,
+    opts: &RunOptions,
+    state: &RunState,
+    run: &str,
+) -> Result<(Option<PathBuf>, PathBuf), RunError> {
+    let kept = match (&opts.audit_log, opts.no_audit_log || !policy.net.proxied()) {
+        (Some(path), _) => Some(path.clone()),
+        (None, true) => None,
+        (None, false) => crate::runlog::keep(run),
+    };
+    if opts.learn && kept.is_none() {
+        return Err(RunError::Usage(
+            "--learn keeps what it learned in the run's audit log, and there is no state directory to keep it in: pass --audit-log PATH".into(),
+        ));
+    }
+    let audit_path = kept.clone().unwrap_or_else(|| state.audit_path());
+    Ok((kept, audit_path))
+}
+
+/// Relays the command's piped stdout and stderr (`--no-terminal`) to sandgate's own.
+fn relay_outputs(child: &mut tokio::process::Child) -> [Option<tokio::task::JoinHandle<()>>; 2] {
+    [
+        child
+            .stdout
+            .take()
+            .map(|o| tokio::spawn(relay(o, tokio::io::stdout()))),
+        child
+            .stderr
+            .take()
+            .map(|e| tokio::spawn(relay(e, tokio::io::stderr()))),
+    ]
 }
 
 /// Copies the sandbox's output to sandgate's own, until the sandbox closes it (its last

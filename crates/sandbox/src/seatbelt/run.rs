@@ -28,7 +28,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
 use super::proxy::{ProxyRun, RunningProxy, start_proxy};
-use super::{RunError, RunIdentity, RunOptions, protected_files, relay};
+use super::{RunError, RunIdentity, RunOptions, audit_place, protected_files, relay_outputs};
 use crate::argv::{PROXY_SOCKET, SOCKS_SOCKET};
 use crate::policy::{Limits, SandboxPolicy};
 use crate::seatbelt::{Facts, front, trace};
@@ -149,28 +149,6 @@ fn refuse_what_does_not_hold(policy: &SandboxPolicy, opts: &RunOptions) -> Resul
         );
     }
     Ok(())
-}
-
-/// Where the audit log is kept (`kept`, if anywhere) and written, as for bwrap
-/// (`super::supervise`).
-fn audit_place(
-    policy: &SandboxPolicy,
-    opts: &RunOptions,
-    state: &RunState,
-    run: &str,
-) -> Result<(Option<PathBuf>, PathBuf), RunError> {
-    let kept = match (&opts.audit_log, opts.no_audit_log || !policy.net.proxied()) {
-        (Some(path), _) => Some(path.clone()),
-        (None, true) => None,
-        (None, false) => crate::runlog::keep(run),
-    };
-    if opts.learn && kept.is_none() {
-        return Err(RunError::Usage(
-            "--learn keeps what it learned in the run's audit log, and there is no state directory to keep it in: pass --audit-log PATH".into(),
-        ));
-    }
-    let audit_path = kept.clone().unwrap_or_else(|| state.audit_path());
-    Ok((kept, audit_path))
 }
 
 /// A loopback port in front of each of the proxy's bridges (HTTP, then SOCKS5).
@@ -333,16 +311,7 @@ async fn run_command(
     if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
         let _ = sandbox.set(pid);
     }
-    let relays = [
-        child
-            .stdout
-            .take()
-            .map(|o| tokio::spawn(relay(o, tokio::io::stdout()))),
-        child
-            .stderr
-            .take()
-            .map(|e| tokio::spawn(relay(e, tokio::io::stderr()))),
-    ];
+    let relays = relay_outputs(&mut child);
     let status = wait_forwarding(&mut child, signals).await;
     for relay in relays.into_iter().flatten() {
         let _ = relay.await;
