@@ -360,7 +360,7 @@ impl Egress {
     /// were taken before (a dialled tunnel's); otherwise they are taken now.
     async fn allow(
         &self,
-        d: Decided,
+        mut d: Decided,
         resolved: Option<IpAddr>,
         tls_server_name: Option<String>,
         stop: Option<(CancellationToken, Option<CutGuard>)>,
@@ -371,10 +371,16 @@ impl Egress {
             None => ("allowlisted", None),
             Some(reason) => ("report_only", Some(format!("would deny: {}", reason.code()))),
         };
+        // The destination `decide` noted for a drop's record, if it did: made once.
+        let dest = d
+            .pending
+            .dest
+            .take()
+            .unwrap_or_else(|| dest_of(&d.target, d.access));
         let (party, started) = d.pending.settle();
         let e = Event::Decision(Decision {
             party: party.clone(),
-            dest: Some(dest_of(&d.target, d.access)),
+            dest: Some(dest),
             verdict: Verdict::Allow,
             reason_code: reason_code.into(),
             resolved_ip: resolved,
