@@ -2,7 +2,7 @@
 //!
 //! | method and path | role | |
 //! |---|---|---|
-//! | `POST /v1/exceptions` | requester (its tasks), approver | file a request |
+//! | `POST /v1/exceptions` | requester (its tasks), approver | file a request: 201; an identical one pending, or an active exception covering it: 200 and that one |
 //! | `GET /v1/exceptions`, `GET /v1/exceptions/{id}` | any (a requester sees its tasks') | read |
 //! | `POST /v1/exceptions/{id}/approve` | approver, not the requester | body: optional `hosts`, `ttl_seconds` (narrowing) |
 //! | `POST /v1/exceptions/{id}/deny`, `/revoke` | approver | body: optional `note` |
@@ -27,14 +27,13 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use sandgate_policy::exception::Narrowing;
-use sandgate_policy::{Exception, NewRequest, Principal, RequestError, Role};
+use sandgate_policy::{Exception, NewRequest, Principal};
 use serde::Deserialize;
 use serde_json::json;
 
 use crate::call::{Call, record_refusal, throttled};
 use crate::service::ControlError;
 use crate::state::ApiState;
-use crate::store::StoreError;
 
 /// The `/v1` routes and the health checks.
 pub fn router(state: Arc<ApiState>) -> Router {
@@ -90,23 +89,7 @@ impl IntoResponse for ApiError {
 
 impl From<ControlError> for ApiError {
     fn from(e: ControlError) -> ApiError {
-        let status = match &e {
-            ControlError::Request(RequestError::NotEnabled { .. }) => StatusCode::FORBIDDEN,
-            ControlError::Request(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            ControlError::Transition(sandgate_policy::TransitionError::SelfApproval { .. }) => {
-                StatusCode::FORBIDDEN
-            }
-            ControlError::Transition(_) => StatusCode::CONFLICT,
-            ControlError::NotFound(_) => StatusCode::NOT_FOUND,
-            ControlError::Forbidden(_) => StatusCode::FORBIDDEN,
-            ControlError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            ControlError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
-            ControlError::Conflict(_) => StatusCode::CONFLICT,
-            // The store down or unreachable: try again later; decisions go on meanwhile.
-            ControlError::Store(StoreError::Unavailable { .. }) => StatusCode::SERVICE_UNAVAILABLE,
-            ControlError::Store(StoreError::Conflict { .. }) => StatusCode::CONFLICT,
-            ControlError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        };
+        let status = crate::call::status_of(&e);
         if status == StatusCode::INTERNAL_SERVER_ERROR || status == StatusCode::SERVICE_UNAVAILABLE {
             tracing::error!(error = %e, "admin API failed");
         }
@@ -136,7 +119,8 @@ async fn caller(
     });
     match found {
         Ok(Ok(p)) => {
-            if p.role != Role::Requester {
+            // A person's token (one that may use the page) vouches for its address.
+            if p.role.uses_page() {
                 state.throttle.vouch(call.2, now);
             }
             Ok(p)
@@ -201,15 +185,45 @@ async fn create(
 ) -> Result<(StatusCode, Json<Exception>), ApiError> {
     let who = caller(&state, &call.headers, call.parts()).await?;
     let Json(req) = body.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
-    let ex = checked(&state, &who, call.parts(), state.control.request(&who, req).await).await?;
-    Ok((StatusCode::CREATED, Json(ex)))
+    let filed = checked(&state, &who, call.parts(), state.control.request(&who, req).await).await?;
+    // 201 for a new request; 200 for the pending or active exception that already answers it.
+    let status = if filed.is_new() {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(filed.into_exception())))
 }
 
 async fn list(State(state): State<Arc<ApiState>>, call: Call) -> Result<Json<Vec<Exception>>, ApiError> {
     let who = caller(&state, &call.headers, call.parts()).await?;
-    Ok(Json(
-        checked(&state, &who, call.parts(), state.control.list(&who).await).await?,
-    ))
+    let only = state_filter(call.uri.query())?;
+    let listed = state.control.list(&who).await.map(|all| match only {
+        Some(wanted) => all.into_iter().filter(|e| e.state == wanted).collect(),
+        None => all,
+    });
+    Ok(Json(checked(&state, &who, call.parts(), listed).await?))
+}
+
+/// `?state=STATE` (a follower asks for `approved` only); no other parameter.
+fn state_filter(query: Option<&str>) -> Result<Option<sandgate_policy::ExceptionState>, ApiError> {
+    let Some(query) = query.filter(|q| !q.is_empty()) else {
+        return Ok(None);
+    };
+    match query.split_once('=') {
+        Some(("state", value)) => sandgate_policy::ExceptionState::parse(value)
+            .map(Some)
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "state: use pending, approved, denied, revoked or expired".to_owned(),
+                )
+            }),
+        _ => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "the only query parameter is state=STATE".to_owned(),
+        )),
+    }
 }
 
 async fn show(

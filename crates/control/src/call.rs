@@ -1,7 +1,8 @@
 //! A call to the admin listener, from the API or the approvals page: who called from where,
 //! and how ([`Call`]), and the one bounded path by which a refused call is put on the audit
-//! trail as an `admin_refused` event ([`record_refusal`], [`throttled`]). Which calls are
-//! refused, and the answer, are `api.rs`'s and `ui.rs`'s.
+//! trail as an `admin_refused` event ([`record_refusal`], [`throttled`]), and the one HTTP
+//! status of each service error ([`status_of`]), which the API and the page both answer with.
+//! Which calls are refused, and the answer's body, are `api.rs`'s and `ui/`'s.
 
 use std::net::SocketAddr;
 
@@ -9,7 +10,9 @@ use axum::extract::ConnectInfo;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use sandgate_proxy::audit::event::{AdminRefusal, Event};
 
+use crate::service::ControlError;
 use crate::state::ApiState;
+use crate::store::StoreError;
 use crate::throttle::Wait;
 
 /// The parts of a call the handlers need: who called from where, and how.
@@ -85,4 +88,24 @@ pub(crate) async fn record_refusal(
             client_addr,
         }))
         .await;
+}
+
+/// The one HTTP status of each refusal or failure (the API's and the approvals page's).
+pub(crate) fn status_of(e: &ControlError) -> StatusCode {
+    use sandgate_policy::{RequestError, TransitionError};
+    match e {
+        ControlError::Request(RequestError::NotEnabled { .. }) => StatusCode::FORBIDDEN,
+        ControlError::Request(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        ControlError::Transition(TransitionError::SelfApproval { .. }) => StatusCode::FORBIDDEN,
+        ControlError::Transition(_) => StatusCode::CONFLICT,
+        ControlError::NotFound(_) => StatusCode::NOT_FOUND,
+        ControlError::Forbidden(_) => StatusCode::FORBIDDEN,
+        ControlError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        ControlError::TooMany(_) => StatusCode::TOO_MANY_REQUESTS,
+        ControlError::Conflict(_) => StatusCode::CONFLICT,
+        // The store down or unreachable: try again later; decisions go on meanwhile.
+        ControlError::Store(StoreError::Unavailable { .. }) => StatusCode::SERVICE_UNAVAILABLE,
+        ControlError::Store(StoreError::Conflict { .. }) => StatusCode::CONFLICT,
+        ControlError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
 }

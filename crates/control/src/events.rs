@@ -8,7 +8,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use futures_util::stream::{self, Stream};
+use futures_util::stream::{self, Stream, StreamExt as _};
 use sandgate_policy::{Principal, Role};
 use sandgate_proxy::audit::{Line, Stamped};
 use tokio::sync::broadcast::error::RecvError;
@@ -42,13 +42,20 @@ pub fn stream(
             }
         }
     });
-    Sse::new(events).keep_alive(KeepAlive::default())
+    // A comment first: the response (and the subscription made above) reaches the client at
+    // once, rather than with the first event or keep-alive (15 s), so a client knows when it
+    // is subscribed. Readers of server-sent events skip comments.
+    let subscribed = stream::once(async { Ok(SseEvent::default().comment("subscribed")) });
+    Sse::new(subscribed.chain(events)).keep_alive(KeepAlive::default())
 }
 
-/// A requester sees events of its tasks only; the other roles see everything.
+/// A requester sees events of its tasks only, a follower the exception changes only; the
+/// other roles see everything.
 fn visible(who: &Principal, ev: &Arc<Stamped>) -> bool {
-    if who.role != Role::Requester {
-        return true;
+    match who.role {
+        Role::Approver | Role::Viewer => return true,
+        Role::Follower => return matches!(ev.event, sandgate_proxy::audit::event::Event::Exception(_)),
+        Role::Requester => {}
     }
     let line = Line::of(ev);
     line.task_id

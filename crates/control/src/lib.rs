@@ -10,9 +10,11 @@
 //! (`call.rs`), and live events ([`events`]).
 
 pub mod api;
+mod applied;
 mod call;
 pub mod client;
 pub mod events;
+pub mod follow;
 pub mod service;
 pub mod session;
 pub mod state;
@@ -21,6 +23,7 @@ pub mod throttle;
 pub mod ui;
 
 pub use api::router;
+pub use follow::{FeedError, FeedSpec, Follower};
 pub use service::{Clock, Control, ControlError};
 pub use state::{ApiState, expire_loop, sync_loop};
 pub use store::{ExceptionStore, PgStore, SqliteStore, StoreError};

@@ -97,3 +97,75 @@ async fn every_documented_operation_is_routed_and_nothing_else() {
         );
     }
 }
+
+/// The document's `Exception` is what the API writes: every property the type writes is
+/// documented with the JSON type it has (times as RFC 3339 strings), and every required one
+/// is written.
+#[test]
+fn the_documented_exception_is_what_the_api_writes() {
+    let doc: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/openapi.json")).unwrap(),
+    )
+    .unwrap();
+    let schema = &doc["components"]["schemas"]["Exception"];
+    let approved = sandgate_policy::Exception {
+        id: "ex-1".into(),
+        task_id: "t-1".into(),
+        project_id: Some("p-1".into()),
+        hosts: vec!["pypi.org".into()],
+        ports: vec![443],
+        ttl_seconds: 60,
+        reason: "r".into(),
+        requested_by: "agent-7".into(),
+        requested_at: 1_795_741_323,
+        state: sandgate_policy::ExceptionState::Approved,
+        decided_by: Some("alice".into()),
+        decided_at: Some(1_795_741_323),
+        note: Some("n".into()),
+        expires_at: Some(1_795_741_383),
+    };
+    let pending = sandgate_policy::Exception {
+        state: sandgate_policy::ExceptionState::Pending,
+        project_id: None,
+        decided_by: None,
+        decided_at: None,
+        note: None,
+        expires_at: None,
+        ..approved.clone()
+    };
+    for ex in [approved, pending] {
+        let written = serde_json::to_value(&ex).unwrap();
+        let written = written.as_object().unwrap();
+        for (name, value) in written {
+            let property = &schema["properties"][name];
+            assert!(!property.is_null(), "{name} is written but not documented");
+            let kind = match value {
+                serde_json::Value::Null => "null",
+                serde_json::Value::Bool(_) => "boolean",
+                serde_json::Value::Number(_) => "integer",
+                serde_json::Value::String(_) => "string",
+                serde_json::Value::Array(_) => "array",
+                serde_json::Value::Object(_) => "object",
+            };
+            let documented = match &property["type"] {
+                serde_json::Value::String(t) => vec![t.as_str()],
+                serde_json::Value::Array(ts) => ts.iter().filter_map(|t| t.as_str()).collect(),
+                _ => vec!["string"], // an enum of strings (state)
+            };
+            assert!(
+                documented.contains(&kind),
+                "{name}: {value} is not {documented:?}"
+            );
+            if name.ends_with("_at") && !value.is_null() {
+                assert_eq!(property["format"], "date-time", "{name}");
+                assert!(
+                    value.as_str().unwrap().parse::<jiff::Timestamp>().is_ok(),
+                    "{name}: {value}"
+                );
+            }
+        }
+        for required in schema["required"].as_array().unwrap() {
+            assert!(written.contains_key(required.as_str().unwrap()), "{required}");
+        }
+    }
+}

@@ -1,8 +1,9 @@
 //! The store interface's contract, held by both stores: SQLite and real PostgreSQL (one
 //! database per test on the run's shared cluster, see sandgate-testkit's `pg`). Conditional
 //! transitions (a stale or concurrent writer loses, so a change is made once), migrations
-//! applied by several proxies at once, a newer schema refused, and notifications that only
-//! wake (a forged payload is never read as data).
+//! applied by several proxies at once, a newer schema refused, notifications that only
+//! wake (a forged payload is never read as data), and rows of an older version (Unix-second
+//! times) read while a row with a broken time is left out.
 
 #![allow(
     clippy::unwrap_used,
@@ -92,6 +93,78 @@ async fn postgres_keeps_the_contract() {
         store.describe()
     );
     assert!(!store.describe().contains("password"));
+}
+
+/// An approved exception as a version before RFC 3339 times stored it (Unix seconds), and
+/// the same with an expiry that is no time at all (a hand edit, a forgery).
+const OLD_ROW: &str = r#"{"id":"old","task_id":"t-1","project_id":null,"hosts":["pypi.org"],"ports":[443],"ttl_seconds":60,"reason":"r","requested_by":"agent","requested_at":1795741323,"state":"approved","decided_by":"alice","decided_at":1795741383,"note":null,"expires_at":1795741443}"#;
+const BAD_ROW: &str = r#"{"id":"bad","task_id":"t-1","project_id":null,"hosts":["evil.test"],"ports":[443],"ttl_seconds":60,"reason":"r","requested_by":"agent","requested_at":1,"state":"approved","decided_by":"alice","decided_at":1,"note":null,"expires_at":"forever"}"#;
+
+/// Rows stored before times were RFC 3339 still read as the same exception; a row whose
+/// time is not a time is left out (it allows nothing) and the others still read; what is
+/// stored now says its times in RFC 3339. `sql` runs SQL on the store's database, `table`
+/// is its exceptions table.
+async fn old_and_broken_rows(store: &dyn ExceptionStore, table: &str, sql: impl Fn(&str) -> String) {
+    store.insert(&ex("new", 1)).await.unwrap();
+    sql(&format!(
+        "INSERT INTO {table} (id, task_id, state, requested_at, body) VALUES \
+         ('old', 't-1', 'approved', 1795741323, '{OLD_ROW}'), ('bad', 't-1', 'approved', 1, '{BAD_ROW}')"
+    ));
+    let old = store.get("old").await.unwrap().unwrap();
+    assert_eq!(
+        (old.requested_at, old.decided_at, old.expires_at),
+        (1_795_741_323, Some(1_795_741_383), Some(1_795_741_443))
+    );
+    assert!(old.is_active(1_795_741_442) && !old.is_active(1_795_741_443));
+    assert!(
+        !matches!(store.get("bad").await, Ok(Some(_))),
+        "a broken row is no exception"
+    );
+    let ids = |v: Vec<Exception>| v.into_iter().map(|e| e.id).collect::<Vec<_>>();
+    assert_eq!(ids(store.list().await.unwrap()), ["new", "old"]);
+    assert_eq!(
+        ids(store.list_in(ExceptionState::Approved).await.unwrap()),
+        ["old"]
+    );
+    let body = sql(&format!("SELECT body FROM {table} WHERE id = 'new'"));
+    assert!(
+        body.contains(r#""requested_at":"1970-01-01T00:00:01Z""#),
+        "{body}"
+    );
+    // A transition rewrites an old row in the new form.
+    let mut revoked = old.clone();
+    revoked.state = ExceptionState::Revoked;
+    store
+        .transition(&revoked, ExceptionState::Approved)
+        .await
+        .unwrap();
+    let body = sql(&format!("SELECT body FROM {table} WHERE id = 'old'"));
+    assert!(body.contains(r#""expires_at":"2026-11-27T01:04:03Z""#), "{body}");
+    assert_eq!(store.get("old").await.unwrap().unwrap(), revoked);
+}
+
+#[tokio::test]
+async fn sqlite_reads_old_rows_and_leaves_broken_ones_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.sqlite3");
+    let store = SqliteStore::open(&path).unwrap();
+    let sql = |q: &str| {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        if q.starts_with("SELECT") {
+            conn.query_row(q, [], |r| r.get::<_, String>(0)).unwrap()
+        } else {
+            conn.execute_batch(q).unwrap();
+            String::new()
+        }
+    };
+    old_and_broken_rows(&store, "exceptions", sql).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_reads_old_rows_and_leaves_broken_ones_out() {
+    let db = TestDb::create(&shared_host());
+    let store = PgStore::connect(&db.url(), None).await.unwrap();
+    old_and_broken_rows(&store, "sandgate_exceptions", |q| db.sql(q).unwrap()).await;
 }
 
 /// Proxies expiring (or revoking) the same exception at the same moment: exactly one

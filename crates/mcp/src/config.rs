@@ -1,6 +1,16 @@
 //! The `McpServer` document: the task an agent works for, where its tool calls are audited,
 //! where it may ask for egress, and the named sandboxes it may run commands in, each with
-//! its gates. Parsed and validated whole at start; every problem names its field.
+//! its gates. Parsed and validated whole at start; every problem names its field, at its
+//! line where it can be found (`file:line: field: message`, as the policy kinds say it).
+//!
+//! With `spec.egress`, every sandbox with a network must be one an approval reaches
+//! ([`Approvals`]): a run's own proxy that follows no control plane, or another control
+//! plane, is refused at start, naming the sandbox and the `net.exceptions` to add.
+//!
+//! Paths are literal: relative to this file, never expanded (`~` and `$VARIABLES` are
+//! refused, not taken as directory names). Without `audit_log`, the tool audit log is kept
+//! under the state directory: `$XDG_STATE_HOME/sandgate/mcp/NAME.jsonl`, else
+//! `~/.local/state/sandgate/mcp/NAME.jsonl`, as `sandgate run` keeps its logs.
 //!
 //! ```yaml
 //! apiVersion: sandgate.dev/v1
@@ -8,7 +18,6 @@
 //! metadata: { name: agent-tools }
 //! spec:
 //!   task: agent-7
-//!   audit_log: mcp-audit.jsonl
 //!   egress: { admin: "http://127.0.0.1:9090", token_file: agent.token }
 //!   sandboxes:
 //!     - name: scratch
@@ -22,20 +31,22 @@ use std::path::{Path, PathBuf};
 use sandgate_sandbox::policy::{Limits, NetMode};
 use serde::Deserialize;
 
+use crate::approvals::Approvals;
 use crate::limits::RunLimits;
 use crate::own_files::{self, OwnFile};
-use sandgate_sandbox::policy::RawLimits;
+
+mod lines;
+mod policy;
+mod sandbox;
+
+pub use sandbox::{DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_SECONDS, MAX_MAX_OUTPUT_BYTES, MAX_MAX_SECONDS};
+use sandbox::{RawSandbox, sandbox};
 
 /// The only `apiVersion` understood.
 pub const API_VERSION: &str = "sandgate.dev/v1";
 /// The only `kind` understood.
 pub const KIND: &str = "McpServer";
 
-/// Defaults and ceilings of the gates.
-pub const DEFAULT_MAX_SECONDS: u64 = 60;
-pub const MAX_MAX_SECONDS: u64 = 3600;
-pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 64 * 1024;
-pub const MAX_MAX_OUTPUT_BYTES: usize = 16 * 1024 * 1024;
 /// The longest an agent may wait in `request_egress` for a decision.
 pub const MAX_WAIT_SECONDS: u64 = 600;
 
@@ -46,6 +57,9 @@ pub struct Config {
     /// The task every run and every egress request is attributed to.
     pub task: String,
     pub audit_log: PathBuf,
+    /// `audit_log` is the default under the state directory, whose directories the server
+    /// makes (0700) at start.
+    pub audit_log_default: bool,
     pub egress: Option<Egress>,
     pub sandboxes: Vec<Sandbox>,
     /// Runs at once; more are refused (gate `concurrency`).
@@ -78,6 +92,15 @@ pub struct Sandbox {
     /// From the policy as read at start: its `limits:` (the gates' limits only lower them).
     pub policy_limits: Limits,
     pub gates: Gates,
+    /// How approved exceptions reach its runs.
+    pub approvals: Approvals,
+    /// The task its runs carry, for which its exceptions must be asked: the server's task,
+    /// under the node's name when the sandbox is a node of central proxies (`NODE:TASK`, as
+    /// `sandgate run` names it).
+    pub run_task: String,
+    /// The policy binds `${WORKSPACE}` and sets no `fs.cwd`: a run starts in its workspace
+    /// (`--chdir`).
+    pub start_in_workspace: bool,
 }
 
 /// What an agent may do in a sandbox.
@@ -122,7 +145,8 @@ struct RawMeta {
 #[serde(deny_unknown_fields)]
 struct RawSpec {
     task: String,
-    audit_log: String,
+    #[serde(default)]
+    audit_log: Option<String>,
     #[serde(default)]
     egress: Option<RawEgress>,
     sandboxes: Vec<RawSandbox>,
@@ -139,44 +163,18 @@ struct RawEgress {
     approvals_url: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawSandbox {
-    name: String,
-    #[serde(default)]
-    description: String,
-    policy: String,
-    #[serde(default)]
-    gates: RawGates,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawGates {
-    #[serde(default)]
-    commands: Vec<String>,
-    #[serde(default)]
-    max_seconds: Option<u64>,
-    #[serde(default)]
-    max_output_bytes: Option<u64>,
-    #[serde(default)]
-    network: bool,
-    #[serde(default)]
-    workspaces: Vec<String>,
-    #[serde(default)]
-    limits: RawLimits,
-}
-
 /// Reads and validates the configuration at `path` (relative paths in it are relative to
 /// its directory), and each sandbox's policy; `sandgate` is the binary each run starts. No
 /// workspace may hold one of the server's own files (these, the policies and what they name,
-/// the token and the audit log; [`own_files`]).
+/// the tokens and the audit log; [`own_files`]).
 pub fn load(path: &Path, sandgate: &Path) -> Result<Config, ConfigError> {
     let text =
         std::fs::read_to_string(path).map_err(|e| ConfigError(vec![format!("{}: {e}", path.display())]))?;
     let base = path.parent().unwrap_or(Path::new("."));
     let file = path.display().to_string();
-    let mut config = parse(&text, &file, base)?;
+    let env = |name| std::env::var(name).ok();
+    let state = state_dir(env("XDG_STATE_HOME").as_deref(), env("HOME").as_deref());
+    let mut config = parse(&text, &file, base, state.as_deref())?;
     config
         .own_files
         .push(OwnFile::new(path, "the server's configuration"));
@@ -192,21 +190,32 @@ pub fn load(path: &Path, sandgate: &Path) -> Result<Config, ConfigError> {
     let conflicts = own_files::workspace_conflicts(&workspaces, &config.own_files);
     if !conflicts.is_empty() {
         return Err(ConfigError(
-            conflicts.into_iter().map(|c| format!("{file}: {c}")).collect(),
+            conflicts
+                .into_iter()
+                .map(|c| lines::locate_message(&text, &file, &c))
+                .collect(),
         ));
     }
     Ok(config)
 }
 
-/// Parses and validates configuration text; `base` anchors relative paths.
-pub fn parse(text: &str, file: &str, base: &Path) -> Result<Config, ConfigError> {
-    let raw: RawDoc = serde_saphyr::from_str(text).map_err(|e| {
-        let line = e.location().map_or(0, |l| l.line());
-        let message = e.to_string().lines().next().unwrap_or("invalid YAML").to_owned();
-        ConfigError(vec![format!("{file}:{line}: {message}")])
-    })?;
-    let mut errors = Vec::new();
-    let mut error = |field: &str, message: String| errors.push(format!("{file}: {field}: {message}"));
+/// sandgate's state directory: `$XDG_STATE_HOME/sandgate`, else `~/.local/state/sandgate`
+/// (as `sandgate run` keeps its logs); `None` when neither names an absolute directory.
+pub fn state_dir(xdg_state_home: Option<&str>, home: Option<&str>) -> Option<PathBuf> {
+    let absolute = |v: &str| Some(PathBuf::from(v)).filter(|p| p.is_absolute());
+    let base = xdg_state_home
+        .and_then(absolute)
+        .or_else(|| home.and_then(absolute).map(|h| h.join(".local/state")))?;
+    Some(base.join("sandgate"))
+}
+
+/// Parses and validates configuration text; `base` anchors relative paths, `state` is the
+/// state directory ([`state_dir`]) the default audit log goes under.
+pub fn parse(text: &str, file: &str, base: &Path, state: Option<&Path>) -> Result<Config, ConfigError> {
+    let raw: RawDoc =
+        serde_saphyr::from_str(text).map_err(|e| ConfigError(vec![lines::yaml_error(&e, text, file)]))?;
+    let mut problems: Problems = Vec::new();
+    let mut error = |field: &str, message: String| problems.push((field.to_owned(), message));
     if raw.api_version != API_VERSION {
         error("apiVersion", format!("expected {API_VERSION:?}"));
     }
@@ -220,42 +229,24 @@ pub fn parse(text: &str, file: &str, base: &Path) -> Result<Config, ConfigError>
             format!("{:?}: 1 to 128 of A-Z a-z 0-9 . _ - :", spec.task),
         );
     }
-    let mut own = vec![OwnFile::new(&base.join(&spec.audit_log), "the tool audit log")];
-    let egress = match spec.egress {
-        None => None,
-        Some(e) => {
-            let admin = e.admin.trim_end_matches('/').to_owned();
-            // Checked now, so a name the client would refuse stops the server at start.
-            if let Err(e) = sandgate_control::client::AdminUrl::parse(&admin) {
-                error("spec.egress.admin", e.to_string());
+    let (audit_log, audit_log_default) = match &spec.audit_log {
+        Some(written) => {
+            if let Some(p) = not_literal(written) {
+                error("spec.audit_log", p);
             }
-            let token_path = base.join(&e.token_file);
-            own.push(OwnFile::new(&token_path, "the requester token"));
-            let token = match std::fs::read_to_string(&token_path) {
-                Ok(t) if !t.trim().is_empty() => t.trim().to_owned(),
-                Ok(_) => {
-                    error(
-                        "spec.egress.token_file",
-                        format!("{} is empty", token_path.display()),
-                    );
-                    String::new()
-                }
-                Err(err) => {
-                    error(
-                        "spec.egress.token_file",
-                        format!("{}: {err}", token_path.display()),
-                    );
-                    String::new()
-                }
-            };
-            let approvals_url = e.approvals_url.unwrap_or_else(|| format!("{admin}/ui"));
-            Some(Egress {
-                admin,
-                token,
-                approvals_url,
-            })
+            (base.join(written), false)
         }
+        None => match default_audit_log(&raw.metadata.name, state) {
+            Ok(path) => (path, true),
+            Err(message) => {
+                error("spec.audit_log", message);
+                (PathBuf::new(), true)
+            }
+        },
     };
+    let mut own = vec![OwnFile::new(&audit_log, "the tool audit log")];
+    let egress = spec.egress.map(|e| egress(e, base, &mut own, &mut error));
+    let admin = egress.as_ref().map(|e| e.admin.as_str());
     let mut sandboxes = Vec::new();
     let had_sandboxes = !spec.sandboxes.is_empty();
     let mut seen = BTreeMap::new();
@@ -270,8 +261,15 @@ pub fn parse(text: &str, file: &str, base: &Path) -> Result<Config, ConfigError>
         if seen.insert(s.name.clone(), i).is_some() {
             error(&format!("{field}.name"), format!("{:?} is named twice", s.name));
         }
-        match sandbox(s, &field, base) {
+        match sandbox(s, &field, base, &spec.task) {
             Ok((sb, files)) => {
+                // Approvals filed with this control plane must reach the sandbox's runs.
+                if let Some(problem) = admin.and_then(|a| sb.approvals.start_problem(a)) {
+                    error(
+                        &format!("{field}.policy"),
+                        format!("sandbox {:?} ({}): {problem}", sb.name, sb.policy.display()),
+                    );
+                }
                 sandboxes.push(sb);
                 own.extend(files);
             }
@@ -294,13 +292,19 @@ pub fn parse(text: &str, file: &str, base: &Path) -> Result<Config, ConfigError>
             "runs at once must be 1 while a sandbox takes workspaces (one run could change another's workspace path between its check and its use)".to_owned(),
         );
     }
-    if !errors.is_empty() {
-        return Err(ConfigError(errors));
+    if !problems.is_empty() {
+        return Err(ConfigError(
+            problems
+                .iter()
+                .map(|(field, message)| lines::locate(text, file, field, message))
+                .collect(),
+        ));
     }
     Ok(Config {
         name: raw.metadata.name,
         task: spec.task,
-        audit_log: base.join(spec.audit_log),
+        audit_log,
+        audit_log_default,
         egress,
         sandboxes,
         max_concurrent_runs: max_concurrent_runs as usize,
@@ -308,152 +312,69 @@ pub fn parse(text: &str, file: &str, base: &Path) -> Result<Config, ConfigError>
     })
 }
 
+/// `spec.egress`: the admin URL checked now (a name the client would refuse stops the
+/// server at start), the requester token read.
+fn egress(e: RawEgress, base: &Path, own: &mut Vec<OwnFile>, error: &mut impl FnMut(&str, String)) -> Egress {
+    let admin = e.admin.trim_end_matches('/').to_owned();
+    if let Err(e) = sandgate_control::client::AdminUrl::parse(&admin) {
+        error("spec.egress.admin", e.to_string());
+    }
+    if let Some(p) = not_literal(&e.token_file) {
+        error("spec.egress.token_file", p);
+    }
+    let token_path = base.join(&e.token_file);
+    own.push(OwnFile::new(&token_path, "the requester token"));
+    let token = match std::fs::read_to_string(&token_path) {
+        Ok(t) if !t.trim().is_empty() => t.trim().to_owned(),
+        Ok(_) => {
+            error(
+                "spec.egress.token_file",
+                format!("{} is empty", token_path.display()),
+            );
+            String::new()
+        }
+        Err(err) => {
+            error(
+                "spec.egress.token_file",
+                format!("{}: {err}", token_path.display()),
+            );
+            String::new()
+        }
+    };
+    let approvals_url = e.approvals_url.unwrap_or_else(|| format!("{admin}/ui"));
+    Egress {
+        admin,
+        token,
+        approvals_url,
+    }
+}
+
+/// The tool audit log when `spec.audit_log` is left out: `STATE/mcp/NAME.jsonl`.
+fn default_audit_log(name: &str, state: Option<&Path>) -> Result<PathBuf, String> {
+    if !sandgate_policy::ids::valid(name) {
+        return Err(format!(
+            "not given, and metadata.name {name:?} cannot name the default log (1 to 128 of A-Z a-z 0-9 . _ - :); write audit_log: PATH"
+        ));
+    }
+    let state = state.ok_or_else(|| {
+        "not given, and neither XDG_STATE_HOME nor HOME names a directory for the default ($XDG_STATE_HOME/sandgate/mcp/NAME.jsonl); write audit_log: PATH".to_owned()
+    })?;
+    Ok(state.join("mcp").join(format!("{name}.jsonl")))
+}
+
+/// Why a path as written would not be what it looks like: it is never expanded, so `~/x`
+/// and `$HOME/x` would be directories named `~` and `$HOME`.
+fn not_literal(written: &str) -> Option<String> {
+    (written.starts_with('~') || written.contains('$')).then(|| {
+        format!(
+            "{written:?}: paths here are not expanded (no ~, no $VARIABLES); write an absolute path or one relative to this file"
+        )
+    })
+}
+
 /// Problems found, each as (field, message).
 type Problems = Vec<(String, String)>;
 
-/// A sandbox, and its files the server must keep from every run (its policy, what that
-/// names).
-fn sandbox(s: RawSandbox, field: &str, base: &Path) -> Result<(Sandbox, Vec<OwnFile>), Problems> {
-    let mut errors = Vec::new();
-    let g = s.gates;
-    let limits = match RunLimits::parse(&g.limits) {
-        Ok(l) => l,
-        Err((key, message)) => {
-            errors.push((format!("{field}.gates.limits.{key}"), message));
-            RunLimits::default()
-        }
-    };
-    let max_seconds = g.max_seconds.unwrap_or(DEFAULT_MAX_SECONDS);
-    if !(1..=MAX_MAX_SECONDS).contains(&max_seconds) {
-        errors.push((
-            format!("{field}.gates.max_seconds"),
-            format!("{max_seconds}: give 1 to {MAX_MAX_SECONDS}"),
-        ));
-    }
-    let max_output = g.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES as u64);
-    if !(1..=MAX_MAX_OUTPUT_BYTES as u64).contains(&max_output) {
-        errors.push((
-            format!("{field}.gates.max_output_bytes"),
-            format!("{max_output}: give 1 to {MAX_MAX_OUTPUT_BYTES}"),
-        ));
-    }
-    if g.commands.is_empty() {
-        errors.push((
-            format!("{field}.gates.commands"),
-            "list the programs an agent may run (a bare name or an absolute path each)".to_owned(),
-        ));
-    }
-    for c in &g.commands {
-        if c.is_empty() || (c.contains('/') && !c.starts_with('/')) {
-            errors.push((
-                format!("{field}.gates.commands"),
-                format!("{c:?}: a bare program name or an absolute path"),
-            ));
-        }
-    }
-    let mut workspaces = Vec::new();
-    for w in &g.workspaces {
-        match std::fs::canonicalize(base.join(w)) {
-            Ok(p) if p.is_dir() => workspaces.push(p),
-            Ok(p) => errors.push((
-                format!("{field}.gates.workspaces"),
-                format!("{} is not a directory", p.display()),
-            )),
-            Err(e) => errors.push((format!("{field}.gates.workspaces"), format!("{w}: {e}"))),
-        }
-    }
-    let policy = base.join(&s.policy);
-    let facts = match read_policy(&policy, workspaces.first()) {
-        Ok(v) => v,
-        Err(e) => {
-            errors.push((format!("{field}.policy"), format!("{}: {e}", policy.display())));
-            PolicyFacts {
-                net: NetMode::None,
-                allowed_hosts: Vec::new(),
-                limits: Limits::default(),
-                files: Vec::new(),
-            }
-        }
-    };
-    let net = facts.net;
-    if net != NetMode::None && !g.network {
-        errors.push((
-            format!("{field}.gates.network"),
-            format!(
-                "the policy's net.mode is {}; allow it with `network: true` or use a policy with net.mode none",
-                net.name()
-            ),
-        ));
-    }
-    if !errors.is_empty() {
-        return Err(errors);
-    }
-    let who = format!("sandbox {:?}", s.name);
-    let mut own = vec![OwnFile::new(&policy, format!("the policy of {who}"))];
-    own.extend(
-        facts
-            .files
-            .iter()
-            .map(|(path, what)| OwnFile::new(path, format!("{what} of {who}"))),
-    );
-    let sandbox = Sandbox {
-        name: s.name,
-        description: s.description,
-        policy,
-        net,
-        allowed_hosts: facts.allowed_hosts,
-        policy_limits: facts.limits,
-        gates: Gates {
-            commands: g.commands,
-            max_seconds,
-            max_output_bytes: max_output as usize,
-            network: g.network,
-            workspaces,
-            limits,
-        },
-    };
-    Ok((sandbox, own))
-}
-
-/// What the server takes from a sandbox's policy at start.
-#[derive(Debug)]
-struct PolicyFacts {
-    net: NetMode,
-    allowed_hosts: Vec<String>,
-    limits: Limits,
-    /// Files the policy names, which a run reads as its configuration, and what each is.
-    files: Vec<(PathBuf, &'static str)>,
-}
-
-/// The policy's network mode, allowed destinations, limits and the files it names.
-/// `${WORKSPACE}` stands for the first allowed workspace (or a placeholder): bound paths are
-/// not resolved here (each run checks its own).
-fn read_policy(path: &Path, workspace: Option<&PathBuf>) -> Result<PolicyFacts, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
-    let mut params = BTreeMap::new();
-    let ws = workspace.map_or_else(
-        || "/nonexistent-workspace".to_owned(),
-        |w| w.display().to_string(),
-    );
-    params.insert("WORKSPACE".to_owned(), ws);
-    let identity = |p: &Path| Ok(p.to_path_buf());
-    let policy =
-        sandgate_sandbox::policy::parse(&text, &params, &identity, None).map_err(|e| e.to_string())?;
-    let mut files = Vec::new();
-    // As `sandgate run` finds it: beside the policy that names it.
-    if let Some(egress) = &policy.egress_policy {
-        let dir = path.parent().unwrap_or(Path::new("."));
-        files.push((dir.join(egress), "the egress policy"));
-    }
-    if let Some(central) = &policy.central {
-        files.push((central.ca.clone(), "the central proxies' CA"));
-        files.push((central.cert.clone(), "the node certificate"));
-        files.push((central.key.clone(), "the node key"));
-    }
-    Ok(PolicyFacts {
-        net: policy.net,
-        allowed_hosts: policy.allow.iter().map(ToString::to_string).collect(),
-        limits: policy.limits,
-        files,
-    })
-}
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod tests;

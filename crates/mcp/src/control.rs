@@ -1,6 +1,8 @@
 //! The agent's side of the control plane: filing an exception request and reading the
 //! task's exceptions through a sandgate proxy's admin API (`/v1/exceptions`), with the
-//! requester token from the configuration. The agent holds no approver token: it cannot
+//! requester token from the configuration. A request answers with an exception: the one
+//! filed (201), or the one that already answers it (200: an identical request still
+//! pending, or an active exception that covers it); all three read the same. The agent holds no approver token: it cannot
 //! approve anything, its own requests included. The calls go through the shared admin
 //! client (`sandgate_control::client`: an IP address or localhost, never a name looked up;
 //! bounded in time and size), each on a blocking thread.
@@ -8,6 +10,7 @@
 use std::time::Duration;
 
 use sandgate_control::client::{AdminClient, AdminError, AdminUrl, Limits, path_segment};
+use sandgate_policy::Exception;
 use serde_json::{Value, json};
 
 use crate::config::Egress;
@@ -22,6 +25,8 @@ pub enum ControlError {
     Admin(#[from] AdminError),
     #[error("the call to the control plane stopped before it answered: {0}")]
     Interrupted(String),
+    #[error("the control plane answered with something other than an exception: {0}")]
+    Answer(String),
 }
 
 /// Files a request; returns the exception as the API shows it.
@@ -53,6 +58,23 @@ pub async fn show(egress: &Egress, id: &str) -> Result<Value, ControlError> {
 /// Every exception the token may see.
 pub async fn list(egress: &Egress) -> Result<Value, ControlError> {
     call(egress, "/v1/exceptions".to_owned(), None).await
+}
+
+/// The exceptions of `task`, typed (an entry that does not read as one is left out).
+pub async fn exceptions_of(egress: &Egress, task: &str) -> Result<Vec<Exception>, ControlError> {
+    let all = list(egress).await?;
+    Ok(all
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|x| crate::at(x, "task_id") == task)
+        .filter_map(|x| serde_json::from_value(x.clone()).ok())
+        .collect())
+}
+
+/// An answer read as an exception.
+pub fn exception(answer: Value) -> Result<Exception, ControlError> {
+    serde_json::from_value(answer).map_err(|e| ControlError::Answer(e.to_string()))
 }
 
 /// GET `path`, or POST `body` to it.

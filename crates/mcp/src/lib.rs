@@ -2,7 +2,13 @@
 //! agent runs commands under named sandboxes and asks for egress that a person approves.
 //!
 //! - `config.rs`: the `McpServer` document (task, audit log, control plane, sandboxes and
-//!   their gates), validated whole at start.
+//!   their gates), validated whole at start (`config/sandbox.rs`: each sandbox's gates and
+//!   policy; `config/policy.rs`: what each sandbox's policy says; `config/lines.rs`: each
+//!   problem at its line).
+//! - `approvals.rs`: how an approved exception reaches each sandbox's runs (a followed
+//!   control plane, an upstream proxy, or not at all), which exceptions answer a request,
+//!   and which apply to a sandbox; a server that files requests refuses at start a sandbox
+//!   they could never reach.
 //! - `own_files.rs`: the server's own files (configuration, policies, token, audit log,
 //!   binary): no workspace may hold one, and every run gets each read-only.
 //! - `gates.rs`: the pure checks a run must pass (program, time limit, workspace).
@@ -11,14 +17,20 @@
 //!   (`session.rs`: the step that makes it), with pipes, bounded output, a kill at the time
 //!   limit, and the blocked destinations from its audit.
 //! - `control.rs`: exception requests through a sandgate proxy's admin API, with a
-//!   requester token (the agent can never approve).
+//!   requester token (the agent can never approve), and the wait for an exception that
+//!   covers them.
+//! - `egress.rs`: what `request_egress` decides around those calls: the sandboxes a request
+//!   is for and the task their runs carry, and "approved" only when the next run passes.
 //! - `audit.rs`: one JSON line per tool call, fsynced; a call that cannot be recorded does
 //!   not run.
-//! - `server.rs`: the tools.
+//! - `server.rs`: the MCP server and its tools `list_sandboxes` and `run`
+//!   (`server/egress_tools.rs`: the tools `request_egress` and `egress_status`).
 
+pub mod approvals;
 pub mod audit;
 pub mod config;
 pub mod control;
+pub mod egress;
 pub mod gates;
 pub mod limits;
 pub mod own_files;
@@ -45,10 +57,22 @@ pub enum McpError {
 /// runs sandboxes (this one).
 pub async fn serve_stdio(config_path: &Path, sandgate: PathBuf) -> Result<(), McpError> {
     let config = config::load(config_path, &sandgate)?;
-    let audit = audit::ToolAudit::open(&config.audit_log).map_err(|cause| McpError::Audit {
+    let failed = |cause| McpError::Audit {
         path: config.audit_log.clone(),
         cause,
-    })?;
+    };
+    if config.audit_log_default
+        && let Some(dir) = config.audit_log.parent()
+    {
+        // The state directory's, private to the user as `sandgate run` keeps its own.
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(failed)?;
+    }
+    let audit = audit::ToolAudit::open(&config.audit_log).map_err(failed)?;
     let server = server::SandgateMcp::new(config, audit, sandgate);
     let running = server
         .serve(rmcp::transport::stdio())

@@ -5,6 +5,10 @@
 //! output kept up to the gate's size and the rest counted, the whole process group (the
 //! session's) killed at the time limit, and the destinations the run's proxy refused read
 //! back from the run's own audit log. The command line is a pure function ([`argv`]).
+//!
+//! The command is told its workspace: `SANDGATE_WORKSPACE` (`sandgate run` sets it from the
+//! `WORKSPACE` parameter), and it starts there (`--chdir`) when its policy binds
+//! `${WORKSPACE}` and sets no `fs.cwd` of its own.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -41,6 +45,8 @@ pub struct RunSpec<'a> {
     pub protect: &'a [PathBuf],
     /// `--limit NAME=VALUE` values ([`crate::limits::flags`]).
     pub limits: &'a [String],
+    /// Start the command in its workspace (`--chdir`): the policy binds it.
+    pub start_in_workspace: bool,
 }
 
 /// A destination the run's proxy refused (or its upstream did).
@@ -93,6 +99,10 @@ pub fn argv(spec: &RunSpec<'_>, audit: &Path, workspace: &Path) -> Vec<OsString>
     }
     a.push("--param".into());
     a.push(format!("WORKSPACE={}", workspace.display()).into());
+    if spec.start_in_workspace {
+        a.push("--chdir".into());
+        a.push(workspace.into());
+    }
     for path in spec.protect {
         a.push("--protect".into());
         a.push(path.into());
@@ -251,7 +261,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_run_starts_in_a_session_of_its_own_with_the_server_files_protected_and_its_limits() {
+    fn a_run_is_a_session_of_its_own_in_its_workspace_with_the_server_files_protected() {
         let command = ["python3".to_owned(), "-c".to_owned(), "1".to_owned()];
         let protect = [PathBuf::from("/srv/mcp.yaml"), PathBuf::from("/srv/audit.jsonl")];
         let limits = ["processes=256".to_owned(), "cpu=60".to_owned()];
@@ -268,6 +278,7 @@ mod tests {
             job: "mcp-1-1",
             protect: &protect,
             limits: &limits,
+            start_in_workspace: true,
         };
         let a = argv(
             &spec,
@@ -296,6 +307,8 @@ mod tests {
                 "mcp-1-1",
                 "--param",
                 "WORKSPACE=/tmp/r/workspace",
+                "--chdir",
+                "/tmp/r/workspace",
                 "--protect",
                 "/srv/mcp.yaml",
                 "--protect",

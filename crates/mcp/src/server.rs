@@ -1,15 +1,17 @@
-//! The MCP tools (rmcp): `list_sandboxes`, `run`, `request_egress`, `egress_status`. Each
-//! call is audited before it acts (fail closed) and after. Input schemas come from the Rust
-//! types below (schemars), so a client sees exactly what is accepted; unknown fields are
-//! refused.
+//! The MCP server (rmcp): its state, the `ServerHandler` glue, and the tools
+//! `list_sandboxes` and `run`; the egress tools, `request_egress` and `egress_status`, are
+//! in `server/egress_tools.rs`, each set a tool router of its own, added together in
+//! [`SandgateMcp::new`]. Each call is audited before it acts (fail closed) and after. Input
+//! schemas come from the Rust types (schemars), so a client sees exactly what is accepted;
+//! unknown fields are refused. The server names itself sandgate, with its version.
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::{Json, Parameters};
-use rmcp::model::{ServerCapabilities, ServerConfig};
+use rmcp::model::{Implementation, ServerCapabilities, ServerConfig};
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::{ServerHandler, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
@@ -17,8 +19,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::audit::{ToolAudit, command_digest};
-use crate::config::{Config, MAX_WAIT_SECONDS, Sandbox};
-use crate::{at, control, gates, limits, runner};
+use crate::config::{Config, Sandbox};
+use crate::{gates, limits, runner};
+
+mod egress_tools;
+
+pub use egress_tools::{EgressAnswer, EgressParams, EgressStatus};
 
 /// The most an agent may hand a command on standard input.
 const MAX_STDIN_BYTES: usize = 1024 * 1024;
@@ -37,9 +43,6 @@ pub struct SandgateMcp {
     waits: Arc<tokio::sync::Semaphore>,
     tool_router: ToolRouter<Self>,
 }
-
-/// `request_egress` calls that may wait for a decision at the same time.
-const MAX_WAITING: usize = 4;
 
 /// One sandbox as the agent sees it.
 #[derive(Debug, Serialize, JsonSchema)]
@@ -60,6 +63,22 @@ pub struct SandboxInfo {
     /// (each tmpfs, `/tmp` among them), cpu_seconds (per process; at most the run's timeout
     /// unless the operator says otherwise), open_files.
     pub limits: Vec<String>,
+    /// The task its runs carry, for which its exceptions are asked (the server's task, or
+    /// `NODE:TASK` for a node of central proxies).
+    pub task: String,
+    /// Whether, and how, an approved exception reaches its runs.
+    pub approvals: ApprovalsInfo,
+}
+
+/// How approvals reach a sandbox's runs.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ApprovalsInfo {
+    /// `followed control plane` (the run's own proxy follows the control plane this server
+    /// files requests with), `upstream proxy` (the upstream decides: approvals apply only if
+    /// it hosts or follows that control plane) or `none`.
+    pub path: String,
+    /// How, or the setting that would make it work.
+    pub detail: String,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -90,70 +109,39 @@ pub struct RunParams {
     pub workspace: Option<String>,
 }
 
-/// `request_egress`'s input.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct EgressParams {
-    /// Exact host names (no wildcards, no IP addresses), at most 16.
-    pub hosts: Vec<String>,
-    /// Ports; default 443 and 80 (the control plane's bounds apply).
-    #[serde(default)]
-    pub ports: Option<Vec<u16>>,
-    /// How long the exception should last, in seconds (the policy's maximum applies).
-    pub ttl_seconds: u32,
-    /// Why the task needs it; shown to the person who decides.
-    pub reason: String,
-    /// Wait up to this many seconds (at most 600) for a person's decision; 0 or absent:
-    /// return at once.
-    #[serde(default)]
-    pub wait_seconds: Option<u64>,
-}
-
-/// An exception request's state.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct EgressAnswer {
-    pub id: String,
-    /// `pending`, `approved`, `denied`, `revoked` or `expired`.
-    pub state: String,
-    /// Unix seconds, once approved.
-    pub expires_at: Option<i64>,
-    /// Where a person decides.
-    pub approvals_url: String,
-    pub message: String,
-}
-
-/// The task's exceptions in force and requests waiting.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct EgressStatus {
-    pub task: String,
-    pub active: Vec<Value>,
-    pub pending: Vec<Value>,
-}
-
-#[tool_router(router = tool_router)]
 impl SandgateMcp {
     pub fn new(config: Config, audit: ToolAudit, sandgate: PathBuf) -> SandgateMcp {
         SandgateMcp {
             runs: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_runs)),
-            waits: Arc::new(tokio::sync::Semaphore::new(MAX_WAITING)),
+            waits: Arc::new(tokio::sync::Semaphore::new(egress_tools::MAX_WAITING)),
             protect: config.own_files.iter().map(|f| f.path.clone()).collect(),
             config: Arc::new(config),
             audit: Arc::new(audit),
             sandgate,
-            tool_router: Self::tool_router(),
+            tool_router: Self::sandbox_tools() + Self::egress_tools(),
         }
     }
 
-    /// Lists the sandboxes: name, description, network mode, allowed hosts, gates.
+    fn sandbox(&self, name: &str) -> Option<&Sandbox> {
+        self.config.sandboxes.iter().find(|s| s.name == name)
+    }
+}
+
+/// `list_sandboxes` and `run`.
+#[tool_router(router = sandbox_tools)]
+impl SandgateMcp {
+    /// Lists the sandboxes: name, description, network mode, allowed hosts, gates, and how
+    /// approvals reach each.
     #[tool(
         name = "list_sandboxes",
-        description = "List the sandboxes commands can run in: name, description, network mode, allowed hosts, and the gates (programs, time and output limits, workspaces)."
+        description = "List the sandboxes commands can run in: name, description, network mode, allowed hosts, the gates (programs, time and output limits, workspaces), the task their runs carry, and whether an approved egress request reaches their runs, and how."
     )]
     pub async fn list_sandboxes(&self, ctx: RequestContext<RoleServer>) -> Result<Json<SandboxList>, String> {
         self.audit.record(
             "tool_call",
             json!({"tool": "list_sandboxes", "subject": who(&ctx), "task_id": self.config.task, "outcome": "ok"}),
         )?;
+        let admin = self.config.egress.as_ref().map(|e| e.admin.as_str());
         let sandboxes = self
             .config
             .sandboxes
@@ -177,6 +165,11 @@ impl SandgateMcp {
                     &s.policy_limits,
                     s.gates.max_seconds,
                 )),
+                task: s.run_task.clone(),
+                approvals: ApprovalsInfo {
+                    path: s.approvals.kind(admin).to_owned(),
+                    detail: s.approvals.detail(admin, &s.run_task),
+                },
             })
             .collect();
         Ok(Json(SandboxList {
@@ -288,6 +281,7 @@ impl SandgateMcp {
             job: &job,
             protect: &self.protect,
             limits: &limit_flags,
+            start_in_workspace: sandbox.start_in_workspace,
         };
         let report = runner::run(&spec).await;
         let mut end = base;
@@ -307,160 +301,21 @@ impl SandgateMcp {
         self.audit.record("tool_call", end)?;
         report.map(Json)
     }
-
-    /// Files an exception request for the task.
-    #[tool(
-        name = "request_egress",
-        description = "Ask for temporary network access for this task (exact hosts, ports, a TTL and a reason). A person approves or denies it in sandgate's CLI or web page; the agent cannot. Returns the request's id and state; with wait_seconds, waits up to that long for the decision."
-    )]
-    pub async fn request_egress(
-        &self,
-        Parameters(p): Parameters<EgressParams>,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<EgressAnswer>, String> {
-        let subject = who(&ctx);
-        let mut event = json!({
-            "tool": "request_egress",
-            "subject": subject,
-            "task_id": self.config.task,
-            "hosts": p.hosts,
-            "ports": p.ports,
-            "ttl_seconds": p.ttl_seconds,
-        });
-        let Some(egress) = &self.config.egress else {
-            merge(&mut event, json!({"outcome": "refused", "gate": "egress"}));
-            self.audit.record("tool_call", event)?;
-            return Err(
-                "refused by gate `egress`: this server takes no egress requests (no spec.egress)".to_owned(),
-            );
-        };
-        // Recorded before it is filed: a request the log never saw must not reach a person.
-        let mut started = event.clone();
-        merge(&mut started, json!({"outcome": "started", "reason": p.reason}));
-        self.audit.record("tool_call_started", started)?;
-        let filed = control::request(
-            egress,
-            &self.config.task,
-            &p.hosts,
-            p.ports.as_deref(),
-            p.ttl_seconds,
-            &p.reason,
-        )
-        .await;
-        let exception = match filed {
-            Ok(x) => x,
-            Err(e) => {
-                merge(&mut event, json!({"outcome": "refused", "detail": e.to_string()}));
-                self.audit.record("tool_call", event)?;
-                return Err(e.to_string());
-            }
-        };
-        let id = at(&exception, "id").as_str().unwrap_or_default().to_owned();
-        merge(&mut event, json!({"exception_id": id, "outcome": "requested"}));
-        self.audit.record("tool_call", event.clone())?;
-        // Point the person at the approvals page where the client can show a link. What
-        // the client answers changes nothing: only a decision in sandgate approves.
-        if let Ok(url) = url::Url::parse(&egress.approvals_url) {
-            let message = format!(
-                "The agent asks for network access to {} for {} s: {}. Approve or deny it on sandgate's approvals page (request {id}).",
-                p.hosts.join(", "),
-                p.ttl_seconds,
-                p.reason
-            );
-            let asked = ctx
-                .peer
-                .elicit_url_with_timeout(message, url, id.clone(), Some(Duration::from_secs(5)))
-                .await;
-            if let Ok(action) = asked {
-                let mut e = event.clone();
-                merge(
-                    &mut e,
-                    json!({"outcome": "elicitation_answered", "detail": format!("{action:?} (not an approval)")}),
-                );
-                self.audit.record("tool_call", e)?;
-            }
-        }
-        let slot = self.waits.clone().try_acquire_owned().ok();
-        let wait = match slot {
-            Some(_) => Duration::from_secs(p.wait_seconds.unwrap_or(0).min(MAX_WAIT_SECONDS)),
-            None => Duration::ZERO,
-        };
-        let deadline = Instant::now() + wait;
-        let mut current = exception;
-        while at(&current, "state") == "pending" && Instant::now() < deadline {
-            tokio::time::sleep(
-                Duration::from_millis(500).min(deadline.saturating_duration_since(Instant::now())),
-            )
-            .await;
-            if let Ok(x) = control::show(egress, &id).await {
-                current = x;
-            }
-        }
-        let state = at(&current, "state").as_str().unwrap_or("unknown").to_owned();
-        let message = match state.as_str() {
-            "pending" => format!("Waiting for a person to decide at {}.", egress.approvals_url),
-            "approved" => {
-                "Approved: the next run reaches these hosts until the exception expires.".to_owned()
-            }
-            other => format!("The request is {other}."),
-        };
-        Ok(Json(EgressAnswer {
-            id,
-            state,
-            expires_at: at(&current, "expires_at").as_i64(),
-            approvals_url: egress.approvals_url.clone(),
-            message,
-        }))
-    }
-
-    /// The task's exceptions.
-    #[tool(
-        name = "egress_status",
-        description = "This task's exceptions in force (approved, not expired) and its requests waiting for a decision."
-    )]
-    pub async fn egress_status(&self, ctx: RequestContext<RoleServer>) -> Result<Json<EgressStatus>, String> {
-        let event = json!({"tool": "egress_status", "subject": who(&ctx), "task_id": self.config.task, "outcome": "ok"});
-        self.audit.record("tool_call", event)?;
-        let Some(egress) = &self.config.egress else {
-            return Err(
-                "refused by gate `egress`: this server takes no egress requests (no spec.egress)".to_owned(),
-            );
-        };
-        let all = control::list(egress).await.map_err(|e| e.to_string())?;
-        let mine = all
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|x| at(x, "task_id") == self.config.task.as_str());
-        let (mut active, mut pending) = (Vec::new(), Vec::new());
-        for x in mine {
-            match at(x, "state").as_str() {
-                Some("approved") => active.push(x.clone()),
-                Some("pending") => pending.push(x.clone()),
-                _ => {}
-            }
-        }
-        Ok(Json(EgressStatus {
-            task: self.config.task.clone(),
-            active,
-            pending,
-        }))
-    }
-
-    fn sandbox(&self, name: &str) -> Option<&Sandbox> {
-        self.config.sandboxes.iter().find(|s| s.name == name)
-    }
 }
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for SandgateMcp {
     fn get_info(&self) -> ServerConfig {
-        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
-        info.instructions = Some(format!(
-            "Runs commands in sandboxes for task {}. Use list_sandboxes first. Network access beyond a sandbox's policy must be asked for with request_egress and approved by a person.",
-            self.config.task
-        ));
-        info
+        // sandgate and its version, not the SDK's name (rmcp's default).
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("sandgate", env!("CARGO_PKG_VERSION"))
+                    .with_title("sandgate: commands in sandboxes, egress a person approves"),
+            )
+            .with_instructions(format!(
+                "Runs commands in sandboxes for task {}. Use list_sandboxes first. Network access beyond a sandbox's policy must be asked for with request_egress and approved by a person; a command finds its workspace in $SANDGATE_WORKSPACE.",
+                self.config.task
+            ))
     }
 }
 

@@ -108,6 +108,10 @@ pub enum Role {
     Approver,
     /// Reads everything.
     Viewer,
+    /// Reads exceptions and their changes, nothing else: the token of a proxy that follows
+    /// a control plane it does not host (`--exceptions-from`). It cannot request, decide or
+    /// log in to the approvals page, and its live events are the exception changes only.
+    Follower,
 }
 
 impl Role {
@@ -116,6 +120,7 @@ impl Role {
             "requester" => Some(Role::Requester),
             "approver" => Some(Role::Approver),
             "viewer" => Some(Role::Viewer),
+            "follower" => Some(Role::Follower),
             _ => None,
         }
     }
@@ -125,7 +130,13 @@ impl Role {
             Role::Requester => "requester",
             Role::Approver => "approver",
             Role::Viewer => "viewer",
+            Role::Follower => "follower",
         }
+    }
+
+    /// Whether the role may log in to the approvals page (to look, or to decide).
+    pub fn uses_page(self) -> bool {
+        matches!(self, Role::Approver | Role::Viewer)
     }
 }
 

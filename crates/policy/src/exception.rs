@@ -70,13 +70,17 @@ pub struct Exception {
     pub reason: String,
     /// The subject that asked (an agent, a service, a user).
     pub requested_by: String,
+    /// Unix seconds, like the other times here; RFC 3339 in JSON ([`crate::rfc3339`]).
+    #[serde(with = "crate::rfc3339")]
     pub requested_at: i64,
     pub state: State,
     pub decided_by: Option<String>,
+    #[serde(default, with = "crate::rfc3339::option")]
     pub decided_at: Option<i64>,
     /// Why it was denied or revoked, when the decider said.
     pub note: Option<String>,
     /// Set on approval: the exception is absent from this second on.
+    #[serde(default, with = "crate::rfc3339::option")]
     pub expires_at: Option<i64>,
 }
 

@@ -17,6 +17,7 @@ pub mod ids;
 pub mod node;
 pub mod pattern;
 pub mod preset;
+pub mod rfc3339;
 pub mod target;
 pub mod tunnel;
 

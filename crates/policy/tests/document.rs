@@ -215,7 +215,7 @@ fn exceptions_and_admin_tokens_parse_and_refuse_what_they_must() {
         ),
         (
             "  admin:\n    tokens:\n      - { name: x, role: root, secret_sha256_file: f }\n",
-            "use requester, approver or viewer",
+            "use requester, approver, viewer or follower",
         ),
         (
             "  admin:\n    tokens:\n      - { name: x, role: requester, secret_sha256_file: f }\n",

@@ -3,7 +3,9 @@
 //! it answers `GET /metrics` with the OpenMetrics text exposition and 404 elsewhere; the
 //! control plane's API (exceptions, approvals) mounts here.
 //!
-//! Its connections are capped ([`ADMIN_CONNECTIONS`]; more are closed as they come) and end
+//! It serves plain HTTP, or TLS when the binary gives it a certificate
+//! ([`crate::Proxy::serve_admin_tls`]), so a follower on another host can read the
+//! control plane. Its connections are capped ([`ADMIN_CONNECTIONS`]; more are closed as they come) and end
 //! after [`ADMIN_IDLE`] without a byte either way: each holds a descriptor from the proxy's
 //! reserve (`admission::RESERVED_FDS`), so a client holding idle connections here must not
 //! take the descriptors the proxy's resolver and upstream dials need.
@@ -21,7 +23,7 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
@@ -37,20 +39,28 @@ pub(crate) fn router(metrics: Arc<Metrics>) -> Router {
 }
 
 /// Probes for a proxy without the control plane: `/healthz` answers while the process
-/// serves, `/readyz` while the audit log can be written (no request passes otherwise).
+/// serves, `/readyz` while the audit log can be written (no request passes otherwise) and,
+/// for a proxy that follows a control plane, while that can be read.
 fn probes(metrics: Arc<Metrics>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/readyz",
             get(|State(metrics): State<Arc<Metrics>>| async move {
-                if metrics.audit.healthy.get() == 1 {
-                    (StatusCode::OK, "ready\n")
-                } else {
+                if metrics.audit.healthy.get() != 1 {
                     (
                         StatusCode::SERVICE_UNAVAILABLE,
                         "the audit log cannot be written\n",
                     )
+                } else if metrics.state_store_unavailable.get() != 0 {
+                    // A follower (--exceptions-from) that cannot read its control plane:
+                    // requests are still decided, on the exceptions it last read.
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the control plane this proxy follows cannot be read: exceptions it knows stay until they expire, new ones cannot arrive\n",
+                    )
+                } else {
+                    (StatusCode::OK, "ready\n")
                 }
             }),
         )
@@ -74,11 +84,18 @@ pub(crate) const ADMIN_CONNECTIONS: usize = 64;
 /// keep-alive comments (every 15 s) count.
 const ADMIN_IDLE: Duration = Duration::from_secs(60);
 
+/// A TLS handshake on the admin listener that takes longer than this is abandoned.
+const ADMIN_HANDSHAKE: Duration = Duration::from_secs(10);
+
 /// The admin listener, holding at most [`ADMIN_CONNECTIONS`]: a connection beyond them is
-/// accepted and closed at once (a full listen backlog would be a silent wait instead).
+/// accepted and closed at once (a full listen backlog would be a silent wait instead). With
+/// TLS, handshakes run beside the accept loop (each holding its slot, bounded in time), so
+/// a client that never finishes one delays nobody.
 struct Capped {
     inner: TcpListener,
     slots: Arc<Semaphore>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    handshakes: tokio::task::JoinSet<Option<(Held, SocketAddr)>>,
 }
 
 impl axum::serve::Listener for Capped {
@@ -87,19 +104,34 @@ impl axum::serve::Listener for Capped {
 
     async fn accept(&mut self) -> (Held, SocketAddr) {
         loop {
-            let (io, addr) = axum::serve::Listener::accept(&mut self.inner).await;
-            match self.slots.clone().try_acquire_owned() {
-                Ok(slot) => {
-                    let held = Held {
-                        io,
-                        _slot: slot,
-                        idle: Box::pin(tokio::time::sleep(ADMIN_IDLE)),
+            tokio::select! {
+                (io, addr) = axum::serve::Listener::accept(&mut self.inner) => {
+                    let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+                        tracing::debug!(client = %addr, "admin listener full; connection closed");
+                        drop(io);
+                        continue;
                     };
-                    return (held, addr);
+                    let Some(tls) = self.tls.clone() else {
+                        return (Held::new(Box::new(io), slot), addr);
+                    };
+                    self.handshakes.spawn(async move {
+                        match tokio::time::timeout(ADMIN_HANDSHAKE, tls.accept(io)).await {
+                            Ok(Ok(stream)) => Some((Held::new(Box::new(stream), slot), addr)),
+                            Ok(Err(e)) => {
+                                tracing::debug!(client = %addr, error = %e, "admin TLS handshake failed");
+                                None
+                            }
+                            Err(_) => {
+                                tracing::debug!(client = %addr, "admin TLS handshake timed out");
+                                None
+                            }
+                        }
+                    });
                 }
-                Err(_) => {
-                    tracing::debug!(client = %addr, "admin listener full; connection closed");
-                    drop(io);
+                Some(done) = self.handshakes.join_next(), if !self.handshakes.is_empty() => {
+                    if let Ok(Some(ready)) = done {
+                        return ready;
+                    }
                 }
             }
         }
@@ -110,14 +142,26 @@ impl axum::serve::Listener for Capped {
     }
 }
 
+/// A connection's bytes: a socket, or TLS over one.
+trait AdminIo: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> AdminIo for T {}
+
 /// An admin connection: its slot, and its idle timer, reset by every byte moved.
 struct Held {
-    io: TcpStream,
+    io: Box<dyn AdminIo>,
     _slot: OwnedSemaphorePermit,
     idle: Pin<Box<Sleep>>,
 }
 
 impl Held {
+    fn new(io: Box<dyn AdminIo>, slot: OwnedSemaphorePermit) -> Held {
+        Held {
+            io,
+            _slot: slot,
+            idle: Box::pin(tokio::time::sleep(ADMIN_IDLE)),
+        }
+    }
+
     fn moved(&mut self) {
         self.idle.as_mut().reset(Instant::now() + ADMIN_IDLE);
     }
@@ -179,6 +223,7 @@ pub(crate) async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     extra: Option<Router>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     stop: CancellationToken,
 ) {
     let app = match extra {
@@ -189,6 +234,8 @@ pub(crate) async fn serve(
     let capped = Capped {
         inner: listener,
         slots: Arc::new(Semaphore::new(ADMIN_CONNECTIONS)),
+        tls: tls.map(tokio_rustls::TlsAcceptor::from),
+        handshakes: tokio::task::JoinSet::new(),
     };
     // Through `tap_io`, for which axum gives the peer address as `ConnectInfo`.
     let listener = axum::serve::ListenerExt::tap_io(capped, |_: &mut Held| {});

@@ -4,7 +4,8 @@
 //! ([`Metrics::observe`], which knows the event types but not the writer), so the metrics
 //! and the audit log can never disagree about what happened. Latencies are observed where they are measured (the dialer), connection counts
 //! in the accept loop, audit queue depth and lag by the audit path, reloads by the policy
-//! handle.
+//! handle. The standard `process_*` metrics (no prefix) are read from /proc at each scrape
+//! (`metrics/process.rs`); `sandgate_build_info` names the binary.
 
 use std::borrow::Cow;
 
@@ -16,6 +17,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::audit::event::{Event, Outcome};
+
+mod process;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
@@ -36,6 +39,12 @@ pub struct PathLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     pub outcome: Cow<'static, str>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: String,
+    pub commit: String,
 }
 
 /// Every metric the proxy exports.
@@ -60,6 +69,8 @@ pub struct Metrics {
     pub tls_certificate_expiry: Family<PathLabels, Gauge>,
     /// TLS configurations whose changed files do not load.
     pub tls_reload_failing: Gauge,
+    /// 1, labelled with the binary's version and commit ([`Metrics::set_build_info`]).
+    build_info: Family<BuildLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -70,7 +81,11 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("sandgate");
+        // The root has no prefix (the process collector's names are the standard ones); every
+        // metric of sandgate's own is in the `sandgate` sub-registry.
+        let mut root = Registry::default();
+        root.register_collector(Box::new(process::ProcessCollector));
+        let registry = root.sub_registry_with_prefix("sandgate");
         let m = Metrics {
             connections_active: Gauge::default(),
             connections: Counter::default(),
@@ -88,6 +103,7 @@ impl Metrics {
             policy_generation: Gauge::default(),
             tls_certificate_expiry: Family::default(),
             tls_reload_failing: Gauge::default(),
+            build_info: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -153,7 +169,7 @@ impl Metrics {
         );
         registry.register(
             "state_store_unavailable",
-            "1 while the exception store (SQLite or PostgreSQL) cannot be read or written: decisions go on with the exceptions last known, requests and approvals get 503; 0 otherwise, and without a store",
+            "1 while the exception store (SQLite or PostgreSQL), or the control plane this proxy follows (--exceptions-from), cannot be read: decisions go on with the exceptions last known, each until its expiry; 0 otherwise, and without either",
             m.state_store_unavailable.clone(),
         );
         registry.register(
@@ -191,8 +207,25 @@ impl Metrics {
             "TLS configurations whose files changed on disk but do not load (the previous files stay in force; tried again every second)",
             m.tls_reload_failing.clone(),
         );
+        registry.register(
+            "build_info",
+            "1, labelled with the version and commit of the running binary",
+            m.build_info.clone(),
+        );
         m.policy_generation.set(1);
-        Metrics { registry, ..m }
+        m.set_build_info(env!("CARGO_PKG_VERSION"), "unknown");
+        Metrics { registry: root, ..m }
+    }
+
+    /// Labels `sandgate_build_info` with `version` and `commit` (one series, value 1).
+    pub fn set_build_info(&self, version: &str, commit: &str) {
+        self.build_info.clear();
+        self.build_info
+            .get_or_create(&BuildLabels {
+                version: version.to_owned(),
+                commit: commit.to_owned(),
+            })
+            .set(1);
     }
 
     /// Counts what an audit event records.

@@ -6,7 +6,9 @@
 //! canonical severity every front end maps from), an RFC 9209 `Proxy-Status` error type, a
 //! `reason_code` for the audit log, whether it is a denial, and one line of text naming the
 //! destination. Front ends render it in their own terms (`http1::render` writes HTTP/1
-//! bytes); the egress core records it. Nothing here writes to a socket.
+//! bytes); the egress core records it. Nothing here writes to a socket. [`refused_upstream`]
+//! tells an upstream proxy's refusal of a plain request from an origin's answer, which the
+//! front end relays as it came.
 
 use std::borrow::Cow;
 
@@ -166,6 +168,39 @@ pub struct Classified {
     pub phrase: String,
     /// What to do next, one line each (empty: nothing beyond the text).
     pub hints: Vec<String>,
+    /// An upstream proxy's own answer when it refused the request in its own name (403,
+    /// 407, 503): what the close records as its status, whatever the client was answered.
+    pub upstream_status: Option<u16>,
+}
+
+/// The statuses an upstream proxy refuses a request with in its own name: 403 (its policy),
+/// 407 (it wants credentials this proxy does not send), 503 (it cannot take the request
+/// now: its connection limits, its audit log). Each is recorded as the allowed request's
+/// close with `upstream_failure:upstream_denied`: allowed here, refused further up.
+const UPSTREAM_REFUSALS: [u16; 3] = [403, 407, 503];
+
+/// Whether a response the upstream proxy sent back for a plain request is that proxy's own
+/// refusal rather than the origin's answer: a 407, which only a proxy sends (RFC 9110
+/// section 15.5.8), or a 403 or 503 whose `Proxy-Status` (RFC 9209 section 2.1.1: the
+/// proxy that generated an error names it in an `error` parameter) names an error of a
+/// proxy refusing: its policy (`http_request_denied`, `destination_ip_prohibited`), its
+/// connection limits (`connection_limit_reached`) or its audit log (`proxy_internal_error`),
+/// as sandgate's own refusals do. `proxy_status`: the values of every `Proxy-Status` field.
+pub(crate) fn refused_upstream<'a>(status: u16, proxy_status: impl IntoIterator<Item = &'a [u8]>) -> bool {
+    const REFUSING: [&str; 4] = [
+        "error=http_request_denied",
+        "error=destination_ip_prohibited",
+        "error=connection_limit_reached",
+        "error=proxy_internal_error",
+    ];
+    match status {
+        407 => true,
+        403 | 503 => proxy_status.into_iter().any(|value| {
+            let value = String::from_utf8_lossy(value);
+            REFUSING.iter().any(|error| value.contains(error))
+        }),
+        _ => false,
+    }
 }
 
 impl Refusal {
@@ -262,12 +297,24 @@ impl Refusal {
                     Text::Plain(format!("connection to {target} timed out")),
                 ),
                 // Allowed here and refused further up: an allow followed by a close, so each
-                // request still has exactly one decision event.
+                // request still has exactly one decision event; the close names the
+                // upstream's status (`upstream_status`).
                 D::UpstreamRefused(403) => (
                     403,
                     "http_request_denied",
                     Code::Failed(F::UpstreamDenied),
                     Text::Denied(target, "refused by the upstream proxy".into()),
+                ),
+                // Its credentials are the upstream's business: a 407 passed on would ask the
+                // client for credentials of this proxy, which has none to check.
+                D::UpstreamRefused(407) => (
+                    403,
+                    "http_request_denied",
+                    Code::Failed(F::UpstreamDenied),
+                    Text::Denied(
+                        target,
+                        "refused by the upstream proxy (it asks for credentials, 407)".into(),
+                    ),
                 ),
                 D::CentralUnavailable(hop) => (
                     502,
@@ -283,7 +330,7 @@ impl Refusal {
                 D::UpstreamRefused(503) => (
                     503,
                     "destination_unavailable",
-                    Code::Failed(F::UpstreamProxy),
+                    Code::Failed(F::UpstreamDenied),
                     Text::Plain(format!(
                         "the upstream proxy cannot take {target} now (it answered 503); retry later"
                     )),
@@ -368,6 +415,13 @@ impl Refusal {
                 Some(Outcome::Upstream(f)),
             ),
         };
+        let upstream_status = match self {
+            Refusal::Dial {
+                error: D::UpstreamRefused(status),
+                ..
+            } if UPSTREAM_REFUSALS.contains(status) => Some(*status),
+            _ => None,
+        };
         let (text, phrase) = match text {
             Text::Denied(target, why) => (
                 format!("denied {method} {target}: {why}"),
@@ -384,6 +438,7 @@ impl Refusal {
             text,
             phrase,
             hints: self.next_steps(method),
+            upstream_status,
         }
     }
 
@@ -432,3 +487,7 @@ enum Text<'a> {
     Denied(&'a Target, Cow<'static, str>),
     Plain(String),
 }
+
+#[cfg(test)]
+#[path = "refusal_tests.rs"]
+mod tests;

@@ -74,6 +74,8 @@ pub struct Proxy {
     writer: AuditWriter,
     admin: Option<TcpListener>,
     admin_routes: Option<axum::Router>,
+    /// TLS for the admin listener ([`Proxy::serve_admin_tls`]).
+    admin_tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Proxy {
@@ -151,6 +153,7 @@ impl Proxy {
             writer,
             admin,
             admin_routes: None,
+            admin_tls: None,
         })
     }
 
@@ -176,6 +179,21 @@ impl Proxy {
             Some(r) => r.merge(routes),
             None => routes,
         });
+    }
+
+    /// Serves the admin listener over TLS with `files` (read now; an error leaves it plain
+    /// and is the caller's to report).
+    pub fn serve_admin_tls(
+        &mut self,
+        files: &crate::transport::tls::AdminFiles,
+    ) -> Result<(), crate::transport::TlsError> {
+        self.admin_tls = Some(files.load()?);
+        Ok(())
+    }
+
+    /// What `sandgate_build_info` says: the binary's version and commit.
+    pub fn set_build_info(&self, version: &str, commit: &str) {
+        self.egress.metrics.set_build_info(version, commit);
     }
 
     /// The admin (metrics) listener's address, when one is configured.
@@ -251,6 +269,7 @@ impl Proxy {
             writer,
             admin,
             admin_routes,
+            admin_tls,
         } = self;
         let stop_accepting = egress.stopping.clone();
         let tracker = TaskTracker::new();
@@ -276,6 +295,7 @@ impl Proxy {
                 admin,
                 egress.metrics.clone(),
                 admin_routes,
+                admin_tls,
                 stop_accepting.clone(),
             ));
         }

@@ -1,6 +1,7 @@
 //! What `sandgate run` says on stderr while the command runs: one line per request its
-//! proxy refuses, as it is refused (and, under `--learn`, per request let through that the
-//! policy would have refused), so a person sees why a tool failed before it has finished.
+//! proxy refuses, as it is refused, and per request an upstream proxy refused after the
+//! run's allowed it (and, under `--learn`, per request let through that the policy would
+//! have refused), so a person sees why a tool failed before it has finished.
 //!
 //! Lines are rate-limited (at most [`BURST`] per [`WINDOW`]); what is held back is counted
 //! and said once the window has passed, or at the end. The events come from the proxy's
@@ -13,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use sandgate_policy::Verdict;
 use sandgate_proxy::Event;
-use sandgate_proxy::audit::Stamped;
-use sandgate_proxy::audit::event::Dest;
+use sandgate_proxy::audit::event::{Close, Dest};
+use sandgate_proxy::audit::{Outcome, Stamped, UpstreamFailure};
 use tokio::sync::broadcast::{self, error::RecvError};
 
 /// Lines printed per window at most.
@@ -24,8 +25,10 @@ pub const WINDOW: Duration = Duration::from_secs(1);
 
 /// The stderr line for one event, when it is a refusal (or a learned pass).
 pub fn line(event: &Event) -> Option<String> {
-    let Event::Decision(d) = event else {
-        return None;
+    let d = match event {
+        Event::Decision(d) => d,
+        Event::Close(c) => return refused_upstream(c),
+        _ => return None,
     };
     let dest = d.dest.as_ref().map_or_else(
         || "(malformed request)".to_owned(),
@@ -46,6 +49,25 @@ pub fn line(event: &Event) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// The line for an allowed request an upstream proxy refused (its close says so, with the
+/// upstream's status): said as the run's own refusals are, since the command was refused.
+fn refused_upstream(c: &Close) -> Option<String> {
+    if c.outcome != Outcome::Upstream(UpstreamFailure::UpstreamDenied) {
+        return None;
+    }
+    let why = match c.status {
+        Some(407) => "the upstream proxy answered 407; it asks for credentials the run's proxy does not send"
+            .to_owned(),
+        Some(503) => "the upstream proxy answered 503; it cannot take the request now".to_owned(),
+        Some(status) => format!("the upstream proxy answered {status}; its own policy refused it"),
+        None => "refused by the upstream proxy".to_owned(),
+    };
+    Some(format!(
+        "sandgate: blocked {}:{} (upstream denied: {why})",
+        c.dest.host, c.dest.port
+    ))
 }
 
 /// The pattern that allows `dest`: a bare host covers its kind of access's default ports
@@ -189,6 +211,50 @@ mod tests {
             ]
         );
         assert_eq!(l.flush(), None);
+    }
+
+    #[test]
+    fn an_upstream_refusal_is_said_and_other_closes_are_not() {
+        use sandgate_proxy::audit::event::Party;
+        let close = |outcome, status| {
+            Event::Close(Close {
+                party: Party {
+                    request_id: "r".into(),
+                    client_addr: ([127, 0, 0, 1], 1).into(),
+                    identity: Default::default(),
+                    method: None,
+                    node: None,
+                },
+                dest: Dest {
+                    scheme: "connect",
+                    host: "a.example".to_owned(),
+                    port: 443,
+                },
+                resolved_ip: None,
+                status,
+                bytes_sent: 0,
+                bytes_received: 0,
+                duration_ms: 1,
+                outcome,
+            })
+        };
+        let denied = Outcome::Upstream(UpstreamFailure::UpstreamDenied);
+        assert_eq!(
+            line(&close(denied, Some(403))).as_deref(),
+            Some(
+                "sandgate: blocked a.example:443 (upstream denied: the upstream proxy answered 403; its own policy refused it)"
+            )
+        );
+        assert!(
+            line(&close(denied, Some(407)))
+                .unwrap()
+                .contains("answered 407; it asks for credentials")
+        );
+        assert_eq!(line(&close(Outcome::Ok, Some(200))), None);
+        assert_eq!(
+            line(&close(Outcome::Upstream(UpstreamFailure::Dns), Some(502))),
+            None
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub use crate::error::PolicyError;
 use crate::paths::{Alias, Resolve};
 
 mod cwd;
+mod exceptions;
 mod fs;
 mod header;
 mod limits;
@@ -30,6 +31,7 @@ mod seatbelt;
 pub mod upstream;
 
 pub use cwd::{StartDir, start_dir};
+pub use exceptions::ExceptionsFeed;
 use fs::{RawFs, host_paths};
 pub use header::{API_VERSION, DEPRECATED_FORM, KIND, document_kind};
 use header::{EGRESS_KIND, Peek, deprecated, header};
@@ -91,6 +93,9 @@ pub struct SandboxPolicy {
     pub upstream_proxy_name: Option<sandgate_policy::Target>,
     /// `proxy` mode with `https://` upstreams: the central proxies, over mutual TLS.
     pub central: Option<CentralSpec>,
+    /// `net.exceptions`: the control plane whose approved exceptions for the run's task the
+    /// run's own proxy follows, within the bounds given there.
+    pub exceptions: Option<ExceptionsFeed>,
     /// Host loopback ports bridged into the sandbox's loopback, same port number.
     pub loopback_ports: Vec<u16>,
     /// Port the proxy listens on inside the sandbox.
@@ -333,6 +338,7 @@ pub fn parse_at(
         upstream_proxy,
         upstream_proxy_name,
         central: network.central,
+        exceptions: network.exceptions,
         proxy_port: network.proxy_port,
         socks_port: network.socks_port,
         all_proxy_http: network.all_proxy_http,

@@ -32,6 +32,7 @@ mod seatbelt;
 use identity::RunIdentity;
 use load::protected_files;
 pub use load::{load_policy, path_param};
+pub use proxy::{Follow, FollowRequest, Following};
 use proxy::{ProxyRun, open_bridge, start_proxy};
 
 /// How `sandgate run` was asked to run.
@@ -71,6 +72,8 @@ pub struct RunOptions {
     /// `--chdir DIR`: where the command starts, over `fs.cwd` ([`crate::policy::start_dir`]).
     pub chdir: Option<PathBuf>,
     pub command: Vec<OsString>,
+    /// What starts the run's proxy's follower of `net.exceptions` (the binary gives it).
+    pub follow: Option<Follow>,
 }
 
 fn find_in_path(name: &str) -> Option<PathBuf> {
@@ -269,6 +272,7 @@ async fn supervise(
             ask: opts.ask,
             learn: opts.learn,
             live: !opts.quiet,
+            follow: opts.follow.clone(),
         };
         Some(start_proxy(&policy, &audit_path, &state, how).await?)
     } else {

@@ -8,9 +8,11 @@
 //! reports the same blocked destinations ([`misses`]).
 //!
 //! Then one line for the whole run: requests allowed (and of those, let through by
-//! `--learn`) and denied, bytes each way, and where the audit log is kept.
+//! `--learn`) and denied, bytes each way, and where the audit log is kept. A request the
+//! run's proxy allowed and an upstream proxy refused counts as denied: it did not get
+//! through.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use sandgate_policy::Verdict;
@@ -91,8 +93,9 @@ pub fn lines(records: &[Record]) -> Vec<String> {
         .collect()
 }
 
-/// The run's totals: decisions allowed (`learned` of them let through by `--learn`) and
-/// denied, bytes the command sent and received through allowed requests.
+/// The run's totals: requests allowed (`learned` of them let through by `--learn`) and
+/// denied (by the run's proxy, or by an upstream proxy after the run's allowed them), bytes
+/// the command sent and received through allowed requests.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Totals {
     pub allowed: u64,
@@ -103,9 +106,23 @@ pub struct Totals {
 }
 
 pub fn totals(records: &[Record]) -> Totals {
+    // Requests an upstream proxy refused: their allow (this proxy's) is not what happened.
+    let refused_upstream: HashSet<&str> = records
+        .iter()
+        .filter(|r| {
+            matches!(&r.event, Recorded::Close(c)
+                if c.outcome == Outcome::Upstream(UpstreamFailure::UpstreamDenied))
+        })
+        .map(|r| r.request_id.as_str())
+        .collect();
     let mut t = Totals::default();
     for r in records {
         match &r.event {
+            Recorded::Decision(d)
+                if d.verdict == Verdict::Allow && refused_upstream.contains(r.request_id.as_str()) =>
+            {
+                t.denied += 1;
+            }
             Recorded::Decision(d) if d.verdict == Verdict::Allow => {
                 t.allowed += 1;
                 t.learned += u64::from(d.would_deny.is_some());
@@ -201,7 +218,8 @@ mod tests {
             json!({"event": "close", "outcome": "ok", "destination_host": "ok.test", "destination_port": 443}),
             json!({"event": "close", "outcome": "upstream_failure:dns", "destination_host": "gone.test", "destination_port": 443}),
             json!({"event": "close", "outcome": "upstream_failure:connection_refused", "destination_host": "down.test", "destination_port": 80}),
-            json!({"event": "close", "outcome": "upstream_failure:upstream_denied", "destination_host": "up.test", "destination_port": 443}),
+            json!({"event": "decision", "decision": "allow", "request_id": "up", "destination_host": "up.test", "destination_port": 443}),
+            json!({"event": "close", "outcome": "upstream_failure:upstream_denied", "request_id": "up", "destination_host": "up.test", "destination_port": 443}),
             json!({"event": "decision", "decision": "deny", "reason_code": "malformed_request", "destination_host": null, "destination_port": null}),
         ]);
         assert_eq!(
@@ -214,8 +232,44 @@ mod tests {
                 "failed: gone.test:443 (dns), once",
             ]
         );
+        // The upstream's refusal is a denial: its allow here is not what happened.
         let t = totals(&events);
-        assert_eq!((t.allowed, t.learned, t.denied), (1, 0, 3));
+        assert_eq!((t.allowed, t.learned, t.denied), (1, 0, 4));
+    }
+
+    #[test]
+    fn a_request_an_upstream_proxy_refused_counts_as_denied() {
+        let line = |id: &str, fields: serde_json::Value| {
+            let mut v = fields;
+            v["request_id"] = json!(id);
+            v
+        };
+        let events = records(&[
+            line(
+                "a",
+                json!({"event": "decision", "decision": "allow", "reason_code": "allowlisted"}),
+            ),
+            line(
+                "a",
+                json!({"event": "close", "outcome": "ok", "bytes_received": 7}),
+            ),
+            line(
+                "b",
+                json!({"event": "decision", "decision": "allow", "reason_code": "report_only", "would_deny": "not_allowlisted"}),
+            ),
+            line(
+                "b",
+                json!({"event": "close", "outcome": "upstream_failure:upstream_denied", "status": 403}),
+            ),
+            line(
+                "c",
+                json!({"event": "decision", "decision": "deny", "reason_code": "not_allowlisted"}),
+            ),
+        ]);
+        assert_eq!(
+            total_line(&totals(&events), None),
+            "sandgate: 1 allowed, 2 denied, 0 bytes sent, 7 bytes received; audit log: not kept"
+        );
     }
 
     #[test]

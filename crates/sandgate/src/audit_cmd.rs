@@ -98,15 +98,41 @@ fn no_log(file: &std::path::Path) -> String {
     )
 }
 
+/// `--last-run`: the newest log `sandgate run` kept, said on stderr, or why there is none.
+fn newest_run_log() -> Result<std::path::PathBuf, String> {
+    let Some(dir) = sandgate_sandbox::runlog::dir() else {
+        return Err(
+            "--last-run: neither XDG_STATE_HOME nor HOME names a directory, so no run log is kept".to_owned(),
+        );
+    };
+    let Some(path) = sandgate_sandbox::runlog::latest() else {
+        return Err(format!(
+            "--last-run: no run log in {}: `sandgate run` keeps each run's there (unless --audit-log or --no-audit-log)",
+            dir.display()
+        ));
+    };
+    eprintln!("sandgate: audit log: {} (the newest run's)", path.display());
+    Ok(path)
+}
+
 fn run_inner(cmd: AuditCommand) -> Result<(), Failure> {
     match cmd {
         AuditCommand::Tail {
             filter: f,
             file,
+            last_run,
             follow,
             json,
         } => {
             let filter = filter(&f, &[])?;
+            // Read here, not by clap, so that the variable does not conflict with --last-run.
+            let file = match file {
+                _ if last_run => newest_run_log()?,
+                Some(file) => file,
+                None => std::env::var_os("SANDGATE_AUDIT_LOG")
+                    .filter(|v| !v.is_empty())
+                    .map_or_else(|| "audit.jsonl".into(), std::path::PathBuf::from),
+            };
             let files = q::log_files(&file);
             if files.is_empty() && !follow {
                 return Err(no_log(&file).into());

@@ -1,6 +1,7 @@
 //! `sandgate check-config FILE`: everything about a policy file that can be known without
-//! binding a socket, for either kind: a SandboxPolicy is checked as `sandgate run` would
-//! load it; for an EgressPolicy, see below. Errors (exit 64) are what `sandgate proxy --policy FILE` would refuse
+//! binding a socket, for each kind: a SandboxPolicy is checked as `sandgate run` would
+//! load it, an McpServer as `sandgate mcp` would (its sandboxes' policies, tokens and
+//! workspaces with it); for an EgressPolicy, see below. Errors (exit 64) are what `sandgate proxy --policy FILE` would refuse
 //! at start: the document's own errors, secret files that cannot be read, listeners that
 //! cannot all be bound, a node listener's TLS files that cannot be used. Warnings (exit 0) are what would start but cannot be what was meant:
 //! an entry already expired, a CIDR with host bits, a host both allowed and denied, an
@@ -20,12 +21,13 @@ pub fn run(file: &Path, params: &[String]) -> ExitCode {
     let text = std::fs::read_to_string(file).unwrap_or_default();
     match sandgate_sandbox::policy::document_kind(&text).as_deref() {
         Some(sandgate_sandbox::policy::KIND) => sandbox_check(file, params),
+        Some(sandgate_mcp::config::KIND) => mcp_check(file),
         None | Some(sandgate_policy::document::KIND | sandgate_policy::document::GOVERNANCE_KIND) => {
             egress_check(file)
         }
         Some(other) => {
             eprintln!(
-                "{}: kind: {other:?}: check-config reads EgressPolicy (sandgate proxy) and SandboxPolicy (sandgate run)",
+                "{}: kind: {other:?}: check-config reads EgressPolicy (sandgate proxy), SandboxPolicy (sandgate run) and McpServer (sandgate mcp)",
                 file.display()
             );
             ExitCode::from(EX_USAGE)
@@ -52,6 +54,12 @@ fn sandbox_check(file: &Path, params: &[String]) -> ExitCode {
     };
     match sandgate_sandbox::run::load_policy(&opts) {
         Ok(p) => {
+            if let Some(feed) = &p.exceptions
+                && let Err(e) = crate::control::feed_url(&feed.from, feed.ca.as_deref())
+            {
+                eprintln!("{}: net.exceptions.from: {e}", file.display());
+                return ExitCode::from(EX_USAGE);
+            }
             println!(
                 "{}: ok: {} (SandboxPolicy: net mode {}, {} read paths, {} write paths)",
                 file.display(),
@@ -67,6 +75,40 @@ fn sandbox_check(file: &Path, params: &[String]) -> ExitCode {
             ExitCode::from(EX_USAGE)
         }
     }
+}
+
+/// An McpServer: everything `sandgate mcp` checks before it serves (each problem as
+/// `file:line: field: message`), then how approvals reach each sandbox.
+fn mcp_check(file: &Path) -> ExitCode {
+    // The binary every run starts is this one, as for `sandgate mcp`.
+    let sandgate = std::env::current_exe().unwrap_or_else(|_| "sandgate".into());
+    let config = match sandgate_mcp::config::load(file, &sandgate) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let admin = config.egress.as_ref().map(|e| e.admin.as_str());
+    println!(
+        "{}: ok: {} (McpServer: task {}, {} sandboxes, audit log {})",
+        file.display(),
+        config.name,
+        config.task,
+        config.sandboxes.len(),
+        config.audit_log.display()
+    );
+    for s in &config.sandboxes {
+        println!(
+            "  {}: net mode {}, runs of task {}; approvals: {}: {}",
+            s.name,
+            s.net.name(),
+            s.run_task,
+            s.approvals.kind(admin),
+            s.approvals.detail(admin, &s.run_task)
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 fn egress_check(file: &Path) -> ExitCode {

@@ -1,7 +1,7 @@
 //! Command-line grammar (clap). Names here are an interface other tooling depends on.
 //!
 //! The root command and the hidden internal steps are here; each group of subcommands has
-//! its flags in a module of its own: [`proxy`] (`proxy`, `explain`), [`sandbox`] (`run`,
+//! its flags in a module of its own: [`proxy`] (`proxy`, `explain`, `health`), [`sandbox`] (`run`,
 //! `init`, `jupyter`), [`audit`] (`audit`, `policy`) and [`central`] (`exceptions`, `pki`).
 
 use clap::{Parser, Subcommand};
@@ -13,12 +13,27 @@ mod sandbox;
 
 pub use audit::{AuditCommand, AuditFilterArgs, ExportFormat, PolicyCommand};
 pub use central::{ExceptionsArgs, ExceptionsCommand, PkiCommand};
-pub use proxy::{ExplainArgs, ProxyArgs};
+pub use proxy::{ExplainArgs, HealthArgs, ProxyArgs};
 pub use sandbox::{InitArgs, InitKind, JupyterCommand, RunArgs};
+
+/// The commit this binary was built from (`git rev-parse --short HEAD`; "unknown" outside a
+/// git checkout), from build.rs.
+pub const COMMIT: &str = env!("SANDGATE_COMMIT");
+/// The build's date, UTC `YYYY-MM-DD`: SOURCE_DATE_EPOCH's, else the commit's, else "unknown".
+pub const BUILD_DATE: &str = env!("SANDGATE_BUILD_DATE");
+/// What `--version` prints after the name: `0.1.0 (53ef163 2026-11-27)`.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("SANDGATE_COMMIT"),
+    " ",
+    env!("SANDGATE_BUILD_DATE"),
+    ")"
+);
 
 /// sandgate: run untrusted code so it reaches only the network destinations a policy allows.
 #[derive(Debug, Parser)]
-#[command(name = "sandgate", version)]
+#[command(name = "sandgate", version = VERSION)]
 pub struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -31,6 +46,14 @@ pub struct Cli {
 pub enum LogFormat {
     Text,
     Json,
+}
+
+/// The shells `sandgate completions` writes a script for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
 }
 
 #[derive(Debug, Subcommand)]
@@ -57,8 +80,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Say whether a destination would be allowed, and by which rule. Exit 0 allowed, 1
-    /// refused, 2 allowed but not resolvable (--resolve), 64 usage.
+    /// Ask a running proxy's admin listener whether it is ready (/readyz): exit 0 ready, 1
+    /// not (the reason on stderr). For HEALTHCHECK, compose and supervisors.
+    Health(HealthArgs),
+    /// Say whether a destination would be allowed, and by which rule; or, with --request-id,
+    /// why a request was answered as it was and what would allow it. Exit 0 allowed, 1
+    /// refused, 2 allowed but not resolvable (--resolve) or failed upstream, 64 usage.
     Explain(ExplainArgs),
     /// Work with policies: suggest one from what an audit log saw.
     #[command(subcommand)]
@@ -92,6 +119,21 @@ pub enum Command {
     /// mode out and for tests; production brings its own PKI). docs/central.md
     #[command(subcommand)]
     Pki(PkiCommand),
+    /// Print the shell completion script for SHELL on stdout (README: "Shell completions and
+    /// man pages").
+    #[command(hide = true)]
+    Completions {
+        /// The shell: bash, zsh or fish.
+        #[arg(value_enum)]
+        shell: CompletionShell,
+    },
+    /// Write one man page per command into DIR (made when missing): sandgate.1,
+    /// sandgate-proxy.1, sandgate-audit-tail.1, ...; prints each file's path.
+    #[command(hide = true)]
+    Man {
+        /// Where the pages go, e.g. ~/.local/share/man/man1.
+        dir: std::path::PathBuf,
+    },
     /// (internal) PID 1 inside every sandbox with a PID namespace; holds the bridges where
     /// there are any.
     #[command(hide = true)]

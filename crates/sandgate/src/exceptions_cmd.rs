@@ -2,10 +2,13 @@
 //! shared admin client (`sandgate_control::client`). The address comes from `--admin` or
 //! `SANDGATE_ADMIN` (`http://HOST:PORT`, HOST an IP address or localhost: no name is looked
 //! up), the bearer token from `--token-file` or `SANDGATE_TOKEN` (never from the command
-//! line, where other users could read it). Tables for people, `--json` for scripts. Exit 0
-//! on success, 1 when the API refuses (its reason on stderr), 64 for bad input, 69 when the
-//! API cannot be reached.
+//! line, where other users could read it). Tables for people ([`view`]), `--json` for
+//! scripts. A missing or unknown token says which of the two to set, and a refusal by role
+//! names the role the call needs. Exit 0 on success, 1 when the API refuses (its reason on
+//! stderr), 64 for bad input (no token among them), 69 when the API cannot be reached.
 
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use sandgate_control::client::{AdminClient, AdminError, AdminUrl, path_segment};
@@ -14,10 +17,18 @@ use serde_json::{Value, json};
 use crate::EX_USAGE;
 use crate::cli::{ExceptionsArgs, ExceptionsCommand};
 
+mod view;
+
 const DEFAULT_ADMIN: &str = "http://127.0.0.1:9090";
 
 /// EX_UNAVAILABLE (sysexits.h): the admin API could not be reached.
 const EX_UNAVAILABLE: u8 = 69;
+
+/// A token file larger than this is not a token (and `/dev/zero` is not read forever).
+const MAX_TOKEN_FILE: u64 = 4096;
+
+/// The two places the token comes from; named in every message about it.
+const SET_TOKEN: &str = "set SANDGATE_TOKEN to the token, or pass --token-file FILE (a file holding it)";
 
 pub fn run(args: &ExceptionsArgs) -> ExitCode {
     let (source, base) = match (&args.admin, std::env::var("SANDGATE_ADMIN")) {
@@ -32,15 +43,13 @@ pub fn run(args: &ExceptionsArgs) -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    let token = match &args.token_file {
-        Some(path) => match std::fs::read_to_string(path) {
-            Ok(t) => t,
-            Err(e) => {
-                eprintln!("sandgate: cannot read {}: {e}", path.display());
-                return ExitCode::from(EX_USAGE);
-            }
-        },
-        None => std::env::var("SANDGATE_TOKEN").unwrap_or_default(),
+    let from = TokenSource::of(args.token_file.as_deref());
+    let token = match from.read() {
+        Ok(token) => token,
+        Err(message) => {
+            eprintln!("sandgate: {message}");
+            return ExitCode::from(EX_USAGE);
+        }
     };
     let client = AdminClient::new(url, &token);
     let answer = match call_of(&args.command) {
@@ -51,25 +60,123 @@ pub fn run(args: &ExceptionsArgs) -> ExitCode {
         Ok(value) => value,
         Err(e) => {
             eprintln!("sandgate: {e}");
+            if let Some(hint) = hint(&e, &args.command, &from) {
+                eprintln!("sandgate: {hint}");
+            }
             return ExitCode::from(exit_code(&e));
         }
     };
     if args.json {
         println!("{value}");
-    } else {
-        match &value {
-            Value::Array(list) => print_table(list),
-            one => print_table(std::slice::from_ref(one)),
-        }
+        return ExitCode::SUCCESS;
+    }
+    let columns = std::env::var("COLUMNS").ok().and_then(|c| c.trim().parse().ok());
+    match (&args.command, &value) {
+        (ExceptionsCommand::Show { .. }, one) => print!("{}", view::fields(one)),
+        (_, Value::Array(list)) => print!("{}", view::table(list, columns)),
+        (_, one) => print!("{}", view::table(std::slice::from_ref(one), columns)),
     }
     ExitCode::SUCCESS
+}
+
+/// Where the bearer token comes from: `--token-file`, else `SANDGATE_TOKEN`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TokenSource {
+    File(PathBuf),
+    Env,
+}
+
+impl TokenSource {
+    fn of(file: Option<&Path>) -> TokenSource {
+        file.map_or(TokenSource::Env, |f| TokenSource::File(f.to_owned()))
+    }
+
+    /// The token, or what to do when there is none.
+    fn read(&self) -> Result<String, String> {
+        match self {
+            TokenSource::File(path) => {
+                let token =
+                    read_token_file(path).map_err(|e| format!("--token-file {}: {e}", path.display()))?;
+                if token.trim().is_empty() {
+                    return Err(format!(
+                        "--token-file {} is empty: write the admin token into it, or use SANDGATE_TOKEN instead",
+                        path.display()
+                    ));
+                }
+                Ok(token)
+            }
+            TokenSource::Env => match std::env::var("SANDGATE_TOKEN") {
+                Ok(t) if !t.trim().is_empty() => Ok(t),
+                Ok(_) => Err(format!("SANDGATE_TOKEN is empty: {SET_TOKEN}")),
+                Err(std::env::VarError::NotPresent) => Err(format!("no admin token: {SET_TOKEN}")),
+                Err(std::env::VarError::NotUnicode(_)) => {
+                    Err(format!("SANDGATE_TOKEN is not valid UTF-8: {SET_TOKEN}"))
+                }
+            },
+        }
+    }
+
+    /// How a message names it.
+    fn name(&self) -> String {
+        match self {
+            TokenSource::File(path) => format!("the file {} (--token-file)", path.display()),
+            TokenSource::Env => "SANDGATE_TOKEN".to_owned(),
+        }
+    }
+}
+
+/// A token file's text, bounded in size.
+fn read_token_file(path: &Path) -> Result<String, String> {
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_TOKEN_FILE + 1).read_to_string(&mut text))
+        .map_err(|e| e.to_string())?;
+    if text.len() as u64 > MAX_TOKEN_FILE {
+        return Err(format!("over {MAX_TOKEN_FILE} bytes: not a token"));
+    }
+    Ok(text)
+}
+
+/// What to do about a refusal the user can fix: a token the API does not know (401), or a
+/// token without the role the call needs (403).
+fn hint(error: &AdminError, cmd: &ExceptionsCommand, from: &TokenSource) -> Option<String> {
+    let AdminError::Refused { status, .. } = error else {
+        return None;
+    };
+    match status {
+        401 => Some(format!(
+            "the admin API does not know the token from {}: set SANDGATE_TOKEN, or pass --token-file FILE, with a token of its policy's spec.admin.tokens",
+            from.name()
+        )),
+        403 => role_needed(cmd).map(str::to_owned),
+        _ => None,
+    }
+}
+
+/// The role a call needs, in words; None for reading, which every role may.
+fn role_needed(cmd: &ExceptionsCommand) -> Option<&'static str> {
+    match cmd {
+        ExceptionsCommand::Request { .. } => Some(
+            "requesting needs a token (spec.admin.tokens) with the requester role whose tasks include the task, or the approver role; and spec.exceptions must enable the task",
+        ),
+        ExceptionsCommand::Approve { .. } => Some(
+            "approving needs a token (spec.admin.tokens) with the approver role, other than the one that asked",
+        ),
+        ExceptionsCommand::Deny { .. } => {
+            Some("denying needs a token (spec.admin.tokens) with the approver role")
+        }
+        ExceptionsCommand::Revoke { .. } => {
+            Some("revoking needs a token (spec.admin.tokens) with the approver role")
+        }
+        ExceptionsCommand::List | ExceptionsCommand::Show { .. } => None,
+    }
 }
 
 /// 64 for what the user gave (the URL, the token), 69 when the API cannot be reached or
 /// does not answer in time, 1 when it answered with a refusal or an answer we cannot read.
 fn exit_code(error: &AdminError) -> u8 {
     match error {
-        AdminError::Url(_) | AdminError::Token => EX_USAGE,
+        AdminError::Url(_) | AdminError::Token | AdminError::Tls(_) => EX_USAGE,
         AdminError::Unreachable { .. } | AdminError::Timeout { .. } => EX_UNAVAILABLE,
         AdminError::Refused { .. } | AdminError::TooLarge { .. } | AdminError::NotJson { .. } => 1,
     }
@@ -132,43 +239,6 @@ fn call_of(cmd: &ExceptionsCommand) -> Call {
     }
 }
 
-fn print_table(list: &[Value]) {
-    println!(
-        "{:<20} {:<9} {:<12} {:<34} {:<12} {:<21} REQUESTED BY",
-        "ID", "STATE", "TASK", "HOSTS", "PORTS", "EXPIRES"
-    );
-    let field = |e: &Value, k: &str| e.get(k).cloned().unwrap_or(Value::Null);
-    for e in list {
-        let join = |v: &Value| {
-            v.as_array()
-                .map(|a| {
-                    a.iter()
-                        .map(|x| x.as_str().map_or_else(|| x.to_string(), str::to_owned))
-                        .collect::<Vec<_>>()
-                        .join(",")
-                })
-                .unwrap_or_default()
-        };
-        let expires = field(e, "expires_at")
-            .as_i64()
-            .and_then(|s| jiff::Timestamp::from_second(s).ok())
-            .map_or_else(
-                || "-".to_owned(),
-                |t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
-            );
-        println!(
-            "{:<20} {:<9} {:<12} {:<34} {:<12} {:<21} {}",
-            field(e, "id").as_str().unwrap_or("-"),
-            field(e, "state").as_str().unwrap_or("-"),
-            field(e, "task_id").as_str().unwrap_or("-"),
-            join(&field(e, "hosts")),
-            join(&field(e, "ports")),
-            expires,
-            field(e, "requested_by").as_str().unwrap_or("-"),
-        );
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,6 +284,87 @@ mod tests {
         for (error, code) in cases {
             assert_eq!(exit_code(&error), code, "{error}");
         }
+    }
+
+    fn refused(status: u16) -> AdminError {
+        AdminError::Refused {
+            api: "http://127.0.0.1:9090".into(),
+            status,
+            message: "refused".into(),
+        }
+    }
+
+    #[test]
+    fn an_unknown_token_says_what_to_set_and_a_403_names_the_role() {
+        let approve = ExceptionsCommand::Approve {
+            id: "ex-1".into(),
+            hosts: vec![],
+            ttl: None,
+        };
+        let file = TokenSource::File("/etc/alice.token".into());
+        let h = hint(&refused(401), &approve, &TokenSource::Env).unwrap();
+        assert!(
+            h.contains("token from SANDGATE_TOKEN") && h.contains("--token-file FILE"),
+            "{h}"
+        );
+        let h = hint(&refused(401), &ExceptionsCommand::List, &file).unwrap();
+        assert!(
+            h.contains("/etc/alice.token (--token-file)") && h.contains("SANDGATE_TOKEN"),
+            "{h}"
+        );
+        let h = hint(&refused(403), &approve, &file).unwrap();
+        assert!(h.contains("approver role"), "{h}");
+        for cmd in [
+            ExceptionsCommand::Deny {
+                id: "x".into(),
+                note: None,
+            },
+            ExceptionsCommand::Revoke {
+                id: "x".into(),
+                note: None,
+            },
+        ] {
+            assert!(
+                hint(&refused(403), &cmd, &file)
+                    .unwrap()
+                    .contains("approver role")
+            );
+        }
+        let request = ExceptionsCommand::Request {
+            task: "t-1".into(),
+            project: None,
+            hosts: vec!["pypi.org".into()],
+            ports: vec![],
+            ttl: 60,
+            reason: "r".into(),
+        };
+        let h = hint(&refused(403), &request, &file).unwrap();
+        assert!(h.contains("requester role") && h.contains("approver role"), "{h}");
+        // Nothing to add to a refusal the token cannot fix, or to one that is not a refusal.
+        assert_eq!(hint(&refused(409), &approve, &file), None);
+        assert_eq!(hint(&refused(403), &ExceptionsCommand::List, &file), None);
+        assert_eq!(hint(&AdminError::Token, &approve, &file), None);
+    }
+
+    #[test]
+    fn a_token_file_that_holds_no_token_is_refused_before_any_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let read = |name: &str, content: Option<&[u8]>| {
+            let path = dir.path().join(name);
+            if let Some(c) = content {
+                std::fs::write(&path, c).unwrap();
+            }
+            TokenSource::File(path).read()
+        };
+        assert_eq!(read("ok", Some(b"tok-alice\n")).unwrap(), "tok-alice\n");
+        let err = read("empty", Some(b" \n")).unwrap_err();
+        assert!(err.contains("empty") && err.contains("SANDGATE_TOKEN"), "{err}");
+        let err = read("missing", None).unwrap_err();
+        assert!(err.contains("--token-file") && err.contains("missing"), "{err}");
+        let err = read("huge", Some(&[b'a'; 10_000])).unwrap_err();
+        assert!(err.contains("not a token"), "{err}");
+        let err = TokenSource::File("/dev/zero".into()).read().unwrap_err();
+        assert!(err.contains("not a token"), "{err}");
     }
 
     #[test]

@@ -15,18 +15,21 @@ mod cli;
 mod control;
 mod exceptions_cmd;
 mod explain;
+mod health_cmd;
 mod init_cmd;
 mod jupyter_cmd;
+mod logging;
+mod manual_cmd;
+mod notify;
 mod pki_cmd;
 mod policy_cmd;
 mod presets_cmd;
 mod settings;
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use cli::{Cli, Command, LogFormat};
+use cli::{Cli, Command};
 use sandgate_proxy::Proxy;
 
 pub(crate) const EX_USAGE: u8 = 64;
@@ -59,11 +62,12 @@ fn main() -> ExitCode {
         eprintln!("sandgate: {e}; nothing was run");
         return ExitCode::from(70);
     }
-    init_logging(cli.log_format, if quiet_by_default { "warn" } else { "info" });
+    logging::init(cli.log_format, if quiet_by_default { "warn" } else { "info" });
     match cli.command {
         Command::Proxy(args) => run_proxy(&args),
         Command::CheckConfig { file, param } => check::run(&file, &param),
         Command::Explain(args) => explain::run(&args),
+        Command::Health(args) => health_cmd::run(&args),
         Command::Init(args) => init_cmd::run(&args),
         Command::Presets { json } => presets_cmd::run(json),
         Command::Policy(cmd) => policy_cmd::run(cmd),
@@ -76,6 +80,8 @@ fn main() -> ExitCode {
         }
         Command::Jupyter(cmd) => jupyter_cmd::run(cmd),
         Command::Pki(cmd) => pki_cmd::run(cmd),
+        Command::Completions { shell } => manual_cmd::completions(shell),
+        Command::Man { dir } => manual_cmd::man(&dir),
         Command::SandboxInit {
             forwards,
             allow_unix_sockets,
@@ -107,19 +113,6 @@ fn main() -> ExitCode {
             cgroup_procs,
             command,
         } => ExitCode::from(sandgate_sandbox::exec::enter(&cgroup_procs, &command).clamp(0, 255) as u8),
-    }
-}
-
-fn init_logging(format: LogFormat, default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SANDGATE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
     }
 }
 
@@ -157,6 +150,18 @@ fn run_mcp(config: &std::path::Path) -> ExitCode {
 /// `sandgate run`: exit with the command's status (128+N for a signal).
 fn run_sandbox(args: cli::RunArgs) -> ExitCode {
     use sandgate_sandbox::run::{RunError, RunOptions};
+    let policy_path = match settings::discovery::sandbox_policy(args.policy.clone(), &settings::ProcessEnv) {
+        Ok((path, found)) => {
+            if let Some(line) = found.filter(|_| !args.quiet) {
+                eprintln!("sandgate: {line}");
+            }
+            path
+        }
+        Err(e) => {
+            eprintln!("sandgate: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
     if let Some(Err(e)) = args
         .audit_log
         .as_deref()
@@ -197,7 +202,7 @@ fn run_sandbox(args: cli::RunArgs) -> ExitCode {
         }
     };
     let opts = RunOptions {
-        policy_path: args.policy,
+        policy_path,
         params,
         net,
         allow_domains: args.allow_domain,
@@ -219,6 +224,7 @@ fn run_sandbox(args: cli::RunArgs) -> ExitCode {
         limits: args.limit,
         chdir: args.chdir,
         command: args.command,
+        follow: Some(control::run_follow()),
     };
     match sandgate_sandbox::run::run(opts) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
@@ -280,14 +286,29 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        proxy.set_build_info(env!("CARGO_PKG_VERSION"), cli::COMMIT);
         if args.report_only {
             proxy.set_report_only(true);
             tracing::warn!(
                 "report-only: requests the policy denies pass (recorded as report_only); the address guard still refuses"
             );
         }
-        match control::mount(&mut proxy, args, policy.as_ref()).await {
-            Ok(_) => {}
+        if let (Some(cert), Some(key)) = (&args.admin_tls_cert, &args.admin_tls_key) {
+            if proxy.metrics_addr().is_none() {
+                eprintln!("sandgate: --admin-tls-cert needs an admin listener (--admin-listen ADDR or spec.admin.listen)");
+                return ExitCode::from(EX_USAGE);
+            }
+            let files = sandgate_proxy::transport::tls::AdminFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            };
+            if let Err(e) = proxy.serve_admin_tls(&files) {
+                eprintln!("sandgate: --admin-tls-cert/--admin-tls-key: {e}");
+                return ExitCode::from(EX_USAGE);
+            }
+        }
+        let follower = match control::follow(&proxy, args, policy.as_ref()).await {
+            Ok(f) => f,
             Err(e @ control::ControlSetupError::Usage(_)) => {
                 eprintln!("sandgate: {e}");
                 return ExitCode::from(EX_USAGE);
@@ -296,7 +317,18 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
                 eprintln!("sandgate: {e}");
                 return ExitCode::FAILURE;
             }
-        }
+        };
+        let api = match control::mount(&mut proxy, args, policy.as_ref()).await {
+            Ok(api) => api.is_some(),
+            Err(e @ control::ControlSetupError::Usage(_)) => {
+                eprintln!("sandgate: {e}");
+                return ExitCode::from(EX_USAGE);
+            }
+            Err(e) => {
+                eprintln!("sandgate: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
         // Caught from before the first "listening" line: a SIGHUP sent as soon as the proxy
         // is up must not meet the signal's default action (the end of the process).
         let (hup_tx, hup_rx) = tokio::sync::mpsc::channel(1);
@@ -321,11 +353,18 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
                 "listening"
             );
         }
+        // Named for what it serves; `addr=` is how a supervisor or a test learns its port.
         if let Some(addr) = proxy.metrics_addr() {
-            if !addr.ip().is_loopback() {
-                tracing::warn!(%addr, "the metrics listener is not on loopback");
-            }
-            tracing::info!(%addr, "metrics listening");
+            // Quoted in the text log only when it holds spaces (logfmt's way).
+            let (one, several);
+            let serves: &dyn tracing::Value = if api {
+                several = "metrics, api, approvals page";
+                &several
+            } else {
+                one = tracing::field::display("metrics");
+                &one
+            };
+            tracing::info!(%addr, serves, "admin listening");
         }
         for range in proxy.guard().allow_ranges() {
             tracing::warn!(%range, "address guard exemption");
@@ -343,7 +382,9 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
         } else {
             tokio::spawn(ignore_sighup(hup_rx));
         }
-        match proxy.run(shutdown_signal()).await {
+        let served = proxy.run(notify::Notifier::from_env().around(shutdown_signal())).await;
+        drop(follower);
+        match served {
             Ok(_) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("sandgate: audit log failed: {e}");

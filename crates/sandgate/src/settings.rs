@@ -20,16 +20,17 @@ use sandgate_proxy::{
 
 use crate::cli::ProxyArgs;
 
+pub mod discovery;
 mod environment;
 mod limits;
 mod upstream;
 pub(crate) mod warnings;
 
+pub use environment::{ADMIN_LISTEN_VAR, Env, ProcessEnv};
 use environment::{
     ALLOW_RANGE_VAR, ALLOW_VARS, AUDIT_LOG_VAR, DENY_VAR, DNS_SERVER_VAR, POLICY_VAR, flag_or_env, items,
     list, single,
 };
-pub use environment::{Env, ProcessEnv};
 pub use limits::fit_to_fd_limit;
 use limits::{limits, seconds};
 pub(crate) use upstream::node_tls_files;
@@ -162,16 +163,29 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
     let policy_path = args
         .policy
         .clone()
-        .or_else(|| single("--policy", None, env, POLICY_VAR).map(|(_, path)| PathBuf::from(path)));
+        .or_else(|| single("--policy", None, env, POLICY_VAR).map(|(_, path)| PathBuf::from(path)))
+        .or_else(|| {
+            let found = discovery::proxy_policy(env)?;
+            tracing::info!("{}", discovery::found(&found));
+            Some(found)
+        });
     let Some(path) = &policy_path else {
         if config.listen.is_empty() {
             config.listen.push(default_listen()?);
         }
         config.listen.extend(socks);
+        if config.metrics_listen.is_none() {
+            config.metrics_listen = admin_from_env(env)?;
+        }
         config.connector = connector(args, &config)?;
         check_binds(&config)?;
         let mut warnings = aliases;
-        warnings.extend(warnings::at_start(&config, None, env));
+        warnings.extend(warnings::at_start(
+            &config,
+            None,
+            env,
+            args.admin_guarded_by.as_deref(),
+        ));
         return Ok(ProxySetup {
             config,
             policy: None,
@@ -209,7 +223,10 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
     ranges.extend(file.allow_ranges.iter().copied());
     config.guard = AddressGuard::new(ranges);
     if config.metrics_listen.is_none() {
-        config.metrics_listen = file.admin.listen;
+        config.metrics_listen = match file.admin.listen {
+            Some(addr) => Some(addr),
+            None => admin_from_env(env)?,
+        };
     }
     if let Some(resolver) = &file.resolver {
         let resolvers_named = !list("--dns-server", &args.dns_server, env, DNS_SERVER_VAR)
@@ -225,12 +242,28 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
     config.connector = connector(args, &config)?;
     check_binds(&config)?;
     let mut warnings = aliases;
-    warnings.extend(warnings::at_start(&config, Some(&file), env));
+    warnings.extend(warnings::at_start(
+        &config,
+        Some(&file),
+        env,
+        args.admin_guarded_by.as_deref(),
+    ));
     Ok(ProxySetup {
         config,
         policy: Some((source, file)),
         warnings,
     })
+}
+
+/// The admin listener `SANDGATE_ADMIN_LISTEN` names, if set and not empty: the last
+/// choice, after `--admin-listen` and `spec.admin.listen` (see [`environment`]).
+fn admin_from_env(env: &dyn Env) -> Result<Option<SocketAddr>, SettingsError> {
+    single("--admin-listen", None, env, ADMIN_LISTEN_VAR)
+        .map(|(source, v)| {
+            v.parse::<SocketAddr>()
+                .map_err(|_| invalid(source, &v, "expected IP:PORT, e.g. 127.0.0.1:9090"))
+        })
+        .transpose()
 }
 
 /// Refuses two listeners (HTTP, SOCKS5, admin) that cannot both be bound, before any is:

@@ -317,3 +317,102 @@ fn the_resolver_variable_wins_over_the_files() {
         Nameservers::Explicit(vec!["10.0.0.2:53".parse().unwrap()])
     );
 }
+
+/// SANDGATE_ADMIN_LISTEN (the image's loopback admin listener) opens one when neither the
+/// flag nor the file names one, and moves neither's.
+#[test]
+fn the_admin_listener_variable_ranks_below_the_flag_and_the_file() {
+    let env = [("SANDGATE_ADMIN_LISTEN", "127.0.0.1:9090")];
+    let at = |s: &str| Some(s.parse::<SocketAddr>().unwrap());
+    assert_eq!(config(&[], &env).unwrap().metrics_listen, at("127.0.0.1:9090"));
+    assert_eq!(config(&[], &[]).unwrap().metrics_listen, None);
+    assert_eq!(
+        config(&["--admin-listen", "127.0.0.1:9191"], &env)
+            .unwrap()
+            .metrics_listen,
+        at("127.0.0.1:9191")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.yaml");
+    std::fs::write(
+        &path,
+        "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: { name: a }\nspec:\n  admin: { listen: 127.0.0.1:9292 }\n",
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    let c = config(&["--policy", p], &env).unwrap();
+    assert_eq!(c.metrics_listen, at("127.0.0.1:9292"));
+    let err = config(&[], &[("SANDGATE_ADMIN_LISTEN", "9090")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("SANDGATE_ADMIN_LISTEN") && err.contains("\"9090\""),
+        "{err}"
+    );
+}
+
+/// An admin listener off loopback is warned about, unless something is said to guard it.
+#[test]
+fn an_admin_listener_off_loopback_is_warned_about_unless_guarded() {
+    let warned = |s: &ProxySetup| {
+        s.warnings
+            .iter()
+            .any(|w| w.contains("admin listener 0.0.0.0:9090 is not on loopback"))
+    };
+    let open = setup(&["--admin-listen", "0.0.0.0:9090"], &[]);
+    assert!(warned(&open), "{:?}", open.warnings);
+    assert!(open.warnings.iter().any(|w| w.contains("--admin-guarded-by")));
+    let guarded = setup(
+        &[
+            "--admin-listen",
+            "0.0.0.0:9090",
+            "--admin-guarded-by",
+            "NetworkPolicy sandgate-node-local",
+        ],
+        &[],
+    );
+    assert!(!warned(&guarded), "{:?}", guarded.warnings);
+    let loopback = setup(&["--admin-listen", "127.0.0.1:9090"], &[]);
+    assert!(loopback.warnings.is_empty(), "{:?}", loopback.warnings);
+}
+
+/// With no --policy and no SANDGATE_POLICY, ./sandgate.yaml (else /etc/sandgate/policy.yaml)
+/// is read when there; named, it is not looked for.
+#[test]
+fn a_policy_file_in_the_working_directory_is_found_when_none_is_named() {
+    struct Here(HashMap<String, String>);
+    impl Env for Here {
+        fn get(&self, key: &str) -> Option<String> {
+            self.0.get(key).cloned()
+        }
+        fn exists(&self, path: &std::path::Path) -> bool {
+            path == std::path::Path::new(crate::settings::discovery::LOCAL_POLICY)
+        }
+    }
+    let parse = |argv: &[&str]| {
+        let mut full = vec!["sandgate", "proxy"];
+        full.extend_from_slice(argv);
+        let crate::cli::Command::Proxy(args) = crate::cli::Cli::try_parse_from(full).unwrap().command else {
+            panic!("not a proxy command")
+        };
+        args
+    };
+    // Found: loading ./sandgate.yaml is attempted (the unit tests' directory has none, so
+    // the error names it).
+    let err = proxy_setup(&parse(&[]), &Here(HashMap::new()))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("./sandgate.yaml"), "{err}");
+    // Named by the flag or the variable: not looked for.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.yaml");
+    std::fs::write(
+        &path,
+        "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: { name: n }\nspec: {}\n",
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    assert!(proxy_setup(&parse(&["--policy", p]), &Here(HashMap::new())).is_ok());
+    let named = Here(HashMap::from([("SANDGATE_POLICY".to_owned(), p.to_owned())]));
+    assert!(proxy_setup(&parse(&[]), &named).is_ok());
+}

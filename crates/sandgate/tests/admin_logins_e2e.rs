@@ -50,7 +50,7 @@ fn proxy(dns: &DnsServer, dir: &std::path::Path) -> (ProxyProcess, SocketAddr) {
     ];
     let p = start_with(dns, &policy, &args);
     let line = p
-        .log_line("metrics listening")
+        .log_line("admin listening")
         .expect("the admin listener's address");
     let admin = line
         .split("addr=")

@@ -88,6 +88,14 @@ fn the_image_runs_from_its_own_file_system_alone_as_its_user() {
         .map(|v| v.as_str().unwrap())
         .collect();
     assert!(env.contains(&"PROXY_PORT=3128"), "{env:?}");
+    // The health check: `sandgate health` in exec form (there is no shell), asking the
+    // loopback admin listener the environment opens; kept only in a Docker-format image.
+    assert!(env.contains(&"SANDGATE_ADMIN_LISTEN=127.0.0.1:9090"), "{env:?}");
+    assert_eq!(
+        image["Healthcheck"]["Test"],
+        serde_json::json!(["CMD", "/sandgate", "health"]),
+        "{image}"
+    );
     let size = image["Size"].as_u64().unwrap();
     println!("image size: {size} bytes");
     // The release image stays small; scripts/test builds the binary unoptimised
@@ -112,8 +120,8 @@ fn the_image_runs_from_its_own_file_system_alone_as_its_user() {
     let rootfs = export.path().join("rootfs");
     std::fs::create_dir(&rootfs).unwrap();
     run_ok(Command::new("tar").arg("-xf").arg(&tar).arg("-C").arg(&rootfs));
-    // The binary is the image: what else it holds (two empty directories, the layer's
-    // metadata) stays under 1 MiB, whichever profile built the binary.
+    // The binary is the image: what else it holds (two empty directories, completions and
+    // man pages, the layers' metadata) stays under 1 MiB, whichever profile built the binary.
     let binary = std::fs::metadata(rootfs.join("sandgate")).unwrap().len();
     assert!(
         size.saturating_sub(binary) < 1 << 20,
@@ -202,6 +210,28 @@ fn the_image_runs_from_its_own_file_system_alone_as_its_user() {
     assert_eq!(http_code(&format!("http://{admin}/metrics")), "200");
     assert_eq!(http_code(&format!("http://{admin}/healthz")), "200");
     assert_eq!(http_code(&format!("http://{admin}/readyz")), "200");
+    // The image's health check as the engine runs it: its own binary, from its file system
+    // alone, with its environment (SANDGATE_ADMIN points it at the port this proxy took).
+    let mut check = Command::new(tool("bwrap", "run ./scripts/test (bubblewrap)"));
+    check
+        .arg("--ro-bind")
+        .arg(&rootfs)
+        .arg("/")
+        .args(["--die-with-parent", "--chdir", "/", "--clearenv"]);
+    for kv in &env {
+        let (k, v) = kv.split_once('=').unwrap();
+        check.args(["--setenv", k, v]);
+    }
+    let health = check
+        .args(["--setenv", "SANDGATE_ADMIN", &format!("http://{admin}")])
+        .args(["--", "/sandgate", "health"])
+        .output()
+        .unwrap();
+    assert!(
+        health.status.success(),
+        "{}",
+        String::from_utf8_lossy(&health.stderr)
+    );
 
     // The proxy runs as the image's user with no capabilities and cannot gain any.
     let (pid, status) = proxy_status(proxy.child.id());
@@ -233,8 +263,9 @@ fn the_image_runs_from_its_own_file_system_alone_as_its_user() {
     assert!(exit.success(), "{exit}");
 }
 
-/// The exported file system holds the static binary and the two writable directories, and
-/// nothing else: no shell, no second binary, no library.
+/// The exported file system holds the static binary, the two writable directories and the
+/// binary's completions and man pages, and nothing else: no shell, no second binary, no
+/// library.
 fn assert_rootfs_is_the_binary_and_two_directories(rootfs: &Path) {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let mut entries = Vec::new();
@@ -252,10 +283,40 @@ fn assert_rootfs_is_the_binary_and_two_directories(rootfs: &Path) {
     }
     entries.sort_by(|a, b| a.0.cmp(&b.0));
     let names: Vec<&str> = entries.iter().map(|(n, _)| n.as_str()).collect();
+    // The man pages: one per command the binary lists (`sandgate man` made them at build).
+    let pages: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| n.starts_with("usr/share/man/man1/"))
+        .collect();
+    assert!(
+        pages.contains(&"usr/share/man/man1/sandgate.1")
+            && pages.contains(&"usr/share/man/man1/sandgate-proxy.1")
+            && pages.len() >= 20,
+        "{pages:?}"
+    );
+    let others: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| !n.starts_with("usr/share/man/man1/"))
+        .collect();
     assert_eq!(
-        names,
+        others,
         [
             "sandgate",
+            "usr",
+            "usr/share",
+            "usr/share/bash-completion",
+            "usr/share/bash-completion/completions",
+            "usr/share/bash-completion/completions/sandgate",
+            "usr/share/fish",
+            "usr/share/fish/vendor_completions.d",
+            "usr/share/fish/vendor_completions.d/sandgate.fish",
+            "usr/share/man",
+            "usr/share/man/man1",
+            "usr/share/zsh",
+            "usr/share/zsh/vendor-completions",
+            "usr/share/zsh/vendor-completions/_sandgate",
             "var",
             "var/lib",
             "var/lib/sandgate",
@@ -264,10 +325,23 @@ fn assert_rootfs_is_the_binary_and_two_directories(rootfs: &Path) {
         ],
         "the image holds more than the proxy"
     );
+    // What the image installs is what its binary makes.
+    for (shell, file) in [
+        ("bash", "usr/share/bash-completion/completions/sandgate"),
+        ("zsh", "usr/share/zsh/vendor-completions/_sandgate"),
+        ("fish", "usr/share/fish/vendor_completions.d/sandgate.fish"),
+    ] {
+        let made = run_ok(Command::new(rootfs.join("sandgate")).args(["completions", shell]));
+        assert_eq!(
+            std::fs::read_to_string(rootfs.join(file)).unwrap(),
+            made,
+            "{file}"
+        );
+    }
     let owned_by_root = is_root();
     for (name, meta) in &entries {
         let mode = meta.permissions().mode() & 0o7777;
-        if name.ends_with("/sandgate") {
+        if name == "var/lib/sandgate" || name == "var/log/sandgate" {
             assert_eq!(mode, 0o700, "{name}");
             if owned_by_root {
                 assert_eq!((meta.uid(), meta.gid()), (IMAGE_UID, IMAGE_UID), "{name}");
@@ -305,7 +379,7 @@ fn http_code(url: &str) -> String {
 /// The admin listener's address, from the start-up log.
 fn admin_addr(proxy: &ProxyProcess) -> String {
     let line = proxy
-        .log_line("metrics listening")
+        .log_line("admin listening")
         .expect("the admin listener's log line");
     line.split("addr=")
         .nth(1)
@@ -443,6 +517,15 @@ fn the_compose_file_validates_and_leaves_the_sandbox_one_way_out() {
     for var in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
         assert_eq!(sandbox["environment"][var], "http://proxy:3128", "{var}");
     }
+    // No DNS of its own: the engine's DNS server still names `proxy`, and forwards every other
+    // name to the sandbox's own loopback, where nothing answers (CVE-2024-29018: Docker
+    // before 26.0.0 and 25.0.4 forwarded them from internal networks through the host).
+    assert_eq!(sandbox["dns"], serde_json::json!(["127.0.0.1"]), "{sandbox}");
+    // It starts once the proxy's health check passes.
+    assert_eq!(
+        sandbox["depends_on"]["proxy"]["condition"], "service_healthy",
+        "{sandbox}"
+    );
 
     // The proxy: on both networks, nothing published, no privileges, the audit on a volume.
     let mut nets: Vec<&str> = proxy["networks"]
@@ -480,6 +563,13 @@ fn the_compose_file_validates_and_leaves_the_sandbox_one_way_out() {
             .is_some_and(|s| s.starts_with("audit:/var/log/sandgate"))
     }));
     assert_real_flags("compose.yaml", &command);
+    // The health check: `sandgate health` (exec form: the image has no shell), asking the
+    // admin listener the environment opens on the container's loopback.
+    assert_eq!(
+        proxy["healthcheck"]["test"],
+        serde_json::json!(["CMD", "/sandgate", "health"])
+    );
+    assert_eq!(proxy["environment"]["SANDGATE_ADMIN_LISTEN"], "127.0.0.1:9090");
     assert_real_env(
         "compose.yaml",
         proxy["environment"]
@@ -654,6 +744,28 @@ fn kubernetes_workloads_run_unprivileged_and_probe_the_admin_listener() {
             .collect();
         assert_real_flags(overlay, &args);
         assert!(args.contains(&"--admin-listen=0.0.0.0:9090"), "{overlay}");
+        // Off loopback on purpose: the argument names the NetworkPolicy that keeps others
+        // off it (and so silences the proxy's warning), and that policy is real: it selects
+        // this pod and admits the admin port.
+        let guard = args
+            .iter()
+            .find_map(|a| a.strip_prefix("--admin-guarded-by=NetworkPolicy "))
+            .unwrap_or_else(|| panic!("{overlay}: no --admin-guarded-by=NetworkPolicy NAME: {args:?}"));
+        let netpol = find(&docs, "NetworkPolicy", guard);
+        let labels = &pod["metadata"]["labels"];
+        let selects = netpol["spec"]["podSelector"]["matchLabels"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .all(|(k, v)| &labels[k] == v);
+        assert!(selects, "{overlay}: {guard} does not select the pod");
+        let admits_admin = netpol["spec"]["ingress"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|rule| rule["ports"].as_array().cloned().unwrap_or_default())
+            .any(|p| p["port"] == 9090);
+        assert!(admits_admin, "{overlay}: {guard} says nothing of port 9090");
         let admin_port = c["ports"]
             .as_array()
             .unwrap()
@@ -1014,6 +1126,8 @@ fn the_systemd_unit_verifies_clean_and_holds_no_privilege() {
     );
     assert_eq!(get("AmbientCapabilities"), [""]);
     for (key, want) in [
+        // sd_notify READY=1 once the listeners serve (service_e2e checks the datagrams).
+        ("Type", "notify"),
         ("DynamicUser", "yes"),
         ("NoNewPrivileges", "yes"),
         ("ProtectSystem", "strict"),
@@ -1071,14 +1185,21 @@ fn shipped_policies_check_and_deploy_files_use_only_real_settings() {
     }
     let containerfile = std::fs::read_to_string(repo().join("deploy/container/Containerfile")).unwrap();
     assert!(containerfile.contains("ENTRYPOINT [\"/sandgate\", \"proxy\"]"));
+    // The ENV instruction with its continuation lines.
     let env_line = containerfile
         .lines()
         .skip_while(|l| !l.starts_with("ENV "))
-        .take(2)
+        .scan(true, |more, l| {
+            let this = more.then_some(l)?;
+            *more = l.trim_end().ends_with('\\');
+            Some(this)
+        })
         .collect::<String>();
-    let vars = env_line
+    let vars: Vec<&str> = env_line
         .split_whitespace()
-        .filter_map(|w| w.split_once('=').map(|(k, _)| k));
+        .filter_map(|w| w.split_once('=').map(|(k, _)| k))
+        .collect();
+    assert!(vars.contains(&"SANDGATE_ADMIN_LISTEN"), "{env_line}");
     assert_real_env("Containerfile", vars);
 }
 

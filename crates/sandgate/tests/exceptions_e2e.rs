@@ -278,9 +278,10 @@ fn a_restart_keeps_pending_and_active_exceptions_and_not_expired_ones() {
     let dir = tempfile::tempdir().unwrap();
     let policy = write_policy(dir.path(), &[origin.port()]);
     let state = dir.path().join("state");
-    let ask = |ttl: u32| {
+    // Three hosts: an identical request would return the pending one instead of a second.
+    let ask = |host: &str, ttl: u32| {
         format!(
-            r#"{{"task_id":"t-1","requested_hosts":["web.test"],"requested_ports":[{}],"ttl_seconds":{ttl},"reason":"r"}}"#,
+            r#"{{"task_id":"t-1","requested_hosts":["{host}"],"requested_ports":[{}],"ttl_seconds":{ttl},"reason":"r"}}"#,
             origin.port()
         )
     };
@@ -293,12 +294,30 @@ fn a_restart_keeps_pending_and_active_exceptions_and_not_expired_ones() {
             "POST",
             "/v1/exceptions",
             Some("tok-agent"),
-            Some(&ask(300)),
+            Some(&ask("web.test", 300)),
         )
         .1,
     );
-    let short = id_of(api(admin, "POST", "/v1/exceptions", Some("tok-agent"), Some(&ask(1))).1);
-    let pending = id_of(api(admin, "POST", "/v1/exceptions", Some("tok-agent"), Some(&ask(60))).1);
+    let short = id_of(
+        api(
+            admin,
+            "POST",
+            "/v1/exceptions",
+            Some("tok-agent"),
+            Some(&ask("short.test", 1)),
+        )
+        .1,
+    );
+    let pending = id_of(
+        api(
+            admin,
+            "POST",
+            "/v1/exceptions",
+            Some("tok-agent"),
+            Some(&ask("pending.test", 60)),
+        )
+        .1,
+    );
     for id in [&active, &short] {
         assert_eq!(
             api(
@@ -365,7 +384,9 @@ fn expiry_cuts_tunnels_claims_and_self_approval_are_refused() {
         Some(&ask(r#""project_id":"p-9","#)),
     );
     assert_eq!(status, 403, "a claimed project: {err}");
-    let (_, mine) = api(admin, "POST", "/v1/exceptions", Some("tok-alice"), Some(&ask("")));
+    // Another host than the agent's below, which would otherwise be answered with this one.
+    let theirs = ask("").replace("echo.test", "mine.test");
+    let (_, mine) = api(admin, "POST", "/v1/exceptions", Some("tok-alice"), Some(&theirs));
     let mine = mine["id"].as_str().unwrap();
     assert_eq!(
         api(
@@ -419,4 +440,259 @@ fn expiry_cuts_tunnels_claims_and_self_approval_are_refused() {
         events.iter().any(|e| e["event"] == "exception_expired"),
         "{events:#?}"
     );
+}
+
+/// `sandgate exceptions ARGS` with neither SANDGATE_ADMIN nor SANDGATE_TOKEN set (nor
+/// COLUMNS): everything from the flags, wherever they stand.
+fn cli_flags(args: &[&str], token: Option<&str>) -> (i32, String, String) {
+    let mut cmd = std::process::Command::new(common::sandgate_bin());
+    cmd.arg("exceptions")
+        .args(args)
+        .env_remove("SANDGATE_ADMIN")
+        .env_remove("SANDGATE_TOKEN")
+        .env_remove("COLUMNS");
+    if let Some(t) = token {
+        cmd.env("SANDGATE_TOKEN", t);
+    }
+    common::outcome(&mut cmd)
+}
+
+/// An RFC 3339 time within a minute of now, as the audit log writes it.
+fn is_now(v: &Value) -> bool {
+    let Some(text) = v.as_str() else { return false };
+    let Ok(t) = text.parse::<jiff::Timestamp>() else {
+        return false;
+    };
+    text.ends_with('Z') && (jiff::Timestamp::now().as_second() - t.as_second()).abs() < 60
+}
+
+/// The approver's day with the CLI, as issue 31 found it wanting: flags after the
+/// subcommand, the reason and TTL in the list, every field in `show`, RFC 3339 times that
+/// the library's `Exception` reads back, and a missing, unknown or underpowered token that
+/// says what to do. And the requester who tries to set a time of its own.
+#[test]
+fn the_approvers_cli_takes_flags_anywhere_and_says_what_to_fix() {
+    let rt = runtime();
+    let dns = rt.block_on(DnsServer::start(Zone::new()));
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(dir.path(), &[443]);
+    let p = start(&dns, &policy, &dir.path().join("state"));
+    let admin = p.admin();
+    let url = format!("http://{admin}");
+    let token_file = |name: &str, token: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, format!("{token}\n")).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let (agent, alice, viewer) = (
+        token_file("agent.token", "tok-agent"),
+        token_file("alice.token", "tok-alice"),
+        token_file("viewer.token", "tok-viewer"),
+    );
+    let reason = format!(
+        "pip install of the pinned wheel, {}\nsecond line",
+        "ünïcödé ".repeat(8)
+    );
+
+    // A request, its flags after the subcommand.
+    let (code, out, err) = cli_flags(
+        &[
+            "request",
+            "--task",
+            "t-1",
+            "--host",
+            "pypi.org",
+            "--port",
+            "443",
+            "--ttl",
+            "600",
+            "--reason",
+            &reason,
+            "--json",
+            "--admin",
+            &url,
+            "--token-file",
+            &agent,
+        ],
+        None,
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let filed: Value = serde_json::from_str(&out).unwrap();
+    let id = filed["id"].as_str().unwrap().to_owned();
+    assert!(is_now(&filed["requested_at"]), "{filed}");
+
+    // Both positions, and a mix, give the same list.
+    let after = cli_flags(&["list", "--json", "--admin", &url, "--token-file", &alice], None);
+    let before = cli_flags(&["--json", "--admin", &url, "--token-file", &alice, "list"], None);
+    let mixed = cli_flags(&["--admin", &url, "list", "--json"], Some("tok-alice"));
+    assert_eq!(after.0, 0, "{after:?}");
+    assert_eq!(after, before);
+    assert_eq!(after, mixed);
+    // The API's JSON is what the library's type reads (a follower does exactly this).
+    let listed: Vec<sandgate_policy::Exception> = serde_json::from_str(&after.1).unwrap();
+    assert_eq!((listed.len(), listed[0].id.as_str()), (1, id.as_str()));
+    assert_eq!(listed[0].reason, reason);
+
+    // The table: headers, the TTL, the reason cut on a character boundary, one line each.
+    let (code, table, err) = cli_flags(&["list", "--admin", &url], Some("tok-viewer"));
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(
+        lines.len(),
+        2,
+        "a line break in the reason adds no line:\n{table}"
+    );
+    for header in [
+        "ID",
+        "STATE",
+        "TASK",
+        "HOSTS",
+        "PORTS",
+        "TTL",
+        "EXPIRES",
+        "REQUESTED BY",
+        "REASON",
+    ] {
+        assert!(lines[0].contains(header), "{header}:\n{table}");
+    }
+    assert!(lines[1].contains(&id) && lines[1].contains(" 10m "), "{table}");
+    assert!(
+        lines[1].contains("pip install of the pinned wheel") && lines[1].ends_with('…'),
+        "{table}"
+    );
+
+    // show: every field on a line of its own, the reason whole (its line break shown as \n).
+    let (code, shown, err) = cli_flags(&["show", &id, "--admin", &url, "--token-file", &viewer], None);
+    assert_eq!(code, 0, "{err}");
+    for field in [
+        "id",
+        "state",
+        "task_id",
+        "project_id",
+        "hosts",
+        "ports",
+        "ttl_seconds",
+        "reason",
+        "requested_by",
+        "requested_at",
+        "decided_by",
+        "decided_at",
+        "note",
+        "expires_at",
+    ] {
+        assert_eq!(
+            shown
+                .lines()
+                .filter(|l| l.starts_with(&format!("{field}: ")))
+                .count(),
+            1,
+            "{field}:\n{shown}"
+        );
+    }
+    assert!(
+        shown.contains(&format!("\nreason: {}\n", reason.replace('\n', "\\n"))),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("\nttl_seconds: 600\n") && shown.contains("\nrequested_by: agent-7\n"),
+        "{shown}"
+    );
+
+    // Approved with the flags after the id: every time RFC 3339, in the CLI's JSON too.
+    let (code, out, err) = cli_flags(
+        &[
+            "approve",
+            &id,
+            "--ttl",
+            "300",
+            "--admin",
+            &url,
+            "--token-file",
+            &alice,
+            "--json",
+        ],
+        None,
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let ex: Value = serde_json::from_str(&out).unwrap();
+    for field in ["requested_at", "decided_at"] {
+        assert!(is_now(&ex[field]), "{field}: {ex}");
+    }
+    let (requested, expires) = (
+        ex["decided_at"].as_str().unwrap(),
+        ex["expires_at"].as_str().unwrap(),
+    );
+    let span = expires.parse::<jiff::Timestamp>().unwrap().as_second()
+        - requested.parse::<jiff::Timestamp>().unwrap().as_second();
+    assert_eq!(span, 300, "{ex}");
+    let (_, shown, _) = cli_flags(&["show", &id, "--admin", &url], Some("tok-alice"));
+    assert!(shown.contains(&format!("\nexpires_at: {expires}\n")), "{shown}");
+
+    // No token: what to set, before anything is sent (exit 64).
+    let (code, _, err) = cli_flags(&["list", "--admin", &url], None);
+    assert_eq!(code, 64, "{err}");
+    assert!(
+        err.contains("SANDGATE_TOKEN") && err.contains("--token-file"),
+        "{err}"
+    );
+    let empty = token_file("empty.token", " ");
+    let (code, _, err) = cli_flags(&["list", "--admin", &url, "--token-file", &empty], None);
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("empty") && err.contains("SANDGATE_TOKEN"), "{err}");
+    // A token the API does not know: 401, and which token that was and what to set.
+    let (code, _, err) = cli_flags(&["list", "--admin", &url], Some("tok-guess"));
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("401") && err.contains("token from SANDGATE_TOKEN") && err.contains("--token-file"),
+        "{err}"
+    );
+    let guess = token_file("guess.token", "tok-guess");
+    let (code, _, err) = cli_flags(&["list", "--admin", &url, "--token-file", &guess], None);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains(&format!("{guess} (--token-file)")), "{err}");
+    // The wrong role: the role the call needs.
+    let (code, _, err) = cli_flags(&["revoke", &id, "--admin", &url, "--token-file", &viewer], None);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("403") && err.contains("approver role"), "{err}");
+    let (code, _, err) = cli_flags(
+        &[
+            "request", "--task", "t-1", "--host", "x.test", "--ttl", "60", "--reason", "r", "--admin", &url,
+        ],
+        Some("tok-viewer"),
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("403") && err.contains("requester role"), "{err}");
+    let refused = || -> Vec<u64> {
+        p.audit_events(0)
+            .iter()
+            .filter(|e| e["event"] == "admin_refused")
+            .filter_map(|e| e["status"].as_u64())
+            .collect()
+    };
+    within(5, || refused().len() >= 4);
+    assert_eq!(refused(), [401, 401, 403, 403], "the missing tokens sent nothing");
+
+    // A requester cannot set a time: a body naming one is refused, saying which field.
+    for (path, body) in [
+        (
+            "/v1/exceptions".to_owned(),
+            r#"{"task_id":"t-1","requested_hosts":["pypi.org"],"ttl_seconds":60,"reason":"r","expires_at":"2099-01-01T00:00:00Z"}"#,
+        ),
+        (
+            "/v1/exceptions".to_owned(),
+            r#"{"task_id":"t-1","requested_hosts":["pypi.org"],"ttl_seconds":"2099-01-01T00:00:00Z","reason":"r"}"#,
+        ),
+        (
+            format!("/v1/exceptions/{id}/approve"),
+            r#"{"expires_at":4102444800}"#,
+        ),
+    ] {
+        let (status, err) = api(admin, "POST", &path, Some("tok-alice"), Some(body));
+        assert_eq!(status, 400, "{body}: {err}");
+        let message = err["error"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("expires_at") || message.contains("ttl_seconds"),
+            "{body}: {err}"
+        );
+    }
 }

@@ -39,6 +39,8 @@ struct Driver {
     stdin: ChildStdin,
     lines: mpsc::Receiver<String>,
     protocol: String,
+    /// The server's `serverInfo`, as the client read it (`null` when it sent none).
+    server_info: Value,
 }
 
 impl Driver {
@@ -73,9 +75,11 @@ impl Driver {
             stdin,
             lines,
             protocol: String::new(),
+            server_info: Value::Null,
         };
         let hello = d.next();
         d.protocol = hello["protocol_version"].as_str().unwrap().to_owned();
+        d.server_info = hello["server_info"].clone();
         d
     }
 
@@ -153,6 +157,17 @@ fn a_real_client_runs_commands_within_the_gates_in_both_protocol_revisions() {
         let config = offline_config(dir.path());
         let mut d = Driver::start(&config, mode);
         assert_eq!(d.protocol, version);
+        // Issue 31: the server names itself and its version, not the SDK (required in the
+        // 2025-11-25 handshake; the stateless revision's stamp is optional).
+        if mode == "legacy" || !d.server_info.is_null() {
+            assert_eq!(d.server_info["name"], "sandgate", "{}", d.server_info);
+            assert_eq!(
+                d.server_info["version"],
+                env!("CARGO_PKG_VERSION"),
+                "{}",
+                d.server_info
+            );
+        }
 
         let tools = d.send(json!({"list": true}));
         let names: Vec<&str> = tools["tools"]
@@ -392,6 +407,14 @@ fn egress_is_approved_by_a_person_and_ends_with_the_revocation() {
     assert_eq!(code, 0, "{err}");
     let status = d.call("egress_status", json!({}));
     assert_eq!(status["structured"]["active"][0]["id"], id.as_str(), "{status}");
+    // Times as the audit log writes them (RFC 3339), not Unix seconds.
+    let expires = status["structured"]["active"][0]["expires_at"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        expires.parse::<jiff::Timestamp>().is_ok() && expires.ends_with('Z'),
+        "{status}"
+    );
     let r = fetch(&mut d, origin.port());
     assert_eq!(r["structured"]["stdout"], "200", "{r}");
     assert_eq!(r["structured"]["blocked"], json!([]), "{r}");
@@ -419,14 +442,24 @@ fn nothing_happens_unrecorded() {
     let dir = tempfile::tempdir().unwrap();
     let policy = central_policy(dir.path(), &[443]);
     let central = start(&dns, &policy, &dir.path().join("state"));
-    let admin = central.admin();
+    let (listener, admin) = task_and_admin(&central);
     std::fs::write(dir.path().join("agent.token"), "tok-agent\n").unwrap();
     sandbox_policy(dir.path(), "offline", "net:\n  mode: none\n");
+    // A sandbox an approval reaches (the central proxy decides), so the request gets as far
+    // as its record.
+    sandbox_policy(
+        dir.path(),
+        "web",
+        &format!(
+            "net:\n  mode: proxy\n  allow_domains: [ \"a.test\" ]\n  proxy: {{ upstream: \"{listener}\" }}\n"
+        ),
+    );
     let config = write_config(
         dir.path(),
         &format!(
             "  task: t-1\n  audit_log: /dev/full\n  egress: {{ admin: \"http://{admin}\", token_file: agent.token }}\n  sandboxes:\n\
-             \x20   - name: offline\n      policy: offline.yaml\n      gates: {{ commands: [ python3 ] }}\n"
+             \x20   - name: offline\n      policy: offline.yaml\n      gates: {{ commands: [ python3 ] }}\n\
+             \x20   - name: web\n      policy: web.yaml\n      gates: {{ commands: [ curl ], network: true }}\n"
         ),
     );
     let mut d = Driver::start(&config, "legacy");
@@ -446,6 +479,10 @@ fn nothing_happens_unrecorded() {
         json!({"hosts": ["exfil.example"], "ttl_seconds": 60, "reason": "unrecorded"}),
     );
     assert_eq!(r["is_error"], true, "{r}");
+    assert!(
+        r["text"].as_str().unwrap().contains("nothing runs unrecorded"),
+        "{r}"
+    );
     let (status, list) = common::control::api(admin, "GET", "/v1/exceptions", Some("tok-alice"), None);
     assert_eq!(status, 200);
     assert_eq!(
@@ -504,7 +541,23 @@ fn the_documented_example_starts_and_runs() {
         )
         .unwrap();
     }
-    let mut d = Driver::start(&dir.path().join("mcp.yaml"), "auto");
+    // The tool audit log goes under the state directory, not beside the configuration.
+    let state = tempfile::tempdir().unwrap();
+    let bin = common::sandgate_bin();
+    let config = dir.path().join("mcp.yaml");
+    // The Python client hands a server only a few variables of its own: set it there.
+    let xdg = format!("XDG_STATE_HOME={}", state.path().display());
+    let mut d = Driver::start_with(
+        "auto",
+        &[
+            "env",
+            xdg.as_str(),
+            bin.as_str(),
+            "mcp",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+    );
     let listed = d.call("list_sandboxes", json!({}));
     let modes: Vec<&str> = listed["structured"]["sandboxes"]
         .as_array()
@@ -514,8 +567,99 @@ fn the_documented_example_starts_and_runs() {
         .collect();
     assert_eq!(modes, ["none", "allowlist"], "{listed}");
     assert!(listed.to_string().contains("pypi.org:443"), "{listed}");
+    // Neither takes approvals as written (no spec.egress, no net.exceptions), and each says
+    // what would.
+    let approvals = &listed["structured"]["sandboxes"][1]["approvals"];
+    assert_eq!(approvals["path"], "none", "{listed}");
+    assert!(
+        approvals["detail"]
+            .as_str()
+            .unwrap()
+            .contains("add to the policy net.exceptions"),
+        "{listed}"
+    );
     let r = d.run(json!({"sandbox": "python-offline", "command": ["python3", "-c", "import os; print(len(os.listdir(os.environ.get('HOME', '/tmp'))))"]}));
     assert_eq!(r["structured"]["exit_code"], 0, "{r}");
+    let kept = state.path().join("sandgate/mcp/example-agent-tools.jsonl");
+    let events = read_audit(&kept);
+    assert!(events.iter().any(|e| e["tool"] == "run"), "{events:#?}");
+    let beside: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".jsonl"))
+        .collect();
+    assert!(
+        beside.is_empty(),
+        "an audit log beside the configuration: {beside:?}"
+    );
+}
+
+/// The example with its egress block and the sandbox's `net.exceptions` both uncommented,
+/// as the comments say, is a configuration `check-config` accepts, saying how approvals
+/// reach each sandbox; with only the egress block, it is refused, naming the sandbox.
+#[test]
+fn the_documented_example_with_egress_needs_the_sandboxes_to_follow_the_control_plane() {
+    let dir = tempfile::tempdir().unwrap();
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/examples");
+    let uncomment = |text: &str, lines: &[(&str, &str)]| {
+        lines
+            .iter()
+            .fold(text.to_owned(), |t, (from, to)| t.replacen(from, to, 1))
+    };
+    let mcp = uncomment(
+        &std::fs::read_to_string(format!("{examples}/mcp.yaml")).unwrap(),
+        &[
+            ("  # egress:", "  egress:"),
+            ("  #   admin:", "    admin:"),
+            ("  #   token_file:", "    token_file:"),
+        ],
+    );
+    std::fs::write(dir.path().join("mcp.yaml"), mcp).unwrap();
+    std::fs::write(dir.path().join("agent.token"), "tok-agent\n").unwrap();
+    std::fs::create_dir(dir.path().join("sandboxes")).unwrap();
+    std::fs::write(dir.path().join("sandboxes/follower.token"), "tok-follow\n").unwrap();
+    for f in ["python-offline.yaml", "python-packages.yaml"] {
+        std::fs::copy(
+            format!("{examples}/sandboxes/{f}"),
+            dir.path().join("sandboxes").join(f),
+        )
+        .unwrap();
+    }
+    let state = tempfile::tempdir().unwrap();
+    let check = || {
+        let out = Command::new(common::sandgate_bin())
+            .arg("check-config")
+            .arg(dir.path().join("mcp.yaml"))
+            .env("XDG_STATE_HOME", state.path())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, _, err) = check();
+    assert_eq!(code, Some(64), "{err}");
+    assert!(
+        err.contains("spec.sandboxes[1].policy: sandbox \"python-packages\"")
+            && err.contains(
+                "add to the policy net.exceptions: { from: \"http://127.0.0.1:9090\", token_file: FILE }"
+            ),
+        "{err}"
+    );
+    let packages = dir.path().join("sandboxes/python-packages.yaml");
+    let text = uncomment(
+        &std::fs::read_to_string(&packages).unwrap(),
+        &[("  # exceptions:", "  exceptions:")],
+    );
+    std::fs::write(&packages, text).unwrap();
+    let (code, out, err) = check();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("python-packages: net mode allowlist, runs of task agent-example; approvals: followed control plane"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -540,6 +684,9 @@ fn a_bad_configuration_is_refused_naming_each_field() {
         .unwrap();
     assert_eq!(out.status.code(), Some(64));
     let err = String::from_utf8_lossy(&out.stderr);
+    // Each at its line, as the policy kinds say theirs.
+    let at_line = format!("{}:11: spec.sandboxes[0].gates.max_seconds", config.display());
+    assert!(err.contains(&at_line), "{at_line} in\n{err}");
     for want in [
         "spec.task",
         "spec.egress.admin",
@@ -952,4 +1099,381 @@ fn a_fork_bomb_or_a_memory_fill_leaves_the_server_responsive() {
         started.elapsed() < Duration::from_secs(10),
         "the server was slow to answer after the runs"
     );
+}
+
+/// The acceptance test's world: a control plane (a `sandgate proxy` with its exceptions in
+/// SQLite and the admin API: a requester token for t-1, an approver, and a follower), an
+/// origin at `web.test`, and an MCP server for task t-1 whose `web` sandbox is in
+/// `allowlist` mode, its own proxy following that control plane (`net.exceptions`, with a
+/// token of role `follower`) for the origin's port.
+struct Followed {
+    dir: tempfile::TempDir,
+    origin: Origin,
+    _dns: DnsServer,
+    _control: common::ProxyProcess,
+    admin: std::net::SocketAddr,
+    config: PathBuf,
+}
+
+fn followed(rt: &tokio::runtime::Runtime) -> Followed {
+    let origin = rt.block_on(Origin::http());
+    let dns = rt.block_on(DnsServer::start(Zone::new().with("web.test", &["127.0.0.1"])));
+    let dir = tempfile::tempdir().unwrap();
+    let policy = central_policy(dir.path(), &[origin.port()]);
+    let mut text = std::fs::read_to_string(&policy).unwrap();
+    text.push_str(&format!(
+        "      - {{ name: run-follower, role: follower, secret_sha256: {} }}\n",
+        sandgate_policy::auth::secret_hash("tok-follow")
+    ));
+    std::fs::write(&policy, text).unwrap();
+    let control = start(&dns, &policy, &dir.path().join("state"));
+    let admin = control.admin();
+    std::fs::write(dir.path().join("agent.token"), "tok-agent\n").unwrap();
+    std::fs::write(dir.path().join("follow.token"), "tok-follow\n").unwrap();
+    sandbox_policy(
+        dir.path(),
+        "web",
+        &format!(
+            "net:\n  mode: allowlist\n  allow_domains: [ \"other.test:{p}\" ]\n  allow_ranges: [ 127.0.0.0/8 ]\n  resolver: {{ servers: [ \"{dns}\" ] }}\n  exceptions: {{ from: \"http://{admin}\", token_file: follow.token, ports: [ {p} ] }}\n",
+            p = origin.port(),
+            dns = dns.addr(),
+        ),
+    );
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "  task: t-1\n  audit_log: audit.jsonl\n  egress: {{ admin: \"http://{admin}\", token_file: agent.token }}\n  sandboxes:\n\
+             \x20   - name: web\n      policy: web.yaml\n      gates: {{ commands: [ curl, python3 ], max_seconds: 30, network: true }}\n"
+        ),
+    );
+    Followed {
+        dir,
+        origin,
+        _dns: dns,
+        _control: control,
+        admin,
+        config,
+    }
+}
+
+/// The task's exceptions in `state`, as an approver lists them.
+fn exceptions_in(admin: std::net::SocketAddr, state: &str) -> Vec<Value> {
+    let (status, list) = common::control::api(admin, "GET", "/v1/exceptions", Some("tok-alice"), None);
+    assert_eq!(status, 200, "{list}");
+    list.as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["task_id"] == "t-1" && e["state"] == state)
+        .cloned()
+        .collect()
+}
+
+/// Waits (at most 30 s) for the first pending request of t-1; its id.
+fn first_pending(admin: std::net::SocketAddr) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(e) = exceptions_in(admin, "pending").first() {
+            return e["id"].as_str().unwrap().to_owned();
+        }
+        assert!(Instant::now() < deadline, "no request reached the control plane");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Issue 31, acceptance: an MCP agent in an allowlist sandbox whose own proxy follows the
+/// control plane. Blocked; `request_egress` with a wait; a person approves with the CLI;
+/// the wait returns `approved` at once, and the next run passes; after a revocation the
+/// next run is refused. The exception is for the task the runs carry. Before issue 31 the
+/// server said "approved" for such a sandbox without `net.exceptions`, and the next run was
+/// refused again (the server now refuses that configuration at start: below).
+#[test]
+fn an_agent_in_an_allowlist_sandbox_that_follows_the_control_plane_is_approved_by_a_person() {
+    let rt = runtime();
+    let f = followed(&rt);
+    let port = f.origin.port();
+    let admin = f.admin;
+    let mut d = Driver::start(&f.config, "legacy");
+    let listed = d.call("list_sandboxes", json!({}));
+    let web = &listed["structured"]["sandboxes"][0];
+    assert_eq!(web["approvals"]["path"], "followed control plane", "{listed}");
+    assert_eq!(web["task"], "t-1", "{listed}");
+    let r = d.run(json!({"sandbox": "web", "command": ["python3", "-c", "import os; print(os.environ['SANDGATE_TASK'])"]}));
+    assert_eq!(r["structured"]["stdout"], "t-1\n", "the runs' task: {r}");
+
+    let r = fetch(&mut d, port);
+    assert_eq!(r["structured"]["stdout"], "403", "{r}");
+    assert_eq!(
+        r["structured"]["blocked"],
+        json!([{"host": "web.test", "port": port, "reason": "not_allowlisted"}]),
+        "{r}"
+    );
+
+    // A person approves while the agent waits.
+    let approver = std::thread::spawn(move || {
+        let id = first_pending(admin);
+        std::thread::sleep(Duration::from_millis(1500));
+        let (code, _, err) = cli(admin, "tok-alice", &["approve", &id]);
+        assert_eq!(code, 0, "{err}");
+        (id, Instant::now())
+    });
+    let asked = d.call(
+        "request_egress",
+        json!({"sandbox": "web", "hosts": ["web.test"], "ports": [port], "ttl_seconds": 300,
+               "reason": "fetch the test page", "wait_seconds": 60}),
+    );
+    let answered_at = Instant::now();
+    let (id, approved_at) = approver.join().unwrap();
+    let late = answered_at.saturating_duration_since(approved_at);
+    assert!(
+        late < Duration::from_secs(5),
+        "the wait outlived the approval by {late:?}: {asked}"
+    );
+    assert_eq!(asked["structured"]["state"], "approved", "{asked}");
+    assert_eq!(asked["structured"]["id"], id.as_str(), "{asked}");
+    assert_eq!(asked["structured"]["reaches"], json!(["web"]), "{asked}");
+    // Requested for the task the runs carry.
+    let (_, ex) = common::control::api(
+        admin,
+        "GET",
+        &format!("/v1/exceptions/{id}"),
+        Some("tok-alice"),
+        None,
+    );
+    assert_eq!(ex["task_id"], "t-1", "{ex}");
+
+    let r = fetch(&mut d, port);
+    assert_eq!(r["structured"]["stdout"], "200", "{r}");
+    assert_eq!(r["structured"]["blocked"], json!([]), "{r}");
+
+    let (code, _, err) = cli(admin, "tok-alice", &["revoke", &id]);
+    assert_eq!(code, 0, "{err}");
+    let r = fetch(&mut d, port);
+    assert_eq!(r["structured"]["stdout"], "403", "{r}");
+    let events = tool_events(f.dir.path());
+    assert!(
+        events.iter().any(|e| e["tool"] == "request_egress"
+            && e["exception_id"] == id.as_str()
+            && e["task_id"] == "t-1"
+            && e["outcome"] == "requested"),
+        "{events:#?}"
+    );
+}
+
+/// Issue 31: the wait ends as soon as any exception that covers the request is active for
+/// the task, not only the one the agent filed (here a wider request an approver granted
+/// instead); the agent's own request stays pending for the approver to deny or leave.
+#[test]
+fn the_wait_ends_when_any_exception_covering_the_request_is_approved() {
+    let rt = runtime();
+    let f = followed(&rt);
+    let port = f.origin.port();
+    let admin = f.admin;
+    let mut d = Driver::start(&f.config, "legacy");
+    // The client's first result of a tool is slow to read under load (its schema
+    // validation warms up); the time measured below is the server's.
+    let warm = d.call("egress_status", json!({}));
+    assert_eq!(warm["structured"]["pending"], json!([]), "{warm}");
+    let approver = std::thread::spawn(move || {
+        let mine = first_pending(admin);
+        let ask = format!(
+            r#"{{"task_id":"t-1","requested_hosts":["web.test","cdn.test"],"requested_ports":[{port}],"ttl_seconds":300,"reason":"the wider one"}}"#
+        );
+        let (status, wider) =
+            common::control::api(admin, "POST", "/v1/exceptions", Some("tok-agent"), Some(&ask));
+        assert_eq!(status, 201, "{wider}");
+        let wider = wider["id"].as_str().unwrap().to_owned();
+        std::thread::sleep(Duration::from_millis(1000));
+        let (code, _, err) = cli(admin, "tok-alice", &["approve", &wider]);
+        assert_eq!(code, 0, "{err}");
+        (mine, wider, Instant::now())
+    });
+    let asked = d.call(
+        "request_egress",
+        json!({"hosts": ["web.test"], "ports": [port], "ttl_seconds": 300,
+               "reason": "fetch the test page", "wait_seconds": 30}),
+    );
+    let answered_at = Instant::now();
+    let (mine, wider, approved_at) = approver.join().unwrap();
+    assert_eq!(asked["structured"]["state"], "approved", "{asked}");
+    let late = answered_at.saturating_duration_since(approved_at);
+    assert!(
+        late < Duration::from_secs(5),
+        "{late:?} after the approval: {asked}"
+    );
+    assert_eq!(asked["structured"]["id"], wider.as_str(), "{asked}");
+    assert_eq!(asked["structured"]["requested_id"], mine.as_str(), "{asked}");
+    let pending: Vec<Value> = exceptions_in(admin, "pending");
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0]["id"], mine.as_str());
+    let r = fetch(&mut d, port);
+    assert_eq!(r["structured"]["stdout"], "200", "{r}");
+}
+
+/// Issue 31, as an attacker: an agent that asks again and again (in turn, at once, with the
+/// hosts spelt otherwise) leaves one pending row for an approver; once approved, a request
+/// it covers files nothing and answers `approved` at once. (A sandbox whose traffic a
+/// central proxy decides: what is tested is the control plane's answers as the server
+/// reads them.)
+#[test]
+fn an_agents_duplicate_requests_leave_one_pending_row() {
+    let rt = runtime();
+    let dns = rt.block_on(DnsServer::start(Zone::new()));
+    let dir = tempfile::tempdir().unwrap();
+    let policy = central_policy(dir.path(), &[443]);
+    let central = start(&dns, &policy, &dir.path().join("state"));
+    let (listener, admin) = task_and_admin(&central);
+    std::fs::write(dir.path().join("agent.token"), "tok-agent\n").unwrap();
+    sandbox_policy(
+        dir.path(),
+        "web",
+        &format!(
+            "net:\n  mode: proxy\n  allow_domains: [ \"a.test\" ]\n  proxy: {{ upstream: \"{listener}\" }}\n"
+        ),
+    );
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "  task: t-1\n  audit_log: audit.jsonl\n  egress: {{ admin: \"http://{admin}\", token_file: agent.token }}\n  sandboxes:\n\
+             \x20   - name: web\n      policy: web.yaml\n      gates: {{ commands: [ curl ], network: true }}\n"
+        ),
+    );
+    let mut d = Driver::start(&config, "legacy");
+    let ask = |hosts: Value, reason: &str| json!({"call": "request_egress", "args": {"hosts": hosts, "ports": [443], "ttl_seconds": 300, "reason": reason}});
+    let first = d.send(ask(json!(["web.test"]), "one"));
+    let id = first["structured"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(first["structured"]["state"], "pending", "{first}");
+    let again = d.send(ask(json!(["Web.Test."]), "two"));
+    assert_eq!(again["structured"]["id"], id.as_str(), "{again}");
+    let both =
+        d.send(json!({"parallel": [ask(json!(["web.test"]), "three"), ask(json!(["web.test"]), "four")]}));
+    for r in both["results"].as_array().unwrap() {
+        assert_eq!(r["structured"]["id"], id.as_str(), "{both}");
+    }
+    assert_eq!(exceptions_in(admin, "pending").len(), 1, "{both}");
+
+    let (code, _, err) = cli(admin, "tok-alice", &["approve", &id]);
+    assert_eq!(code, 0, "{err}");
+    let covered = d.send(ask(json!(["web.test"]), "five"));
+    assert_eq!(covered["structured"]["state"], "approved", "{covered}");
+    assert_eq!(covered["structured"]["id"], id.as_str(), "{covered}");
+    let (_, all) = common::control::api(admin, "GET", "/v1/exceptions", Some("tok-alice"), None);
+    assert_eq!(all.as_array().unwrap().len(), 1, "{all}");
+}
+
+/// Issue 31, as an attacker on the configuration: `spec.egress` with a sandbox whose own
+/// proxy follows no control plane (or another one) would tell an agent "approved" for runs
+/// that stay refused. The server does not start, and names each such sandbox and the
+/// setting to add; a sandbox with no network is fine.
+#[test]
+fn egress_with_a_sandbox_no_approval_reaches_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("agent.token"), "tok-agent\n").unwrap();
+    sandbox_policy(
+        dir.path(),
+        "web",
+        "net:\n  mode: allowlist\n  allow_domains: [ \"a.test\" ]\n",
+    );
+    sandbox_policy(
+        dir.path(),
+        "elsewhere",
+        "net:\n  mode: allowlist\n  allow_domains: [ \"a.test\" ]\n  exceptions: { from: \"http://127.0.0.1:9\", token_file: f.token }\n",
+    );
+    sandbox_policy(dir.path(), "offline", "net:\n  mode: none\n");
+    let config = write_config(
+        dir.path(),
+        "  task: t-1\n  audit_log: audit.jsonl\n  egress: { admin: \"http://127.0.0.1:8\", token_file: agent.token }\n  sandboxes:\n\
+         \x20   - name: offline\n      policy: offline.yaml\n      gates: { commands: [ python3 ] }\n\
+         \x20   - name: web\n      policy: web.yaml\n      gates: { commands: [ curl ], network: true }\n\
+         \x20   - name: elsewhere\n      policy: elsewhere.yaml\n      gates: { commands: [ curl ], network: true }\n",
+    );
+    let out = Command::new(common::sandgate_bin())
+        .args(["mcp", "--config"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    for want in [
+        "spec.sandboxes[1].policy: sandbox \"web\"",
+        "net.mode allowlist: the run's own proxy decides and follows no control plane",
+        "add to the policy net.exceptions: { from: \"http://127.0.0.1:8\", token_file: FILE }",
+        "spec.sandboxes[2].policy: sandbox \"elsewhere\"",
+        "net.exceptions.from is \"http://127.0.0.1:9\", not \"http://127.0.0.1:8\"",
+    ] {
+        assert!(err.contains(want), "{want}\nin\n{err}");
+    }
+    assert!(!err.contains("\"offline\""), "{err}");
+    assert!(!dir.path().join("audit.jsonl").exists(), "it started");
+}
+
+/// Issue 31: a run is told its workspace (`SANDGATE_WORKSPACE`) and starts in it, whether
+/// the agent named one or the run got a fresh one of its own.
+#[test]
+fn a_run_starts_in_its_workspace_and_is_told_where_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = offline_config(dir.path());
+    let mut d = Driver::start(&config, "legacy");
+    let probe = "import os; print(os.getcwd()); print(os.environ.get('SANDGATE_WORKSPACE')); open('written-here', 'w').write('x')";
+    let ws = dir.path().canonicalize().unwrap().join("work/project");
+    let r = d.run(json!({"sandbox": "offline", "workspace": ws, "command": ["python3", "-c", probe]}));
+    assert_eq!(
+        r["structured"]["stdout"],
+        format!("{0}\n{0}\n", ws.display()),
+        "{r}"
+    );
+    assert!(ws.join("written-here").exists(), "{r}");
+    let r = d.run(json!({"sandbox": "offline", "command": ["python3", "-c", probe]}));
+    let out = r["structured"]["stdout"].as_str().unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 2, "{r}");
+    assert_eq!(lines[0], lines[1], "{r}");
+    assert!(lines[0].ends_with("/workspace"), "{r}");
+    assert_eq!(r["structured"]["exit_code"], 0, "{r}");
+}
+
+/// Issue 31: `check-config` reads an McpServer as `sandgate mcp` would, says how approvals
+/// reach each sandbox, and reports a missing required field as the other kinds do:
+/// `file:line: field: what to write`.
+#[test]
+fn check_config_reads_an_mcp_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = offline_config(dir.path());
+    let out = Command::new(common::sandgate_bin())
+        .arg("check-config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "{}: ok: t (McpServer: task t-1, 1 sandboxes",
+            config.display()
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("offline: net mode none, runs of task t-1; approvals: none"),
+        "{stdout}"
+    );
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("  task: t-1\n", "");
+    std::fs::write(&config, text).unwrap();
+    let out = Command::new(common::sandgate_bin())
+        .arg("check-config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    let want = format!(
+        "{}:6: spec.task: required, but missing; write task: agent-7",
+        config.display()
+    );
+    assert!(stderr.contains(&want), "{want}\nin\n{stderr}");
 }

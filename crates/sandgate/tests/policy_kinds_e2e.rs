@@ -133,7 +133,7 @@ fn check_config_reads_either_kind_and_says_what_to_change() {
     let (code, _, err) = sandgate(&["check-config", &other]);
     assert_eq!(code, 64);
     assert!(
-        err.contains(&format!("{other}: kind: \"NetworkPolicy\": check-config reads EgressPolicy (sandgate proxy) and SandboxPolicy (sandgate run)")),
+        err.contains(&format!("{other}: kind: \"NetworkPolicy\": check-config reads EgressPolicy (sandgate proxy), SandboxPolicy (sandgate run) and McpServer (sandgate mcp)")),
         "{err}"
     );
     // A parameter is given to check-config as to run.

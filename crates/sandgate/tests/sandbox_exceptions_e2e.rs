@@ -67,37 +67,26 @@ print("tunnel cut after %.1f s" % (time.time() - opened), flush=True)
 print("after", status(), flush=True)
 "#;
 
-#[test]
-fn a_sandboxed_command_is_denied_asks_is_approved_and_is_cut_on_revocation() {
-    let rt = runtime();
-    let origin = rt.block_on(Origin::http());
-    let echo = rt.block_on(EchoServer::start());
-    let dns = rt.block_on(DnsServer::start(
-        Zone::new()
-            .with("web.test", &["127.0.0.1"])
-            .with("echo.test", &["127.0.0.1"]),
-    ));
-    let dir = tempfile::tempdir().unwrap();
-    let policy = central_policy(dir.path(), &[origin.port(), echo.addr().port()]);
-    let central = start(&dns, &policy, &dir.path().join("state"));
-    let (listener, admin) = task_and_admin(&central);
-    // The sandbox forwards everything to the central proxy's t-1 listener, which decides.
-    let sandbox = write_policy(
-        dir.path(),
-        &format!(
-            // `*` is the usual ports only (issue 30): the test ports are named.
-            "net:\n  mode: proxy\n  allow_domains: [ \"*:{}\", \"*:{}\" ]\n  proxy: {{ upstream: \"{listener}\" }}\n",
-            origin.port(),
-            echo.addr().port()
-        ),
-    );
-    let url = format!("http://web.test:{}/", origin.port());
-    let echo_target = format!("echo.test:{}", echo.addr().port());
+/// Runs [`INSIDE`] under `sandgate run RUN_ARGS --policy SANDBOX` and drives it: denied
+/// first, a request filed and approved with the CLI, the next request allowed within a
+/// second or two, a tunnel opened and cut within a second or two of the revocation, and the
+/// next request refused. Returns the exception's id.
+fn approve_and_revoke_inside(
+    sandbox: &std::path::Path,
+    run_args: &[&str],
+    admin: std::net::SocketAddr,
+    ports: [u16; 2],
+) -> String {
+    let url = format!("http://web.test:{}/", ports[0]);
+    let echo_target = format!("echo.test:{}", ports[1]);
     let mut run = Command::new(common::sandgate_bin())
-        .args(["run", "--quiet", "--policy"])
-        .arg(&sandbox)
+        .args(["run", "--quiet"])
+        .args(run_args)
+        .arg("--policy")
+        .arg(sandbox)
         .args(["--", "python3", "-c", INSIDE])
         .args([&url, &echo_target, &admin.to_string()])
+        .env("XDG_STATE_HOME", sandbox_support::state_home())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -128,8 +117,7 @@ fn a_sandboxed_command_is_denied_asks_is_approved_and_is_cut_on_revocation() {
     // The requester asks over HTTP; the approver approves with the CLI.
     let ask = format!(
         r#"{{"task_id":"t-1","requested_hosts":["web.test","echo.test"],"requested_ports":[{},{}],"ttl_seconds":300,"reason":"the sandbox needs it"}}"#,
-        origin.port(),
-        echo.addr().port()
+        ports[0], ports[1]
     );
     let (status, ex) = api(admin, "POST", "/v1/exceptions", Some("tok-agent"), Some(&ask));
     assert_eq!(status, 201, "{ex}");
@@ -153,6 +141,34 @@ fn a_sandboxed_command_is_denied_asks_is_approved_and_is_cut_on_revocation() {
     );
     assert_eq!(next("after"), "after 403");
     assert!(sandbox_support::wait_bounded(&mut run).success());
+    id
+}
+
+#[test]
+fn a_sandboxed_command_is_denied_asks_is_approved_and_is_cut_on_revocation() {
+    let rt = runtime();
+    let origin = rt.block_on(Origin::http());
+    let echo = rt.block_on(EchoServer::start());
+    let dns = rt.block_on(DnsServer::start(
+        Zone::new()
+            .with("web.test", &["127.0.0.1"])
+            .with("echo.test", &["127.0.0.1"]),
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let policy = central_policy(dir.path(), &[origin.port(), echo.addr().port()]);
+    let central = start(&dns, &policy, &dir.path().join("state"));
+    let (listener, admin) = task_and_admin(&central);
+    // The sandbox forwards everything to the central proxy's t-1 listener, which decides.
+    let sandbox = write_policy(
+        dir.path(),
+        &format!(
+            // `*` is the usual ports only (issue 30): the test ports are named.
+            "net:\n  mode: proxy\n  allow_domains: [ \"*:{}\", \"*:{}\" ]\n  proxy: {{ upstream: \"{listener}\" }}\n",
+            origin.port(),
+            echo.addr().port()
+        ),
+    );
+    let id = approve_and_revoke_inside(&sandbox, &[], admin, [origin.port(), echo.addr().port()]);
     let events = read_audit(&central.audit_path);
     let lifecycle: Vec<(&str, &str)> = events
         .iter()
@@ -174,12 +190,53 @@ fn a_sandboxed_command_is_denied_asks_is_approved_and_is_cut_on_revocation() {
     );
 }
 
+/// The same flow in `allowlist` mode, where the run's own proxy decides: it follows the
+/// control plane (`net.exceptions`) for the run's task (`--task t-1`), so the approval
+/// reaches it within a second and the revocation cuts its tunnel within a second. Before
+/// `net.exceptions` (issue 31) an approval never reached such a run.
+#[test]
+fn an_allowlist_run_follows_the_control_plane_for_its_task() {
+    let rt = runtime();
+    let origin = rt.block_on(Origin::http());
+    let echo = rt.block_on(EchoServer::start());
+    let dns = rt.block_on(DnsServer::start(
+        Zone::new()
+            .with("web.test", &["127.0.0.1"])
+            .with("echo.test", &["127.0.0.1"]),
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let ports = [origin.port(), echo.addr().port()];
+    let policy = central_policy(dir.path(), &ports);
+    // The control plane's policy gains a follower token.
+    let follower = format!(
+        "      - {{ name: run-follower, role: follower, secret_sha256: {} }}\n",
+        sandgate_policy::auth::secret_hash("tok-follow")
+    );
+    let mut text = std::fs::read_to_string(&policy).unwrap();
+    text.push_str(&follower);
+    std::fs::write(&policy, text).unwrap();
+    let control = start(&dns, &policy, &dir.path().join("state"));
+    let (_, admin) = task_and_admin(&control);
+    let token = dir.path().join("follow.token");
+    std::fs::write(&token, "tok-follow\n").unwrap();
+    let sandbox = write_policy(
+        dir.path(),
+        &format!(
+            "net:\n  mode: allowlist\n  allow_domains: [ \"other.test:{p}\" ]\n  allow_ranges: [ 127.0.0.0/8 ]\n  resolver: {{ servers: [ \"{dns}\" ] }}\n  exceptions: {{ from: \"http://{admin}\", token_file: follow.token, ports: [ {p}, {e} ] }}\n",
+            p = ports[0],
+            e = ports[1],
+            dns = dns.addr(),
+        ),
+    );
+    approve_and_revoke_inside(&sandbox, &["--task", "t-1"], admin, ports);
+}
+
 /// The same as `nobody`.
 #[test]
 fn the_sandbox_exceptions_flow_passes_as_an_ordinary_user() {
     common::rerun_as_nobody(
         "sandbox_exceptions_e2e",
         "the_sandbox_exceptions_flow_passes_as_an_ordinary_user",
-        1,
+        2,
     );
 }

@@ -136,7 +136,8 @@ fn approved_on_a_applies_through_b_within_a_second_and_revoked_on_b_cuts_as_tunn
         "POST",
         "/v1/exceptions",
         Some("tok-alice"),
-        Some(&ask("web.test", origin.port(), 60)),
+        // Not web.test: the same request would be answered with the agent's, pending.
+        Some(&ask("mine.test", origin.port(), 60)),
     );
     assert_eq!(status, 201, "{mine}");
     let (status, err) = decide(b.admin, mine["id"].as_str().unwrap(), "approve", "tok-alice");
@@ -282,7 +283,8 @@ fn postgres_down_decisions_go_on_on_what_was_known_and_everything_resumes_when_i
     let a = node(&dns, &db.url(), &[port], &["--state-resync", "0.5"]);
     let long = request(a.admin, "web.test", port, 300);
     let short = request(a.admin, "short.test", port, 4);
-    let pending = request(a.admin, "web.test", port, 60);
+    // Not web.test: the same request would be answered with `long`, pending.
+    let pending = request(a.admin, "pending.test", port, 60);
     assert_eq!(decide(a.admin, &long, "approve", "tok-alice").0, 200);
     assert_eq!(decide(a.admin, &short, "approve", "tok-alice").0, 200);
     let web = format!("http://web.test:{port}/");

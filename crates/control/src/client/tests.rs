@@ -77,7 +77,6 @@ fn a_host_name_is_refused_with_what_to_write_instead() {
 #[test]
 fn other_bad_input_names_its_problem() {
     let cases: &[(&str, UrlProblem)] = &[
-        ("https://127.0.0.1:9090", UrlProblem::Scheme("https".into())),
         ("ftp://127.0.0.1:21", UrlProblem::Scheme("ftp".into())),
         ("127.0.0.1:9090", UrlProblem::Syntax),
         ("", UrlProblem::Syntax),
@@ -168,6 +167,7 @@ fn a_host_name_never_triggers_a_system_lookup() {
     for uri in [
         "http://evil.example:1/",
         "http://localhost.evil.example:1/",
+        "https://evil.example:1/",
         "http://127.1:1/",
     ] {
         let by_resolver = resolve(uri).unwrap_err();
@@ -175,21 +175,40 @@ fn a_host_name_never_triggers_a_system_lookup() {
             matches!(&by_resolver, ureq::Error::BadUri(m) if m.contains("is a host name")),
             "{uri}: {by_resolver:?}"
         );
-        let by_agent = agent(&Limits::default()).get(uri).call().unwrap_err();
+        let by_agent = agent(&Limits::default(), None).get(uri).call().unwrap_err();
         assert!(
             matches!(&by_agent, ureq::Error::BadUri(m) if m.contains("is a host name")),
             "{uri}: {by_agent:?}"
         );
     }
-    // The agent takes no other scheme either (and has no TLS).
-    let https = agent(&Limits::default())
-        .get("https://127.0.0.1:1/")
+    // The agent takes no other scheme either.
+    let ftp = agent(&Limits::default(), None)
+        .get("ftp://127.0.0.1:1/")
         .call()
         .unwrap_err();
+    assert!(matches!(&ftp, ureq::Error::BadUri(_)), "{ftp:?}");
+}
+
+#[test]
+fn https_needs_the_ca_and_trusts_nothing_else() {
+    // An https:// URL parses; a client without a CA refuses every call before connecting.
+    let url = AdminUrl::parse("https://127.0.0.1:9443").unwrap();
+    assert!(url.is_tls());
+    assert_eq!(url.to_string(), "https://127.0.0.1:9443");
+    let client = AdminClient::new(url, "t");
+    let e = client.get("/v1/exceptions").unwrap_err();
+    assert!(matches!(&e, AdminError::Tls(m) if m.contains("CA")), "{e:?}");
+    // A CA for a plain URL is a mistake, refused.
+    let ca = std::env::temp_dir().join("sandgate-client-test-none.pem");
+    let plain = AdminUrl::parse("http://127.0.0.1:9090").unwrap();
+    let e = AdminClient::with_ca(plain, "t", Limits::default(), &ca).unwrap_err();
     assert!(
-        matches!(&https, ureq::Error::BadUri(m) if m.contains("only http://")),
-        "{https:?}"
+        matches!(&e, AdminError::Tls(m) if m.contains("https://")),
+        "{e:?}"
     );
+    // A CA file that cannot be read is said.
+    let e = AdminClient::with_ca(url, "t", Limits::default(), &ca).unwrap_err();
+    assert!(matches!(&e, AdminError::Tls(m) if m.contains("CA file")), "{e:?}");
 }
 
 /// A one-shot HTTP server on 127.0.0.1:0: answers `response` to the first request and

@@ -8,11 +8,13 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 
-/// Where a local HTTP API listens: `http://HOST:PORT`, HOST an IP literal or `localhost`.
+/// Where a local HTTP API listens: `http://HOST:PORT` (or `https://`, for an admin listener
+/// that serves TLS), HOST an IP literal or `localhost`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AdminUrl {
     host: Host,
     port: u16,
+    tls: bool,
 }
 
 /// A host the client may connect to without asking anyone.
@@ -71,13 +73,22 @@ impl AdminUrl {
     pub fn port(&self) -> u16 {
         self.port
     }
+
+    /// `https://`: the client must verify the server against a CA it is given.
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
 }
 
 fn parse_url(input: &str) -> Result<AdminUrl, UrlProblem> {
     let (scheme, rest) = input.split_once("://").ok_or(UrlProblem::Syntax)?;
-    if !scheme.eq_ignore_ascii_case("http") {
+    let tls = if scheme.eq_ignore_ascii_case("http") {
+        false
+    } else if scheme.eq_ignore_ascii_case("https") {
+        true
+    } else {
         return Err(UrlProblem::Scheme(clip(scheme, 20)));
-    }
+    };
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
     if !tail.bytes().all(|b| b == b'/') {
@@ -109,7 +120,7 @@ fn parse_url(input: &str) -> Result<AdminUrl, UrlProblem> {
         Ok(p) if p != 0 && port.bytes().all(|b| b.is_ascii_digit()) => p,
         _ => return Err(UrlProblem::Port(clip(port, 20))),
     };
-    Ok(AdminUrl { host, port })
+    Ok(AdminUrl { host, port, tls })
 }
 
 impl FromStr for AdminUrl {
@@ -125,6 +136,7 @@ impl From<SocketAddr> for AdminUrl {
         AdminUrl {
             host: Host::Ip(addr.ip()),
             port: addr.port(),
+            tls: false,
         }
     }
 }
@@ -132,10 +144,11 @@ impl From<SocketAddr> for AdminUrl {
 /// The canonical form, `http://HOST:PORT` (IPv6 in brackets, no trailing `/`).
 impl fmt::Display for AdminUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scheme = if self.tls { "https" } else { "http" };
         match self.host {
-            Host::Ip(IpAddr::V4(ip)) => write!(f, "http://{ip}:{}", self.port),
-            Host::Ip(IpAddr::V6(ip)) => write!(f, "http://[{ip}]:{}", self.port),
-            Host::Localhost => write!(f, "http://localhost:{}", self.port),
+            Host::Ip(IpAddr::V4(ip)) => write!(f, "{scheme}://{ip}:{}", self.port),
+            Host::Ip(IpAddr::V6(ip)) => write!(f, "{scheme}://[{ip}]:{}", self.port),
+            Host::Localhost => write!(f, "{scheme}://localhost:{}", self.port),
         }
     }
 }
@@ -167,7 +180,7 @@ impl fmt::Display for UrlProblem {
             UrlProblem::Syntax => f.write_str("expected http://HOST:PORT"),
             UrlProblem::Scheme(s) => write!(
                 f,
-                "scheme {s:?}: only http:// (the admin listener speaks plain HTTP; keep it on loopback)"
+                "scheme {s:?}: only http://, or https:// for an admin listener that serves TLS"
             ),
             UrlProblem::HostName(h) => write!(
                 f,

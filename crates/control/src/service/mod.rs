@@ -3,21 +3,24 @@
 //! state it was made from, so proxies sharing a store cannot both make it), then published
 //! to the proxy (the exceptions layer of its rules, so it takes effect on every listener at
 //! once, with no reload), then recorded. A revocation also cuts what the exception let
-//! through. Publication, expiry and the resync with a shared store are in [`sync`].
+//! through. Filing a request (and what already answers one, so duplicates are not filed) and
+//! an approver's one-step allow are in [`request`]; publication, expiry and the resync with a
+//! shared store in [`sync`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sandgate_policy::exception::Narrowing;
-use sandgate_policy::{
-    Exception, ExceptionPolicy, NewRequest, Principal, RequestError, Role, TransitionError,
-};
+use sandgate_policy::{Exception, ExceptionPolicy, Principal, RequestError, Role, TransitionError};
 use sandgate_proxy::PolicyHandle;
 use sandgate_proxy::audit::event::{Change, Event, ExceptionChange};
 
 use crate::store::{ExceptionStore, StoreError};
 
+mod request;
 mod sync;
+
+pub use request::Filed;
 
 /// The clock, injected so tests can set the second.
 pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
@@ -63,13 +66,10 @@ pub struct Control {
     projects: std::collections::HashMap<String, String>,
     /// The active exceptions last published: what decisions go on with while the
     /// store cannot be read, and what a resync compares with to cut what ended elsewhere.
-    known: std::sync::Mutex<Vec<Exception>>,
+    pub(crate) known: crate::applied::Applied,
     /// Whether the store failed its last call from the background (logged once per outage).
     store_down: std::sync::atomic::AtomicBool,
 }
-
-/// Pending requests one requester may have at a time.
-const MAX_PENDING_PER_REQUESTER: usize = 100;
 
 impl std::fmt::Debug for Control {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -116,71 +116,6 @@ impl Control {
     fn new_id(&self) -> String {
         // Unique per process and, through the seed, across restarts; not a secret.
         format!("ex-{:016x}", self.next_id.fetch_add(1, Ordering::Relaxed))
-    }
-
-    /// Files a request. Requesters may ask only for the tasks their token names.
-    pub async fn request(&self, who: &Principal, req: NewRequest) -> Result<Exception, ControlError> {
-        match who.role {
-            Role::Requester if sandgate_policy::ids::listed(&who.tasks, &req.task_id) => {}
-            Role::Requester => {
-                return Err(ControlError::Forbidden(format!(
-                    "{} may not request exceptions for task {:?}",
-                    who.name, req.task_id
-                )));
-            }
-            Role::Approver => {}
-            Role::Viewer => return Err(forbidden(who, "request exceptions")),
-        }
-        for (field, value) in [
-            ("task_id", Some(&req.task_id)),
-            ("project_id", req.project_id.as_ref()),
-        ] {
-            if let Some(v) = value
-                && !sandgate_policy::ids::valid(v)
-            {
-                return Err(ControlError::Invalid(format!(
-                    "{field}: use 1 to 128 of A-Z a-z 0-9 . _ : -"
-                )));
-            }
-        }
-        // The project is the policy's for this task, never the caller's claim.
-        match (self.projects.get(&req.task_id), &req.project_id) {
-            (Some(known), Some(claimed)) if known != claimed => {
-                return Err(ControlError::Forbidden(format!(
-                    "task {:?} belongs to project {known:?}, not {claimed:?}",
-                    req.task_id
-                )));
-            }
-            (None, Some(claimed)) => {
-                return Err(ControlError::Forbidden(format!(
-                    "task {:?} is in no project of the policy, not {claimed:?}",
-                    req.task_id
-                )));
-            }
-            _ => {}
-        }
-        let req = NewRequest {
-            project_id: self.projects.get(&req.task_id).cloned(),
-            ..req
-        };
-        let _serial = self.changes.lock().await;
-        let pending = self
-            .store
-            .list_in(sandgate_policy::ExceptionState::Pending)
-            .await?
-            .iter()
-            .filter(|e| e.requested_by == who.name)
-            .count();
-        if pending >= MAX_PENDING_PER_REQUESTER {
-            return Err(ControlError::TooMany(format!(
-                "{} already has {pending} pending requests; wait for decisions",
-                who.name
-            )));
-        }
-        let ex = self.policy.admit(req, self.new_id(), &who.name, self.now())?;
-        self.store.insert(&ex).await?;
-        self.record(Change::Requested, &ex, Some(&who.name)).await;
-        Ok(ex)
     }
 
     /// Approves (possibly narrowed). Approvers only, never the requester.

@@ -18,45 +18,14 @@ use super::{Control, ControlError};
 use crate::store::StoreError;
 
 impl Control {
-    /// Hands the proxy the entries of every active exception in the store, and cuts what
-    /// was active at the last publication and no longer is.
+    /// Hands the proxy the entries of every active exception in the store within this
+    /// policy's bounds, and cuts what was active at the last publication and no longer is.
     pub(super) async fn publish(&self) -> Result<(), ControlError> {
-        let now = self.now();
-        let active = self
-            .store
-            .list_in(ExceptionState::Approved)
-            .await?
-            .into_iter()
-            .filter(|e| e.is_active(now))
-            // A row the policy's bounds do not allow (written into a shared database by
-            // hand, or by a proxy with another policy) allows nothing here.
-            .filter(|e| match self.policy.check_bounds(e) {
-                Ok(()) => true,
-                Err(error) => {
-                    tracing::warn!(exception = %e.id, %error, "a stored exception is out of this policy's bounds; not applied");
-                    false
-                }
-            })
-            .collect();
-        self.install(active);
+        let approved = self.store.list_in(ExceptionState::Approved).await?;
+        let active =
+            crate::applied::in_force(approved, &self.policy, self.now(), crate::applied::Stray::Warn);
+        self.known.install(&self.proxy, active);
         Ok(())
-    }
-
-    /// Makes `active` the exceptions layer, cutting what left it.
-    fn install(&self, active: Vec<Exception>) {
-        let mut known = match self.known.lock() {
-            Ok(k) => k,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        for gone in known.iter().filter(|k| !active.iter().any(|a| a.id == k.id)) {
-            let cut = self.proxy.cut(&gone.rule_label());
-            if cut > 0 {
-                tracing::info!(exception = %gone.id, connections = cut, "exception no longer active; its connections were cut");
-            }
-        }
-        self.proxy
-            .set_exceptions(active.iter().flat_map(Exception::entries).collect());
-        *known = active;
     }
 
     /// Reads the store again and publishes what it holds (after another proxy's change, or
@@ -94,12 +63,10 @@ impl Control {
 
     /// Drops (and cuts) the known exceptions whose second has come, with no store needed.
     fn expire_known(&self, now: i64) {
-        let known = match self.known.lock() {
-            Ok(k) => k.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        };
+        let known = self.known.known();
         if known.iter().any(|e| !e.is_active(now)) {
-            self.install(known.into_iter().filter(|e| e.is_active(now)).collect());
+            let active = known.into_iter().filter(|e| e.is_active(now)).collect();
+            self.known.install(&self.proxy, active);
         }
     }
 
@@ -138,7 +105,7 @@ impl Control {
         match error {
             Some(e) if e.is_store() => {
                 if !self.store_down.swap(true, Ordering::Relaxed) {
-                    let known = self.known.lock().map_or(0, |k| k.len());
+                    let known = self.known.known().len();
                     tracing::error!(store = %self.store.describe(), error = %e, known,
                         "exception store unavailable: decisions go on with the exceptions last known, each until its expiry; requests and approvals get 503");
                 }

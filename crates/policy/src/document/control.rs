@@ -103,7 +103,7 @@ pub(super) fn admin_spec(c: &mut Checker<'_>, raw: Option<&Spanned<RawAdmin>>, f
             c.error(
                 line,
                 "spec.admin.tokens.role",
-                format!("{:?}: use requester, approver or viewer", t.value.role),
+                format!("{:?}: use requester, approver, viewer or follower", t.value.role),
             );
             continue;
         };

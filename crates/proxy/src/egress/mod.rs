@@ -315,7 +315,8 @@ impl Egress {
         let end = End {
             sent,
             received,
-            status: Some(classified.status),
+            // An upstream proxy's refusal records its own status (a 407 the client got as 403).
+            status: classified.upstream_status.or(Some(classified.status)),
             // Only upstream failures reach here; anything else is recorded as the client's.
             outcome: classified.outcome.unwrap_or(Outcome::ClientFailure),
         };

@@ -353,8 +353,13 @@ async fn relay_response<S: AsyncRead + AsyncWrite + Unpin>(
     .await;
     let status = Some(response.status);
     // When chained, the upstream proxy's own refusal is a refusal upstream, not an origin's
-    // answer: it says so in Proxy-Status (RFC 9209), as sandgate's own refusals do.
-    let label = if up.chained && refused_by_proxy(&response) {
+    // answer (classified in refusal.rs).
+    let proxy_status = response
+        .fields
+        .iter()
+        .filter(|f| f.name.eq_ignore_ascii_case("proxy-status"))
+        .map(|f| f.value.as_slice());
+    let label = if up.chained && crate::refusal::refused_upstream(response.status, proxy_status) {
         Outcome::Upstream(F::UpstreamDenied)
     } else {
         Outcome::Ok
@@ -382,18 +387,6 @@ async fn relay_response<S: AsyncRead + AsyncWrite + Unpin>(
             }
         }
     }
-}
-
-/// Whether a response is a proxy's denial: 403 with a `Proxy-Status` error of
-/// `http_request_denied` or `destination_ip_prohibited`.
-fn refused_by_proxy(response: &crate::h1::head::ResponseHead) -> bool {
-    response.status == 403
-        && response.fields.iter().any(|f| {
-            f.name.eq_ignore_ascii_case("proxy-status") && {
-                let v = String::from_utf8_lossy(&f.value);
-                v.contains("error=http_request_denied") || v.contains("error=destination_ip_prohibited")
-            }
-        })
 }
 
 /// Reads the final response head, forwarding any 1xx interim responses to the client as they

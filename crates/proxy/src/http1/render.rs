@@ -1,8 +1,10 @@
 //! HTTP/1 rendering of a refusal: a status line whose reason phrase names the destination
 //! and why (`403 sandgate: example.org:443 not in allowlist`, which is what pip and
 //! Python's http.client print for a refused CONNECT, and curl shows with -v), an RFC 9209
-//! `Proxy-Status` field, a challenge for 407, and a short body: the same line, the request
-//! id to find it in the audit log, and what to do next. Details stay in the audit log.
+//! `Proxy-Status` field, a challenge for 407, the request id (`Sandgate-Request-Id`, which
+//! `curl -v` shows for a refused CONNECT, whose body it does not print), and a short body:
+//! the same line, the request id with the command that explains it from the audit log
+//! (`sandgate explain --request-id`), and what to do next. Details stay in the audit log.
 
 use std::fmt::Write as _;
 
@@ -32,7 +34,7 @@ fn reason_phrase(c: &Classified) -> String {
 /// The whole response, ending with `Connection: close`.
 pub(crate) fn render(c: &Classified, request_id: &str) -> Vec<u8> {
     let mut body = format!(
-        "sandgate: {}\nrequest id: {request_id} (sandgate audit tail --grep {request_id})\n",
+        "sandgate: {}\nrequest id: {request_id} (sandgate explain --request-id {request_id})\n",
         c.text
     );
     for hint in &c.hints {
@@ -50,7 +52,8 @@ pub(crate) fn render(c: &Classified, request_id: &str) -> Vec<u8> {
     let _ = write!(
         head,
         "HTTP/1.1 {} {}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n\
-         Proxy-Status: sandgate; error={}; details={details}\r\n{challenge}Connection: close\r\n\r\n{body}",
+         Proxy-Status: sandgate; error={}; details={details}\r\nSandgate-Request-Id: {request_id}\r\n\
+         {challenge}Connection: close\r\n\r\n{body}",
         c.status,
         reason_phrase(c),
         body.len(),
@@ -97,11 +100,11 @@ mod tests {
             text.starts_with("HTTP/1.1 403 sandgate: evil.test:443 not in allowlist\r\n"),
             "{text}"
         );
-        assert!(text.contains("Proxy-Status: sandgate; error=http_request_denied; details=\"denied CONNECT evil.test:443: not in allowlist\"\r\n"));
+        assert!(text.contains("Proxy-Status: sandgate; error=http_request_denied; details=\"denied CONNECT evil.test:443: not in allowlist\"\r\nSandgate-Request-Id: abc\r\n"));
         assert!(
             text.ends_with(
                 "\r\n\r\nsandgate: denied CONNECT evil.test:443: not in allowlist\n\
-             request id: abc (sandgate audit tail --grep abc)\n\
+             request id: abc (sandgate explain --request-id abc)\n\
              to allow it, add evil.test to the allowlist (spec.network.allowlist, or --allow evil.test)\n"
             ),
             "{text}"

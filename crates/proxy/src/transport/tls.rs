@@ -162,6 +162,29 @@ impl ServerFiles {
     }
 }
 
+/// The files of an admin listener that serves TLS. No client certificate: its callers
+/// authenticate with bearer tokens; TLS keeps those and the answers private, and proves
+/// the listener to a follower that holds the CA.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl AdminFiles {
+    pub fn load(&self) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+        let certs = load_certs(&self.cert)?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Config(e.to_string()))?
+            .with_no_client_auth()
+            .with_single_cert(certs, load_key(&self.key)?)
+            .map_err(|e| file_error(&self.key, format!("does not match {}: {e}", self.cert.display())))?;
+        config.alpn_protocols = vec![HTTP1.to_vec()];
+        Ok(Arc::new(config))
+    }
+}
+
 /// The files of a node's client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientFiles {

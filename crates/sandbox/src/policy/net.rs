@@ -2,8 +2,8 @@
 //! `platform.bwrap.unshare.net`, and the command line's `--net`, which wins over the
 //! section), the allowlist (`allow_domains`, `presets`, and an `EgressPolicy` named by
 //! `egress_policy`), the proxy's ports inside the sandbox, the upstream proxy of `proxy`
-//! mode (an address, or a name resolved at run start: [`super::upstream`]), and bridged
-//! loopback ports. Pure.
+//! mode (an address, or a name resolved at run start: [`super::upstream`]), bridged
+//! loopback ports, and the control plane the run's proxy follows (`net.exceptions`). Pure.
 
 use std::net::SocketAddr;
 
@@ -83,6 +83,8 @@ pub(super) struct RawNet {
     pub(super) allow_ranges: Vec<String>,
     #[serde(default)]
     pub(super) resolver: Option<RawResolver>,
+    #[serde(default)]
+    exceptions: Option<super::exceptions::RawExceptions>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -142,6 +144,7 @@ pub(super) struct Network {
     pub(super) all_proxy_http: bool,
     /// `net.allowlist` and `net.denylist`, validated.
     pub(super) entries: Entries,
+    pub(super) exceptions: Option<super::exceptions::ExceptionsFeed>,
 }
 
 /// The network mode from `net.mode` and the design's `platform.bwrap.unshare.net`: `false`
@@ -201,6 +204,9 @@ pub(super) fn set_aside(raw: &mut RawNet, unshare_net: Option<bool>, mode: NetMo
         }
         if note(raw.proxy.is_some(), "net.proxy") {
             raw.proxy = None;
+        }
+        if note(raw.exceptions.is_some(), "net.exceptions") {
+            raw.exceptions = None;
         }
     }
     if mode == NetMode::Allowlist
@@ -281,6 +287,11 @@ pub(super) fn network(raw: &RawNet, net: NetMode, file: &str, now: i64) -> Resul
                 .to_owned(),
         ));
     }
+    let exceptions = raw
+        .exceptions
+        .as_ref()
+        .map(|e| super::exceptions::feed(e, own_proxy))
+        .transpose()?;
     if raw.egress_policy.as_deref().is_some_and(str::is_empty) {
         return Err(PolicyError("net.egress_policy: an empty path".to_owned()));
     }
@@ -292,6 +303,7 @@ pub(super) fn network(raw: &RawNet, net: NetMode, file: &str, now: i64) -> Resul
         socks_port,
         all_proxy_http,
         entries,
+        exceptions,
     })
 }
 

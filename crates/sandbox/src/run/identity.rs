@@ -4,7 +4,9 @@
 //! node cannot claim another node's runs), the project (`--project`), the job (`--job`) and
 //! the subject (`--subject`, else the user). Every id follows the policy's id rule. The
 //! command inside is told them (`SANDGATE_RUN_ID`, `SANDGATE_TASK`, `SANDGATE_PROJECT`,
-//! `SANDGATE_JOB`), and the run prints them at start unless `--quiet`.
+//! `SANDGATE_JOB`), and the run prints them at start unless `--quiet`. It is also told its
+//! workspace, the `WORKSPACE` parameter when one is given (`SANDGATE_WORKSPACE`; `sandgate
+//! mcp` gives every run one), so a command can find where it may write.
 
 use sandgate_policy::ids;
 
@@ -22,6 +24,8 @@ pub(super) struct RunIdentity {
     pub job: Option<String>,
     /// Who started it.
     pub subject: String,
+    /// The `WORKSPACE` parameter (`--param`, `--path-param`), when given.
+    pub workspace: Option<String>,
 }
 
 impl RunIdentity {
@@ -58,6 +62,7 @@ impl RunIdentity {
             project,
             job,
             subject,
+            workspace: opts.params.get("WORKSPACE").cloned(),
         })
     }
 
@@ -69,6 +74,11 @@ impl RunIdentity {
         ];
         env.extend(self.project.clone().map(|p| ("SANDGATE_PROJECT".to_owned(), p)));
         env.extend(self.job.clone().map(|j| ("SANDGATE_JOB".to_owned(), j)));
+        env.extend(
+            self.workspace
+                .clone()
+                .map(|w| ("SANDGATE_WORKSPACE".to_owned(), w)),
+        );
         env
     }
 
@@ -145,10 +155,21 @@ mod tests {
         assert!(env.contains(&("SANDGATE_TASK".into(), "t-1".into())), "{env:?}");
         assert!(env.contains(&("SANDGATE_JOB".into(), "j-1".into())), "{env:?}");
         assert!(!env.iter().any(|(k, _)| k == "SANDGATE_PROJECT"), "{env:?}");
+        assert!(!env.iter().any(|(k, _)| k == "SANDGATE_WORKSPACE"), "{env:?}");
         assert_eq!(id.describe(), format!("run {}: task t-1, job j-1", id.run));
 
         let unnamed = RunIdentity::of(&RunOptions::default(), None).unwrap();
         assert_eq!(unnamed.task, unnamed.run);
+
+        let with_workspace = RunOptions {
+            params: [("WORKSPACE".to_owned(), "/srv/work/a".to_owned())].into(),
+            ..RunOptions::default()
+        };
+        let env = RunIdentity::of(&with_workspace, None).unwrap().env();
+        assert!(
+            env.contains(&("SANDGATE_WORKSPACE".into(), "/srv/work/a".into())),
+            "{env:?}"
+        );
 
         for (flag, opts) in [
             (

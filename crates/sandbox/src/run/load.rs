@@ -40,6 +40,11 @@ pub fn load_policy(opts: &RunOptions) -> Result<SandboxPolicy, RunError> {
             p.net.name()
         )));
     }
+    if let Some(feed) = p.exceptions.as_mut() {
+        let dir = opts.policy_path.parent().unwrap_or(Path::new("."));
+        feed.token_file = dir.join(&feed.token_file);
+        feed.ca = feed.ca.as_ref().map(|ca| dir.join(ca));
+    }
     if let Some(path) = egress_policy_path(opts, &p) {
         p.egress = Some(Box::new(crate::egress::load(&path)?));
     }
@@ -66,6 +71,7 @@ pub(super) fn protected_files(
     let mut out: Vec<PathBuf> = [
         Some(opts.policy_path.clone()),
         egress_policy_path(opts, policy),
+        policy.exceptions.as_ref().map(|e| e.token_file.clone()),
         audit.map(Path::to_path_buf),
         crate::runlog::dir(),
     ]

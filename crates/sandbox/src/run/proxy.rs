@@ -29,6 +29,38 @@ pub(super) struct ProxyRun {
     pub(super) live: bool,
     /// bwrap's pid once it runs: `--ask` holds the sandbox still while it asks.
     pub(super) sandbox: std::sync::Arc<std::sync::OnceLock<i32>>,
+    /// What starts the follower of `net.exceptions` (the binary's).
+    pub(super) follow: Option<Follow>,
+}
+
+/// What starts a follower of `net.exceptions` for the run's proxy. The binary gives it: it
+/// has the control plane's client, which this crate does not depend on. Called once the
+/// proxy is bound and before the command starts (so what is approved already applies to the
+/// first request); what it returns keeps the follower running, and is dropped when the
+/// run's proxy stops. An error is the configuration's (a usage error).
+#[derive(Clone)]
+pub struct Follow(pub std::sync::Arc<StartFollower>);
+
+/// The function behind [`Follow`]: what it returns keeps the follower running.
+pub type StartFollower = dyn Fn(FollowRequest) -> Result<Following, String> + Send + Sync;
+
+/// A running follower, held until the run's proxy stops.
+pub type Following = Box<dyn std::any::Any + Send>;
+
+impl std::fmt::Debug for Follow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Follow")
+    }
+}
+
+/// What a follower is started with: the feed, the run's task and project (its bounds apply
+/// to that task only), and the run's proxy.
+#[derive(Debug)]
+pub struct FollowRequest {
+    pub feed: crate::policy::ExceptionsFeed,
+    pub task: String,
+    pub project: Option<String>,
+    pub proxy: sandgate_proxy::PolicyHandle,
 }
 
 /// The run's proxy while it serves, with its live deny printer.
@@ -36,12 +68,15 @@ pub(super) struct RunningProxy {
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<std::io::Result<u64>>,
     live: Option<crate::live::Printer>,
+    /// The follower of `net.exceptions`, while the proxy serves.
+    follower: Option<Following>,
 }
 
 impl RunningProxy {
     /// Stops the proxy (its audit log drained), then the live printer (what it was sent
     /// printed).
     pub(super) async fn stop(self) {
+        drop(self.follower);
         let _ = self.stop.send(());
         let _ = self.task.await;
         if let Some(live) = self.live {
@@ -74,6 +109,7 @@ pub(super) async fn start_proxy(
         )));
     }
     proxy.set_report_only(how.learn);
+    let follower = follow(policy, &how, &proxy).await?;
     let live = how
         .live
         .then(|| crate::live::Printer::start(proxy.policy_handle().subscribe()));
@@ -97,7 +133,37 @@ pub(super) async fn start_proxy(
         stop: stop_tx,
         task,
         live,
+        follower,
     })
+}
+
+/// Starts the follower `net.exceptions` asks for, for the run's task, before the command
+/// runs (its first read of the control plane included).
+async fn follow(
+    policy: &SandboxPolicy,
+    how: &ProxyRun,
+    proxy: &Proxy,
+) -> Result<Option<Following>, RunError> {
+    let Some(feed) = policy.exceptions.clone() else {
+        return Ok(None);
+    };
+    let Some(Follow(start)) = how.follow.clone() else {
+        return Err(RunError::Unavailable(
+            "net.exceptions: this runner cannot follow a control plane".into(),
+        ));
+    };
+    let request = FollowRequest {
+        feed,
+        task: how.identity.task.clone(),
+        project: how.identity.project.clone(),
+        proxy: proxy.policy_handle(),
+    };
+    let started = tokio::task::spawn_blocking(move || start(request))
+        .await
+        .map_err(|e| RunError::Unavailable(format!("net.exceptions: the follower did not start: {e}")))?;
+    started
+        .map(Some)
+        .map_err(|e| RunError::Usage(format!("net.exceptions: {e}")))
 }
 
 /// The run's proxy: the policy's rules, ranges and resolver, and its listeners on host

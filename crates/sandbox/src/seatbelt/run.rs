@@ -99,6 +99,7 @@ pub(super) async fn supervise(
                 ask: None,
                 learn: opts.learn,
                 live: !opts.quiet,
+                follow: opts.follow.clone(),
             };
             let proxy = start_proxy(&policy, &audit_path, &state, how).await?;
             Some(open_fronts(&policy, &state, proxy).await?)

@@ -11,14 +11,15 @@ pub enum AuditCommand {
     Tail {
         #[command(flatten)]
         filter: AuditFilterArgs,
-        /// The audit log (its rotated siblings .1, .2, ... are read too).
-        #[arg(
-            long,
-            value_name = "PATH",
-            default_value = "audit.jsonl",
-            env = "SANDGATE_AUDIT_LOG"
-        )]
-        file: std::path::PathBuf,
+        /// The audit log (its rotated siblings .1, .2, ... are read too) [env:
+        /// SANDGATE_AUDIT_LOG] [default: audit.jsonl]
+        #[arg(long, value_name = "PATH")]
+        file: Option<std::path::PathBuf>,
+        /// Read the newest run log of `sandgate run` instead (kept under
+        /// $XDG_STATE_HOME/sandgate/runs, or ~/.local/state/...), whatever SANDGATE_AUDIT_LOG
+        /// says; its path goes to stderr.
+        #[arg(long, conflicts_with = "file")]
+        last_run: bool,
         /// Keep printing events as they are appended (Ctrl-C to stop).
         #[arg(long)]
         follow: bool,

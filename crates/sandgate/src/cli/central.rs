@@ -3,18 +3,19 @@
 
 use clap::{Args, Subcommand};
 
-/// `sandgate exceptions` flags.
+/// `sandgate exceptions` flags. They are global: before or after the subcommand
+/// (`sandgate exceptions list --json`), as kubectl and gh take theirs.
 #[derive(Debug, Args)]
 pub struct ExceptionsArgs {
     /// The admin API's base URL, http://IP:PORT or http://localhost:PORT (never a looked-up
     /// name) [env: SANDGATE_ADMIN; default: http://127.0.0.1:9090]
-    #[arg(long, value_name = "URL")]
+    #[arg(long, global = true, value_name = "URL")]
     pub admin: Option<String>,
     /// A file holding the bearer token [default: the SANDGATE_TOKEN environment variable]
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, global = true, value_name = "FILE")]
     pub token_file: Option<std::path::PathBuf>,
     /// Print the API's JSON instead of a table.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub json: bool,
     #[command(subcommand)]
     pub command: ExceptionsCommand,
@@ -44,9 +45,10 @@ pub enum ExceptionsCommand {
         #[arg(long)]
         reason: String,
     },
-    /// List exceptions (a requester sees its tasks').
+    /// List exceptions (a requester sees its tasks'): one line each, the reason cut to fit
+    /// (to $COLUMNS when set); `show` prints it whole.
     List,
-    /// Show one exception.
+    /// Show one exception: every field, one per line.
     Show {
         /// The exception's id (ex-...).
         id: String,

@@ -1,5 +1,6 @@
-//! `sandgate proxy` and `sandgate explain`: the proxy's flags, and explain's, which decide
-//! as the proxy would, with the same pattern and range grammar.
+//! `sandgate proxy`, `sandgate explain` and `sandgate health`: the proxy's flags; explain's,
+//! which decide as the proxy would, with the same pattern and range grammar; and the health
+//! check's, which asks a running proxy's admin listener.
 
 use clap::Args;
 
@@ -79,9 +80,32 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "ADDR")]
     pub socks_listen: Vec<String>,
     /// The admin listener: /metrics and, with admin tokens in the policy, the exceptions API
-    /// (/v1) [default: spec.admin.listen]
+    /// (/v1) [default: spec.admin.listen, else env SANDGATE_ADMIN_LISTEN (the image sets
+    /// 127.0.0.1:9090 for its health check)]
     #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<String>,
+    /// What keeps others off an admin listener that is not on loopback (a firewall, a
+    /// Kubernetes NetworkPolicy); given, the proxy does not warn at start that the listener
+    /// is off loopback
+    #[arg(long, value_name = "WHAT", env = "SANDGATE_ADMIN_GUARDED_BY")]
+    pub admin_guarded_by: Option<String>,
+    /// Serve the admin listener over TLS with this certificate (PEM chain), so proxies on
+    /// other hosts can follow its exceptions (https://); needs --admin-tls-key
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "SANDGATE_ADMIN_TLS_CERT",
+        requires = "admin_tls_key"
+    )]
+    pub admin_tls_cert: Option<std::path::PathBuf>,
+    /// The admin listener certificate's private key (PEM)
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "SANDGATE_ADMIN_TLS_KEY",
+        requires = "admin_tls_cert"
+    )]
+    pub admin_tls_key: Option<std::path::PathBuf>,
     /// Where the exceptions database lives [default: $STATE_DIRECTORY]
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<std::path::PathBuf>,
@@ -104,6 +128,38 @@ pub struct ProxyArgs {
     /// must name the host); without it they are plain, and sslmode=require is refused
     #[arg(long, value_name = "FILE", requires = "state")]
     pub state_ca: Option<std::path::PathBuf>,
+    /// Follow the exceptions approved on a control plane this proxy does not host: its admin
+    /// URL, http://127.0.0.1:PORT (loopback only; another host through a tunnel to it).
+    /// Applied within this policy's spec.exceptions bounds, never beyond them
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "SANDGATE_EXCEPTIONS_FROM",
+        requires = "exceptions_token_file"
+    )]
+    pub exceptions_from: Option<String>,
+    /// With --exceptions-from: a file holding the token it reads with (a follower token of
+    /// that control plane: it reads exceptions and nothing else)
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "SANDGATE_EXCEPTIONS_TOKEN_FILE",
+        requires = "exceptions_from"
+    )]
+    pub exceptions_token_file: Option<std::path::PathBuf>,
+    /// With --exceptions-from https://...: the CA certificate(s) (PEM) that signed the control
+    /// plane's admin listener certificate; nothing else is trusted
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "SANDGATE_EXCEPTIONS_CA",
+        requires = "exceptions_from"
+    )]
+    pub exceptions_ca: Option<std::path::PathBuf>,
+    /// With --exceptions-from: seconds between full re-reads, beside the live events
+    /// [default: 10]
+    #[arg(long, value_name = "SECS", requires = "exceptions_from")]
+    pub exceptions_resync: Option<f64>,
     /// Most concurrent client connections; beyond it, 503 [default: 16384, or what the
     /// open-file limit allows at two descriptors each]
     #[arg(long, value_name = "N")]
@@ -178,6 +234,32 @@ pub struct ExplainArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Explain a request the proxy answered, by the id its refusal printed (`request id:` in
+    /// the body, `Sandgate-Request-Id` in the head): the rule or reason, and what would allow
+    /// it. Exit 0 allowed, 1 refused, 2 failed upstream, 64 not found
+    #[arg(long, value_name = "ID", conflicts_with = "target")]
+    pub request_id: Option<String>,
+    /// With --request-id: the audit log to search (its rotated files too) [default:
+    /// $SANDGATE_AUDIT_LOG, else ./audit.jsonl, then the kept logs of sandgate run, newest first]
+    #[arg(long, value_name = "FILE", requires = "request_id")]
+    pub audit_log: Option<std::path::PathBuf>,
     /// host, host:port, or a URL (http:// is plain HTTP; https:// and host:port are CONNECT).
-    pub target: String,
+    #[arg(required_unless_present = "request_id")]
+    pub target: Option<String>,
+}
+
+/// `sandgate health` flags.
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// The proxy's admin listener, http://IP:PORT (or https:// with --admin-ca) [env:
+    /// SANDGATE_ADMIN; else http://$SANDGATE_ADMIN_LISTEN (0.0.0.0 asked on 127.0.0.1);
+    /// default: http://127.0.0.1:9090]
+    #[arg(long, value_name = "URL")]
+    pub admin: Option<String>,
+    /// With an https:// admin URL: the CA (PEM) its certificate chains to
+    #[arg(long, value_name = "FILE")]
+    pub admin_ca: Option<std::path::PathBuf>,
+    /// Seconds to wait for the answer before calling the proxy unhealthy
+    #[arg(long, value_name = "SECS", default_value_t = 5)]
+    pub timeout: u64,
 }

@@ -6,10 +6,10 @@ use clap::{Args, Subcommand};
 /// `sandgate run` flags.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The SandboxPolicy (YAML; see docs/sandbox.md; `sandgate init --kind sandbox` writes
-    /// one).
+    /// The SandboxPolicy (YAML; see docs/sandbox.md; `sandgate init --for COMMAND` writes
+    /// one) [default: ./sandbox.yaml, when there]
     #[arg(long, value_name = "FILE")]
-    pub policy: std::path::PathBuf,
+    pub policy: Option<std::path::PathBuf>,
     /// Fill ${NAME} in the policy.
     #[arg(long, value_name = "NAME=VALUE")]
     pub param: Vec<String>,

@@ -11,17 +11,26 @@
 //! | `SANDGATE_DNS_SERVER` | `--dns-server` |
 //! | `SANDGATE_POLICY` | `--policy` |
 //! | `SANDGATE_AUDIT_LOG` | `--audit-log` |
+//! | `SANDGATE_ADMIN_LISTEN` | `--admin-listen`, below `spec.admin.listen` |
 //!
 //! A flag wins over its variable; lists are comma-separated; a variable set but empty is
 //! taken as unset (a compose file's `${VAR:-}`), but for `SANDGATE_LISTEN` (see
-//! `listen_addrs`). The environment comes in through [`Env`], so tests hand in a map
-//! (after linkerd's `Strings`).
+//! `listen_addrs`). `SANDGATE_ADMIN_LISTEN` alone ranks below the policy file: the image sets
+//! it (a loopback admin listener for its health check), and an image's default must not move
+//! the listener a mounted policy names. The environment, and which default files exist
+//! ([`super::discovery`]), come in through [`Env`], so tests hand in a map (after linkerd's
+//! `Strings`).
 
 use std::collections::HashMap;
 
-/// A source of environment variables.
+/// A source of environment variables, and of whether a default file is there.
 pub trait Env {
     fn get(&self, key: &str) -> Option<String>;
+    /// Whether anything stands at `path` (a file, a directory, a link); none by default,
+    /// so a map of variables finds no file.
+    fn exists(&self, _path: &std::path::Path) -> bool {
+        false
+    }
 }
 
 /// The real process environment.
@@ -31,6 +40,9 @@ pub struct ProcessEnv;
 impl Env for ProcessEnv {
     fn get(&self, key: &str) -> Option<String> {
         std::env::var(key).ok()
+    }
+    fn exists(&self, path: &std::path::Path) -> bool {
+        std::fs::symlink_metadata(path).is_ok()
     }
 }
 
@@ -60,6 +72,9 @@ pub const DNS_SERVER_VAR: &str = "SANDGATE_DNS_SERVER";
 pub const POLICY_VAR: &str = "SANDGATE_POLICY";
 /// `--audit-log`: also what `sandgate audit` reads by default.
 pub const AUDIT_LOG_VAR: &str = "SANDGATE_AUDIT_LOG";
+/// `--admin-listen` when neither the flag nor `spec.admin.listen` names one; also where
+/// `sandgate health` looks when not told.
+pub const ADMIN_LISTEN_VAR: &str = "SANDGATE_ADMIN_LISTEN";
 
 /// Splits repeatable, comma-separated values into items, dropping empty ones.
 pub fn items(values: &[String]) -> impl Iterator<Item = &str> {

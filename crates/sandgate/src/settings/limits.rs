@@ -106,7 +106,8 @@ pub fn fit_to_fd_limit(limits: &mut Limits, explicit: bool, nofile: u64) -> Resu
             ),
         ));
     }
-    tracing::info!(
+    // A routine fact of the host, not news: debug (SANDGATE_LOG=debug shows it).
+    tracing::debug!(
         max_connections = fits,
         open_file_limit = nofile,
         "connection cap lowered to fit the open-file limit"

@@ -1,7 +1,8 @@
 //! What would start but cannot work as meant, one line each: a policy file's own warnings,
-//! allowed IP literals the address guard refuses, admin tokens with no admin listener, and
-//! listeners on every interface. `sandgate proxy` logs them at start; `check-config` prints a
-//! file's. Nothing here refuses a configuration (that is [`super::SettingsError`]).
+//! allowed IP literals the address guard refuses, admin tokens with no admin listener,
+//! listeners on every interface, and an admin listener off loopback that nothing is said to
+//! guard. `sandgate proxy` logs them at start; `check-config` prints a file's. Nothing here
+//! refuses a configuration (that is [`super::SettingsError`]).
 
 use sandgate_policy::{AddressGuard, PolicyFile, Ruleset};
 use sandgate_proxy::ProxyConfig;
@@ -32,9 +33,15 @@ pub fn for_file(policy: &PolicyFile, guard: &AddressGuard) -> Vec<String> {
 }
 
 /// What would start but cannot work as meant: the file's warnings; allowed IP literals the
-/// guard refuses (flags and file together, against every allow range); and listeners on
-/// every interface (but node listeners).
-pub(super) fn at_start(config: &ProxyConfig, file: Option<&PolicyFile>, env: &dyn Env) -> Vec<String> {
+/// guard refuses (flags and file together, against every allow range); listeners on every
+/// interface (but node listeners); and an admin listener off loopback, unless
+/// `admin_guarded_by` says what keeps others off it (`--admin-guarded-by`).
+pub(super) fn at_start(
+    config: &ProxyConfig,
+    file: Option<&PolicyFile>,
+    env: &dyn Env,
+    admin_guarded_by: Option<&str>,
+) -> Vec<String> {
     let mut out = match file {
         Some(f) => for_file(f, &config.guard),
         None => Vec::new(),
@@ -67,5 +74,22 @@ pub(super) fn at_start(config: &ProxyConfig, file: Option<&PolicyFile>, env: &dy
             }
         ));
     }
+    out.extend(admin_off_loopback(config.metrics_listen, admin_guarded_by));
     out
+}
+
+/// An admin listener anyone on the network may reach serves them /metrics (destinations,
+/// tasks) and the probes. Meant so behind a firewall or a Kubernetes NetworkPolicy, it is
+/// said with `--admin-guarded-by`, and nothing is logged: a warning every start that the
+/// operator can do nothing about teaches them to skip warnings.
+fn admin_off_loopback(addr: Option<std::net::SocketAddr>, guarded_by: Option<&str>) -> Option<String> {
+    let addr = addr.filter(|a| !a.ip().is_loopback())?;
+    if guarded_by.is_some_and(|g| !g.trim().is_empty()) {
+        return None;
+    }
+    Some(format!(
+        "the admin listener {addr} is not on loopback: whoever reaches it reads /metrics and the probes (and may try the API); \
+         listen on 127.0.0.1:{port}, or, where a firewall or a NetworkPolicy keeps others off it, name that with --admin-guarded-by WHAT",
+        port = addr.port()
+    ))
 }

@@ -66,6 +66,11 @@ impl ProxyProcess {
         // World-writable so an unprivileged proxy can write its audit log here.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
         let audit_path = audit_path.unwrap_or_else(|| dir.path().join("audit.jsonl"));
+        // A directory of its own unless the caller chose one: without --policy the proxy
+        // reads ./sandgate.yaml, and a stray one in a shared directory must not change a test.
+        if command.get_current_dir().is_none() {
+            command.current_dir(dir.path());
+        }
         let mut child = command
             .arg("proxy")
             .args(listen)
@@ -152,16 +157,18 @@ impl ProxyProcess {
     pub fn listener(&self, fields: &[&str]) -> SocketAddr {
         let wanted = |l: &String| {
             let tokens: Vec<&str> = l.split_whitespace().collect();
-            tokens.contains(&"listening") && fields.iter().all(|f| tokens.contains(f))
+            // Not the admin listener's line (`admin listening`): that is [`Self::admin`].
+            tokens.contains(&"listening")
+                && !tokens.contains(&"admin")
+                && fields.iter().all(|f| tokens.contains(f))
         };
         self.logged_addr(wanted)
             .unwrap_or_else(|| panic!("no listener with {fields:?} in the log:\n{}", self.log_text()))
     }
 
-    /// The admin (metrics) listener's address, from its `metrics listening` line (waits up
-    /// to 5 s).
+    /// The admin listener's address, from its `admin listening` line (waits up to 5 s).
     pub fn admin(&self) -> SocketAddr {
-        self.logged_addr(|l| l.contains("metrics listening"))
+        self.logged_addr(|l| l.contains("admin listening"))
             .unwrap_or_else(|| panic!("no admin listener in the log:\n{}", self.log_text()))
     }
 

@@ -4,7 +4,8 @@ argv: MODE SERVER_COMMAND...  (MODE: legacy, auto, or a protocol version; the se
 command line, e.g. sandgate mcp --config FILE, possibly behind setpriv)
 stdin: one JSON object per line, {"call": TOOL, "args": {...}}; {"list": true}; or
 {"parallel": [{"call": ...}, ...]} to make the calls at once.
-stdout: one JSON object per line per command: the result as the client saw it.
+stdout: first the session ({"protocol_version", "server_info"}), then one JSON object per
+line per command: the result as the client saw it.
 Every elicitation is accepted at once, as a headless client would: an accept must never
 count as an approval.
 """
@@ -42,7 +43,16 @@ async def main():
     mode, command = sys.argv[1], sys.argv[2:]
     server = StdioServerParameters(command=command[0], args=command[1:])
     async with Client(server, mode=mode, elicitation_callback=accept_everything) as client:
-        print(json.dumps({"protocol_version": client.protocol_version}), flush=True)
+        info = client.server_info
+        print(
+            json.dumps(
+                {
+                    "protocol_version": client.protocol_version,
+                    "server_info": info.model_dump(mode="json", exclude_none=True) if info else None,
+                }
+            ),
+            flush=True,
+        )
         loop = asyncio.get_running_loop()
         while True:
             line = await loop.run_in_executor(None, sys.stdin.readline)

@@ -77,7 +77,8 @@ where
     let listen = async {
         client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
         listened = true;
-        tracing::info!("exception store: listening for other proxies' changes");
+        // Routine, at start and after each reconnect: not news for the default level.
+        tracing::debug!("exception store: listening for other proxies' changes");
         changed.notify_one();
         std::future::pending::<Result<(), tokio_postgres::Error>>().await
     };

@@ -1,0 +1,132 @@
+use std::path::Path;
+
+use super::*;
+
+fn unwrap<T, E: std::fmt::Display>(r: Result<T, E>) -> T {
+    r.unwrap_or_else(|e| unreachable!("{e}"))
+}
+
+/// A directory with a requester token and the policies `policies` (name, `net:` value).
+fn setup(policies: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = unwrap(tempfile::tempdir());
+    unwrap(std::fs::write(dir.path().join("agent.token"), "tok\n"));
+    for (name, net) in policies {
+        unwrap(std::fs::write(
+            dir.path().join(format!("{name}.yaml")),
+            format!(
+                "apiVersion: sandgate.dev/v1\nkind: SandboxPolicy\nfs:\n  write_paths: [ \"${{WORKSPACE}}\" ]\nnet: {net}\n"
+            ),
+        ));
+    }
+    dir
+}
+
+fn config_text(egress: bool, sandboxes: &[&str]) -> String {
+    let mut text =
+        "apiVersion: sandgate.dev/v1\nkind: McpServer\nmetadata: { name: agent-tools }\nspec:\n  task: t-1\n"
+            .to_owned();
+    if egress {
+        text.push_str("  egress: { admin: \"http://127.0.0.1:9090\", token_file: agent.token }\n");
+    }
+    text.push_str("  sandboxes:\n");
+    for s in sandboxes {
+        text.push_str(&format!(
+            "    - name: {s}\n      policy: {s}.yaml\n      gates: {{ commands: [ curl ], network: true }}\n"
+        ));
+    }
+    text
+}
+
+#[test]
+fn egress_with_a_sandbox_no_approval_reaches_is_refused_naming_it_and_the_setting() {
+    let dir = setup(&[
+        ("web", "{ mode: allowlist, allow_domains: [ a.test ] }"),
+        (
+            "other",
+            "{ mode: allowlist, allow_domains: [ a.test ], exceptions: { from: \"http://127.0.0.1:9999\", token_file: f.token } }",
+        ),
+        (
+            "followed",
+            "{ mode: allowlist, allow_domains: [ a.test ], exceptions: { from: \"http://localhost:9090/\", token_file: f.token } }",
+        ),
+        ("offline", "{ mode: none }"),
+    ]);
+    let text = config_text(true, &["web", "other", "followed", "offline"]);
+    let Err(ConfigError(errors)) = parse(&text, "mcp.yaml", dir.path(), Some(Path::new("/state"))) else {
+        unreachable!("started with sandboxes no approval reaches")
+    };
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    assert!(
+        errors[0].starts_with("mcp.yaml:9: spec.sandboxes[0].policy: sandbox \"web\" (")
+            && errors[0]
+                .contains("net.mode allowlist: the run's own proxy decides and follows no control plane")
+            && errors[0].contains(
+                "add to the policy net.exceptions: { from: \"http://127.0.0.1:9090\", token_file: FILE }"
+            ),
+        "{}",
+        errors[0]
+    );
+    assert!(
+        errors[1].starts_with("mcp.yaml:12: spec.sandboxes[1].policy: sandbox \"other\"")
+            && errors[1].contains("net.exceptions.from is \"http://127.0.0.1:9999\""),
+        "{}",
+        errors[1]
+    );
+    // Without spec.egress the server files nothing, and starts.
+    let text = config_text(false, &["web", "other", "followed", "offline"]);
+    let config = unwrap(parse(&text, "mcp.yaml", dir.path(), Some(Path::new("/state"))));
+    assert_eq!(config.sandboxes.len(), 4);
+    // The follower token is one of the server's own files.
+    assert!(
+        config
+            .own_files
+            .iter()
+            .any(|f| f.what == "the follower token of sandbox \"followed\""),
+        "{:?}",
+        config.own_files
+    );
+}
+
+#[test]
+fn the_audit_log_defaults_to_the_state_directory_and_paths_are_never_expanded() {
+    let dir = setup(&[("offline", "{ mode: none }")]);
+    let text = config_text(false, &["offline"]);
+    let config = unwrap(parse(
+        &text,
+        "mcp.yaml",
+        dir.path(),
+        Some(Path::new("/state/sandgate")),
+    ));
+    assert_eq!(
+        config.audit_log,
+        Path::new("/state/sandgate/mcp/agent-tools.jsonl")
+    );
+    assert!(config.audit_log_default);
+    assert!(config.sandboxes[0].start_in_workspace);
+    assert_eq!(
+        state_dir(Some("/x/state"), Some("/home/u")),
+        Some(PathBuf::from("/x/state/sandgate"))
+    );
+    assert_eq!(
+        state_dir(Some("relative"), Some("/home/u")),
+        Some(PathBuf::from("/home/u/.local/state/sandgate"))
+    );
+    assert_eq!(state_dir(None, None), None);
+    let Err(ConfigError(errors)) = parse(&text, "mcp.yaml", dir.path(), None) else {
+        unreachable!("no state directory, no audit log")
+    };
+    assert!(
+        errors[0].contains("spec.audit_log: not given, and neither XDG_STATE_HOME nor HOME"),
+        "{errors:?}"
+    );
+    let text = text.replace("  task: t-1\n", "  task: t-1\n  audit_log: ~/mcp.jsonl\n");
+    let Err(ConfigError(errors)) = parse(&text, "mcp.yaml", dir.path(), None) else {
+        unreachable!("a ~ path taken")
+    };
+    assert_eq!(
+        errors,
+        [
+            "mcp.yaml:6: spec.audit_log: \"~/mcp.jsonl\": paths here are not expanded (no ~, no $VARIABLES); write an absolute path or one relative to this file"
+        ]
+    );
+}
