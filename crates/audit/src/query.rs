@@ -201,7 +201,9 @@ pub fn human(r: &Record) -> String {
     let or_dash = |s: Option<&str>| s.unwrap_or("-").to_owned();
     let dest = r.dest().map_or_else(|| "-".to_owned(), ToString::to_string);
     let task = r.task_id().map(|t| format!(" task={t}")).unwrap_or_default();
-    let (at, id) = (r.created_at, &r.request_id);
+    // Milliseconds always, so every line's time is the same width and the columns after it
+    // line up (the writer drops trailing zeros: `10:00:01Z`, `10:00:01.25Z`).
+    let (at, id) = (format!("{:.3}", r.created_at), &r.request_id);
     match &r.event {
         Recorded::Decision(d) => {
             let verdict = match d.verdict {
@@ -483,6 +485,30 @@ mod tests {
     }
 
     #[test]
+    fn tail_times_are_of_one_width_whatever_the_fraction() {
+        let at = |created_at: &str| {
+            let r = rec(serde_json::json!({
+                "event": "decision", "decision": "deny", "created_at": created_at,
+                "destination_host": "a.test", "destination_port": 443,
+            }));
+            human(&r).split_once(' ').map(|(t, _)| t.to_owned()).unwrap()
+        };
+        let times = [
+            at("2026-11-22T10:00:01Z"),
+            at("2026-11-22T10:00:01.25Z"),
+            at("2026-11-22T10:00:01.123456789Z"),
+        ];
+        assert_eq!(
+            times,
+            [
+                "2026-11-22T10:00:01.000Z",
+                "2026-11-22T10:00:01.250Z",
+                "2026-11-22T10:00:01.123Z"
+            ]
+        );
+    }
+
+    #[test]
     fn aggregates_read_as_the_traffic_they_fold() {
         let agg = rec(serde_json::json!({
             "event": "aggregate", "request_id": "aggregate-1",
@@ -499,7 +525,7 @@ mod tests {
         }));
         assert_eq!(
             human(&agg),
-            "2026-11-22T10:00:01Z aggregate connect a.test:443 count=3 sent=30 received=300 since=2026-11-22T10:00:00Z task=t-1 [aggregate-1]"
+            "2026-11-22T10:00:01.000Z aggregate connect a.test:443 count=3 sent=30 received=300 since=2026-11-22T10:00:00Z task=t-1 [aggregate-1]"
         );
         let s = summarize([&agg, &close, &allow]);
         assert_eq!(s.allowed, vec![("a.test:443".to_owned(), 4)]);

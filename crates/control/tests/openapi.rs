@@ -30,6 +30,7 @@ async fn state(dir: &std::path::Path) -> Arc<ApiState> {
         limits: Limits::default(),
         audit_options: AuditOptions::default(),
         metrics_listen: None,
+        remedies: Default::default(),
         connector: Default::default(),
     })
     .await

@@ -1,8 +1,10 @@
 //! The proxy's configuration, as a typed value that can only hold valid settings. The CLI
 //! (or a test) builds it; nothing here reads the environment or files.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -187,4 +189,57 @@ pub struct ProxyConfig {
     pub connector: crate::dial::Connector,
     /// The admin listener serving `/metrics`, if any.
     pub metrics_listen: Option<SocketAddr>,
+    /// How a refusal says the fix, in the words of whoever configured the proxy.
+    pub remedies: Remedies,
+}
+
+/// How a refusal's body says the fix, in the terms of whoever set the proxy up: `sandgate
+/// proxy` is configured by an `EgressPolicy` and its flags ([`Remedies::default`]), a
+/// sandboxed run by its `SandboxPolicy` and `sandgate run`'s flags. Plain words given by the
+/// caller; this crate knows no caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remedies {
+    /// Where an allowlist entry goes, and the flag that adds one.
+    pub allow_hint: Setting,
+    /// Where a range exempt from the address guard goes, and the flag that adds one.
+    pub range_hint: Setting,
+    /// The audit log that records the refused request: named beside its request id, so
+    /// `sandgate explain --request-id ID --audit-log PATH` finds it wherever it is kept.
+    pub audit_log: Option<PathBuf>,
+}
+
+/// A setting in the configuration's own words: the field (`spec.network.allowlist`) and,
+/// when there is one, the command-line flag that does the same (`--allow`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setting {
+    pub field: Cow<'static, str>,
+    pub flag: Option<Cow<'static, str>>,
+}
+
+impl Setting {
+    /// `field, or FLAG VALUE` (`field` alone without a flag), for a hint's parentheses.
+    pub fn say(&self, value: &str) -> String {
+        match &self.flag {
+            Some(flag) => format!("{}, or {flag} {value}", self.field),
+            None => self.field.to_string(),
+        }
+    }
+}
+
+impl Default for Remedies {
+    /// `sandgate proxy`'s words: the `EgressPolicy` fields and the proxy's flags; the audit
+    /// log unnamed (the proxy's own `--audit-log`, which `explain` is told the same way).
+    fn default() -> Remedies {
+        Remedies {
+            allow_hint: Setting {
+                field: Cow::Borrowed("spec.network.allowlist"),
+                flag: Some(Cow::Borrowed("--allow")),
+            },
+            range_hint: Setting {
+                field: Cow::Borrowed("spec.network.allow_ranges"),
+                flag: Some(Cow::Borrowed("--allow-range")),
+            },
+            audit_log: None,
+        }
+    }
 }

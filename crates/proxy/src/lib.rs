@@ -38,7 +38,7 @@ pub mod transport;
 
 pub use audit::query as audit_query;
 pub use audit::{AuditDestination, AuditOptions, Event, EventKind, Outcome};
-pub use config::{FrontEnd, Identity, Limits, Listener, PeerFilter, ProxyConfig};
+pub use config::{FrontEnd, Identity, Limits, Listener, PeerFilter, ProxyConfig, Remedies, Setting};
 pub use dial::{Connector, Nameservers};
 pub use egress::unix_now;
 pub use h1::{framing, head};

@@ -15,6 +15,7 @@ use std::borrow::Cow;
 use sandgate_policy::{Host, PolicyReason, Target, TargetError};
 
 use crate::audit::event::{Outcome, UpstreamFailure};
+use crate::config::Remedies;
 use crate::dial::DialError;
 use crate::h1::head::HeadError;
 
@@ -171,6 +172,9 @@ pub struct Classified {
     /// An upstream proxy's own answer when it refused the request in its own name (403,
     /// 407, 503): what the close records as its status, whatever the client was answered.
     pub upstream_status: Option<u16>,
+    /// The audit log the request is recorded in, when the configuration names it
+    /// ([`Remedies::audit_log`]): said beside the request id.
+    pub audit_log: Option<std::path::PathBuf>,
 }
 
 /// The statuses an upstream proxy refuses a request with in its own name: 403 (its policy),
@@ -204,8 +208,9 @@ pub(crate) fn refused_upstream<'a>(status: u16, proxy_status: impl IntoIterator<
 }
 
 impl Refusal {
-    /// Classifies the refusal. `method` names the request kind in the text ("CONNECT", "GET").
-    pub fn classify(&self, method: &str) -> Classified {
+    /// Classifies the refusal. `method` names the request kind in the text ("CONNECT", "GET");
+    /// `remedies` words the hints in the terms of whoever configured the proxy.
+    pub fn classify(&self, method: &str, remedies: &Remedies) -> Classified {
         use DialError as D;
         use ResponseError as U;
         use UpstreamFailure as F;
@@ -437,15 +442,16 @@ impl Refusal {
             outcome,
             text,
             phrase,
-            hints: self.next_steps(method),
+            hints: self.next_steps(method, remedies),
             upstream_status,
+            audit_log: remedies.audit_log.clone(),
         }
     }
 
     /// What the person reading the refusal can do next: the allowlist entry that would
     /// allow the destination, where the guard's exemptions go, how to see which rule denied.
     /// Empty when there is nothing to say beyond the text.
-    fn next_steps(&self, method: &str) -> Vec<String> {
+    fn next_steps(&self, method: &str, remedies: &Remedies) -> Vec<String> {
         match self {
             Refusal::Policy {
                 target,
@@ -459,7 +465,8 @@ impl Refusal {
                     _ => target.to_string(),
                 };
                 vec![format!(
-                    "to allow it, add {entry} to the allowlist (spec.network.allowlist, or --allow {entry})"
+                    "to allow it, add {entry} to the allowlist ({})",
+                    remedies.allow_hint.say(&entry)
                 )]
             }
             Refusal::Policy {
@@ -473,8 +480,9 @@ impl Refusal {
                 error: DialError::Prohibited(p),
                 ..
             } => vec![format!(
-                "the address guard refuses {} addresses; an internal service needs its range exempted (spec.network.allow_ranges, or --allow-range CIDR)",
-                p.class.as_str()
+                "the address guard refuses {} addresses; an internal service needs its range exempted ({})",
+                p.class.as_str(),
+                remedies.range_hint.say("CIDR")
             )],
             _ => Vec::new(),
         }

@@ -8,7 +8,7 @@ fn upstream(status: u16) -> Classified {
         target: parse_connect_target("a.test:443").unwrap(),
         error: DialError::UpstreamRefused(status),
     }
-    .classify("CONNECT")
+    .classify("CONNECT", &Remedies::default())
 }
 
 #[test]

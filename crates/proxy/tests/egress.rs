@@ -60,6 +60,7 @@ fn config(dns: &DnsServer, allow: &[&str], limits: Limits) -> ProxyConfig {
         limits,
         audit_options: AuditOptions::default(),
         metrics_listen: None,
+        remedies: Default::default(),
         connector: Default::default(),
     }
 }

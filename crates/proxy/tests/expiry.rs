@@ -35,6 +35,7 @@ fn config(listener: Listener, rules: Ruleset, dns: &DnsServer, audit: &std::path
         limits: Limits::default(),
         audit_options: AuditOptions::default(),
         metrics_listen: None,
+        remedies: Default::default(),
         connector: Default::default(),
     }
 }

@@ -35,6 +35,7 @@ async fn only_registered_peers_are_served() {
         limits: Limits::default(),
         audit_options: AuditOptions::default(),
         metrics_listen: None,
+        remedies: Default::default(),
         connector: Default::default(),
     };
     let proxy = Proxy::bind(config).await.unwrap();

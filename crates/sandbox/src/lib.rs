@@ -8,7 +8,9 @@
 //! and the question asked at the terminal for `--ask` ([`ask`]); what a run says while it
 //! runs ([`live`]) and where its audit log is kept ([`runlog`]); the `EgressPolicy` a
 //! sandbox policy may name for its network ([`egress`]); what a command needs to read, for
-//! `sandgate init --for` ([`needs`]); the two error types, below all of these ([`error`]).
+//! `sandgate init --for` ([`needs`]); what this host offers the sandbox, for `sandgate doctor`
+//! and for a run's setup failures ([`host`]); the two error types, below all of these
+//! ([`error`]).
 
 pub mod argv;
 pub mod ask;
@@ -18,6 +20,7 @@ pub mod env;
 pub mod error;
 pub mod exec;
 pub mod fds;
+pub mod host;
 pub mod init;
 pub mod limits;
 pub mod live;

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use crate::argv::{DNS_FILES, RunFacts, bwrap_argv, needs_bridges};
 pub use crate::error::RunError;
+use crate::host::SetupFailure;
 use crate::policy::{NetMode, SandboxPolicy};
 use crate::state::{RunState, sweep_stale_state};
 use crate::{env, processes, summary};
@@ -72,6 +73,8 @@ pub struct RunOptions {
     /// `--chdir DIR`: where the command starts, over `fs.cwd` ([`crate::policy::start_dir`]).
     pub chdir: Option<PathBuf>,
     pub command: Vec<OsString>,
+    /// `--summary-json FILE`: the exit summary as JSON ([`crate::summary::RunSummary`]).
+    pub summary_json: Option<PathBuf>,
     /// What starts the run's proxy's follower of `net.exceptions` (the binary gives it).
     pub follow: Option<Follow>,
 }
@@ -114,13 +117,9 @@ fn preflight() -> Result<PathBuf, RunError> {
             "user namespaces are disabled (kernel.unprivileged_userns_clone=0): sysctl -w kernel.unprivileged_userns_clone=1".into(),
         ));
     }
-    if std::fs::read_to_string("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
-        .is_ok_and(|v| v.trim() == "1")
-    {
-        return Err(RunError::Unavailable(
-            "Ubuntu's AppArmor restricts unprivileged user namespaces: allow bwrap with an AppArmor profile, or sysctl -w kernel.apparmor_restrict_unprivileged_userns=0".into(),
-        ));
-    }
+    // Ubuntu's kernel.apparmor_restrict_unprivileged_userns=1 is not refused here: with
+    // its bwrap profile or sandgate's loaded the sandbox works. When it does not, bwrap
+    // fails at once and `setup_failure` says why and what fixes it.
     Ok(bwrap)
 }
 
@@ -263,6 +262,7 @@ async fn supervise(
         RunError::Unavailable(format!("cannot create the run's state in {}: {e}", tmp.display()))
     })?;
     let run = identity.run.clone();
+    let ids = identity.ids();
     let (kept, audit_path) = audit_place(&policy, &opts, &state, &run)?;
     let sandbox = std::sync::Arc::new(std::sync::OnceLock::new());
     let proxy = if policy.net.proxied() {
@@ -273,6 +273,7 @@ async fn supervise(
             learn: opts.learn,
             live: !opts.quiet,
             follow: opts.follow.clone(),
+            kept_log: kept.clone(),
         };
         Some(start_proxy(&policy, &audit_path, &state, how).await?)
     } else {
@@ -341,6 +342,7 @@ async fn supervise(
     let mut child = cmd
         .spawn()
         .map_err(|e| RunError::Unavailable(format!("cannot start bwrap: {e}")))?;
+    let started = std::time::Instant::now();
     let bwrap_pid = child.id();
     if let Some(pid) = bwrap_pid.and_then(|p| i32::try_from(p).ok()) {
         let _ = sandbox.set(pid);
@@ -364,15 +366,44 @@ async fn supervise(
     for relay in relays.into_iter().flatten() {
         let _ = relay.await;
     }
+    let failed = setup_failure(code, started.elapsed(), &bwrap, &policy, &sandgate_exe).await;
+    let proxied = proxy.is_some();
     if let Some(running) = proxy {
         running.stop().await;
-        if !opts.quiet {
-            summary::print(&audit_path, kept.as_deref(), opts.learn);
-        }
+    }
+    if failed.is_none() {
+        let log = proxied.then(|| summary::AuditPlace {
+            written: &audit_path,
+            kept: kept.as_deref(),
+        });
+        let summary = summary::RunSummary::of(ids, policy.net.name(), Some(code), log);
+        summary::at_exit(exit_output(&opts), &summary, proxied);
     }
     drop(state);
     drop(limits);
-    Ok(code)
+    failed.map_or(Ok(code), |why| Err(RunError::Unavailable(why)))
+}
+
+/// Was an exit of 1 bwrap's own failure to set the sandbox up? Its message went to the
+/// terminal unread (bwrap's stderr is the command's, never captured), so a probe makes the
+/// same namespaces again with its stderr read, and a message [`SetupFailure`] knows gives
+/// the cause and the fix. Only for a quick exit of 1 (bwrap's `die`): a command that fails
+/// that way costs one short bwrap start, a healthy host's probe says nothing.
+async fn setup_failure(
+    code: i32,
+    ran: std::time::Duration,
+    bwrap: &Path,
+    policy: &SandboxPolicy,
+    sandgate_exe: &Path,
+) -> Option<String> {
+    if code != 1 || ran > std::time::Duration::from_secs(10) {
+        return None;
+    }
+    let (bwrap, net) = (bwrap.to_path_buf(), policy.net != NetMode::All);
+    let said = tokio::task::spawn_blocking(move || crate::host::try_sandbox(&bwrap, net).err())
+        .await
+        .ok()??;
+    Some(SetupFailure::classify(&said)?.advice(sandgate_exe))
 }
 
 /// Where the run's audit log is kept (`kept`, if anywhere) and written: `--audit-log`, else
@@ -417,4 +448,13 @@ fn relay_outputs(child: &mut tokio::process::Child) -> [Option<tokio::task::Join
 async fn relay(mut from: impl tokio::io::AsyncRead + Unpin, mut to: impl tokio::io::AsyncWrite + Unpin) {
     let _ = tokio::io::copy(&mut from, &mut to).await;
     let _ = tokio::io::AsyncWriteExt::flush(&mut to).await;
+}
+
+/// Where the run's summary goes at its end, from its options.
+fn exit_output(opts: &RunOptions) -> crate::summary::ExitOutput<'_> {
+    crate::summary::ExitOutput {
+        quiet: opts.quiet,
+        learn: opts.learn,
+        json: opts.summary_json.as_deref(),
+    }
 }

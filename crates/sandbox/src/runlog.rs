@@ -4,8 +4,13 @@
 //! private to the user (0700), read-only inside every sandbox whose write paths cover it;
 //! the newest [`KEEP`] logs by run id (which carries the start time) are kept, older ones
 //! removed when a new run starts. Files whose names are not run ids, or whose time lies in
-//! the future, are neither counted nor removed: planted files cannot push real logs out. `--audit-log PATH` puts it elsewhere, `--no-audit-log` keeps none (the
-//! proxy still writes one, in the run's state directory, removed with it).
+//! the future, are neither counted nor removed: planted files cannot push real logs out.
+//! `--audit-log PATH` puts it elsewhere, `--no-audit-log` keeps none (the proxy still writes
+//! one, in the run's state directory, removed with it).
+//!
+//! A log's name is the run's own id, `run-PID-T`, never the task it is recorded under (a
+//! node's run's task is `node-a:run-PID-T`): no `:` in it, since scp and rsync read
+//! `host:path` as a remote path ([`file_name`] keeps it so).
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -26,6 +31,12 @@ pub fn runs_dir(xdg_state_home: Option<&str>, home: Option<&str>) -> Option<Path
 pub fn dir() -> Option<PathBuf> {
     let env = |name| std::env::var(name).ok();
     runs_dir(env("XDG_STATE_HOME").as_deref(), env("HOME").as_deref())
+}
+
+/// The file name run `run`'s log is kept under: `RUN.jsonl`, any `:` as `_` (a run id has
+/// none; a `:` would make scp and rsync read the path as `host:path`).
+pub fn file_name(run: &str) -> String {
+    format!("{}.jsonl", run.replace(':', "_"))
 }
 
 /// The start time a kept log's name carries (`run-PID-T.jsonl`, T 16 hex digits of
@@ -78,12 +89,17 @@ pub fn keep(run: &str) -> Option<PathBuf> {
         return None;
     }
     prune(&dir, KEEP.saturating_sub(1));
-    Some(dir.join(format!("{run}.jsonl")))
+    Some(dir.join(file_name(run)))
 }
 
 /// The newest kept run log, if there is one (for readers that were given no file).
 pub fn latest() -> Option<PathBuf> {
-    by_start(&dir()?).into_iter().next()
+    newest_first().into_iter().next()
+}
+
+/// Every kept run log, newest first by the time its run id carries.
+pub fn newest_first() -> Vec<PathBuf> {
+    dir().map(|d| by_start(&d)).unwrap_or_default()
 }
 
 /// Removes all but the newest `keep` run logs in `dir` (by run id; see [`started`]).
@@ -112,6 +128,16 @@ mod tests {
             Some(PathBuf::from("/h/.local/state/sandgate/runs"))
         );
         assert_eq!(runs_dir(Some(""), Some("")), None);
+    }
+
+    #[test]
+    fn a_run_logs_name_has_no_colon_and_is_read_back() {
+        let now = 1u128 << 60;
+        let time = format!("{:016x}", now - 5);
+        let name = file_name(&format!("run-7-{time}"));
+        assert_eq!(name, format!("run-7-{time}.jsonl"));
+        assert_eq!(started(&name, now), Some(now - 5));
+        assert!(!file_name("node-a:run-7-x").contains(':'), "scp reads host:path");
     }
 
     #[test]

@@ -11,6 +11,14 @@
 //! `--learn`) and denied, bytes each way, and where the audit log is kept. A request the
 //! run's proxy allowed and an upstream proxy refused counts as denied: it did not get
 //! through.
+//!
+//! `exit.rs` gathers all of it, with the run's ids and exit status, into one
+//! [`RunSummary`] that the text on stderr and `--summary-json FILE` both render.
+
+mod exit;
+
+pub use exit::{AuditPlace, JSON_VERSION, RunIds, RunSummary};
+pub(crate) use exit::{ExitOutput, at_exit};
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -63,40 +71,73 @@ pub fn misses(records: &[Record]) -> impl Iterator<Item = Miss<'_>> {
     })
 }
 
+impl Unreached {
+    /// How the summary names it: `blocked` or `failed`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Unreached::Blocked => "blocked",
+            Unreached::Failed => "failed",
+        }
+    }
+}
+
+/// The requests to one destination that did not reach it for one reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Counted {
+    pub unreached: Unreached,
+    /// `host:port`; `None` when the request named no valid destination.
+    pub destination: Option<String>,
+    /// The reason code, as [`Miss::reason`].
+    pub reason: String,
+    pub count: u64,
+}
+
+impl Counted {
+    /// `blocked: evil.test:443 (not allowlisted), 2 times`.
+    pub fn line(&self) -> String {
+        let times = match self.count {
+            1 => "once".to_owned(),
+            n => format!("{n} times"),
+        };
+        format!(
+            "{}: {} ({}), {times}",
+            self.unreached.label(),
+            self.destination.as_deref().unwrap_or("(malformed request)"),
+            self.reason.replace('_', " ")
+        )
+    }
+}
+
+/// The destinations `records` did not reach, counted: blocked first, each group sorted by
+/// destination and reason as the lines print them.
+pub fn counted(records: &[Record]) -> Vec<Counted> {
+    let mut by: BTreeMap<(Unreached, String, String), Counted> = BTreeMap::new();
+    for m in misses(records) {
+        let destination = m.dest.map(ToString::to_string);
+        let shown = destination
+            .clone()
+            .unwrap_or_else(|| "(malformed request)".to_owned());
+        by.entry((m.unreached, shown, m.reason.replace('_', " ")))
+            .or_insert_with(|| Counted {
+                unreached: m.unreached,
+                destination,
+                reason: m.reason.to_owned(),
+                count: 0,
+            })
+            .count += 1;
+    }
+    by.into_values().collect()
+}
+
 /// The summary lines for these audit records, blocked first, each group sorted.
 pub fn lines(records: &[Record]) -> Vec<String> {
-    let mut counted: BTreeMap<(Unreached, String, String), usize> = BTreeMap::new();
-    for m in misses(records) {
-        let dest = m
-            .dest
-            .map_or_else(|| "(malformed request)".to_owned(), ToString::to_string);
-        *counted
-            .entry((m.unreached, dest, m.reason.replace('_', " ")))
-            .or_default() += 1;
-    }
-    let times = |n: usize| {
-        if n == 1 {
-            "once".to_owned()
-        } else {
-            format!("{n} times")
-        }
-    };
-    counted
-        .into_iter()
-        .map(|((unreached, dest, reason), n)| {
-            let label = match unreached {
-                Unreached::Blocked => "blocked",
-                Unreached::Failed => "failed",
-            };
-            format!("{label}: {dest} ({reason}), {}", times(n))
-        })
-        .collect()
+    counted(records).iter().map(Counted::line).collect()
 }
 
 /// The run's totals: requests allowed (`learned` of them let through by `--learn`) and
 /// denied (by the run's proxy, or by an upstream proxy after the run's allowed them), bytes
 /// the command sent and received through allowed requests.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Totals {
     pub allowed: u64,
     pub learned: u64,
@@ -168,25 +209,6 @@ pub fn read(audit: &Path) -> (Vec<Record>, Vec<String>) {
             skipped.iter().map(ToString::to_string).collect(),
         ),
         Err(_) => (Vec::new(), Vec::new()),
-    }
-}
-
-/// Prints the summary of the audit log at `audit` on stderr. `kept`: where it stays after
-/// the run (`None`: it goes with the run's state); `learn`: say how to turn it into a policy.
-pub fn print(audit: &Path, kept: Option<&Path>, learn: bool) {
-    let (records, skipped) = read(audit);
-    for line in skipped {
-        eprintln!("sandgate: {line}");
-    }
-    for line in lines(&records) {
-        eprintln!("{line}");
-    }
-    eprintln!("{}", total_line(&totals(&records), kept));
-    if let (true, Some(kept)) = (learn, kept) {
-        eprintln!(
-            "sandgate: learn: sandgate policy suggest --from {} --output learned.yaml (then net.egress_policy: learned.yaml)",
-            kept.display()
-        );
     }
 }
 

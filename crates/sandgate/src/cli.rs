@@ -60,15 +60,19 @@ pub enum CompletionShell {
 pub enum Command {
     /// Run the egress proxy (HTTP forward proxy and CONNECT tunnels, default deny).
     Proxy(Box<ProxyArgs>),
-    /// Validate a policy file of any kind (EgressPolicy, SandboxPolicy) without binding
-    /// anything: exit 0 (warnings on stderr), or 64 with the errors (file:line: field:
-    /// message).
+    /// Validate a policy file of any kind (EgressPolicy, SandboxPolicy, McpServer) without
+    /// binding anything: exit 0 (warnings on stderr), or 64 with the errors (file:line:
+    /// field: message).
     CheckConfig {
         /// The policy file.
         file: std::path::PathBuf,
         /// Fill ${NAME} in a SandboxPolicy, as `sandgate run --param`.
         #[arg(long, value_name = "NAME=VALUE")]
         param: Vec<String>,
+        /// Print one JSON object on stdout: every error and warning with its file, line,
+        /// field and message (docs/policy.md). The exit status is the same.
+        #[arg(long)]
+        json: bool,
     },
     /// Write a commented starter policy that check-config passes: an EgressPolicy for
     /// `sandgate proxy`, or a SandboxPolicy for `sandgate run` (with --for, the read paths
@@ -95,6 +99,14 @@ pub enum Command {
     Audit(AuditCommand),
     /// Run a command in a bubblewrap sandbox whose only way out is the policy.
     Run(RunArgs),
+    /// Check this host for what `sandgate run` and the proxy need (bwrap, user namespaces,
+    /// seccomp, cgroups, Landlock, kernel TLS, open files): what was found and what its
+    /// absence costs. Exit 0 when `sandgate run` can work here, 1 when it cannot.
+    Doctor {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Request, list and decide temporary egress exceptions through the admin API.
     Exceptions(ExceptionsArgs),
     /// Serve the Model Context Protocol on stdio: an agent runs commands in the named

@@ -13,6 +13,7 @@ mod audit_cmd;
 mod check;
 mod cli;
 mod control;
+mod doctor_cmd;
 mod exceptions_cmd;
 mod explain;
 mod health_cmd;
@@ -65,7 +66,7 @@ fn main() -> ExitCode {
     logging::init(cli.log_format, if quiet_by_default { "warn" } else { "info" });
     match cli.command {
         Command::Proxy(args) => run_proxy(&args),
-        Command::CheckConfig { file, param } => check::run(&file, &param),
+        Command::CheckConfig { file, param, json } => check::run(&file, &param, json),
         Command::Explain(args) => explain::run(&args),
         Command::Health(args) => health_cmd::run(&args),
         Command::Init(args) => init_cmd::run(&args),
@@ -73,6 +74,7 @@ fn main() -> ExitCode {
         Command::Policy(cmd) => policy_cmd::run(cmd),
         Command::Audit(cmd) => audit_cmd::run(cmd),
         Command::Run(args) => run_sandbox(args),
+        Command::Doctor { json } => doctor_cmd::run(json),
         Command::Exceptions(args) => exceptions_cmd::run(&args),
         Command::Mcp { config } => run_mcp(&config),
         Command::McpSession { command } => {
@@ -170,6 +172,18 @@ fn run_sandbox(args: cli::RunArgs) -> ExitCode {
         eprintln!("sandgate: {e}");
         return ExitCode::from(EX_USAGE);
     }
+    // The summary is written when the command has exited: a directory that is not there
+    // is said now, not after the run.
+    if let Some(path) = &args.summary_json {
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+        if dir.is_some_and(|d| !d.is_dir()) || path.is_dir() {
+            eprintln!(
+                "sandgate: --summary-json {}: not a file in an existing directory",
+                path.display()
+            );
+            return ExitCode::from(EX_USAGE);
+        }
+    }
     let mut params = std::collections::BTreeMap::new();
     for p in &args.param {
         let Some((k, v)) = p.split_once('=') else {
@@ -224,6 +238,7 @@ fn run_sandbox(args: cli::RunArgs) -> ExitCode {
         limits: args.limit,
         chdir: args.chdir,
         command: args.command,
+        summary_json: args.summary_json,
         follow: Some(control::run_follow()),
     };
     match sandgate_sandbox::run::run(opts) {

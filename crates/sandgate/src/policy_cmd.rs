@@ -57,7 +57,11 @@ fn suggest(
         Some(path) => {
             std::fs::write(path, &text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
             let entries = learned.iter().filter(|l| !l.denylisted).count();
-            eprintln!("sandgate: wrote {entries} entries to {}", path.display());
+            eprintln!(
+                "sandgate: wrote {} to {}",
+                counted(entries, "entry", "entries"),
+                path.display()
+            );
         }
         None => {
             let mut out = std::io::stdout().lock();
@@ -91,16 +95,19 @@ fn render(name: &str, reason: &str, sources: &[String], learned: &[Learned]) -> 
     }
     for l in allowed {
         let ports: Vec<String> = l.ports.iter().map(u16::to_string).collect();
-        let tasks = if l.tasks.is_empty() {
-            String::new()
-        } else {
-            format!(", tasks {}", l.tasks.join(", "))
+        let tasks = match l.tasks.as_slice() {
+            [] => String::new(),
+            [one] => format!(", task {one}"),
+            many => format!(", tasks {}", many.join(", ")),
         };
         out.push_str(&format!(
             "      - host: {}\n        ports: [{}]\n        reason: {}\n",
             quote(&l.host),
             ports.join(", "),
-            quote(&format!("{reason} ({} requests{tasks})", l.count))
+            quote(&format!(
+                "{reason} ({}{tasks})",
+                counted(l.count, "request", "requests")
+            ))
         ));
     }
     for l in learned.iter().filter(|l| l.denylisted) {
@@ -110,6 +117,15 @@ fn render(name: &str, reason: &str, sources: &[String], learned: &[Learned]) -> 
         ));
     }
     out
+}
+
+/// `1 request`, `2 requests`.
+fn counted(n: impl std::fmt::Display, one: &str, many: &str) -> String {
+    let n = n.to_string();
+    match n.as_str() {
+        "1" => format!("1 {one}"),
+        _ => format!("{n} {many}"),
+    }
 }
 
 #[cfg(test)]
@@ -147,7 +163,12 @@ mod tests {
         assert_eq!(file.allow[0].ports, Some(vec![443]));
         assert_eq!(
             file.allow[0].reason.as_deref(),
-            Some("run \"42\": agent (3 requests, tasks t-1)")
+            Some("run \"42\": agent (3 requests, task t-1)")
+        );
+        assert_eq!(
+            file.allow[1].reason.as_deref(),
+            Some("run \"42\": agent (1 request)"),
+            "one request is not \"1 requests\""
         );
         assert_eq!(file.allow[1].pattern.to_string(), "[2001:db8::1]");
         assert!(text.contains("# evil.test was refused by a deny entry"), "{text}");

@@ -368,6 +368,9 @@ fn proxy_config(
         metrics_listen,
         // A name is resolved in `proxy_setup`, once the resolver is known.
         connector: Default::default(),
+        // The EgressPolicy's words; the audit log is not named to the proxy's clients (it
+        // is the operator's file, on the operator's machine).
+        remedies: Default::default(),
     })
 }
 

@@ -325,6 +325,27 @@ fn readers_skip_and_report_a_torn_last_line() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
 
+    // No --format, no --output-file: JSON lines on stdout, each as written.
+    let out = Command::new(bin)
+        .args(["audit", "export", "--input"])
+        .arg(&log)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .all(|l| serde_json::from_str::<Value>(l).is_ok_and(|v| v["event"] == "decision")),
+        "{stdout}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("exported 2 events to stdout"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     let csv = dir.path().join("out.csv");
     let out = Command::new(bin)
         .args(["audit", "export", "--format", "csv", "--input"])

@@ -465,6 +465,20 @@ fn a_sandboxed_run_is_a_node_of_the_central_proxies() {
     assert_eq!(events.len(), 2, "{events:#?}");
     let task = events[0]["task_id"].as_str().expect("the run's task").to_owned();
     assert!(task.starts_with("node-a:run-"), "{task}");
+    // The kept log is named after the run's own id, not its task: no `:` (scp and rsync
+    // read `host:path`).
+    let kept = stderr
+        .rsplit_once("audit log: ")
+        .and_then(|(_, rest)| rest.lines().next())
+        .map(std::path::PathBuf::from)
+        .expect("the summary names the kept log");
+    let name = kept.file_name().unwrap().to_string_lossy().into_owned();
+    assert_eq!(
+        name,
+        format!("{}.jsonl", task.trim_start_matches("node-a:")),
+        "{stderr}"
+    );
+    assert!(!kept.to_string_lossy().contains(':'), "{kept:?}");
     for e in &events {
         assert_eq!(
             (e["node"].as_str(), e["task_id"].as_str(), e["subject"].as_str()),

@@ -291,6 +291,40 @@ fn explain_answers_by_exit_status_reads_any_scheme_case_and_names_expired_rules(
 }
 
 #[test]
+fn listen_flags_open_beside_the_policys_listeners_and_help_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.yaml");
+    std::fs::write(
+        &file,
+        policy("  listeners:\n    - listen: 127.0.0.1:0\n      task: t-file\n"),
+    )
+    .unwrap();
+    // `start` gives --listen 127.0.0.1:0 too: both are opened.
+    let p = ProxyProcess::start(&["--policy", file.to_str().unwrap()]);
+    let from_file = p.listener(&["task=t-file"]);
+    let from_flag = p.addr;
+    assert_ne!(from_file, from_flag, "{}", p.log_text());
+    for listener in [from_flag, from_file] {
+        let reply = common::raw(
+            listener,
+            b"CONNECT nowhere.test:443 HTTP/1.1\r\nHost: nowhere.test:443\r\n\r\n",
+        );
+        assert_eq!(status_of(&reply), 403, "{reply}");
+    }
+    let tasks: Vec<Option<String>> = p
+        .audit_events(2)
+        .iter()
+        .map(|e| e["task_id"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(tasks, [None, Some("t-file".to_owned())]);
+    let (_, help, _) = sandgate(&["proxy", "--help"]);
+    assert!(
+        help.contains("opened beside the policy file's spec.listeners"),
+        "{help}"
+    );
+}
+
+#[test]
 fn a_407_names_where_the_request_was_going() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("policy.yaml");

@@ -351,6 +351,56 @@ fn basic_credentials_on_a_shared_listener() {
 }
 
 #[test]
+fn explain_resolve_heads_with_the_answer_and_leaves_denied_names_alone() {
+    let rt = runtime();
+    let dns = rt.block_on(DnsServer::start(
+        Zone::new()
+            .with("rebind.test", &["93.184.216.34", "10.0.0.1"])
+            .with("evil.test", &["93.184.216.34"]),
+    ));
+    let explain = |target: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_sandgate"))
+            .args([
+                "explain",
+                "--allow",
+                "rebind.test",
+                "--deny",
+                "evil.test",
+                "--resolve",
+                "--dns-server",
+                &dns.addr().to_string(),
+                target,
+            ])
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8(out.stdout).unwrap())
+    };
+    let (code, out) = explain("rebind.test");
+    assert_eq!(code, Some(1), "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[..2],
+        [
+            "deny connect rebind.test:443: allowed by the policy, but the name resolves to an address the proxy refuses: 10.0.0.1 (private)",
+            "  policy:  allow: allowed",
+        ],
+        "{out}"
+    );
+    assert!(!out.contains("result:"), "{out}");
+    let (code, out) = explain("evil.test");
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.starts_with("deny connect evil.test:443: matches a deny rule\n"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("address guard") && !out.contains("resolved:"),
+        "a name the policy denies is neither guarded nor resolved: {out}"
+    );
+    assert_eq!(dns.questions_about("evil.test"), 0);
+}
+
+#[test]
 fn explain_resolve_classifies_every_answer() {
     let rt = runtime();
     let dns = rt.block_on(DnsServer::start(

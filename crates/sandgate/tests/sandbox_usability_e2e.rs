@@ -172,6 +172,52 @@ fn the_summary_lists_upstream_failures_with_their_reason() {
 }
 
 #[test]
+fn a_403_inside_a_run_speaks_the_runs_language_and_names_its_audit_log() {
+    let rt = runtime();
+    let dns = rt.block_on(DnsServer::start(Zone::new().with("other.test", &["127.0.0.1"])));
+    let closed = ClosedPort::new();
+    let port = closed.port();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(
+        dir.path(),
+        &format!(
+            "net:\n  mode: allowlist\n  allow_domains: [ \"allowed.test\" ]\n  resolver: {{ servers: [ \"{}\" ] }}\n",
+            dns.addr()
+        ),
+    );
+    let audit = dir.path().join("kept.jsonl");
+    let script = format!("curl -s http://other.test:{port}/; true");
+    let out = run(
+        &policy,
+        &["--audit-log", audit.to_str().unwrap()],
+        &["sh", "-c", &script],
+    );
+    let (body, stderr) = text(&out);
+    assert!(
+        body.contains(&format!(
+            "to allow it, add other.test:{port} to the allowlist (net.allow_domains, or --allow-domain other.test:{port})"
+        )),
+        "{body}\n{stderr}"
+    );
+    assert!(
+        !body.contains("spec.network") && !body.contains("--allow "),
+        "{body}"
+    );
+    let id = common::read_audit(&audit)
+        .iter()
+        .find(|e| e["decision"] == "deny")
+        .and_then(|e| e["request_id"].as_str().map(str::to_owned))
+        .unwrap();
+    assert!(
+        body.contains(&format!(
+            "(sandgate explain --request-id {id} --audit-log {})",
+            audit.display()
+        )),
+        "{body}"
+    );
+}
+
+#[test]
 fn the_sweep_removes_only_state_whose_lock_is_free() {
     let tmp = tempfile::tempdir().unwrap();
     // A run in another PID namespace: its pid means nothing here, but its lock is held.

@@ -45,6 +45,7 @@ async fn fixture(store: Option<Arc<dyn ExceptionStore>>) -> Fixture {
         limits: Limits::default(),
         audit_options: AuditOptions::default(),
         metrics_listen: None,
+        remedies: Default::default(),
         connector: Default::default(),
     })
     .await

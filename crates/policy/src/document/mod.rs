@@ -4,7 +4,8 @@
 //! Parsing is pure: it takes the text, the file name for messages, and the current time (for
 //! `ttl_seconds`); reading the file is the caller's job. Unknown fields, bad patterns, bad
 //! CIDRs, ports out of range and non-positive TTLs are errors; every error found is reported,
-//! each as `file:line: field: message`.
+//! each as `file:line: field: message`, structural ones (a tab, an unknown field) with the
+//! rest: `recovery.rs` reads the document past them.
 //!
 //! The design's policy form (`apiVersion: agent-assembly.dev/v1alpha1`, `kind:
 //! GovernancePolicy`, whose `spec.network.allowlist` is a list of patterns) is read as an
@@ -32,6 +33,7 @@ mod listeners;
 mod network;
 mod nodes;
 mod raw;
+mod recovery;
 mod syntax;
 
 use checker::Checker;
@@ -228,11 +230,15 @@ pub fn parse_policy_since(
     now: i64,
     earlier: &FirstLoaded,
 ) -> Result<PolicyFile, DocErrors> {
-    let raw: RawDoc =
-        serde_saphyr::from_str(text).map_err(|e| DocErrors(vec![syntax::parse_error(&e, text, file)]))?;
+    // Structural errors (a tab, an unknown field, a key given twice) are reported with
+    // everything the conversion finds in the rest of the document.
+    let (raw, structural) = recovery::read::<RawDoc>(text, file);
+    let Some(raw) = raw else {
+        return Err(DocErrors(structural));
+    };
     let mut c = Checker {
         file,
-        errors: Vec::new(),
+        errors: structural,
         warnings: Vec::new(),
         earlier,
         loaded: FirstLoaded::new(),

@@ -23,13 +23,7 @@ pub(super) fn tab_in_indentation(text: &str) -> Option<u64> {
 /// path there.
 pub(super) fn parse_error(e: &Error, text: &str, file: &str) -> DocError {
     if let Some(line) = tab_in_indentation(text) {
-        return DocError {
-            file: file.to_owned(),
-            line,
-            field: enclosing(text, line),
-            message: "a tab in the indentation: YAML indents with spaces only; replace the tab with spaces"
-                .to_owned(),
-        };
+        return tab_at(text, file, line);
     }
     let line = e.location().map_or(0, |l| l.line());
     let at = field_at(text, line);
@@ -92,6 +86,17 @@ pub(super) fn parse_error(e: &Error, text: &str, file: &str) -> DocError {
         line,
         field,
         message,
+    }
+}
+
+/// The error for a tab in the indentation of `line` (1-based), named by the block it is in.
+pub(super) fn tab_at(text: &str, file: &str, line: u64) -> DocError {
+    DocError {
+        file: file.to_owned(),
+        line,
+        field: enclosing(text, line),
+        message: "a tab in the indentation: YAML indents with spaces only; replace the tab with spaces"
+            .to_owned(),
     }
 }
 
@@ -166,18 +171,18 @@ fn enclosing(text: &str, line: u64) -> String {
 }
 
 /// What a line looks like: where its content starts, the list dash before it, its key.
-struct Shape<'a> {
+pub(super) struct Shape<'a> {
     /// Column of the first character after any `- `.
-    indent: usize,
+    pub(super) indent: usize,
     /// Column of the list dash, if the line is a list item.
-    dash: Option<usize>,
-    key: Option<&'a str>,
+    pub(super) dash: Option<usize>,
+    pub(super) key: Option<&'a str>,
     /// The line is `key:` with its value on the lines below.
-    opens_block: bool,
+    pub(super) opens_block: bool,
 }
 
 impl<'a> Shape<'a> {
-    fn of(line: &'a str) -> Option<Shape<'a>> {
+    pub(super) fn of(line: &'a str) -> Option<Shape<'a>> {
         let body = line.trim_start_matches(' ');
         if body.is_empty() || body.starts_with('#') || body.starts_with("---") {
             return None;

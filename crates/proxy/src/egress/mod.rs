@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use crate::ask::Asker;
 use crate::audit::Audit;
 use crate::audit::event::{Decision, Event, Outcome, Party};
-use crate::config::{Identity, Limits};
+use crate::config::{Identity, Limits, Remedies};
 use crate::cuts::{CutGuard, Cuts};
 use crate::dial::{DialError, Dialer};
 use crate::metrics::Metrics;
@@ -84,6 +84,8 @@ pub(crate) struct Egress {
     /// Shared with every request in flight, whose `Drop` records what it still owes.
     pub audit: Arc<Audit>,
     pub limits: Limits,
+    /// How refusals word their hints, and the audit log they name.
+    pub remedies: Remedies,
     ids: RequestIds,
     /// Cancelled when in-flight work must end (grace period over).
     pub hard_stop: CancellationToken,
@@ -107,6 +109,7 @@ impl Egress {
         dialer: Dialer,
         audit: Audit,
         limits: Limits,
+        remedies: Remedies,
         metrics: Arc<Metrics>,
     ) -> Egress {
         Egress {
@@ -116,6 +119,7 @@ impl Egress {
             dialer: Arc::new(dialer),
             audit: Arc::new(audit),
             limits,
+            remedies,
             ids: RequestIds::new(),
             hard_stop: CancellationToken::new(),
             stopping: CancellationToken::new(),
@@ -190,7 +194,8 @@ impl Egress {
         dest: Option<(&Target, Access)>,
         refusal: Refusal,
     ) -> Refused {
-        let mut classified = refusal.classify(pending.party.method.as_deref().unwrap_or("-"));
+        let method = pending.party.method.as_deref().unwrap_or("-");
+        let mut classified = refusal.classify(method, &self.remedies);
         if let Some(hint) = self.how_to_ask(&pending, &refusal) {
             classified.hints.push(hint);
         }
@@ -310,7 +315,8 @@ impl Egress {
     /// Records a granted request that failed upstream before a response (DNS, connect, a
     /// broken or missing response head): a close whose outcome is the refusal's reason.
     pub async fn fail(&self, grant: Grant, refusal: Refusal, sent: u64, received: u64) -> Refused {
-        let classified = refusal.classify(grant.party.method.as_deref().unwrap_or("-"));
+        let method = grant.party.method.as_deref().unwrap_or("-");
+        let classified = refusal.classify(method, &self.remedies);
         let id = grant.party.request_id.clone();
         let end = End {
             sent,

@@ -4,7 +4,9 @@
 //! `Proxy-Status` field, a challenge for 407, the request id (`Sandgate-Request-Id`, which
 //! `curl -v` shows for a refused CONNECT, whose body it does not print), and a short body:
 //! the same line, the request id with the command that explains it from the audit log
-//! (`sandgate explain --request-id`), and what to do next. Details stay in the audit log.
+//! (`sandgate explain --request-id`, with `--audit-log PATH` when the configuration names
+//! the log, as a run's does), and what to do next, in the words of whoever configured the
+//! proxy ([`crate::config::Remedies`]). Details stay in the audit log.
 
 use std::fmt::Write as _;
 
@@ -33,8 +35,15 @@ fn reason_phrase(c: &Classified) -> String {
 
 /// The whole response, ending with `Connection: close`.
 pub(crate) fn render(c: &Classified, request_id: &str) -> Vec<u8> {
+    // The log named when the configuration knows it (a run's), so the command finds the
+    // request wherever the log is kept.
+    let log = c
+        .audit_log
+        .as_ref()
+        .map(|p| format!(" --audit-log {}", p.display()))
+        .unwrap_or_default();
     let mut body = format!(
-        "sandgate: {}\nrequest id: {request_id} (sandgate explain --request-id {request_id})\n",
+        "sandgate: {}\nrequest id: {request_id} (sandgate explain --request-id {request_id}{log})\n",
         c.text
     );
     for hint in &c.hints {
@@ -83,6 +92,7 @@ pub(crate) fn sf_string(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Remedies, Setting};
     use crate::refusal::Refusal;
     use sandgate_policy::{PolicyReason, parse_connect_target};
 
@@ -93,7 +103,7 @@ mod tests {
             target,
             reason: PolicyReason::NotAllowlisted,
         }
-        .classify("CONNECT");
+        .classify("CONNECT", &Remedies::default());
         assert!(c.is_denial);
         let text = String::from_utf8(render(&c, "abc")).unwrap();
         assert!(
@@ -121,13 +131,45 @@ mod tests {
     }
 
     #[test]
+    fn a_run_words_the_fix_in_its_own_terms_and_names_its_audit_log() {
+        let run = Remedies {
+            allow_hint: Setting {
+                field: "net.allow_domains".into(),
+                flag: Some("--allow-domain".into()),
+            },
+            range_hint: Setting {
+                field: "net.allow_ranges".into(),
+                flag: None,
+            },
+            audit_log: Some("/home/u/.local/state/sandgate/runs/run-1-0.jsonl".into()),
+        };
+        let c = Refusal::Policy {
+            target: parse_connect_target("evil.test:443").unwrap(),
+            reason: PolicyReason::NotAllowlisted,
+        }
+        .classify("CONNECT", &run);
+        let text = String::from_utf8(render(&c, "abc")).unwrap();
+        assert!(
+            text.ends_with(
+                "request id: abc (sandgate explain --request-id abc --audit-log /home/u/.local/state/sandgate/runs/run-1-0.jsonl)\n\
+             to allow it, add evil.test to the allowlist (net.allow_domains, or --allow-domain evil.test)\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains("spec.network") && !text.contains("--allow "),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn an_unusual_port_is_named_in_the_entry_and_ip_literals_keep_theirs() {
         let hint = |target: &str, method: &str| {
             Refusal::Policy {
                 target: parse_connect_target(target).unwrap(),
                 reason: PolicyReason::NotAllowlisted,
             }
-            .classify(method)
+            .classify(method, &Remedies::default())
             .hints
             .join("\n")
         };
@@ -139,7 +181,7 @@ mod tests {
 
     #[test]
     fn the_reason_phrase_stays_one_bounded_printable_line() {
-        let mut c = Refusal::HeadTimeout.classify("-");
+        let mut c = Refusal::HeadTimeout.classify("-", &Remedies::default());
         c.phrase = format!("a\r\nInjected: yes\u{e9}{}", "x".repeat(500));
         let phrase = reason_phrase(&c);
         assert!(phrase.len() <= MAX_PHRASE, "{}", phrase.len());

@@ -42,9 +42,13 @@ pub(super) struct Peek {
 
 /// The `kind` a policy document names: its `kind`, or [`KIND`] for a document without one
 /// but with a section only a sandbox policy has (the first form); `None` when it names none
-/// (or is not YAML). `check-config` dispatches on it.
+/// (or is not YAML). `check-config` dispatches on it. A tab in the indentation, which
+/// stops the YAML layer, is read as spaces here: the kind is still the file's, and its
+/// own checker names the tab.
 pub fn document_kind(text: &str) -> Option<String> {
-    let k = serde_saphyr::from_str::<Peek>(text).ok()?;
+    let k = serde_saphyr::from_str::<Peek>(text)
+        .or_else(|_| serde_saphyr::from_str::<Peek>(&text.replace('\t', "  ")))
+        .ok()?;
     match k.kind {
         Some(kind) => Some(kind),
         None if k.env.is_some() || k.fs.is_some() || k.net.is_some() || k.platform.is_some() => {

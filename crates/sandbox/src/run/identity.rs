@@ -67,6 +67,17 @@ impl RunIdentity {
     }
 
     /// What the command inside is told of its identity.
+    /// The ids the run's summary names.
+    pub(super) fn ids(&self) -> crate::summary::RunIds {
+        crate::summary::RunIds {
+            run: self.run.clone(),
+            task: self.task.clone(),
+            project: self.project.clone(),
+            job: self.job.clone(),
+            subject: self.subject.clone(),
+        }
+    }
+
     pub(super) fn env(&self) -> Vec<(String, String)> {
         let mut env = vec![
             ("SANDGATE_RUN_ID".to_owned(), self.run.clone()),

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use sandgate_policy::{AddressGuard, Ruleset};
 use sandgate_proxy::{
     AuditDestination, AuditOptions, Connector, FrontEnd, Identity, Limits, Listener, Nameservers, PeerFilter,
-    Proxy, ProxyConfig,
+    Proxy, ProxyConfig, Remedies, Setting,
 };
 use tokio::net::UnixListener;
 
@@ -31,6 +31,9 @@ pub(super) struct ProxyRun {
     pub(super) sandbox: std::sync::Arc<std::sync::OnceLock<i32>>,
     /// What starts the follower of `net.exceptions` (the binary's).
     pub(super) follow: Option<Follow>,
+    /// Where the run's audit log is kept after the run, if anywhere: a refusal names it
+    /// beside its request id.
+    pub(super) kept_log: Option<std::path::PathBuf>,
 }
 
 /// What starts a follower of `net.exceptions` for the run's proxy. The binary gives it: it
@@ -97,7 +100,8 @@ pub(super) async fn start_proxy(
     // Only this run's bridges may talk to its proxy: the listeners share one filter, and
     // one task identity, so HTTP and SOCKS5 requests are the same run's in the audit log.
     let peers = PeerFilter::new();
-    let config = proxy_config(policy, audit_path, &peers, &how.identity)?;
+    let mut config = proxy_config(policy, audit_path, &peers, &how.identity)?;
+    config.remedies.audit_log = how.kept_log.clone();
     let listeners = config.listen.len();
     let proxy = Proxy::bind(config)
         .await
@@ -248,7 +252,25 @@ fn proxy_config(
             (None, Some(addr)) => Connector::UpstreamProxy(addr),
             (None, None) => Connector::Direct,
         },
+        remedies: run_remedies(),
     })
+}
+
+/// A refusal inside a run says the fix in the run's terms: the SandboxPolicy's fields and
+/// `sandgate run`'s flag, not the EgressPolicy's and `sandgate proxy`'s. The audit log is
+/// set by [`start_proxy`], which knows whether the log outlives the run.
+fn run_remedies() -> Remedies {
+    Remedies {
+        allow_hint: Setting {
+            field: "net.allow_domains".into(),
+            flag: Some("--allow-domain".into()),
+        },
+        range_hint: Setting {
+            field: "net.allow_ranges".into(),
+            flag: None,
+        },
+        audit_log: None,
+    }
 }
 
 /// The run's proxy as a node-local proxy of central ones: the upstreams parsed and the TLS

@@ -89,6 +89,7 @@ pub(super) async fn supervise(
         RunError::Unavailable(format!("cannot create the run's state in {}: {e}", tmp.display()))
     })?;
     let run = identity.run.clone();
+    let ids = identity.ids();
     let (kept, audit_path) = audit_place(&policy, &opts, &state, &run)?;
     let sandbox = std::sync::Arc::new(std::sync::OnceLock::new());
     let network = match policy.net.proxied() {
@@ -100,6 +101,7 @@ pub(super) async fn supervise(
                 learn: opts.learn,
                 live: !opts.quiet,
                 follow: opts.follow.clone(),
+                kept_log: kept.clone(),
             };
             let proxy = start_proxy(&policy, &audit_path, &state, how).await?;
             Some(open_fronts(&policy, &state, proxy).await?)
@@ -126,13 +128,17 @@ pub(super) async fn supervise(
             eprintln!("sandgate: the profile's denials are in {}", path.display());
         }
     }
+    let proxied = network.is_some();
     if let Some(Network { proxy, fronts }) = network {
         fronts.close().await;
         proxy.stop().await;
-        if !opts.quiet {
-            crate::summary::print(&audit_path, kept.as_deref(), opts.learn);
-        }
     }
+    let log = proxied.then(|| crate::summary::AuditPlace {
+        written: &audit_path,
+        kept: kept.as_deref(),
+    });
+    let summary = crate::summary::RunSummary::of(ids, policy.net.name(), code.as_ref().ok().copied(), log);
+    crate::summary::at_exit(super::exit_output(&opts), &summary, proxied);
     drop(state);
     code
 }

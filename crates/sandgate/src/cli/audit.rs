@@ -39,10 +39,12 @@ pub enum AuditCommand {
         /// exception_expired, admin_refused); repeatable.
         #[arg(long = "event-type", value_name = "TYPE")]
         event_types: Vec<String>,
-        #[arg(long, value_enum)]
+        /// JSON lines (each line as the proxy wrote it) or CSV (a header row, then one row
+        /// an event).
+        #[arg(long, value_enum, default_value = "jsonl")]
         format: ExportFormat,
         /// Where to write (created or replaced); - for stdout.
-        #[arg(long, value_name = "F")]
+        #[arg(long, value_name = "F", default_value = "-")]
         output_file: std::path::PathBuf,
     },
     /// Top denied and allowed destinations, bytes by destination and by task (aggregates

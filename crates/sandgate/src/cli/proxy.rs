@@ -8,8 +8,9 @@ use clap::Args;
 #[derive(Debug, Args)]
 #[command(name = "proxy")]
 pub struct ProxyArgs {
-    /// Address to listen on [env: SANDGATE_LISTEN; PROXY_PORT=N means 0.0.0.0:N]
-    /// [default: 127.0.0.1:3128]
+    /// Address to listen on (repeatable); opened beside the policy file's spec.listeners,
+    /// never instead of them [env: SANDGATE_LISTEN; PROXY_PORT=N means 0.0.0.0:N]
+    /// [default: 127.0.0.1:3128, when neither this nor spec.listeners names one]
     #[arg(long, value_name = "ADDR")]
     pub listen: Vec<String>,
     /// Allowlist pattern: host, host:port, *.domain, *, IP literal; without a port, 443 for

@@ -45,6 +45,11 @@ pub struct RunArgs {
     /// no blocked-destinations summary and no totals line on exit.
     #[arg(long)]
     pub quiet: bool,
+    /// On exit, write the summary as JSON to FILE (replaced whole): the run's ids, its exit
+    /// status, requests allowed and denied, bytes, the destinations not reached with reasons
+    /// and counts, and the audit log's path (docs/sandbox.md). --quiet does not stop it.
+    #[arg(long, value_name = "FILE")]
+    pub summary_json: Option<std::path::PathBuf>,
     /// When only the allowlist refuses a destination, ask at the terminal: allow once, for
     /// this run, for 15 minutes, or deny (no terminal or no answer: deny)
     #[arg(long)]

@@ -81,25 +81,9 @@ fn logs(args: &ExplainArgs) -> Result<Vec<Log>, String> {
     Ok(logs)
 }
 
-/// The kept logs of `sandgate run` (`run-*.jsonl`), newest first by modification time.
+/// The kept logs of `sandgate run`, newest first by the start time their run ids carry.
 fn run_logs() -> Vec<PathBuf> {
-    let Some(dir) = sandgate_sandbox::runlog::dir() else {
-        return Vec::new();
-    };
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return Vec::new();
-    };
-    let mut logs: Vec<(std::time::SystemTime, PathBuf)> = entries
-        .flatten()
-        .filter(|e| {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            name.starts_with("run-") && name.ends_with(".jsonl")
-        })
-        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-        .collect();
-    logs.sort_by_key(|l| std::cmp::Reverse(l.0));
-    logs.into_iter().map(|(_, p)| p).collect()
+    sandgate_sandbox::runlog::newest_first()
 }
 
 /// One line of the request, where it was read.

@@ -1,7 +1,8 @@
-//! `sandgate explain TARGET`: how the policy would decide one destination, by which rule
-//! (file and line, scope, expiry), what the address guard will still check, and which
-//! expired rules would have matched; with `--resolve`, every address the name resolves to,
-//! through the proxy's own dialer. `--request-id` shows the same for a recorded request's
+//! `sandgate explain TARGET`: the proxy's answer for one destination as the headline, then
+//! how the policy decided it, by which rule (file and line, scope, expiry), what the address
+//! guard will still check (for what the policy allows), and which expired rules would have
+//! matched; with `--resolve`, every address an allowed name resolves to, through the proxy's
+//! own dialer. `--request-id` shows the same for a recorded request's
 //! destination ([`Explanation`]), under "now".
 
 use std::net::IpAddr;
@@ -181,7 +182,8 @@ impl Explanation {
         let decision = setup.rules.decide(target, access, &ctx);
         let expired = setup.rules.expired_matches(target, access, &ctx);
         let guard = guard_note(&setup.guard, target);
-        let resolved = match args.resolve {
+        // The proxy resolves only what the policy allows; so does explain.
+        let resolved = match args.resolve && decision.verdict == Verdict::Allow {
             true => Some(resolve(args, setup, &ctx, target)?),
             false => None,
         };
@@ -247,15 +249,40 @@ impl Explanation {
         })
     }
 
-    /// The explanation as text, one line each.
+    /// The first line: the proxy's answer (the policy's, unless the address guard, an
+    /// address deny entry or the resolver overrules it) and why.
+    fn headline(&self) -> String {
+        let why = match (self.outcome, &self.resolved) {
+            (outcome, _) if outcome == self.verdict() => self.decision.reason.describe().to_owned(),
+            ("unresolved", _) => {
+                "allowed by the policy, but the name does not resolve (the proxy would answer 502)".to_owned()
+            }
+            (_, Some(Resolved::Addrs(list))) if !self.guard.refuses => {
+                let refused: Vec<String> = list
+                    .iter()
+                    .filter(|(_, _, ok)| !ok)
+                    .map(|(ip, class, _)| format!("{ip} ({class})"))
+                    .collect();
+                format!(
+                    "allowed by the policy, but the name resolves to an address the proxy refuses: {}",
+                    refused.join(", ")
+                )
+            }
+            _ => format!("allowed by the policy, but {}", self.guard.text),
+        };
+        format!("{} {} {}: {why}", self.outcome, self.access.scheme(), self.target)
+    }
+
+    /// The explanation as text, one line each: the answer first, then how it was reached.
     pub(super) fn lines(&self) -> Vec<String> {
-        let mut out = vec![format!(
-            "{} {} {}: {}",
-            self.verdict(),
-            self.access.scheme(),
-            self.target,
-            self.decision.reason.describe()
-        )];
+        let mut out = vec![self.headline()];
+        if self.outcome != self.verdict() {
+            out.push(format!(
+                "  policy:  {}: {}",
+                self.verdict(),
+                self.decision.reason.describe()
+            ));
+        }
         if let Some(r) = self.decision.rule.as_deref() {
             out.push(format!("  rule:    {}", r.label));
             out.push(format!("  from:    {}", r.origin));
@@ -269,11 +296,11 @@ impl Explanation {
                 stamp(r.expires_at).unwrap_or_default()
             ));
         }
-        out.push(format!("  address guard: {}", self.guard.text));
-        out.extend(self.resolved_lines());
-        if self.outcome != self.verdict() {
-            out.push(format!("  result:  {}", self.outcome));
+        // A name the policy denies is never resolved nor dialled: the guard has no say.
+        if self.decision.verdict == Verdict::Allow {
+            out.push(format!("  address guard: {}", self.guard.text));
         }
+        out.extend(self.resolved_lines());
         out
     }
 
