@@ -101,6 +101,7 @@ mod tests {
                 project: None,
                 job: None,
                 subject: None,
+                agent: None,
             }),
             method: Some("GET".into()),
             node: None,

@@ -60,6 +60,9 @@ pub struct Line<'a> {
     pub node: Option<&'a str>,
     /// A report-only decision: the policy's reason to deny (`not_allowlisted`, `denylisted`).
     pub would_deny: Option<&'static str>,
+    /// On traffic: the agent acting for the subject (`sandgate run --agent`, an MCP
+    /// client's name), as stated.
+    pub agent: Option<&'a str>,
 }
 
 impl<'a> Line<'a> {
@@ -101,6 +104,7 @@ impl<'a> Line<'a> {
             tls_server_name: None,
             node: None,
             would_deny: None,
+            agent: None,
         }
     }
 
@@ -267,6 +271,7 @@ impl<'a> Line<'a> {
         self.project_id = p.identity.project.as_deref();
         self.job_id = p.identity.job.as_deref();
         self.subject = p.identity.subject.as_deref();
+        self.agent = p.identity.agent.as_deref();
         self.method = p.method.as_deref();
         self.node = p.node.as_deref();
     }
@@ -277,6 +282,7 @@ impl<'a> Line<'a> {
         self.project_id = r.project_id.as_deref();
         self.job_id = r.job_id.as_deref();
         self.subject = r.subject.as_deref();
+        self.agent = r.agent.as_deref();
         self.method = r.method.as_deref();
         self.node = r.node.as_deref();
     }

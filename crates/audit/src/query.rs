@@ -285,6 +285,7 @@ pub const CSV_COLUMNS: &[&str] = &[
     "tls_server_name",
     "node",
     "would_deny",
+    "agent",
 ];
 
 /// One CSV record (RFC 4180 quoting): the record written as a [`Line`] again, its fields

@@ -24,6 +24,7 @@ fn party(task: Option<&str>) -> Party {
             project: Some("p-1".into()),
             job: Some("j-1".into()),
             subject: Some("alice".into()),
+            agent: Some("mcp:claude-code".into()),
         }),
         method: Some("CONNECT".into()),
         node: Some("node-a".into()),
@@ -197,6 +198,7 @@ fn every_kind_reads_back_as_written() {
                         project_id: Some("p-1".into()),
                         job_id: Some("j-1".into()),
                         subject: Some("alice".into()),
+                        agent: Some("mcp:claude-code".into()),
                         method: Some("CONNECT".into()),
                         node: Some("node-a".into()),
                     }

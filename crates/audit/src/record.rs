@@ -46,6 +46,8 @@ pub struct Requester {
     pub project_id: Option<String>,
     pub job_id: Option<String>,
     pub subject: Option<String>,
+    /// The agent acting for the subject, as stated (`agent`).
+    pub agent: Option<String>,
     pub method: Option<String>,
     /// On a central proxy: the node-local proxy that forwarded the request.
     pub node: Option<String>,
@@ -310,6 +312,7 @@ struct Raw {
     tls_server_name: Option<String>,
     node: Option<String>,
     would_deny: Option<String>,
+    agent: Option<String>,
 }
 
 impl TryFrom<Raw> for Record {
@@ -354,6 +357,7 @@ impl Raw {
             project_id: self.project_id.take(),
             job_id: self.job_id.take(),
             subject: self.subject.take(),
+            agent: self.agent.take(),
             method: self.method.take(),
             node: self.node.take(),
         }

@@ -34,8 +34,11 @@ pub struct RunSpec<'a> {
     pub workspace: Option<&'a Path>,
     pub limit: Duration,
     pub max_output_bytes: usize,
-    /// Who asked for the run (`mcp:CLIENT`): the run's `--subject`.
+    /// The person the server runs as (its OS user): the run's `--subject`.
     pub subject: &'a str,
+    /// The client that asked for the run (`mcp:CLIENT`, its stated name): the run's
+    /// `--agent`.
+    pub agent: &'a str,
     /// The server's task: the run's `--task`, so the task's scoped entries and exceptions
     /// apply to its runs.
     pub task: &'a str,
@@ -91,6 +94,7 @@ pub fn argv(spec: &RunSpec<'_>, audit: &Path, workspace: &Path) -> Vec<OsString>
     a.push(audit.into());
     for (flag, value) in [
         ("--subject", spec.subject),
+        ("--agent", spec.agent),
         ("--task", spec.task),
         ("--job", spec.job),
     ] {
@@ -273,7 +277,8 @@ mod tests {
             workspace: None,
             limit: Duration::from_secs(60),
             max_output_bytes: 10,
-            subject: "mcp:client",
+            subject: "alice",
+            agent: "mcp:client",
             task: "agent-7",
             job: "mcp-1-1",
             protect: &protect,
@@ -300,6 +305,8 @@ mod tests {
                 "--audit-log",
                 "/tmp/r/audit.jsonl",
                 "--subject",
+                "alice",
+                "--agent",
                 "mcp:client",
                 "--task",
                 "agent-7",

@@ -276,7 +276,8 @@ impl SandgateMcp {
             workspace: workspace.as_deref(),
             limit: Duration::from_secs(admitted.seconds),
             max_output_bytes: sandbox.gates.max_output_bytes,
-            subject: &subject_id(&ctx),
+            subject: &sandgate_sandbox::run::user_subject(),
+            agent: &agent_id(&ctx),
             task: &self.config.task,
             job: &job,
             protect: &self.protect,
@@ -327,9 +328,9 @@ fn who(ctx: &RequestContext<RoleServer>) -> String {
     )
 }
 
-/// The client as an id for a run's `--subject`: `mcp:` and its stated name, each character
+/// The client as an id for a run's `--agent`: `mcp:` and its stated name, each character
 /// an id may not hold replaced by `_`.
-fn subject_id(ctx: &RequestContext<RoleServer>) -> String {
+fn agent_id(ctx: &RequestContext<RoleServer>) -> String {
     let name = ctx
         .peer
         .peer_info()

@@ -98,14 +98,16 @@ impl Rule {
 }
 
 /// Who traffic belongs to: the task, project and job it is attributed to (from the listener
-/// it arrived on, or from a credential), and the subject that started it (a person, an
-/// agent), which is recorded and never decides anything.
+/// it arrived on, or from a credential), the subject that started it (a person, a
+/// service) and the agent acting for it (an MCP client, a coding agent), both as stated:
+/// recorded, and never deciding anything.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Identity {
     pub task: Option<String>,
     pub project: Option<String>,
     pub job: Option<String>,
     pub subject: Option<String>,
+    pub agent: Option<String>,
 }
 
 /// Who is asking, and when: the inputs of a decision besides the target.

@@ -120,7 +120,13 @@ impl PolicyHandle {
     /// exchanges in flight) is cut, including one decided just before and registering
     /// after. Returns how many were cut.
     pub fn cut(&self, rule_label: &str) -> usize {
+        // The entries leave the rules before any connection is cut: a client woken by the
+        // cut (its tunnel closed) and asking again at once is decided without them, and gets
+        // a 403, not a connection granted and cut in the same instant.
+        self.change(|layers| layers.exceptions.retain(|e| &*e.origin != rule_label));
         let cut = self.cuts.cut(rule_label);
+        // Once more, now that the label is dead: a publication racing the first change
+        // cannot bring the entries back.
         let cuts = self.cuts.clone();
         self.change(|layers| layers.exceptions.retain(|e| !cuts.is_dead(&e.origin)));
         cut

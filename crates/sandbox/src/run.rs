@@ -31,6 +31,7 @@ mod proxy;
 mod seatbelt;
 
 use identity::RunIdentity;
+pub use identity::user_subject;
 use load::protected_files;
 pub use load::{load_policy, path_param};
 pub use proxy::{Follow, FollowRequest, Following};
@@ -57,6 +58,9 @@ pub struct RunOptions {
     pub ask: Option<std::time::Duration>,
     /// `--subject`: who starts the run (else the user).
     pub subject: Option<String>,
+    /// `--agent`: the agent acting for the subject (an MCP client, a coding agent), as
+    /// stated.
+    pub agent: Option<String>,
     /// `--task`: the run's task id, as its orchestrator names it (else the run's own id,
     /// `run-PID-T`); task-scoped policy entries and exceptions apply to it.
     pub task: Option<String>,

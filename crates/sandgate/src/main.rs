@@ -230,6 +230,7 @@ fn run_sandbox(args: cli::RunArgs) -> ExitCode {
             .ask
             .then(|| std::time::Duration::from_secs(args.ask_timeout.unwrap_or(60))),
         subject: args.subject,
+        agent: args.agent,
         task: args.task,
         project: args.project,
         job: args.job,

@@ -201,6 +201,7 @@ pub fn proxy_setup(args: &ProxyArgs, env: &dyn Env) -> Result<ProxySetup, Settin
             project: l.project.clone(),
             job: l.job.clone(),
             subject: l.subject.clone(),
+            agent: None,
         };
         let require_auth = l.require_auth;
         let front_end = match &l.node_tls {

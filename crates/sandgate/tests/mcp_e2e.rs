@@ -270,6 +270,13 @@ fn a_real_client_runs_commands_within_the_gates_in_both_protocol_revisions() {
                     .any(|e| e["subject"].as_str().unwrap().starts_with("mcp")),
                 "{runs:#?}"
             );
+            // Issue 30: a run is the server's user's (`--subject`), for the client
+            // (`--agent mcp:NAME`, the name the client stated in its handshake), and the
+            // command is told the agent.
+            let client = runs[0]["subject"].as_str().unwrap();
+            let name = client.split(' ').next().unwrap();
+            let r = d.run(json!({"sandbox": "offline", "command": ["python3", "-c", "import os; print(os.environ.get('SANDGATE_AGENT'))"]}));
+            assert_eq!(r["structured"]["stdout"], format!("mcp:{name}\n"), "{r}");
         }
     }
 }

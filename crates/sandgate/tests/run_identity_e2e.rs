@@ -1,7 +1,8 @@
 //! Issue 30: a run carries its orchestrator's identity. `sandgate run --task t-1 --project
 //! p-1 --job j-1` is recorded as that task, project and job; the task-scoped entries of the
 //! policy it names apply to it and to no other run; the command inside is told its ids; the
-//! ids are printed at start unless `--quiet`; an id that is not one is a usage error. Real
+//! ids are printed at start unless `--quiet`; an id that is not one is a usage error. The
+//! subject (the user by default) and `--agent` are recorded beside them. Real
 //! bubblewrap, real curl inside, a loopback origin behind the test DNS server.
 
 #![allow(
@@ -69,7 +70,7 @@ fn a_run_named_by_its_orchestrator_is_recorded_and_decided_as_that_task() {
     let dir = tempfile::tempdir().unwrap();
     let policy = policies(dir.path(), &dns, origin.port());
     let script = format!(
-        "echo \"task=$SANDGATE_TASK project=${{SANDGATE_PROJECT:-}} job=${{SANDGATE_JOB:-}} run=$SANDGATE_RUN_ID\"; curl -sS -o /dev/null -w 'web=%{{http_code}}\\n' http://web.test:{}/",
+        "echo \"task=$SANDGATE_TASK project=${{SANDGATE_PROJECT:-}} job=${{SANDGATE_JOB:-}} agent=${{SANDGATE_AGENT:-}} run=$SANDGATE_RUN_ID\"; curl -sS -o /dev/null -w 'web=%{{http_code}}\\n' http://web.test:{}/",
         origin.port()
     );
 
@@ -78,14 +79,25 @@ fn a_run_named_by_its_orchestrator_is_recorded_and_decided_as_that_task() {
     let out = run(
         &policy,
         &audit,
-        &["--task", "t-1", "--project", "p-1", "--job", "j-1"],
+        &[
+            "--task",
+            "t-1",
+            "--project",
+            "p-1",
+            "--job",
+            "j-1",
+            "--subject",
+            "alice",
+            "--agent",
+            "mcp:claude-code",
+        ],
         &script,
     );
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("web=200"), "{stdout}\n{stderr}");
     assert!(
-        stdout.contains("task=t-1 project=p-1 job=j-1 run=run-"),
+        stdout.contains("task=t-1 project=p-1 job=j-1 agent=mcp:claude-code run=run-"),
         "{stdout}"
     );
     let start = stderr
@@ -93,7 +105,8 @@ fn a_run_named_by_its_orchestrator_is_recorded_and_decided_as_that_task() {
         .find(|l| l.starts_with("sandgate: run "))
         .unwrap_or_default();
     assert!(
-        start.starts_with("sandgate: run run-") && start.ends_with(": task t-1, project p-1, job j-1"),
+        start.starts_with("sandgate: run run-")
+            && start.ends_with(": task t-1, project p-1, job j-1, agent mcp:claude-code"),
         "{stderr}"
     );
     let events = read_audit(&audit);
@@ -102,6 +115,8 @@ fn a_run_named_by_its_orchestrator_is_recorded_and_decided_as_that_task() {
     assert_eq!(decision["task_id"], "t-1");
     assert_eq!(decision["project_id"], "p-1");
     assert_eq!(decision["job_id"], "j-1");
+    assert_eq!(decision["subject"], "alice");
+    assert_eq!(decision["agent"], "mcp:claude-code");
     assert!(
         decision["rule"].as_str().unwrap().contains("[task:t-1]"),
         "{decision}"
@@ -122,6 +137,9 @@ fn a_run_named_by_its_orchestrator_is_recorded_and_decided_as_that_task() {
             "{decision}"
         );
         assert!(decision["job_id"].is_null(), "{decision}");
+        // No --agent: none stated, written as null.
+        assert!(decision["agent"].is_null(), "{decision}");
+        assert!(decision.as_object().unwrap().contains_key("agent"), "{decision}");
     }
 
     // --quiet prints no start line.
@@ -147,6 +165,7 @@ fn an_id_that_is_not_one_is_a_usage_error() {
         ("--task", "t 1"),
         ("--project", "p/1"),
         ("--job", ""),
+        ("--agent", "claude code"),
         ("--task", &*"t".repeat(129)),
     ] {
         let out = Command::new(sandgate_bin())

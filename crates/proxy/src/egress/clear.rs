@@ -52,7 +52,7 @@ impl Egress {
     }
 
     /// Verifies a task's login against the credentials in force: the identity it proves
-    /// (its task and project, with the listener's job and subject).
+    /// (its task and project, with the listener's job, subject and agent).
     pub(crate) fn login(
         &self,
         task: &str,
@@ -66,6 +66,7 @@ impl Egress {
             project: cred.project.clone(),
             job: listener.job.clone(),
             subject: listener.subject.clone(),
+            agent: listener.agent.clone(),
         }))
     }
 }

@@ -1,9 +1,10 @@
 //! Attribution: what a node-local proxy says about each request it forwards (the task,
-//! project and job of the listener or credentials it arrived on, and the subject that
-//! started it), as fields of the stream's CONNECT request. A central proxy believes them
-//! only on a `role: node` listener and only within the node's `spec.nodes` entry (the
-//! subject is recorded as the node's statement and decides nothing); no other front end
-//! reads them, and the HTTP/1 forwarder strips them from requests it passes on.
+//! project and job of the listener or credentials it arrived on, the subject that
+//! started it and the agent acting for it), as fields of the stream's CONNECT request. A
+//! central proxy believes them only on a `role: node` listener and only within the node's
+//! `spec.nodes` entry (the subject and agent are recorded as the node's statement and
+//! decide nothing); no other front end reads them, and the HTTP/1 forwarder strips them
+//! from requests it passes on.
 
 use sandgate_policy::Identity;
 
@@ -11,6 +12,7 @@ pub const TASK: &str = "sandgate-task";
 pub const PROJECT: &str = "sandgate-project";
 pub const JOB: &str = "sandgate-job";
 pub const SUBJECT: &str = "sandgate-subject";
+pub const AGENT: &str = "sandgate-agent";
 
 /// The fields for `identity`.
 pub fn fields(identity: &Identity) -> impl Iterator<Item = (&'static str, &str)> {
@@ -19,6 +21,7 @@ pub fn fields(identity: &Identity) -> impl Iterator<Item = (&'static str, &str)>
         (PROJECT, identity.project.as_deref()),
         (JOB, identity.job.as_deref()),
         (SUBJECT, identity.subject.as_deref()),
+        (AGENT, identity.agent.as_deref()),
     ]
     .into_iter()
     .filter_map(|(k, v)| Some((k, v?)))
@@ -53,6 +56,7 @@ pub fn read(headers: &hyper::HeaderMap) -> Result<Identity, AttributionError> {
         project: one(PROJECT)?,
         job: one(JOB)?,
         subject: one(SUBJECT)?,
+        agent: one(AGENT)?,
     })
 }
 
@@ -110,7 +114,8 @@ mod tests {
             task: Some("t".into()),
             project: None,
             job: Some("j".into()),
-            subject: Some("mcp:client".into()),
+            subject: Some("alice".into()),
+            agent: Some("mcp:client".into()),
         };
         let pairs: Vec<_> = fields(&id).map(|(k, v)| (k, v.to_owned())).collect();
         let h = {

@@ -2,9 +2,10 @@
 //! identity its proxy records and decides under is the task (`--task` as the orchestrator
 //! names it, else the run's own id; under central proxies prefixed by the node's name, so a
 //! node cannot claim another node's runs), the project (`--project`), the job (`--job`) and
-//! the subject (`--subject`, else the user). Every id follows the policy's id rule. The
-//! command inside is told them (`SANDGATE_RUN_ID`, `SANDGATE_TASK`, `SANDGATE_PROJECT`,
-//! `SANDGATE_JOB`), and the run prints them at start unless `--quiet`. It is also told its
+//! the subject (`--subject`, else the user) and the agent acting for it (`--agent`), both
+//! as stated. Every id follows the policy's id rule. The command inside is told them
+//! (`SANDGATE_RUN_ID`, `SANDGATE_TASK`, `SANDGATE_PROJECT`, `SANDGATE_JOB`,
+//! `SANDGATE_AGENT`), and the run prints them at start unless `--quiet`. It is also told its
 //! workspace, the `WORKSPACE` parameter when one is given (`SANDGATE_WORKSPACE`; `sandgate
 //! mcp` gives every run one), so a command can find where it may write.
 
@@ -24,6 +25,8 @@ pub(super) struct RunIdentity {
     pub job: Option<String>,
     /// Who started it.
     pub subject: String,
+    /// The agent acting for the subject (`--agent`).
+    pub agent: Option<String>,
     /// The `WORKSPACE` parameter (`--param`, `--path-param`), when given.
     pub workspace: Option<String>,
 }
@@ -41,6 +44,7 @@ impl RunIdentity {
         let task = given("--task", &opts.task)?;
         let project = given("--project", &opts.project)?;
         let job = given("--job", &opts.job)?;
+        let agent = given("--agent", &opts.agent)?;
         let subject = run_subject(opts.subject.as_deref())?;
         let run = run_id();
         let task = task.unwrap_or_else(|| run.clone());
@@ -62,6 +66,7 @@ impl RunIdentity {
             project,
             job,
             subject,
+            agent,
             workspace: opts.params.get("WORKSPACE").cloned(),
         })
     }
@@ -85,6 +90,7 @@ impl RunIdentity {
         ];
         env.extend(self.project.clone().map(|p| ("SANDGATE_PROJECT".to_owned(), p)));
         env.extend(self.job.clone().map(|j| ("SANDGATE_JOB".to_owned(), j)));
+        env.extend(self.agent.clone().map(|a| ("SANDGATE_AGENT".to_owned(), a)));
         env.extend(
             self.workspace
                 .clone()
@@ -93,7 +99,8 @@ impl RunIdentity {
         env
     }
 
-    /// One line for the start of the run: `run run-1-…: task t-1, project p, job j`.
+    /// One line for the start of the run: `run run-1-…: task t-1, project p, job j, agent
+    /// a`.
     pub(super) fn describe(&self) -> String {
         let mut line = format!("run {}: task {}", self.run, self.task);
         if let Some(p) = &self.project {
@@ -101,6 +108,9 @@ impl RunIdentity {
         }
         if let Some(j) = &self.job {
             line.push_str(&format!(", job {j}"));
+        }
+        if let Some(a) = &self.agent {
+            line.push_str(&format!(", agent {a}"));
         }
         line
     }
@@ -114,11 +124,17 @@ fn run_subject(given: Option<&str>) -> Result<String, RunError> {
             false => Err(RunError::Usage(format!("--subject {s:?}: {}", ids::ID_RULE))),
         };
     }
+    Ok(user_subject())
+}
+
+/// The user as a subject: $USER (else $LOGNAME) when it is an id, else `uid-N`. What a run
+/// records without `--subject`, and what `sandgate mcp` gives its runs.
+pub fn user_subject() -> String {
     let user = std::env::var("USER").or_else(|_| std::env::var("LOGNAME"));
-    Ok(match user {
+    match user {
         Ok(u) if ids::valid(&u) => u,
         _ => format!("uid-{}", rustix::process::getuid().as_raw()),
-    })
+    }
 }
 
 /// `run-PID-T`: T the start time in nanoseconds since the epoch, 16 hex digits, so run ids
@@ -154,6 +170,7 @@ mod tests {
             task: Some("t-1".into()),
             job: Some("j-1".into()),
             subject: Some("alice".into()),
+            agent: Some("mcp:claude-code".into()),
             ..RunOptions::default()
         };
         let id = RunIdentity::of(&opts, None).unwrap();
@@ -165,9 +182,16 @@ mod tests {
         let env = id.env();
         assert!(env.contains(&("SANDGATE_TASK".into(), "t-1".into())), "{env:?}");
         assert!(env.contains(&("SANDGATE_JOB".into(), "j-1".into())), "{env:?}");
+        assert!(
+            env.contains(&("SANDGATE_AGENT".into(), "mcp:claude-code".into())),
+            "{env:?}"
+        );
         assert!(!env.iter().any(|(k, _)| k == "SANDGATE_PROJECT"), "{env:?}");
         assert!(!env.iter().any(|(k, _)| k == "SANDGATE_WORKSPACE"), "{env:?}");
-        assert_eq!(id.describe(), format!("run {}: task t-1, job j-1", id.run));
+        assert_eq!(
+            id.describe(),
+            format!("run {}: task t-1, job j-1, agent mcp:claude-code", id.run)
+        );
 
         let unnamed = RunIdentity::of(&RunOptions::default(), None).unwrap();
         assert_eq!(unnamed.task, unnamed.run);
@@ -201,6 +225,13 @@ mod tests {
                 "--job",
                 RunOptions {
                     job: Some(String::new()),
+                    ..RunOptions::default()
+                },
+            ),
+            (
+                "--agent",
+                RunOptions {
+                    agent: Some("a/b".into()),
                     ..RunOptions::default()
                 },
             ),

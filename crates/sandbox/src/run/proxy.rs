@@ -222,6 +222,7 @@ fn proxy_config(
             project: run.project.clone(),
             job: run.job.clone(),
             subject: Some(run.subject.clone()),
+            agent: run.agent.clone(),
         },
         peers: Some(peers.clone()),
         front_end,

@@ -61,6 +61,11 @@ pub struct RunArgs {
     /// requests, and forwarded to central proxies [default: the user, $USER or uid-N]
     #[arg(long, value_name = "ID")]
     pub subject: Option<String>,
+    /// The agent acting for the subject (an MCP client, a coding agent), as it names
+    /// itself: recorded as `agent` on each of its requests, and forwarded to central
+    /// proxies; the command sees it as SANDGATE_AGENT
+    #[arg(long, value_name = "ID")]
+    pub agent: Option<String>,
     /// The run's task id, as its orchestrator names it: recorded as `task_id` on each of its
     /// requests, and task-scoped policy entries and exceptions apply to it; the command
     /// sees it as SANDGATE_TASK [default: the run's own id, run-PID-T]

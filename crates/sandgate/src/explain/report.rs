@@ -89,6 +89,7 @@ fn who(found: &Found) -> Option<String> {
         ("project", r.project_id.clone()),
         ("job", r.job_id.clone()),
         ("subject", r.subject.clone()),
+        ("agent", r.agent.clone()),
         ("node", r.node.clone()),
         ("client", r.client_addr.map(|a| a.to_string())),
     ]
