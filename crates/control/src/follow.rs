@@ -69,13 +69,18 @@ pub enum FeedError {
 
 /// Checks that `url` may be followed: TLS verified against a CA anywhere, plain HTTP to
 /// loopback only.
-pub fn check_feed(url: &AdminUrl, token: &str, ca: Option<&std::path::Path>) -> Result<(), FeedError> {
+pub fn check_feed(url: &AdminUrl, ca: Option<&std::path::Path>) -> Result<(), FeedError> {
     if url.is_tls() && ca.is_none() {
         return Err(FeedError::NoCa { url: url.to_string() });
     }
     if !url.is_tls() && !url.addrs().iter().all(|a| a.ip().is_loopback()) {
         return Err(FeedError::NotLoopback { url: url.to_string() });
     }
+    Ok(())
+}
+
+/// Checks that a follower has a token to read with.
+pub fn check_token(token: &str) -> Result<(), FeedError> {
     if token.trim().is_empty() {
         return Err(FeedError::NoToken);
     }
@@ -122,7 +127,8 @@ impl Follower {
         proxy: PolicyHandle,
         clock: Clock,
     ) -> Result<Follower, FeedError> {
-        check_feed(&spec.url, &spec.token, spec.ca.as_deref())?;
+        check_feed(&spec.url, spec.ca.as_deref())?;
+        check_token(&spec.token)?;
         let limits = crate::client::Limits {
             timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(2),

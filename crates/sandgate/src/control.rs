@@ -186,7 +186,7 @@ pub fn run_follow() -> Follow {
 /// `localhost`, never a name to resolve), and `https://` with a CA or plain HTTP on loopback.
 pub fn feed_url(from: &str, ca: Option<&std::path::Path>) -> Result<AdminUrl, String> {
     let url = AdminUrl::parse(from).map_err(|e| e.to_string())?;
-    sandgate_control::follow::check_feed(&url, "-", ca).map_err(|e| e.to_string())?;
+    sandgate_control::follow::check_feed(&url, ca).map_err(|e| e.to_string())?;
     Ok(url)
 }
 
