@@ -94,6 +94,7 @@ mod tests {
 
     fn party(task: &str) -> Party {
         Party {
+            path: None,
             request_id: "r".into(),
             client_addr: ([127, 0, 0, 1], 9).into(),
             identity: std::sync::Arc::new(sandgate_policy::Identity {

@@ -25,6 +25,8 @@ pub struct Party {
     pub identity: Arc<Identity>,
     /// `None` when no request line was read.
     pub method: Option<Cow<'static, str>>,
+    /// A plain-HTTP request's path, without its query string, as the client wrote it.
+    pub path: Option<Arc<str>>,
     /// On a central proxy: the node-local proxy that forwarded the request (its name in
     /// `spec.nodes`), which vouched for the identity.
     pub node: Option<Arc<str>>,
@@ -224,11 +226,15 @@ pub enum UpstreamFailure {
     UpstreamDenied,
     /// The upstream proxy gave no usable answer.
     UpstreamProxy,
+    /// An intercepted request's upstream failed TLS: a certificate the system's roots do not
+    /// verify, or no handshake.
+    Tls,
 }
 
 impl UpstreamFailure {
     /// Every failure, for reading `outcome` back ([`Outcome::parse`]).
-    pub const ALL: [UpstreamFailure; 13] = [
+    pub const ALL: [UpstreamFailure; 14] = [
+        UpstreamFailure::Tls,
         UpstreamFailure::Dns,
         UpstreamFailure::DnsTimeout,
         UpstreamFailure::ConnectionRefused,
@@ -260,6 +266,7 @@ impl UpstreamFailure {
             UpstreamFailure::IdleTimeout => "idle_timeout",
             UpstreamFailure::UpstreamDenied => "upstream_denied",
             UpstreamFailure::UpstreamProxy => "upstream_proxy",
+            UpstreamFailure::Tls => "tls",
         }
     }
 }
@@ -315,6 +322,7 @@ impl Outcome {
                 UpstreamFailure::Connect => "upstream_failure:connect",
                 UpstreamFailure::ResponseTimeout => "upstream_failure:response_timeout",
                 UpstreamFailure::Closed => "upstream_failure:closed",
+                UpstreamFailure::Tls => "upstream_failure:tls",
                 UpstreamFailure::MalformedResponse => "upstream_failure:malformed_response",
                 UpstreamFailure::ResponseHeadTooLarge => "upstream_failure:response_head_too_large",
                 UpstreamFailure::ResponseBody => "upstream_failure:response_body",

@@ -63,6 +63,8 @@ pub struct Line<'a> {
     /// On traffic: the agent acting for the subject (`sandgate run --agent`, an MCP
     /// client's name), as stated.
     pub agent: Option<&'a str>,
+    /// On a plain-HTTP request: its path, without the query string, as the client wrote it.
+    pub path: Option<&'a str>,
 }
 
 impl<'a> Line<'a> {
@@ -105,6 +107,7 @@ impl<'a> Line<'a> {
             node: None,
             would_deny: None,
             agent: None,
+            path: None,
         }
     }
 
@@ -273,6 +276,7 @@ impl<'a> Line<'a> {
         self.subject = p.identity.subject.as_deref();
         self.agent = p.identity.agent.as_deref();
         self.method = p.method.as_deref();
+        self.path = p.path.as_deref();
         self.node = p.node.as_deref();
     }
 
@@ -284,6 +288,7 @@ impl<'a> Line<'a> {
         self.subject = r.subject.as_deref();
         self.agent = r.agent.as_deref();
         self.method = r.method.as_deref();
+        self.path = r.path.as_deref();
         self.node = r.node.as_deref();
     }
 

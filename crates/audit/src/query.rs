@@ -286,6 +286,7 @@ pub const CSV_COLUMNS: &[&str] = &[
     "node",
     "would_deny",
     "agent",
+    "path",
 ];
 
 /// One CSV record (RFC 4180 quoting): the record written as a [`Line`] again, its fields

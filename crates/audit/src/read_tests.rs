@@ -17,6 +17,7 @@ use crate::record::{Destination, Recorded, Requester};
 
 fn party(task: Option<&str>) -> Party {
     Party {
+        path: None,
         request_id: "0000abcd00000001".into(),
         client_addr: ([127, 0, 0, 1], 40_000).into(),
         identity: Arc::new(Identity {
@@ -200,6 +201,7 @@ fn every_kind_reads_back_as_written() {
                         subject: Some("alice".into()),
                         agent: Some("mcp:claude-code".into()),
                         method: Some("CONNECT".into()),
+                        path: None,
                         node: Some("node-a".into()),
                     }
                 );
@@ -261,7 +263,7 @@ fn every_outcome_and_kind_reads_back() {
 #[test]
 fn every_outcome_and_kind_is_listed_for_reading() {
     use UpstreamFailure as F;
-    const OUTCOMES: usize = 24;
+    const OUTCOMES: usize = 25;
     let number = |o: Outcome| match o {
         Outcome::Ok => 0,
         Outcome::ClientReset => 1,
@@ -288,6 +290,7 @@ fn every_outcome_and_kind_is_listed_for_reading() {
             F::IdleTimeout => 21,
             F::UpstreamDenied => 22,
             F::UpstreamProxy => 23,
+            F::Tls => 24,
         },
     };
     let mut seen: Vec<usize> = Outcome::all().map(number).collect();

@@ -49,6 +49,8 @@ pub struct Requester {
     /// The agent acting for the subject, as stated (`agent`).
     pub agent: Option<String>,
     pub method: Option<String>,
+    /// A plain-HTTP request's path, without the query string (`path`).
+    pub path: Option<String>,
     /// On a central proxy: the node-local proxy that forwarded the request.
     pub node: Option<String>,
 }
@@ -262,13 +264,7 @@ impl Record {
 
 /// A policy reason by its code.
 fn policy_reason(code: &str) -> Option<PolicyReason> {
-    [
-        PolicyReason::Allowlisted,
-        PolicyReason::Denylisted,
-        PolicyReason::NotAllowlisted,
-    ]
-    .into_iter()
-    .find(|r| r.code() == code)
+    PolicyReason::ALL.into_iter().find(|r| r.code() == code)
 }
 
 /// The line as JSON: every field of every kind, each optional. Unknown fields are ignored
@@ -288,6 +284,7 @@ struct Raw {
     reason_code: Option<String>,
     scheme: Option<String>,
     method: Option<String>,
+    path: Option<String>,
     destination_host: Option<String>,
     destination_port: Option<u16>,
     resolved_ip: Option<IpAddr>,
@@ -359,6 +356,7 @@ impl Raw {
             subject: self.subject.take(),
             agent: self.agent.take(),
             method: self.method.take(),
+            path: self.path.take(),
             node: self.node.take(),
         }
     }
@@ -367,7 +365,7 @@ impl Raw {
         let access = match self.scheme.take() {
             None => None,
             Some(s) => Some(
-                [Access::Connect, Access::Http, Access::Socks5]
+                [Access::Connect, Access::Http, Access::Socks5, Access::Https]
                     .into_iter()
                     .find(|a| a.scheme() == s)
                     .ok_or_else(|| Invalid::value("scheme", &s))?,

@@ -1,10 +1,15 @@
 //! The load generator's client side: direct connections or CONNECT tunnels through a proxy,
-//! and keep-alive HTTP GETs in absolute form (proxy) or origin form (direct).
+//! keep-alive HTTP GETs in absolute form (proxy) or origin form (direct), and keep-alive
+//! HTTPS GETs (origin form) over TLS inside a tunnel or straight to the origin.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
 
 /// How the load reaches the servers.
 #[derive(Debug, Clone, Copy)]
@@ -98,44 +103,120 @@ impl HttpClient {
     }
 
     async fn exchange(&mut self, mut stream: TcpStream) -> Result<(), BoxError> {
-        stream.write_all(&self.request).await?;
-        self.buf.clear();
-        let (head_len, body_len, close) = loop {
-            let mut chunk = [0u8; 4096];
-            let n = stream.read(&mut chunk).await?;
-            if n == 0 {
-                return Err("connection closed mid-response".into());
+        let close = exchange(&mut stream, &self.request, &mut self.buf).await?;
+        if !close {
+            self.stream = Some(stream);
+        }
+        Ok(())
+    }
+}
+
+/// Writes `request` and reads one 200 response with a Content-Length body; whether the
+/// server closes the connection after it.
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    request: &[u8],
+    buf: &mut Vec<u8>,
+) -> Result<bool, BoxError> {
+    stream.write_all(request).await?;
+    // A TLS stream may hold the request's record until flushed; a no-op on TCP.
+    stream.flush().await?;
+    buf.clear();
+    let (head_len, body_len, close) = loop {
+        let mut chunk = [0u8; 4096];
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err("connection closed mid-response".into());
+        }
+        buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut resp = httparse::Response::new(&mut headers);
+        if let httparse::Status::Complete(len) = resp.parse(buf)? {
+            if resp.code != Some(200) {
+                return Err(format!("status {:?}", resp.code).into());
             }
-            self.buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
-            let mut headers = [httparse::EMPTY_HEADER; 32];
-            let mut resp = httparse::Response::new(&mut headers);
-            if let httparse::Status::Complete(len) = resp.parse(&self.buf)? {
-                if resp.code != Some(200) {
-                    return Err(format!("status {:?}", resp.code).into());
-                }
-                let header = |name: &str| {
-                    resp.headers
-                        .iter()
-                        .find(|h| h.name.eq_ignore_ascii_case(name))
-                        .map(|h| h.value)
-                };
-                let body: usize = header("content-length")
-                    .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
-                    .ok_or("no content-length")?;
-                let close = header("connection").is_some_and(|v| v.eq_ignore_ascii_case(b"close"))
-                    || resp.version == Some(0)
-                        && !header("connection").is_some_and(|v| v.eq_ignore_ascii_case(b"keep-alive"));
-                break (len, body, close);
+            let header = |name: &str| {
+                resp.headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case(name))
+                    .map(|h| h.value)
+            };
+            let body: usize = header("content-length")
+                .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse().ok())
+                .ok_or("no content-length")?;
+            let close = header("connection").is_some_and(|v| v.eq_ignore_ascii_case(b"close"))
+                || resp.version == Some(0)
+                    && !header("connection").is_some_and(|v| v.eq_ignore_ascii_case(b"keep-alive"));
+            break (len, body, close);
+        }
+    };
+    while buf.len() < head_len + body_len {
+        let mut chunk = [0u8; 4096];
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err("connection closed mid-body".into());
+        }
+        buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
+    }
+    Ok(close)
+}
+
+/// A TLS client configuration (ring, HTTP/1.1 by ALPN) trusting exactly the certificates in
+/// `pems`.
+pub fn tls_config(pems: &[&str]) -> Result<Arc<rustls::ClientConfig>, BoxError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for pem in pems {
+        for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+            roots.add(cert?)?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// A keep-alive HTTPS client for the TLS origin: per connection a tunnel (or a direct TCP
+/// connection), a TLS handshake with the origin's name (127.0.0.1), then GETs in origin form.
+/// Behind an intercepting proxy the handshake is with the proxy, so `tls` must trust its CA.
+#[derive(Debug)]
+pub struct HttpsClient {
+    via: Via,
+    origin: SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+    stream: Option<TlsStream<TcpStream>>,
+    request: Vec<u8>,
+    buf: Vec<u8>,
+}
+
+impl HttpsClient {
+    pub fn new(via: Via, origin: SocketAddr, tls: Arc<rustls::ClientConfig>) -> HttpsClient {
+        HttpsClient {
+            via,
+            origin,
+            tls,
+            stream: None,
+            request: format!("GET / HTTP/1.1\r\nHost: {origin}\r\n\r\n").into_bytes(),
+            buf: Vec::with_capacity(4096),
+        }
+    }
+
+    /// One GET, on the kept connection or (first, or after the origin closed it) on a new
+    /// tunnel and handshake. No retry: the harness's origin never closes a kept connection.
+    pub async fn get(&mut self) -> Result<(), BoxError> {
+        let mut stream = match self.stream.take() {
+            Some(kept) => kept,
+            None => {
+                let tcp = open(self.via, self.origin).await?;
+                let name = ServerName::from(self.origin.ip());
+                let connector = tokio_rustls::TlsConnector::from(self.tls.clone());
+                connector.connect(name, tcp).await?
             }
         };
-        while self.buf.len() < head_len + body_len {
-            let mut chunk = [0u8; 4096];
-            let n = stream.read(&mut chunk).await?;
-            if n == 0 {
-                return Err("connection closed mid-body".into());
-            }
-            self.buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
-        }
+        let close = exchange(&mut stream, &self.request, &mut self.buf).await?;
         if !close {
             self.stream = Some(stream);
         }

@@ -1,23 +1,30 @@
 //! `sandgate-bench`: the in-repo load benchmark. Runs one suite against a direct connection
 //! (the harness's physical limit), sandgate, Squid and tinyproxy, interleaved round by round,
-//! and prints medians with ratios to direct and to sandgate as a Markdown table.
+//! and prints medians with ratios to direct and to sandgate as a Markdown table; and keep-alive
+//! HTTPS GETs through a blind tunnel and through an intercepting sandgate, with the proxy's CPU
+//! per request.
 //!
 //! The proxy under test is pinned to core 0 and the load generator (with its loopback
 //! servers) to core 1 with `taskset`. Not a test: figures go to docs/benchmarks.md. `--smoke`
 //! runs tiny sizes so the test suite keeps the harness from rotting.
 
 mod client;
+mod process;
 mod proxies;
+mod report;
 mod scenarios;
 mod servers;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use client::{BoxError, Via};
+use proxies::{RunningProxy, SandgateMode};
+use report::Results;
 use servers::Servers;
 
 #[derive(Debug, Parser)]
@@ -45,7 +52,8 @@ struct Args {
     #[arg(long, default_value_t = 5000)]
     idle: usize,
     /// Targets, comma-separated: direct, sandgate, sandgate-nopeek (no first-bytes check
-    /// on tunnels), sandgate-central (a node-local proxy and a central one, both on the
+    /// on tunnels), sandgate-intercept (the HTTPS origin allowed read-only, so its tunnels
+    /// are intercepted), sandgate-central (a node-local proxy and a central one, both on the
     /// proxies' core; sandgate-central-http1: a TLS connection per tunnel instead of HTTP/2
     /// streams), squid, tinyproxy.
     #[arg(
@@ -54,6 +62,14 @@ struct Args {
         value_delimiter = ','
     )]
     targets: Vec<String>,
+    /// Scenarios, comma-separated (default: all).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "tunnel,http,new-tunnels,idle,https"
+    )]
+    scenarios: Vec<Scenario>,
     /// The sandgate binary (default: next to this one).
     #[arg(long)]
     sandgate: Option<PathBuf>,
@@ -63,6 +79,21 @@ struct Args {
     /// Do not pin the proxy and the load to separate cores.
     #[arg(long)]
     no_pin: bool,
+}
+
+/// The scenarios `--scenarios` selects from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    /// One tunnel's throughput, up then down.
+    Tunnel,
+    /// Keep-alive plain-HTTP GETs through the proxy (absolute form).
+    Http,
+    /// New tunnels, each opened with a TLS ClientHello echoed back.
+    NewTunnels,
+    /// RSS per idle tunnel.
+    Idle,
+    /// Keep-alive HTTPS GETs, a tunnel and a TLS handshake per connection.
+    Https,
 }
 
 const PINNED_ENV: &str = "SANDGATE_BENCH_PINNED";
@@ -118,31 +149,34 @@ fn main() -> ExitCode {
     }
 }
 
-/// Median figures: metric name to target name to samples.
-type Results = BTreeMap<&'static str, BTreeMap<String, Vec<f64>>>;
-
-const METRICS: &[(&str, &str, bool)] = &[
-    // (key, label, higher is better)
-    ("a_up", "tunnel throughput up (MB/s)", true),
-    ("b_down", "tunnel throughput down (MB/s)", true),
-    ("c_rps", "keep-alive GETs (req/s)", true),
-    ("d_p50", "GET p50 (µs)", false),
-    ("e_p99", "GET p99 (µs)", false),
-    ("f_p999", "GET p99.9 (µs)", false),
-    ("g_tps", "new tunnels (/s)", true),
-    ("h_idle", "RSS per idle tunnel (bytes)", false),
-];
+/// What every target's run shares.
+#[derive(Debug)]
+struct Bench<'a> {
+    args: &'a Args,
+    servers: Servers,
+    /// A TLS ClientHello, to open every new tunnel with as HTTPS clients do.
+    hello: Arc<[u8]>,
+    sandgate_bin: PathBuf,
+    /// The proxies' core, when pinned.
+    core: Option<usize>,
+    /// Clock ticks a second of /proc's CPU times.
+    ticks: u64,
+}
 
 async fn run(args: &Args, proxy_core: Option<usize>) -> Result<bool, BoxError> {
-    let servers = servers::start().await?;
-    let sandgate_bin = match &args.sandgate {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?.with_file_name("sandgate"),
+    let bench = Bench {
+        args,
+        servers: servers::start().await?,
+        hello: scenarios::client_hello()?.into(),
+        sandgate_bin: match &args.sandgate {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()?.with_file_name("sandgate"),
+        },
+        core: proxy_core,
+        ticks: process::clock_ticks(),
     };
     let mut results: Results = BTreeMap::new();
     let mut ok = true;
-    // New tunnels open with a real TLS ClientHello, as HTTPS clients' do.
-    let hello: std::sync::Arc<[u8]> = scenarios::client_hello()?.into();
     for round in 0..args.rounds {
         let n = args.targets.len();
         for i in 0..n {
@@ -150,18 +184,7 @@ async fn run(args: &Args, proxy_core: Option<usize>) -> Result<bool, BoxError> {
                 continue;
             };
             eprintln!("round {}/{}: {name}", round + 1, args.rounds);
-            let hello = hello.clone();
-            if let Err(e) = run_target(
-                name,
-                args,
-                &servers,
-                hello,
-                &sandgate_bin,
-                proxy_core,
-                &mut results,
-            )
-            .await
-            {
+            if let Err(e) = run_target(name, &bench, &mut results).await {
                 eprintln!("  {name}: {e}");
                 if name == "direct" || name == "sandgate" {
                     ok = false;
@@ -169,32 +192,32 @@ async fn run(args: &Args, proxy_core: Option<usize>) -> Result<bool, BoxError> {
             }
         }
     }
-    print_report(args, &results, proxy_core.is_some());
+    report::print_report(args, &results, proxy_core.is_some());
     Ok(ok)
 }
 
-async fn run_target(
-    name: &str,
-    args: &Args,
-    s: &Servers,
-    hello: std::sync::Arc<[u8]>,
-    sandgate_bin: &std::path::Path,
-    core: Option<usize>,
-    results: &mut Results,
-) -> Result<(), BoxError> {
-    let proxy = match name {
-        "direct" => None,
-        "sandgate" => Some(proxies::sandgate(sandgate_bin, s, core, true)?),
+fn start_target(name: &str, b: &Bench<'_>) -> Result<Option<RunningProxy>, BoxError> {
+    let (bin, s, core) = (b.sandgate_bin.as_path(), &b.servers, b.core);
+    Ok(Some(match name {
+        "direct" => return Ok(None),
+        "sandgate" => proxies::sandgate(bin, s, core, SandgateMode::Plain)?,
         // The same, reading no tunnel's first bytes: the cost of the ClientHello check.
-        "sandgate-nopeek" => Some(proxies::sandgate(sandgate_bin, s, core, false)?),
+        "sandgate-nopeek" => proxies::sandgate(bin, s, core, SandgateMode::NoPeek)?,
+        // The HTTPS origin's tunnels intercepted, every request inside decided and recorded.
+        "sandgate-intercept" => proxies::sandgate(bin, s, core, SandgateMode::Intercept)?,
         // A node-local proxy forwarding to a central one (mutual TLS, HTTP/2 streams).
-        "sandgate-central" => Some(proxies::sandgate_central(sandgate_bin, s, core, false)?),
+        "sandgate-central" => proxies::sandgate_central(bin, s, core, false)?,
         // The same with a TLS connection per tunnel (HTTP/1.1 CONNECT), for comparison.
-        "sandgate-central-http1" => Some(proxies::sandgate_central(sandgate_bin, s, core, true)?),
-        "squid" => Some(proxies::squid(s, core)?),
-        "tinyproxy" => Some(proxies::tinyproxy(s, core)?),
+        "sandgate-central-http1" => proxies::sandgate_central(bin, s, core, true)?,
+        "squid" => proxies::squid(s, core)?,
+        "tinyproxy" => proxies::tinyproxy(s, core)?,
         other => return Err(format!("unknown target {other}").into()),
-    };
+    }))
+}
+
+async fn run_target(name: &str, b: &Bench<'_>, results: &mut Results) -> Result<(), BoxError> {
+    let (args, s) = (b.args, &b.servers);
+    let proxy = start_target(name, b)?;
     let via = proxy.as_ref().map_or(Via::Direct, |p| Via::Proxy(p.addr));
     let mut record = |metric: &'static str, value: f64| {
         results
@@ -204,28 +227,37 @@ async fn run_target(
             .or_default()
             .push(value);
     };
-    record("a_up", scenarios::upload(via, s, args.bytes).await?);
-    record("b_down", scenarios::download(via, s, args.bytes).await?);
-    let http = scenarios::http_gets(via, s, args.http_conns, Duration::from_secs_f64(args.http_secs)).await?;
-    record("c_rps", http.rps);
-    record("d_p50", http.p50_us);
-    record("e_p99", http.p99_us);
-    record("f_p999", http.p999_us);
-    let tps = scenarios::new_tunnels(
-        via,
-        s,
-        hello.clone(),
-        args.tunnel_conns,
-        Duration::from_secs_f64(args.tunnel_secs),
-    )
-    .await?;
-    record("g_tps", tps);
-    if let Some(p) = &proxy {
+    let wants = |scenario: Scenario| args.scenarios.contains(&scenario);
+    if wants(Scenario::Tunnel) {
+        record("a_up", scenarios::upload(via, s, args.bytes).await?);
+        record("b_down", scenarios::download(via, s, args.bytes).await?);
+    }
+    if wants(Scenario::Http) {
+        let secs = Duration::from_secs_f64(args.http_secs);
+        let http = scenarios::http_gets(via, s, args.http_conns, secs).await?;
+        record("c_rps", http.rps);
+        record("d_p50", http.p50_us);
+        record("e_p99", http.p99_us);
+        record("f_p999", http.p999_us);
+    }
+    if wants(Scenario::NewTunnels) {
+        let secs = Duration::from_secs_f64(args.tunnel_secs);
+        let hello = b.hello.clone();
+        let tps = scenarios::new_tunnels(via, s, hello, args.tunnel_conns, secs).await?;
+        record("g_tps", tps);
+    }
+    if wants(Scenario::Https) {
+        // Before the idle tunnels, whose closes would land in its CPU reading; after a pause
+        // for the previous scenario's closes.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let before = scenarios::rss_bytes(p.pid());
+        https(b, via, proxy.as_ref(), &mut record).await?;
+    }
+    if let (true, Some(p)) = (wants(Scenario::Idle), &proxy) {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = process::rss_bytes(p.pid());
         let held = scenarios::hold_tunnels(via, s.echo, args.idle).await?;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let after = scenarios::rss_bytes(p.pid());
+        let after = process::rss_bytes(p.pid());
         drop(held);
         record(
             "h_idle",
@@ -235,81 +267,37 @@ async fn run_target(
     Ok(())
 }
 
-fn median(v: &[f64]) -> Option<f64> {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied()
-}
-
-fn print_report(args: &Args, results: &Results, pinned: bool) {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
-        })
-        .unwrap_or_default();
-    println!(
-        "\nsandgate-bench: {} round(s), {} bytes each way, {} s GETs x{}, {} s new tunnels x{}, {} idle tunnels; {}; {cpu}\n",
-        args.rounds,
-        args.bytes,
-        args.http_secs,
-        args.http_conns,
-        args.tunnel_secs,
-        args.tunnel_conns,
-        args.idle,
-        if pinned {
-            "proxy on core 0, load on core 1"
-        } else {
-            "unpinned"
-        }
-    );
-    let targets: Vec<&String> = args.targets.iter().collect();
-    let mut header = String::from("| metric |");
-    let mut rule = String::from("|---|");
-    for t in &targets {
-        header.push_str(&format!(" {t} |"));
-        rule.push_str("---:|");
+/// Keep-alive HTTPS GETs, and the CPU the proxy (every process of the target) and the load
+/// generator (client and origin, TLS on both ends) spent on them, per request.
+async fn https(
+    b: &Bench<'_>,
+    via: Via,
+    proxy: Option<&RunningProxy>,
+    record: &mut impl FnMut(&'static str, f64),
+) -> Result<(), BoxError> {
+    // Through an intercepting proxy the client trusts only the interception CA, so a tunnel
+    // left blind by mistake fails the handshake instead of being measured as intercepted.
+    let trust = proxy
+        .and_then(|p| p.intercept_ca_pem.as_deref())
+        .unwrap_or(&b.servers.tls.ca_pem);
+    let tls = client::tls_config(&[trust])?;
+    let pids = proxy.map(RunningProxy::pids).unwrap_or_default();
+    let proxy_before = process::cpu_time(&pids, b.ticks);
+    let load_before = process::own_cpu_time(b.ticks);
+    let started = Instant::now();
+    let secs = Duration::from_secs_f64(b.args.http_secs);
+    let f = scenarios::https_gets(via, b.servers.tls.addr, tls, b.args.http_conns, secs).await?;
+    let wall = started.elapsed().as_secs_f64();
+    let proxy_cpu = process::cpu_time(&pids, b.ticks).saturating_sub(proxy_before);
+    let load_cpu = process::own_cpu_time(b.ticks).saturating_sub(load_before);
+    let per_request = |cpu: Duration| cpu.as_secs_f64() * 1e6 / f.requests.max(1) as f64;
+    record("i_https_rps", f.rps);
+    record("j_https_p50", f.p50_us);
+    record("k_https_p99", f.p99_us);
+    if proxy.is_some() {
+        record("l_https_cpu", per_request(proxy_cpu));
+        record("m_https_busy", proxy_cpu.as_secs_f64() / wall * 100.0);
     }
-    header.push_str(" sandgate / direct | best other / sandgate |");
-    rule.push_str("---:|---:|");
-    println!("{header}\n{rule}");
-    for (key, label, higher_better) in METRICS {
-        let Some(by_target) = results.get(key) else {
-            continue;
-        };
-        let med = |t: &str| by_target.get(t).and_then(|v| median(v));
-        let mut line = format!("| {label} |");
-        for t in &targets {
-            match med(t) {
-                Some(v) => line.push_str(&format!(" {} |", fmt(v))),
-                None => line.push_str(" - |"),
-            }
-        }
-        let sg = med("sandgate");
-        match (sg, med("direct")) {
-            (Some(s), Some(d)) if d > 0.0 => line.push_str(&format!(" {:.2} |", s / d)),
-            _ => line.push_str(" - |"),
-        }
-        let others: Vec<f64> = ["squid", "tinyproxy"].iter().filter_map(|t| med(t)).collect();
-        let best = if *higher_better {
-            others.iter().copied().reduce(f64::max)
-        } else {
-            others.iter().copied().reduce(f64::min)
-        };
-        match (best, sg) {
-            (Some(b), Some(s)) if s > 0.0 => line.push_str(&format!(" {:.2} |", b / s)),
-            _ => line.push_str(" - |"),
-        }
-        println!("{line}");
-    }
-}
-
-fn fmt(v: f64) -> String {
-    if v >= 100.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.1}")
-    }
+    record("n_https_load", per_request(load_cpu));
+    Ok(())
 }

@@ -18,12 +18,21 @@ pub struct RunningProxy {
     child: Child,
     /// A second process the target needs (the central proxy behind a node-local one).
     companion: Option<Child>,
+    /// The certificate of the CA an intercepting proxy made (PEM), for its clients to trust.
+    pub intercept_ca_pem: Option<String>,
     _dir: tempfile::TempDir,
 }
 
 impl RunningProxy {
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Every process of the target: the proxy, and the central behind a node-local one.
+    pub fn pids(&self) -> Vec<u32> {
+        std::iter::once(self.child.id())
+            .chain(self.companion.as_ref().map(Child::id))
+            .collect()
     }
 }
 
@@ -134,6 +143,21 @@ fn pinned(program: &Path, core: Option<usize>) -> Command {
     }
 }
 
+/// `program` under `prlimit --nofile=N:N` (one exec more, the same process), so that its
+/// default limits are those of a host with `nofile` descriptors (or the hard limit, when
+/// lower: raising it needs privilege); as is without prlimit.
+fn with_descriptors(program: &Path, core: Option<usize>, nofile: u64) -> Command {
+    let Some(prlimit) = which("prlimit") else {
+        return pinned(program, core);
+    };
+    let nofile = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(nofile, |(_, hard)| nofile.min(hard));
+    let mut c = pinned(&prlimit, core);
+    c.arg(format!("--nofile={nofile}:{nofile}"))
+        .arg("--")
+        .arg(program);
+    c
+}
+
 #[expect(clippy::disallowed_methods, reason = "waits for a loopback proxy to listen")]
 fn wait_listening(addr: SocketAddr, child: &mut Child, name: &str) -> Result<(), BoxError> {
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -156,20 +180,35 @@ fn world_writable_dir() -> Result<tempfile::TempDir, BoxError> {
     Ok(dir)
 }
 
-fn allowed(s: &Servers) -> [SocketAddr; 4] {
-    [s.origin, s.echo, s.sink, s.source]
+fn allowed(s: &Servers) -> [SocketAddr; 5] {
+    [s.origin, s.echo, s.sink, s.source, s.tls.addr]
 }
 
-/// sandgate with the same allowlist; `inspect: false` turns the tunnels' first-bytes check
-/// off (`spec.network.tunnels: {sni: off, tls_only: false}`).
+/// What a sandgate target changes from the defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandgateMode {
+    /// Every server allowed by `--allow`: tunnels SNI-checked and relayed blind.
+    Plain,
+    /// The tunnels' first-bytes check off (`spec.network.tunnels: {sni: off, tls_only:
+    /// false}`).
+    NoPeek,
+    /// The TLS origin allowed only by a `read_only: true` entry, so its tunnels are
+    /// intercepted: `--intercept-ca-cert`, and the origin's CA as the system's roots
+    /// (`SSL_CERT_FILE`) to verify it upstream.
+    Intercept,
+}
+
+/// sandgate allowing the harness's servers, as `mode` says.
 pub fn sandgate(
     binary: &Path,
     s: &Servers,
     core: Option<usize>,
-    inspect: bool,
+    mode: SandgateMode,
 ) -> Result<RunningProxy, BoxError> {
     let dir = world_writable_dir()?;
-    let mut cmd = pinned(binary, core);
+    // 5,000 idle tunnels come from one client address, on the default limits of a host with
+    // 20,000 descriptors (issue 32): a cap of 9,872, of which a lone client may hold 7,404.
+    let mut cmd = with_descriptors(binary, core, 20_000);
     cmd.args([
         "proxy",
         "--listen",
@@ -178,27 +217,48 @@ pub fn sandgate(
         "127.0.0.1/32",
     ]);
     cmd.args(["--audit-log"]).arg(dir.path().join("audit.jsonl"));
-    // 5,000 idle tunnels come from one client address: that share must hold them all.
-    cmd.args(["--dns-server", "127.0.0.1:9", "--max-connections", "8000"]);
-    cmd.args(["--max-connections-per-client", "8000"]);
-    for a in allowed(s) {
+    cmd.args(["--dns-server", "127.0.0.1:9"]);
+    let intercepted = (mode == SandgateMode::Intercept).then_some(s.tls.addr);
+    for a in allowed(s).into_iter().filter(|a| Some(*a) != intercepted) {
         cmd.args(["--allow", &a.to_string()]);
     }
-    if !inspect {
+    let network = match mode {
+        SandgateMode::Plain => None,
+        SandgateMode::NoPeek => Some("    tunnels: {sni: \"off\", tls_only: false}\n".to_owned()),
+        SandgateMode::Intercept => Some(format!(
+            "    allowlist:\n      - {{host: \"{}\", read_only: true}}\n",
+            s.tls.addr
+        )),
+    };
+    if let Some(network) = network {
         let policy = dir.path().join("policy.yaml");
         std::fs::write(
             &policy,
-            "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {name: bench}\nspec:\n  network:\n    tunnels: {sni: \"off\", tls_only: false}\n",
+            format!(
+                "apiVersion: sandgate.dev/v1\nkind: EgressPolicy\nmetadata: {{name: bench}}\nspec:\n  network:\n{network}"
+            ),
         )?;
         cmd.arg("--policy").arg(policy);
     }
+    let ca_file = dir.path().join("intercept-ca.pem");
+    if mode == SandgateMode::Intercept {
+        cmd.arg("--intercept-ca-cert").arg(&ca_file);
+        cmd.env("SSL_CERT_FILE", &s.tls.ca_file)
+            .env_remove("SSL_CERT_DIR");
+    }
     let (child, addr) = spawn_sandgate(&mut cmd, "proxy", "sandgate")?;
-    Ok(RunningProxy {
+    let mut proxy = RunningProxy {
         addr,
         child,
         companion: None,
+        intercept_ca_pem: None,
         _dir: dir,
-    })
+    };
+    if mode == SandgateMode::Intercept {
+        // Written before the proxy logs its listeners.
+        proxy.intercept_ca_pem = Some(std::fs::read_to_string(&ca_file)?);
+    }
+    Ok(proxy)
 }
 
 /// A node-local sandgate forwarding to a central one over mutual TLS and HTTP/2 (one
@@ -286,6 +346,7 @@ pub fn sandgate_central(
         addr,
         child,
         companion: Some(central),
+        intercept_ca_pem: None,
         _dir: dir,
     })
 }
@@ -317,6 +378,7 @@ pub fn squid(s: &Servers, core: Option<usize>) -> Result<RunningProxy, BoxError>
         addr,
         child,
         companion: None,
+        intercept_ca_pem: None,
         _dir: dir,
     })
 }
@@ -348,6 +410,7 @@ pub fn tinyproxy(s: &Servers, core: Option<usize>) -> Result<RunningProxy, BoxEr
         addr,
         child,
         companion: None,
+        intercept_ca_pem: None,
         _dir: dir,
     })
 }

@@ -1,4 +1,5 @@
 //! The benchmark suite. Each scenario runs against one [`Via`] and returns its figures.
+//! What a scenario costs the processes (CPU, memory) is read around it (`process.rs`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -7,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::client::{BoxError, HttpClient, Via, open};
+use crate::client::{BoxError, HttpClient, HttpsClient, Via, open};
 use crate::servers::Servers;
 
 /// MB/s (10^6 bytes per second) moving `bytes` through one tunnel, client to server.
@@ -51,22 +52,67 @@ pub struct HttpFigures {
     pub p50_us: f64,
     pub p99_us: f64,
     pub p999_us: f64,
+    /// Requests answered, from the first connection's start to the last one's end.
+    pub requests: u64,
 }
 
-/// `conns` keep-alive connections sending GETs back to back for `duration`.
+/// `conns` keep-alive connections sending plain-HTTP GETs back to back for `duration`.
 pub async fn http_gets(
     via: Via,
     s: &Servers,
     conns: usize,
     duration: Duration,
 ) -> Result<HttpFigures, BoxError> {
-    let stop = Arc::new(AtomicBool::new(false));
     let origin = s.origin;
+    keep_alive_gets(conns, duration, move || {
+        GetClient::Http(HttpClient::new(via, origin))
+    })
+    .await
+}
+
+/// `conns` keep-alive HTTPS connections to the TLS origin at `origin` (a tunnel each, then
+/// a TLS handshake with `tls`) sending GETs back to back for `duration`.
+pub async fn https_gets(
+    via: Via,
+    origin: SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+    conns: usize,
+    duration: Duration,
+) -> Result<HttpFigures, BoxError> {
+    keep_alive_gets(conns, duration, move || {
+        GetClient::Https(Box::new(HttpsClient::new(via, origin, tls.clone())))
+    })
+    .await
+}
+
+/// One connection's client in the GET scenarios.
+enum GetClient {
+    Http(HttpClient),
+    Https(Box<HttpsClient>),
+}
+
+impl GetClient {
+    async fn get(&mut self) -> Result<(), BoxError> {
+        match self {
+            GetClient::Http(c) => c.get().await,
+            GetClient::Https(c) => c.get().await,
+        }
+    }
+}
+
+/// `conns` clients from `client` each sending GETs back to back for `duration`; the latency
+/// of every GET, connecting included where one had to connect.
+async fn keep_alive_gets(
+    conns: usize,
+    duration: Duration,
+    client: impl Fn() -> GetClient,
+) -> Result<HttpFigures, BoxError> {
+    let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::with_capacity(conns);
     for _ in 0..conns {
         let stop = stop.clone();
+        let mut client = client();
         tasks.push(tokio::spawn(async move {
-            let mut client = HttpClient::new(via, origin);
             let mut latencies: Vec<u32> = Vec::with_capacity(1 << 16);
             while !stop.load(Ordering::Relaxed) {
                 let t = Instant::now();
@@ -94,6 +140,7 @@ pub async fn http_gets(
         p50_us: pct(0.5),
         p99_us: pct(0.99),
         p999_us: pct(0.999),
+        requests: all.len() as u64,
     })
 }
 
@@ -176,36 +223,4 @@ pub async fn hold_tunnels(
         }
     }
     Ok(held)
-}
-
-/// Resident memory of `pid` and its direct children, in bytes.
-pub fn rss_bytes(pid: u32) -> u64 {
-    let mut pids = vec![pid];
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for entry in entries.flatten() {
-            let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
-            // Field 4 (after the parenthesised command) is the parent pid.
-            let ppid = stat
-                .rsplit(')')
-                .next()
-                .and_then(|rest| rest.split_whitespace().nth(1));
-            if ppid.and_then(|p| p.parse::<u32>().ok()) == Some(pid) {
-                pids.push(child);
-            }
-        }
-    }
-    pids.iter()
-        .map(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/status"))
-                .unwrap_or_default()
-                .lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-                .unwrap_or(0)
-                * 1024
-        })
-        .sum()
 }

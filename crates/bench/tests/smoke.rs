@@ -1,10 +1,20 @@
-//! Runs the load benchmark in smoke mode (tiny sizes, sandgate and direct only) so the
-//! harness cannot rot. It checks that every scenario ran and produced figures; it asserts no
-//! speed.
+//! Runs the load benchmark in smoke mode (tiny sizes; direct, sandgate, and sandgate
+//! intercepting the HTTPS origin) so the harness cannot rot. It checks that every scenario
+//! ran and produced figures; it asserts no speed.
 
 #![allow(clippy::panic, clippy::expect_used, reason = "test")]
 
 use std::process::Command;
+
+/// The cell in column `column` (counted from 1 after the label) of the row labelled
+/// `metric`.
+fn figure<'a>(stdout: &'a str, metric: &str, column: usize) -> &'a str {
+    let line = stdout
+        .lines()
+        .find(|l| l.strip_prefix("| ").is_some_and(|rest| rest.starts_with(metric)))
+        .unwrap_or_else(|| panic!("no {metric} row:\n{stdout}"));
+    line.split('|').nth(column + 1).unwrap_or("").trim()
+}
 
 #[test]
 fn smoke_run_produces_every_figure() {
@@ -20,7 +30,7 @@ fn smoke_run_produces_every_figure() {
             "--smoke",
             "--no-pin",
             "--targets",
-            "direct,sandgate",
+            "direct,sandgate,sandgate-intercept",
             "--sandgate",
         ])
         .arg(&sandgate)
@@ -29,6 +39,7 @@ fn smoke_run_produces_every_figure() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
+    // Columns: direct, sandgate, sandgate-intercept.
     for metric in [
         "tunnel throughput up",
         "tunnel throughput down",
@@ -37,14 +48,26 @@ fn smoke_run_produces_every_figure() {
         "new tunnels",
         "RSS per idle tunnel",
     ] {
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with("| ") && l.contains(metric))
-            .unwrap_or_else(|| panic!("no {metric} row:\n{stdout}"));
-        let sandgate_cell = line.split('|').nth(3).unwrap_or("").trim();
+        let cell = figure(&stdout, metric, 2);
         assert!(
-            sandgate_cell.parse::<f64>().is_ok(),
-            "{metric}: no sandgate figure in {line:?}"
+            cell.parse::<f64>().is_ok(),
+            "{metric}: no sandgate figure: {cell:?}"
         );
     }
+    for metric in [
+        "keep-alive HTTPS GETs",
+        "HTTPS GET p99 ",
+        "proxy CPU per HTTPS GET",
+        "load CPU per HTTPS GET",
+    ] {
+        for (column, target) in [(2, "sandgate"), (3, "sandgate-intercept")] {
+            let cell = figure(&stdout, metric, column);
+            assert!(
+                cell.parse::<f64>().is_ok(),
+                "{metric}: no {target} figure: {cell:?}"
+            );
+        }
+    }
+    // Only the intercepting target's failures leave the run's status untouched.
+    assert!(!stderr.contains("sandgate-intercept:"), "{stderr}");
 }

@@ -21,7 +21,7 @@ pub fn run(parent: u32, command: &[OsString]) -> i32 {
         eprintln!("sandgate: jupyter guard: no command");
         return EXIT_GONE;
     };
-    if let Err(e) = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM)) {
+    if let Err(e) = death_signal() {
         eprintln!("sandgate: cannot ask for the parent-death signal: {e}");
         return EXIT_GONE;
     }
@@ -36,4 +36,18 @@ pub fn run(parent: u32, command: &[OsString]) -> i32 {
     let error = std::process::Command::new(program).args(args).exec();
     eprintln!("sandgate: cannot run {}: {error}", program.to_string_lossy());
     EXIT_GONE
+}
+
+/// SIGTERM when the parent dies (`PR_SET_PDEATHSIG`).
+#[cfg(target_os = "linux")]
+fn death_signal() -> Result<(), String> {
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+        .map_err(|e| e.to_string())
+}
+
+/// Only Linux has a parent-death signal: elsewhere the guard refuses, rather than start a
+/// server that would outlive a killed launcher.
+#[cfg(not(target_os = "linux"))]
+fn death_signal() -> Result<(), String> {
+    Err("the parent-death signal (PR_SET_PDEATHSIG) exists on Linux only".to_owned())
 }

@@ -75,7 +75,7 @@ fn the_default_policies_pass_their_check_and_differ_only_in_network() {
     let high = check_text(&high_text.replace("/state/high", "/state/low")).unwrap();
     assert_eq!(low.net, NetMode::None);
     assert_eq!(high.net, NetMode::Allowlist);
-    assert!(!high.allow.is_empty(), "the python-packages preset");
+    assert!(!high.allow_entries.is_empty(), "the python-packages preset");
     assert_eq!(low.write_paths, high.write_paths);
     let want: Vec<PathBuf> = vec![
         "/b/workspace".into(),

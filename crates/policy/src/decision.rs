@@ -17,6 +17,7 @@ use serde::Serialize;
 use crate::entry::{Entry, Scope};
 use crate::host::Host;
 use crate::pattern::{HostPattern, Pattern};
+use crate::request::{CanonicalPath, PathError, RequestRules};
 use crate::target::{Access, Target};
 
 /// A rule and where it came from, for the audit log's `rule` field and for `explain`.
@@ -32,12 +33,18 @@ pub struct Rule {
     pub origin: Arc<str>,
     /// Human label, e.g. `allow:*.example.com`; shared, so a decision copies no string.
     pub label: Arc<str>,
+    /// The methods and paths it allows; `None`: every request to the host.
+    pub request: Option<Arc<RequestRules>>,
 }
 
 impl Rule {
     fn new(entry: Entry, kind: &str) -> Rule {
         let ports = match &entry.ports {
             Some(p) => format!(":{}", p.iter().map(u16::to_string).collect::<Vec<_>>().join(",")),
+            None => String::new(),
+        };
+        let request = match &entry.request {
+            Some(r) => format!("[{r}]"),
             None => String::new(),
         };
         let scope = match &entry.scope {
@@ -53,7 +60,7 @@ impl Rule {
         let label = if entry.origin.starts_with("exception:") {
             entry.origin.clone()
         } else {
-            Arc::from(format!("{kind}:{}{ports}{scope}{origin}", entry.pattern))
+            Arc::from(format!("{kind}:{}{ports}{request}{scope}{origin}", entry.pattern))
         };
         Rule {
             pattern: entry.pattern,
@@ -62,6 +69,7 @@ impl Rule {
             expires_at: entry.expires_at,
             origin: entry.origin,
             label,
+            request: entry.request,
         }
     }
 
@@ -148,14 +156,35 @@ pub enum PolicyReason {
     Denylisted,
     /// No allow rule matched (default deny).
     NotAllowlisted,
+    /// Allow rules name the host, but none allows this method and path.
+    RequestNotAllowed,
+    /// Allow rules name the host with paths, and this path is spelt in a way that could
+    /// reach another (an encoded `/`, a `..` segment): refused rather than guessed at.
+    PathNotCanonical,
+    /// Only allow rules with methods or paths name the host, and this tunnel's requests
+    /// cannot be seen.
+    InspectionRequired,
 }
 
 impl PolicyReason {
+    /// Every reason, for reading one back by its code.
+    pub const ALL: [PolicyReason; 6] = [
+        PolicyReason::Allowlisted,
+        PolicyReason::Denylisted,
+        PolicyReason::NotAllowlisted,
+        PolicyReason::RequestNotAllowed,
+        PolicyReason::PathNotCanonical,
+        PolicyReason::InspectionRequired,
+    ];
+
     pub fn code(self) -> &'static str {
         match self {
             PolicyReason::Allowlisted => "allowlisted",
             PolicyReason::Denylisted => "denylisted",
             PolicyReason::NotAllowlisted => "not_allowlisted",
+            PolicyReason::RequestNotAllowed => "request_not_allowed",
+            PolicyReason::PathNotCanonical => "path_not_canonical",
+            PolicyReason::InspectionRequired => "inspection_required",
         }
     }
 
@@ -165,6 +194,11 @@ impl PolicyReason {
             PolicyReason::Allowlisted => "allowed",
             PolicyReason::Denylisted => "matches a deny rule",
             PolicyReason::NotAllowlisted => "not in allowlist",
+            PolicyReason::RequestNotAllowed => "method or path not allowed",
+            PolicyReason::PathNotCanonical => "path spelt in a way no rule matches",
+            PolicyReason::InspectionRequired => {
+                "allowed only for some methods or paths, which a tunnel hides"
+            }
         }
     }
 }
@@ -250,6 +284,9 @@ pub struct Ruleset {
     credentials: crate::auth::Credentials,
     /// What tunnels may carry; swapped together with the rules.
     tunnels: crate::tunnel::TunnelRules,
+    /// Secrets bound to a host and a header; swapped together with the rules. A tunnel to
+    /// a host that has one is never let through blind.
+    secrets: crate::credential::BoundSecrets,
 }
 
 impl Ruleset {
@@ -282,6 +319,16 @@ impl Ruleset {
     /// The task credentials in force.
     pub fn credentials(&self) -> &crate::auth::Credentials {
         &self.credentials
+    }
+
+    /// The secrets bound to hosts.
+    pub fn secrets(&self) -> &crate::credential::BoundSecrets {
+        &self.secrets
+    }
+
+    /// Sets the secrets bound to hosts.
+    pub fn set_secrets(&mut self, secrets: crate::credential::BoundSecrets) {
+        self.secrets = secrets;
     }
 
     /// What tunnels may carry.
@@ -383,8 +430,22 @@ impl Ruleset {
         deny.chain(allow).cloned().collect()
     }
 
-    /// Decides `target` for `access` in `ctx`. Deny rules are consulted first and always win.
+    /// Decides `target` for `access` in `ctx`, when no request inside is seen (a tunnel).
+    /// Deny rules are consulted first and always win.
     pub fn decide(&self, target: &Target, access: Access, ctx: &Context<'_>) -> Decision {
+        self.decide_request(target, access, ctx, None)
+    }
+
+    /// Decides `target` for `access` in `ctx`, and the request `line` when one is seen (plain
+    /// HTTP): an allow rule with methods or paths allows only the requests it names, and
+    /// none where no request is seen. Deny rules are consulted first and always win.
+    pub fn decide_request(
+        &self,
+        target: &Target,
+        access: Access,
+        ctx: &Context<'_>,
+        line: Option<RequestLine<'_>>,
+    ) -> Decision {
         let denied = match self.deny.is_empty() {
             true => None,
             false => self
@@ -399,23 +460,61 @@ impl Ruleset {
                 rule: Some(rule.clone()),
             };
         }
-        match self
+        // The first rule for the host that allows the request decides; failing that, the
+        // first that names the host but not this request says why it was refused.
+        let mut path: Option<Result<CanonicalPath, PathError>> = None;
+        let mut closest: Option<&Arc<Rule>> = None;
+        // A rule with paths refused the request because its path could not be read.
+        let mut unreadable = false;
+        // A host with a secret bound to it is reached only where requests are seen.
+        let blind_ok = line.is_some() || !self.secrets.binds(&target.host);
+        for rule in self
             .allow
             .candidates(&target.host)
-            .find(|r| r.applies(ctx) && r.allows(target, access))
+            .filter(|r| r.applies(ctx) && r.allows(target, access))
         {
-            Some(rule) => Decision {
-                verdict: Verdict::Allow,
-                reason: PolicyReason::Allowlisted,
-                rule: Some(rule.clone()),
-            },
-            None => Decision {
-                verdict: Verdict::Deny,
-                reason: PolicyReason::NotAllowlisted,
-                rule: None,
-            },
+            let passes = match (&rule.request, line) {
+                (None, _) => blind_ok,
+                (Some(_), None) => false,
+                (Some(rules), Some(line)) => {
+                    match path.get_or_insert_with(|| CanonicalPath::parse(line.target)) {
+                        Ok(p) => rules.allows(line.method, p),
+                        Err(_) => {
+                            unreadable |= rules.has_paths();
+                            rules.allows_any_path(line.method)
+                        }
+                    }
+                }
+            };
+            if passes {
+                return Decision {
+                    verdict: Verdict::Allow,
+                    reason: PolicyReason::Allowlisted,
+                    rule: Some(rule.clone()),
+                };
+            }
+            closest.get_or_insert(rule);
+        }
+        let reason = match (closest, line) {
+            (None, _) => PolicyReason::NotAllowlisted,
+            (Some(_), None) => PolicyReason::InspectionRequired,
+            (Some(_), Some(_)) if unreadable => PolicyReason::PathNotCanonical,
+            (Some(_), Some(_)) => PolicyReason::RequestNotAllowed,
+        };
+        Decision {
+            verdict: Verdict::Deny,
+            reason,
+            rule: closest.cloned(),
         }
     }
+}
+
+/// A request as seen inside a connection: its method and its request-target in origin form
+/// (`/path?query`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestLine<'a> {
+    pub method: &'a str,
+    pub target: &'a str,
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! The rule model: one allow or deny entry ([`Entry`]: a pattern, its ports, who it applies
-//! to, its expiry and where it came from) and who an entry applies to ([`Scope`]).
+//! to, its expiry, where it came from and, for an allow, the methods and paths it allows) and who an entry applies to ([`Scope`]).
 //!
 //! Plain data shared by everything that makes or reads entries: the policy file's parser
 //! (`document`), the SandboxPolicy's embedded lists, exceptions (`exception.rs`) and the
@@ -10,6 +10,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::pattern::Pattern;
+use crate::request::RequestRules;
 
 /// Who an entry applies to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -45,6 +46,8 @@ pub struct Entry {
     pub reason: Option<String>,
     /// Where it came from: `file:line`, `preset:NAME` or `flag`.
     pub origin: Arc<str>,
+    /// The methods and paths it allows (an allow entry only); `None`: every request to the host.
+    pub request: Option<Arc<RequestRules>>,
 }
 
 impl Entry {
@@ -58,6 +61,7 @@ impl Entry {
             created_by: None,
             reason: None,
             origin: Arc::from("flag"),
+            request: None,
         }
     }
 }

@@ -421,6 +421,7 @@ impl Exception {
                 created_by: self.decided_by.clone(),
                 reason: Some(self.reason.clone()),
                 origin: origin.clone(),
+                request: None,
             })
             .collect()
     }

@@ -8,6 +8,7 @@
 
 pub mod addr;
 pub mod auth;
+pub mod credential;
 pub mod decision;
 pub mod document;
 pub mod entry;
@@ -17,13 +18,15 @@ pub mod ids;
 pub mod node;
 pub mod pattern;
 pub mod preset;
+pub mod request;
 pub mod rfc3339;
 pub mod target;
 pub mod tunnel;
 
 pub use addr::{AddrClass, AddressGuard, Prohibited, classify};
 pub use auth::{AuthError, Credentials, Principal, Principals, Role, TaskCredential};
-pub use decision::{Context, Decision, Identity, PolicyReason, Rule, Ruleset, Verdict};
+pub use credential::{BoundSecrets, Carried, Leak, Secret};
+pub use decision::{Context, Decision, Identity, PolicyReason, RequestLine, Rule, Ruleset, Verdict};
 pub use document::{
     AdminSpec, DocError, DocErrors, FirstLoaded, ListenerSpec, PolicyFile, SecretSource, TaskSecretSpec,
     TokenSpec, binds_overlap, parse_policy, parse_policy_since,
@@ -35,6 +38,7 @@ pub use exception::{
 pub use host::{DomainName, Host, HostError};
 pub use node::{NodeSpec, Nodes, VouchError};
 pub use pattern::{HostPattern, Pattern, PatternError};
+pub use request::{CanonicalPath, PathError, PathPattern, RequestRules, RulesError};
 pub use target::{
     Access, HttpTarget, Target, TargetError, parse_connect_target, parse_host_field, parse_http_target,
 };

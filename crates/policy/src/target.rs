@@ -26,6 +26,9 @@ pub enum Access {
     Http,
     /// A SOCKS5 CONNECT (RFC 1928): blind bytes, any protocol.
     Socks5,
+    /// A request inside a CONNECT tunnel the proxy terminated (TLS interception, for allow
+    /// entries with methods or paths): seen, decided and forwarded one by one.
+    Https,
 }
 
 impl Access {
@@ -33,7 +36,7 @@ impl Access {
     /// first of [`Access::default_ports`]).
     pub fn default_port(self) -> u16 {
         match self {
-            Access::Connect | Access::Socks5 => 443,
+            Access::Connect | Access::Socks5 | Access::Https => 443,
             Access::Http => 80,
         }
     }
@@ -45,17 +48,18 @@ impl Access {
     /// writes, so port 80 of an allowed name would reach any site behind the same front end.
     pub fn default_ports(self) -> &'static [u16] {
         match self {
-            Access::Connect | Access::Socks5 => &[443],
+            Access::Connect | Access::Socks5 | Access::Https => &[443],
             Access::Http => &[80],
         }
     }
 
-    /// Whether this access is a blind byte tunnel (CONNECT or SOCKS5), as opposed to a
-    /// request the proxy forwards itself. Through an upstream proxy, a tunnel must be asked
-    /// for as one: the connection to the upstream is never handed to the client raw.
+    /// Whether the connection out is a tunnel (CONNECT and SOCKS5, and an intercepted
+    /// request's TLS to its origin), as opposed to one the proxy writes plain HTTP requests
+    /// on. Through an upstream proxy, a tunnel must be asked for as one: the connection to
+    /// the upstream is never handed to the client raw.
     pub fn is_tunnel(self) -> bool {
         match self {
-            Access::Connect | Access::Socks5 => true,
+            Access::Connect | Access::Socks5 | Access::Https => true,
             Access::Http => false,
         }
     }
@@ -66,6 +70,7 @@ impl Access {
             Access::Connect => "connect",
             Access::Http => "http",
             Access::Socks5 => "socks5",
+            Access::Https => "https",
         }
     }
 }
@@ -111,6 +116,10 @@ pub enum TargetError {
     Fragment,
     #[error("invalid character in request-target")]
     BadCharacter,
+    /// Inside an intercepted tunnel: a request whose `Host` or absolute URI names another
+    /// host or port than the tunnel's.
+    #[error("the request names another host than the tunnel it came through")]
+    OtherHost,
     #[error("invalid host: {0}")]
     Host(#[from] HostError),
 }
@@ -125,6 +134,7 @@ impl TargetError {
             TargetError::ConnectNeedsPort | TargetError::BadPort => "bad_port",
             TargetError::Fragment | TargetError::BadCharacter => "bad_target",
             TargetError::Host(_) => "bad_host",
+            TargetError::OtherHost => "host_mismatch",
         }
     }
 }

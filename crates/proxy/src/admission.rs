@@ -13,12 +13,29 @@
 //! starve each other: one tenant's idle tunnels would use up the address's share and lock
 //! the next tenant out of its own listener (issue 28). One address that reaches several
 //! listeners may hold a share on each; the listener limits and the proxy's cap bound the sum.
+//!
+//! A client may go past its share, by default (issue 32). The share alone left a lone client
+//! (the sidecar case: one agent or one `sandgate run` is the only client) a quarter of the
+//! capacity with the rest unused. So, unless `--max-connections-per-client` is set:
+//! - a client may take a slot past its share only while a reserve stays free after the
+//!   take, on its listener and on the proxy: a quarter of the pool (at least one slot per
+//!   share the pool holds). A lone client gets three quarters; whoever comes next finds the
+//!   reserve.
+//! - while any slot of a pool is held past a share, a client that already holds a
+//!   connection leaves the last slots of that pool (one per share the pool holds) to addresses
+//!   that hold none. Without this, two addresses would lock a third out (the first past its
+//!   share, the second filling the reserve within its own), where the share alone took
+//!   four. See [`decide`] for why it then always takes more addresses than the share alone.
+//!
+//! An explicit `--max-connections-per-client` keeps its meaning: a hard cap, never passed.
+//!
+//! The counts live under one lock per listener and one for the proxy, taken in that order
+//! and held from the check to the take, so two connections racing for the last free slots
+//! cannot both see the reserve free.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
-
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::config::Limits;
 use crate::refusal::LimitKind;
@@ -34,105 +51,208 @@ pub fn connections_for_fd_limit(nofile: u64) -> usize {
     usize::try_from(nofile.saturating_sub(RESERVED_FDS) / FDS_PER_CONNECTION).unwrap_or(usize::MAX)
 }
 
-/// The proxy-wide counter, shared by every listener, and the size of a client's share.
-#[derive(Debug)]
-pub(crate) struct Admission {
-    proxy: Arc<Semaphore>,
-    per_client: usize,
+/// How far one client address may go on one listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Share {
+    /// `--max-connections-per-client`: never more than this.
+    Cap(usize),
+    /// The default share: past it only while the pools' reserves stay free.
+    Flexible(usize),
 }
 
-/// Connections held per client address on one listener.
-type Clients = Arc<Mutex<HashMap<IpAddr, usize>>>;
+impl Share {
+    fn of(limits: &Limits) -> Share {
+        match limits.max_connections_per_client {
+            Some(n) => Share::Cap(n),
+            None => Share::Flexible(limits.per_client()),
+        }
+    }
 
-/// One listener's own limit, and its clients' shares, on top of the proxy's cap.
-#[derive(Debug, Clone)]
-pub(crate) struct ListenerSlots {
-    slots: Arc<Semaphore>,
-    clients: Clients,
-}
-
-/// Held for the life of an admitted connection.
-#[derive(Debug)]
-pub(crate) struct Permit {
-    _proxy: OwnedSemaphorePermit,
-    _listener: OwnedSemaphorePermit,
-    _client: ClientSlot,
-}
-
-#[derive(Debug)]
-struct ClientSlot {
-    ip: IpAddr,
-    clients: Clients,
-}
-
-impl Drop for ClientSlot {
-    fn drop(&mut self) {
-        let mut clients = match self.clients.lock() {
-            Ok(c) => c,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        if let Some(n) = clients.get_mut(&self.ip) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                clients.remove(&self.ip);
-            }
+    fn size(self) -> usize {
+        match self {
+            Share::Cap(n) | Share::Flexible(n) => n,
         }
     }
 }
 
+/// The slots of one pool: one listener's, or the whole proxy's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pool {
+    limit: usize,
+    held: usize,
+    /// Of `held`, the slots held past their client's share.
+    borrowed: usize,
+    /// Free slots a take past a share must leave.
+    reserve: usize,
+    /// Free slots a client already holding one must leave while any here are borrowed.
+    newcomers: usize,
+}
+
+/// Whether a slot is taken within its client's share or past it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Within,
+    Borrowed,
+}
+
+impl Pool {
+    /// A pool of `limit` slots, of which at most `room` can ever be in use (a listener's
+    /// limit may exceed the proxy's cap), for clients with a share of `share`.
+    fn new(limit: usize, room: usize, share: usize) -> Pool {
+        // How many addresses fill the room when none goes past its share.
+        let newcomers = room.div_ceil(share.max(1)).max(1);
+        Pool {
+            limit,
+            held: 0,
+            borrowed: 0,
+            reserve: (room / 4).max(newcomers),
+            newcomers,
+        }
+    }
+
+    /// The free slots left once one more is taken; `None` when none is free.
+    fn free_after_take(&self) -> Option<usize> {
+        self.limit.checked_sub(self.held)?.checked_sub(1)
+    }
+
+    fn take(&mut self, slot: Slot) {
+        self.held += 1;
+        if slot == Slot::Borrowed {
+            self.borrowed += 1;
+        }
+    }
+
+    fn give_back(&mut self, borrowed: bool) {
+        self.held = self.held.saturating_sub(1);
+        if borrowed {
+            self.borrowed = self.borrowed.saturating_sub(1);
+        }
+    }
+}
+
+/// The rule, on counts alone: may a client holding `held` slots on `listener` take one
+/// more? Refusals name the limit that refused, as the 503 and the audit record do.
+///
+/// Why a newcomer (an address holding nothing) is locked out only when at least as many
+/// addresses hold slots as fixed shares need to fill the pool (its `newcomers`: one per
+/// share it holds), and one more while anything is borrowed. Take one pool, full. If nothing in it is borrowed, every client holds at most
+/// its share: as with fixed shares. Otherwise, something has stayed borrowed since a take
+/// past a share that left `reserve` ≥ `newcomers` free; look at the last moment after it
+/// with `newcomers` free or more. From then on a take past a share needs `reserve` free and
+/// a take by a client already in needs `newcomers` free once done: only first slots were
+/// taken, and a client that took one has taken no other. The slots held then were at most
+/// the pool less `newcomers`, so at least `newcomers` addresses now hold one slot each,
+/// and a borrower holds more: one address more than fixed shares need. Per listener, an
+/// address is a client; on the proxy's pool, a (listener, address) pair, as shares are
+/// counted. The model check in the tests walks every reachable state of small pools.
+fn decide(share: Share, held: usize, listener: &Pool, proxy: &Pool) -> Result<Slot, LimitKind> {
+    if held >= share.size() {
+        let keeps_reserve = |p: &Pool| p.free_after_take().is_some_and(|free| free >= p.reserve);
+        return match share {
+            Share::Flexible(_) if keeps_reserve(listener) && keeps_reserve(proxy) => Ok(Slot::Borrowed),
+            _ => Err(LimitKind::Client),
+        };
+    }
+    let on_listener = listener.free_after_take().ok_or(LimitKind::Listener)?;
+    let on_proxy = proxy.free_after_take().ok_or(LimitKind::Proxy)?;
+    let leaves_newcomers = |p: &Pool, free: usize| p.borrowed == 0 || free >= p.newcomers;
+    if held > 0 && !(leaves_newcomers(listener, on_listener) && leaves_newcomers(proxy, on_proxy)) {
+        return Err(LimitKind::Client);
+    }
+    Ok(Slot::Within)
+}
+
+/// The proxy-wide pool, shared by every listener, and the size of a client's share.
+#[derive(Debug)]
+pub(crate) struct Admission {
+    proxy: Arc<Mutex<Pool>>,
+    share: Share,
+}
+
+/// One listener's pool and what each client address holds of it.
+#[derive(Debug)]
+struct ListenerCounts {
+    pool: Pool,
+    clients: HashMap<IpAddr, usize>,
+}
+
+/// One listener's own limit, and its clients' shares, on top of the proxy's cap.
+#[derive(Debug, Clone)]
+pub(crate) struct ListenerSlots(Arc<Mutex<ListenerCounts>>);
+
+/// Held for the life of an admitted connection; gives its slot back when dropped.
+#[derive(Debug)]
+pub(crate) struct Permit {
+    ip: IpAddr,
+    share: usize,
+    listener: Arc<Mutex<ListenerCounts>>,
+    proxy: Arc<Mutex<Pool>>,
+}
+
+/// Counts stay right even if a holder panicked: nothing here leaves them half-changed.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl Admission {
     pub fn new(limits: &Limits) -> Admission {
+        let share = Share::of(limits);
+        let cap = limits.max_connections;
         Admission {
-            proxy: Arc::new(Semaphore::new(limits.max_connections)),
-            per_client: limits.per_client(),
+            proxy: Arc::new(Mutex::new(Pool::new(cap, cap, share.size()))),
+            share,
         }
     }
 
     /// The slots of one of `listeners` listeners.
     pub fn listener(limits: &Limits, listeners: usize) -> ListenerSlots {
-        ListenerSlots {
-            slots: Arc::new(Semaphore::new(limits.per_listener(listeners))),
-            clients: Arc::default(),
-        }
+        let limit = limits.per_listener(listeners);
+        let room = limit.min(limits.max_connections);
+        ListenerSlots(Arc::new(Mutex::new(ListenerCounts {
+            pool: Pool::new(limit, room, limits.per_client()),
+            clients: HashMap::new(),
+        })))
     }
 
     /// Admits a connection from `ip` on `listener`, or says which limit is full.
     pub fn admit(&self, listener: &ListenerSlots, ip: IpAddr) -> Result<Permit, LimitKind> {
         let ip = ip.to_canonical();
-        let client = {
-            let mut clients = match listener.clients.lock() {
-                Ok(c) => c,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            let held = clients.entry(ip).or_insert(0);
-            if *held >= self.per_client {
-                if *held == 0 {
-                    clients.remove(&ip);
-                }
-                return Err(LimitKind::Client);
-            }
-            *held += 1;
-            ClientSlot {
-                ip,
-                clients: listener.clients.clone(),
-            }
-        };
-        // `client` gives its slot back if either of the others is full.
-        let listener = listener
-            .slots
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| LimitKind::Listener)?;
-        let proxy = self
-            .proxy
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| LimitKind::Proxy)?;
+        // Listener, then proxy: the one order, so no two admissions wait on each other.
+        let mut counts = lock(&listener.0);
+        let mut proxy = lock(&self.proxy);
+        let held = counts.clients.get(&ip).copied().unwrap_or(0);
+        let slot = decide(self.share, held, &counts.pool, &proxy)?;
+        proxy.take(slot);
+        counts.pool.take(slot);
+        *counts.clients.entry(ip).or_insert(0) += 1;
         Ok(Permit {
-            _proxy: proxy,
-            _listener: listener,
-            _client: client,
+            ip,
+            share: self.share.size(),
+            listener: listener.0.clone(),
+            proxy: self.proxy.clone(),
         })
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let borrowed = {
+            let mut counts = lock(&self.listener);
+            let held = counts.clients.get(&self.ip).copied().unwrap_or(0);
+            // Slots are alike: while the client holds more than its share, the one given
+            // back is one of those past it.
+            let borrowed = held > self.share;
+            if held > 1 {
+                counts.clients.insert(self.ip, held - 1);
+            } else {
+                counts.clients.remove(&self.ip);
+            }
+            counts.pool.give_back(borrowed);
+            borrowed
+        };
+        // Not nested in the listener's lock: for a moment the proxy counts one slot more,
+        // which only ever refuses, never admits, too much.
+        lock(&self.proxy).give_back(borrowed);
     }
 }
 
@@ -140,91 +260,10 @@ impl ListenerSlots {
     /// Connections `ip` holds on this listener now (for tests).
     #[cfg(test)]
     fn held_by(&self, ip: IpAddr) -> usize {
-        self.clients
-            .lock()
-            .map_or(0, |c| c.get(&ip).copied().unwrap_or(0))
+        lock(&self.0).clients.get(&ip).copied().unwrap_or(0)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn limits(total: usize, listener: Option<usize>, client: Option<usize>) -> Limits {
-        Limits {
-            max_connections: total,
-            max_connections_per_listener: listener,
-            max_connections_per_client: client,
-            ..Limits::default()
-        }
-    }
-
-    #[test]
-    fn each_limit_refuses_with_its_own_kind_and_gives_room_back() {
-        let l = limits(5, Some(4), Some(3));
-        let adm = Admission::new(&l);
-        let a = Admission::listener(&l, 2);
-        let b = Admission::listener(&l, 2);
-        let ip1: IpAddr = "127.0.0.1".parse().unwrap();
-        let ip2: IpAddr = "::ffff:127.0.0.2".parse().unwrap();
-        let held: Vec<Permit> = (0..3).map(|_| adm.admit(&a, ip1).unwrap()).collect();
-        assert_eq!(adm.admit(&a, ip1).unwrap_err(), LimitKind::Client);
-        let fourth = adm.admit(&a, ip2).unwrap();
-        assert_eq!(adm.admit(&a, ip2).unwrap_err(), LimitKind::Listener);
-        // A refusal takes no slot.
-        assert_eq!(a.held_by("127.0.0.2".parse().unwrap()), 1);
-        let fifth = adm.admit(&b, ip2).unwrap();
-        assert_eq!(
-            adm.admit(&b, "10.0.0.9".parse().unwrap()).unwrap_err(),
-            LimitKind::Proxy
-        );
-        assert_eq!(b.held_by("10.0.0.9".parse().unwrap()), 0);
-        drop(held);
-        assert_eq!(a.held_by(ip1), 0);
-        assert!(adm.admit(&b, ip1).is_ok());
-        drop((fourth, fifth));
-    }
-
-    /// Issue 28: tenant A holding its whole share on its listener from 127.0.0.1 must not
-    /// lock tenant B, from the same address, out of B's own listener.
-    #[test]
-    fn a_tenant_on_its_own_listener_gets_in_while_another_holds_its_share_from_the_same_address() {
-        let l = limits(40, None, Some(4));
-        let adm = Admission::new(&l);
-        let (a, b) = (Admission::listener(&l, 2), Admission::listener(&l, 2));
-        let ip: IpAddr = "127.0.0.1".parse().unwrap();
-        let tenant_a: Vec<Permit> = (0..4).map(|_| adm.admit(&a, ip).unwrap()).collect();
-        assert_eq!(
-            adm.admit(&a, ip).unwrap_err(),
-            LimitKind::Client,
-            "A's share holds"
-        );
-        let tenant_b = adm.admit(&b, ip).expect("B on its own listener");
-        // The same address written as IPv4-mapped IPv6 is the same client.
-        let mapped: IpAddr = "::ffff:127.0.0.1".parse().unwrap();
-        let more_b: Vec<Permit> = (0..3).map(|_| adm.admit(&b, mapped).unwrap()).collect();
-        assert_eq!(
-            adm.admit(&b, ip).unwrap_err(),
-            LimitKind::Client,
-            "B's share holds"
-        );
-        drop((tenant_a, tenant_b, more_b));
-        let again: Vec<Permit> = (0..4).map(|_| adm.admit(&a, ip).unwrap()).collect();
-        assert!(adm.admit(&b, ip).is_ok(), "both shares were given back");
-        drop(again);
-    }
-
-    #[test]
-    fn defaults_leave_room_for_other_tenants() {
-        let one = limits(1000, None, None);
-        assert_eq!(one.per_listener(1), 1000);
-        assert_eq!(one.per_listener(2), 500);
-        assert_eq!(one.per_listener(10), 250);
-        assert_eq!(one.per_client(), 250);
-        let small = limits(40, None, None);
-        assert_eq!(small.per_client(), 10);
-        assert_eq!(limits(40, Some(7), Some(3)).per_listener(2), 7);
-        assert_eq!(connections_for_fd_limit(1024), 384);
-        assert_eq!(connections_for_fd_limit(100), 0);
-    }
-}
+#[path = "admission_tests.rs"]
+mod tests;

@@ -36,7 +36,9 @@ pub struct Limits {
     /// Connections one listener may hold (`None`: the whole cap with one listener, else an
     /// equal share but at least a quarter of the cap).
     pub max_connections_per_listener: Option<usize>,
-    /// Connections one client address may hold (`None`: a quarter of the cap).
+    /// Connections one client address may hold on each listener: `Some(n)` is a hard cap;
+    /// `None` is a share of a quarter of the cap, which a client may go past while a reserve
+    /// stays free for others (see `admission`).
     pub max_connections_per_client: Option<usize>,
     /// After SIGTERM, how long in-flight work may take before it is cut.
     pub shutdown_grace: Duration,
@@ -69,7 +71,7 @@ impl Limits {
         })
     }
 
-    /// The limit of each client address.
+    /// Each client address's share: the hard cap when set, else the default share.
     pub fn per_client(&self) -> usize {
         self.max_connections_per_client
             .unwrap_or((self.max_connections / 4).max(1))

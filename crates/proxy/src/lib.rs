@@ -26,6 +26,7 @@ pub(crate) mod egress;
 pub mod h1;
 pub mod hello;
 pub mod http1;
+pub mod inspect;
 pub mod metrics;
 pub mod node;
 pub mod refusal;

@@ -32,6 +32,9 @@ pub enum ResponseError {
     HeadTooLarge,
     #[error("upstream I/O error: {0}")]
     Io(std::io::Error),
+    /// An intercepted request's upstream failed TLS (its certificate did not verify).
+    #[error("upstream TLS failed: {0}")]
+    Tls(String),
 }
 
 /// Why the proxy answers a request itself instead of relaying it.
@@ -47,8 +50,14 @@ pub enum Refusal {
     Target(TargetError),
     /// The listener requires task credentials and they were missing or wrong.
     ProxyAuth(sandgate_policy::AuthError),
-    /// The policy denied the destination.
-    Policy { target: Target, reason: PolicyReason },
+    /// The policy denied the destination (or, for plain HTTP, the method or path), by
+    /// `rule` when one decided: a deny entry, or the allow entry that names the host but
+    /// not this request.
+    Policy {
+        target: Target,
+        reason: PolicyReason,
+        rule: Option<std::sync::Arc<str>>,
+    },
     /// The name resolved to an address that a deny entry names.
     AddressDenied {
         target: Target,
@@ -62,6 +71,9 @@ pub enum Refusal {
     Response { target: Target, error: ResponseError },
     /// The audit log cannot be written (its cause), so nothing new may pass (fail closed).
     AuditUnavailable(String),
+    /// A credential's placeholder where it does not belong (another host, another header,
+    /// the path or query, plain HTTP): an attempted leak.
+    CredentialLeak(sandgate_policy::Leak),
     /// A connection limit is full: the listener's, the client address's, or the proxy's.
     ConnectionLimit(LimitKind),
     /// The tunnel's first bytes broke `spec.network.tunnels` (a TLS server name that is not
@@ -246,7 +258,13 @@ impl Refusal {
                 Code::Reason(e.code().into()),
                 Text::Plain(format!("bad request: {e}")),
             ),
-            Refusal::Policy { target, reason } => (
+            Refusal::CredentialLeak(leak) => (
+                403,
+                "http_request_denied",
+                Code::Reason("credential_leak".into()),
+                Text::Plain(format!("refused: {leak}")),
+            ),
+            Refusal::Policy { target, reason, .. } => (
                 403,
                 "http_request_denied",
                 Code::Reason(reason.code().into()),
@@ -393,6 +411,12 @@ impl Refusal {
                     Code::Failed(F::ResponseTimeout),
                     Text::Plain(format!("{target} did not respond in time")),
                 ),
+                U::Tls(why) => (
+                    502,
+                    "tls_certificate_error",
+                    Code::Failed(F::Tls),
+                    Text::Plain(format!("{target}: TLS failed ({why})")),
+                ),
                 U::Closed | U::Io(_) => (
                     502,
                     "connection_terminated",
@@ -456,6 +480,7 @@ impl Refusal {
             Refusal::Policy {
                 target,
                 reason: PolicyReason::NotAllowlisted,
+                ..
             } => {
                 // A bare name covers the usual port of its kind (443 for CONNECT, 80 for
                 // plain HTTP); anything else is listed with its port.
@@ -472,9 +497,30 @@ impl Refusal {
             Refusal::Policy {
                 target,
                 reason: PolicyReason::Denylisted,
+                ..
             }
             | Refusal::AddressDenied { target, .. } => vec![format!(
                 "a deny rule matches and deny rules always win; sandgate explain --policy FILE {target} names it"
+            )],
+            Refusal::Policy {
+                target,
+                reason: PolicyReason::RequestNotAllowed,
+                ..
+            } => vec![format!(
+                "the allow entries for {target} name the methods and paths they allow; sandgate explain --policy FILE --method {method} URL names them"
+            )],
+            Refusal::Policy {
+                reason: PolicyReason::PathNotCanonical,
+                ..
+            } => vec![
+                "the path has an encoded `/` or `\\`, a `.` or `..` segment, an empty segment or another spelling a server may read as a different path; send it in its plain form".to_owned(),
+            ],
+            Refusal::Policy {
+                target,
+                reason: PolicyReason::InspectionRequired,
+                ..
+            } => vec![format!(
+                "{target} is allowed only for some methods and paths, and a tunnel hides them; use plain http://, or allow the host without methods or paths"
             )],
             Refusal::Dial {
                 error: DialError::Prohibited(p),

@@ -177,6 +177,12 @@ impl PolicySource {
         let (file, credentials) = load_file_since(&self.path, earlier)?;
         let mut rules = Ruleset::from_parts(&self.flag_allow, &self.flag_deny, Some(&file));
         rules.set_credentials(credentials);
+        // The bound secrets, from the proxy's environment as it is at this load.
+        let secrets = sandgate_policy::document::credentials::resolve(&file.credentials, |name| {
+            std::env::var(name).ok()
+        })
+        .map_err(LoadError::Invalid)?;
+        rules.set_secrets(secrets);
         Ok((file, rules))
     }
 }

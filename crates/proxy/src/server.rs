@@ -170,6 +170,13 @@ impl Proxy {
         let _ = self.egress.asker.set(asker);
     }
 
+    /// Has the proxy intercept the TLS of a CONNECT that only allow entries with methods
+    /// or paths allow, deciding each request inside (`http1/intercept/`), instead of
+    /// refusing it. Set once, before `run`.
+    pub fn set_interceptor(&self, interceptor: Arc<crate::inspect::Interceptor>) {
+        let _ = self.egress.interceptor.set(interceptor);
+    }
+
     /// Report-only (learn) mode: requests the policy denies pass, recorded as
     /// `reason_code: report_only` with `detail: would deny: REASON`; the address guard,
     /// address deny entries and tunnel checks still refuse. Set before `run`.

@@ -140,8 +140,43 @@ pub fn environment(
             out.insert(k.to_owned(), "localhost,127.0.0.1,::1".to_owned());
         }
     }
+    // A bound secret's variable never enters the sandbox, whatever passes through; the
+    // command gets its placeholder, under the name the credential gives.
+    let specs = policy
+        .credentials
+        .iter()
+        .chain(policy.egress.iter().flat_map(|f| f.credentials.iter()));
+    for spec in specs {
+        out.remove(&spec.template.env);
+        if let Some(name) = &spec.env {
+            out.insert(name.clone(), spec.placeholder.clone());
+        }
+    }
+    // The run's interception CA (written beside the bridges by the run's proxy): the
+    // bundle of the system's roots and it for clients that take one file, the CA alone
+    // for Node, which adds it to its own roots.
+    if policy.intercepts() {
+        let bundle = format!("{}/{}", crate::argv::BRIDGE_DIR, CA_BUNDLE);
+        for k in [
+            "SSL_CERT_FILE",
+            "REQUESTS_CA_BUNDLE",
+            "CURL_CA_BUNDLE",
+            "GIT_SSL_CAINFO",
+        ] {
+            out.insert(k.to_owned(), bundle.clone());
+        }
+        out.insert(
+            "NODE_EXTRA_CA_CERTS".to_owned(),
+            format!("{}/{}", crate::argv::BRIDGE_DIR, CA_CERT),
+        );
+    }
     (out.into_iter().collect(), withheld)
 }
+
+/// The run's interception CA certificate, in the bridge directory.
+pub const CA_CERT: &str = "ca.pem";
+/// The system's roots and that CA, in the bridge directory.
+pub const CA_BUNDLE: &str = "ca-bundle.pem";
 
 #[cfg(test)]
 mod tests {

@@ -6,28 +6,35 @@
 //!
 //! `sandgate run`, `sandgate mcp` and the Jupyter launcher call [`cloexec_from_3`] first
 //! thing; `sandbox-init` and `sandbox-exec` again inside the sandbox, right before the
-//! command.
+//! command. On Linux with `close_range(2)`; elsewhere (macOS, under the seatbelt backend)
+//! and on older kernels one descriptor at a time, as the system lists them ([`OPEN_FDS`]).
 
 /// `CLOSE_RANGE_CLOEXEC` (linux/close_range.h, Linux 5.11).
+#[cfg(target_os = "linux")]
 const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
 
+/// The directory that lists this process's open descriptors: Linux's procfs, macOS's and
+/// the BSDs' fdescfs.
+const OPEN_FDS: &str = if cfg!(target_os = "linux") {
+    "/proc/self/fd"
+} else {
+    "/dev/fd"
+};
+
 /// Marks every descriptor from 3 up close-on-exec. Fails only when neither `close_range`
-/// nor `/proc/self/fd` can be used; the caller then must not start anything.
+/// nor [`OPEN_FDS`] can be used; the caller then must not start anything.
 pub fn cloexec_from_3() -> Result<(), String> {
-    // close_range(2) with CLOSE_RANGE_CLOEXEC closes nothing: it sets FD_CLOEXEC on every
-    // open descriptor in the range. It takes no pointers and invalidates no descriptor Rust
-    // code holds, so no memory or I/O safety can be broken by it.
-    #[expect(
-        unsafe_code,
-        reason = "close_range(2) has no wrapper in std, nix or rustix; see above"
-    )]
-    let done = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
-    if done == 0 {
+    #[cfg(target_os = "linux")]
+    if close_range_cloexec() {
         return Ok(());
     }
-    // Before Linux 5.11: each open descriptor by name.
-    let entries = std::fs::read_dir("/proc/self/fd")
-        .map_err(|e| format!("cannot list this process's descriptors: {e}"))?;
+    each_by_name()
+}
+
+/// Before Linux 5.11, and on other systems: each open descriptor from 3 up, by name.
+fn each_by_name() -> Result<(), String> {
+    let entries =
+        std::fs::read_dir(OPEN_FDS).map_err(|e| format!("cannot list this process's descriptors: {e}"))?;
     let fds: Vec<i32> = entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
         .filter(|&fd| fd >= 3)
@@ -43,4 +50,37 @@ pub fn cloexec_from_3() -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// `close_range(3, ~0, CLOSE_RANGE_CLOEXEC)`; false where the kernel has no such call.
+#[cfg(target_os = "linux")]
+fn close_range_cloexec() -> bool {
+    // close_range(2) with CLOSE_RANGE_CLOEXEC closes nothing: it sets FD_CLOEXEC on every
+    // open descriptor in the range. It takes no pointers and invalidates no descriptor Rust
+    // code holds, so no memory or I/O safety can be broken by it.
+    #[expect(
+        unsafe_code,
+        reason = "close_range(2) has no wrapper in std, nix or rustix; see above"
+    )]
+    let done = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
+    done == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use nix::fcntl::{FcntlArg, FdFlag, fcntl};
+
+    #[test]
+    fn the_descriptor_by_descriptor_way_marks_an_inherited_descriptor() {
+        // The way macOS takes (and Linux before 5.11): a descriptor opened without
+        // close-on-exec, as a caller would leave one, comes out marked.
+        let file = tempfile::tempfile().unwrap();
+        fcntl(&file, FcntlArg::F_SETFD(FdFlag::empty())).unwrap();
+        assert!(file.as_raw_fd() >= 3);
+        super::each_by_name().unwrap();
+        let flags = FdFlag::from_bits_truncate(fcntl(&file, FcntlArg::F_GETFD).unwrap());
+        assert!(flags.contains(FdFlag::FD_CLOEXEC));
+    }
 }

@@ -182,6 +182,18 @@ pub fn seccomp_mode() -> Option<u8> {
 
 /// Landlock's ABI version (`landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)`),
 /// or the errno: `EOPNOTSUPP` built in but disabled at boot, `ENOSYS` not built in.
+/// Landlock is Linux's own: elsewhere the error is `Unsupported`.
+#[cfg(not(target_os = "linux"))]
+pub fn landlock_abi() -> Result<i64, std::io::Error> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "Landlock exists on Linux only",
+    ))
+}
+
+/// Landlock's ABI version (`landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)`),
+/// or the errno: `EOPNOTSUPP` built in but disabled at boot, `ENOSYS` not built in.
+#[cfg(target_os = "linux")]
 pub fn landlock_abi() -> Result<i64, std::io::Error> {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
     #[expect(

@@ -38,9 +38,7 @@ const STATUS_TIMEOUT: Duration = Duration::from_secs(15);
 /// `platform.seccomp.allow_unix_sockets` (the init's filter is never narrower than the
 /// command's, so the command's decides).
 pub fn run(forwards: &[(SocketAddr, PathBuf)], allow_unix_sockets: bool, command: &[OsString]) -> i32 {
-    // Not dumpable: the command runs as the same user, and must not read or write this
-    // process's memory through /proc/1/mem or process_vm_writev (and so run code as PID 1).
-    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+    if let Err(e) = not_dumpable() {
         eprintln!("sandgate: sandbox init: cannot protect itself ({e}); the command was not run");
         return EXIT_BRIDGE;
     }
@@ -56,6 +54,20 @@ pub fn run(forwards: &[(SocketAddr, PathBuf)], allow_unix_sockets: bool, command
         return EXIT_BRIDGE;
     };
     rt.block_on(serve(forwards, command))
+}
+
+/// Not dumpable: the command runs as the same user, and must not read or write this
+/// process's memory through /proc/1/mem or process_vm_writev (and so run code as PID 1).
+#[cfg(target_os = "linux")]
+fn not_dumpable() -> Result<(), String> {
+    nix::sys::prctl::set_dumpable(false).map_err(|e| e.to_string())
+}
+
+/// The init is PID 1 of a Linux sandbox only (bubblewrap's PID namespace); elsewhere it
+/// refuses to start the command.
+#[cfg(not(target_os = "linux"))]
+fn not_dumpable() -> Result<(), String> {
+    Err("sandbox-init runs only inside the Linux sandbox".to_owned())
 }
 
 /// Parses `ADDR=SOCKET`.

@@ -10,7 +10,12 @@
 //! sandbox policy may name for its network ([`egress`]); what a command needs to read, for
 //! `sandgate init --for` ([`needs`]); what this host offers the sandbox, for `sandgate doctor`
 //! and for a run's setup failures ([`host`]); the two error types, below all of these
-//! ([`error`]).
+//! ([`error`]); where a policy error inside a one-line YAML flow mapping points (`flow`).
+//!
+//! It compiles for macOS too: the seatbelt backend is ordinary code, and what is Linux's
+//! own (seccomp, pidfds, `prctl`, Landlock, `close_range`) sits behind
+//! `#[cfg(target_os = "linux")]` with an error elsewhere (scripts/test checks the
+//! x86_64-apple-darwin build where that target is installed).
 
 pub mod argv;
 pub mod ask;
@@ -20,6 +25,7 @@ pub mod env;
 pub mod error;
 pub mod exec;
 pub mod fds;
+mod flow;
 pub mod host;
 pub mod init;
 pub mod limits;

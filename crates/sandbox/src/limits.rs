@@ -270,7 +270,11 @@ pub fn apply_rlimits(specs: &[String]) -> Result<(), String> {
             .ok_or_else(|| format!("invalid --rlimit {spec:?}"))?;
         let value: u64 = value.parse().map_err(|_| format!("invalid --rlimit {spec:?}"))?;
         let resource = match name {
+            #[cfg(target_os = "linux")]
             "nproc" => Resource::RLIMIT_NPROC,
+            // sandbox-exec sets rlimits inside the Linux sandbox only (seatbelt runs set none).
+            #[cfg(not(target_os = "linux"))]
+            "nproc" => return Err("the limit nproc is set inside the Linux sandbox only".to_owned()),
             "data" => Resource::RLIMIT_DATA,
             "cpu" => Resource::RLIMIT_CPU,
             "nofile" => Resource::RLIMIT_NOFILE,

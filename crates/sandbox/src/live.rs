@@ -76,6 +76,7 @@ fn pattern(dest: &Dest) -> String {
     let access = match dest.scheme {
         "http" => sandgate_policy::Access::Http,
         "socks5" => sandgate_policy::Access::Socks5,
+        "https" => sandgate_policy::Access::Https,
         _ => sandgate_policy::Access::Connect,
     };
     if access.default_ports().contains(&dest.port) {
@@ -223,6 +224,7 @@ mod tests {
                     client_addr: ([127, 0, 0, 1], 1).into(),
                     identity: Default::default(),
                     method: None,
+                    path: None,
                     node: None,
                 },
                 dest: Dest {

@@ -78,8 +78,13 @@ pub struct SandboxPolicy {
     pub net: NetMode,
     pub allow: Vec<Pattern>,
     /// `net.allowlist` and `net.denylist`: entries of the same model as an EgressPolicy's.
+    /// An allow entry with methods or paths makes the run's proxy intercept TLS for its
+    /// host ([`SandboxPolicy::intercepts`]).
     pub allow_entries: Vec<sandgate_policy::Entry>,
     pub deny_entries: Vec<sandgate_policy::Entry>,
+    /// `net.credentials`: secrets bound to a host and a header, read from `sandgate run`'s
+    /// environment when the run starts; the command gets only their placeholders.
+    pub credentials: Vec<sandgate_policy::document::credentials::CredentialSpec>,
     /// `net.egress_policy`: an `EgressPolicy` file whose network section the run's proxy
     /// enforces too, as written (relative to the sandbox policy's directory).
     pub egress_policy: Option<PathBuf>,
@@ -210,6 +215,18 @@ struct RawUnshare {
     ipc: Option<bool>,
 }
 
+impl SandboxPolicy {
+    /// Whether the run's proxy intercepts TLS: the run is proxied and an allow entry (in
+    /// `net.allowlist` or `net.egress_policy`) names methods or paths. The sandbox then
+    /// trusts the run's interception CA ([`crate::env`]).
+    pub fn intercepts(&self) -> bool {
+        let file = self.egress.iter().flat_map(|f| f.allow.iter());
+        let secrets =
+            !self.credentials.is_empty() || self.egress.as_ref().is_some_and(|f| !f.credentials.is_empty());
+        self.net.proxied() && (secrets || self.allow_entries.iter().chain(file).any(|e| e.request.is_some()))
+    }
+}
+
 /// Whether a parameter value can be pasted into the policy text as it is: letters, digits
 /// and `/ . _ - + = ~`, not starting with `-`. Anything else (a quote, a comma, a bracket,
 /// a newline, `#`, `:`) could end the scalar it stands in and add entries of its own, such as
@@ -234,6 +251,13 @@ pub fn substitute(text: &str, params: &BTreeMap<String, String>) -> Result<Strin
             .find('}')
             .ok_or_else(|| PolicyError("unterminated ${ in policy".to_owned()))?;
         let name = after.get(..end).unwrap_or_default();
+        // `${env:NAME}` is a credential's secret (net.credentials), read by the run's proxy
+        // from its own environment: kept as written, never a parameter.
+        if name.starts_with("env:") {
+            out.push_str(rest.get(start..start + 2 + end + 1).unwrap_or_default());
+            rest = after.get(end + 1..).unwrap_or_default();
+            continue;
+        }
         let value = params.get(name).ok_or_else(|| {
             PolicyError(format!(
                 "parameter ${{{name}}} is not set (use --param {name}=VALUE)"
@@ -282,7 +306,7 @@ pub fn parse_at(
         return Err(PolicyError(EGRESS_KIND.to_owned()));
     }
     let mut raw: Raw = serde_saphyr::from_str(&text)
-        .map_err(|e| PolicyError(sandgate_policy::document::yaml_error(&e, &text, file).to_string()))?;
+        .map_err(|e| PolicyError(crate::flow::yaml_error(&e, &text, file).to_string()))?;
     let mut warnings: Vec<String> = header(&raw)?.into_iter().map(|_| deprecated(file)).collect();
     let unshare_net = raw.platform.bwrap.unshare.as_ref().and_then(|u| u.net);
     let net = match net_override {
@@ -332,6 +356,7 @@ pub fn parse_at(
         allow: network.allow,
         allow_entries: network.entries.allow,
         deny_entries: network.entries.deny,
+        credentials: network.credentials,
         egress_policy: raw.net.egress_policy.as_ref().map(PathBuf::from),
         egress: None,
         loopback_ports: raw.net.loopback_ports,

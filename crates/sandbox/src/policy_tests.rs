@@ -72,7 +72,17 @@ fn a_full_policy_parses() {
                 platform:\n  bwrap: { unshare: { pid: true, ipc: false }, devices: [ null, urandom ] }\n  seatbelt: { extra_allow: {} }\n  seccomp: { allow_unix_sockets: true }\n";
     let p = parse(text, &params(&[("PROJECT", "/srv/p")]), &as_written, None).unwrap();
     assert_eq!(p.net, NetMode::Allowlist);
-    assert_eq!(p.allow.len(), 4);
+    // The two domains as patterns, the preset's two hosts as entries on 443.
+    assert_eq!(p.allow.len(), 2);
+    let preset: Vec<String> = p
+        .allow_entries
+        .iter()
+        .map(|e| format!("{}:{:?}", e.pattern, e.ports))
+        .collect();
+    assert_eq!(
+        preset,
+        ["pypi.org:Some([443])", "files.pythonhosted.org:Some([443])"]
+    );
     assert_eq!(p.read_paths, [PathBuf::from("/usr"), PathBuf::from("/srv/p")]);
     assert_eq!(p.write_paths, [PathBuf::from("/srv/p/out")]);
     assert!(p.unshare_pid && !p.unshare_ipc);

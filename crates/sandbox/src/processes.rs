@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+use rustix::process::Signal;
 
 /// A process as /proc showed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,7 +80,9 @@ fn descendants(root: i32, skip: Option<&str>) -> Vec<Seen> {
 }
 
 /// Signals `seen` if, and only if, it is still the process that was seen.
+#[cfg(target_os = "linux")]
 fn signal(seen: Seen, sig: Signal) {
+    use rustix::process::{Pid, PidfdFlags, pidfd_open, pidfd_send_signal};
     let Some(pid) = Pid::from_raw(seen.pid) else {
         return;
     };
@@ -93,6 +95,12 @@ fn signal(seen: Seen, sig: Signal) {
         let _ = pidfd_send_signal(&pidfd, sig);
     }
 }
+
+/// Without pidfds a process cannot be held while its start time is checked, so nothing is
+/// signalled; and without /proc, no process is ever seen ([`tree`] is empty). The bwrap
+/// runner that needs this is refused before it starts elsewhere (`run::preflight`).
+#[cfg(not(target_os = "linux"))]
+fn signal(_seen: Seen, _sig: Signal) {}
 
 /// Forwards SIGINT, SIGTERM and SIGHUP to the processes inside the sandbox (never to bwrap
 /// itself). Runs until the caller stops polling it.
@@ -219,7 +227,11 @@ pub fn freeze(root: i32) -> Option<Frozen> {
 
 /// Makes sandgate the reaper of whatever the sandbox orphans (see the module docs).
 pub fn become_subreaper() {
-    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+    #[cfg(target_os = "linux")]
+    let made = nix::sys::prctl::set_child_subreaper(true).map_err(|e| e.to_string());
+    #[cfg(not(target_os = "linux"))]
+    let made: Result<(), String> = Err("child subreapers exist on Linux only".to_owned());
+    if let Err(e) = made {
         tracing::warn!(error = %e, "cannot become a child subreaper; without a PID namespace, leftover processes may survive the run");
     }
 }

@@ -127,18 +127,6 @@ fn preflight() -> Result<PathBuf, RunError> {
     Ok(bwrap)
 }
 
-fn shell_quote(s: &OsString) -> String {
-    let s = s.to_string_lossy();
-    if !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"/-_.,:=@%+".contains(&b))
-    {
-        s.into_owned()
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
-    }
-}
-
 /// The host's DNS files that exist, canonical source first (`net.mode: all` binds them).
 fn dns_files(policy: &SandboxPolicy) -> Vec<(PathBuf, PathBuf)> {
     if policy.net != NetMode::All {
@@ -203,6 +191,11 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
         }
     }
     if opts.print_argv {
+        // What `run` would start: sandbox-exec where the seatbelt backend is chosen.
+        if let Some(exec) = crate::seatbelt::sandbox_exec() {
+            seatbelt::print_argv(&policy, &opts, &identity.run, &exec, &env)?;
+            return Ok(0);
+        }
         let facts = RunFacts {
             sandgate_exe,
             bridge_dir: Some("/tmp/sandgate-run-XXXXXXXXXX/bridge".into()),
@@ -213,7 +206,10 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
             rlimits: crate::limits::rlimits(&policy.limits, &crate::limits::RunCgroup::default()),
             command: opts.command,
         };
-        let line: Vec<String> = bwrap_argv(&policy, &facts).iter().map(shell_quote).collect();
+        let line: Vec<String> = bwrap_argv(&policy, &facts)
+            .iter()
+            .map(|w| crate::seatbelt::shell_word(&w.to_string_lossy()))
+            .collect();
         println!("{}", line.join(" "));
         let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
         eprintln!(

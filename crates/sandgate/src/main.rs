@@ -309,6 +309,15 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
                 "report-only: requests the policy denies pass (recorded as report_only); the address guard still refuses"
             );
         }
+        if let Some(path) = &args.intercept_ca_cert {
+            match intercept(path) {
+                Ok(interceptor) => proxy.set_interceptor(interceptor),
+                Err(e) => {
+                    eprintln!("sandgate: --intercept-ca-cert {}: {e}", path.display());
+                    return ExitCode::from(EX_USAGE);
+                }
+            }
+        }
         if let (Some(cert), Some(key)) = (&args.admin_tls_cert, &args.admin_tls_key) {
             if proxy.metrics_addr().is_none() {
                 eprintln!("sandgate: --admin-tls-cert needs an admin listener (--admin-listen ADDR or spec.admin.listen)");
@@ -461,4 +470,21 @@ async fn shutdown_signal() {
             let _ = tokio::signal::ctrl_c().await;
         }
     }
+}
+
+/// The proxy's interception CA, its certificate written to `path` (replaced whole, so a
+/// client never reads half of it).
+fn intercept(path: &std::path::Path) -> Result<std::sync::Arc<sandgate_proxy::inspect::Interceptor>, String> {
+    let interceptor = sandgate_proxy::inspect::Interceptor::new("sandgate proxy interception CA")
+        .map_err(|e| e.to_string())?;
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(format!(".{}.partial", std::process::id()));
+    let partial = std::path::PathBuf::from(partial);
+    std::fs::write(&partial, interceptor.ca().cert_pem()).map_err(|e| e.to_string())?;
+    std::fs::rename(&partial, path).map_err(|e| {
+        let _ = std::fs::remove_file(&partial);
+        e.to_string()
+    })?;
+    tracing::info!(ca = %path.display(), "intercepting TLS for entries with methods or paths");
+    Ok(std::sync::Arc::new(interceptor))
 }

@@ -116,7 +116,7 @@ fn a_refusal_is_explained_from_the_id_it_printed() {
     );
     assert_eq!(code, 1, "the exit is the recorded answer: {out}");
     assert!(
-        out.contains("  now, with the policy given:\n    allow http denied.test:8080: allowed\n      rule:    allow:denied.test:8080"),
+        out.contains("  now, with the policy given:\n    allow GET http://denied.test:8080/x: allowed\n      rule:    allow:denied.test:8080"),
         "{out}"
     );
 

@@ -263,6 +263,8 @@ fn run_summary_json_says_what_the_text_summary_says_with_the_runs_ids() {
             "p-ci",
             "--subject",
             "ci-bot",
+            "--agent",
+            "ci-agent",
         ],
         &["sh", "-c", &script],
     );
@@ -281,6 +283,7 @@ fn run_summary_json_says_what_the_text_summary_says_with_the_runs_ids() {
     assert_eq!(s["ids"]["project"], "p-ci");
     assert_eq!(s["ids"]["job"], Value::Null);
     assert_eq!(s["ids"]["subject"], "ci-bot");
+    assert_eq!(s["ids"]["agent"], "ci-agent", "{s}");
     assert_eq!(s["net_mode"], "allowlist");
     assert_eq!(s["exit_status"], 3);
     assert_eq!(

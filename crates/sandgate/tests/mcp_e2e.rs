@@ -51,8 +51,17 @@ impl Driver {
 
     /// The client runs the server with `server` (its whole command line).
     fn start_with(mode: &str, server: &[&str]) -> Driver {
+        Driver::start_as(None, mode, server)
+    }
+
+    /// [`Driver::start_with`], the client declaring `name` as its own (else the SDK's).
+    fn start_as(name: Option<&str>, mode: &str, server: &[&str]) -> Driver {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp/driver.py");
-        let mut child = Command::new(common::python())
+        let mut client = Command::new(common::python());
+        if let Some(name) = name {
+            client.env("SANDGATE_TEST_CLIENT_NAME", name);
+        }
+        let mut child = client
             .arg(script)
             .arg(mode)
             .args(server)
@@ -533,6 +542,67 @@ fn an_allowlist_run_reports_what_was_blocked() {
         events.iter().any(|e| e["tool"] == "run" && e["blocked"] == 1),
         "{events:#?}"
     );
+}
+
+/// Issue 30: what a run's own proxy records (the run's audit log, not the server's) names
+/// the person the server runs as (`subject`, its user) and the client acting for them
+/// (`agent`, `mcp:` and the name the client declared). The runner removes the run's log
+/// when the run ends, so the run waits (for `go` in its workspace) while the test reads it
+/// from the server's temporary directory.
+#[test]
+fn a_runs_own_audit_log_names_the_servers_user_and_the_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("work/project");
+    std::fs::create_dir_all(&ws).unwrap();
+    let server_tmp = dir.path().join("server-tmp");
+    std::fs::create_dir(&server_tmp).unwrap();
+    sandbox_policy(
+        dir.path(),
+        "web",
+        "net:\n  mode: allowlist\n  allow_domains: [ \"pypi.org\" ]\n",
+    );
+    let config = write_config(
+        dir.path(),
+        "  task: t-1\n  audit_log: audit.jsonl\n  sandboxes:\n\
+         \x20   - name: web\n      policy: web.yaml\n      gates: { commands: [ sh ], max_seconds: 60, network: true, workspaces: [ work ] }\n",
+    );
+    let (tmpdir, bin) = (format!("TMPDIR={}", server_tmp.display()), common::sandgate_bin());
+    let server = [
+        "env",
+        &tmpdir,
+        "USER=server-person",
+        bin.as_str(),
+        "mcp",
+        "--config",
+        config.to_str().unwrap(),
+    ];
+    let mut d = Driver::start_as(Some("e2e-client"), "legacy", &server);
+    let script = "curl -sS -m 10 -o /dev/null -w %{http_code} http://denied.test/; \
+                  i=0; while [ ! -e go ] && [ $i -lt 400 ]; do sleep 0.1; i=$((i+1)); done";
+    let call = json!({"call": "run", "args": {"sandbox": "web", "workspace": ws.canonicalize().unwrap(),
+        "command": ["sh", "-c", script]}});
+    writeln!(d.stdin, "{call}").unwrap();
+    // The run's log: `--audit-log` in the runner's temporary directory, under the server's.
+    let mut events = Vec::new();
+    let found = sandbox_support::eventually(Duration::from_secs(30), || {
+        let logs = std::fs::read_dir(&server_tmp).unwrap().flatten();
+        events = logs
+            .map(|e| e.path().join("audit.jsonl"))
+            .flat_map(|log| read_audit(&log))
+            .collect();
+        events.iter().any(|e| e["event"] == "decision")
+    });
+    std::fs::write(ws.join("go"), "").unwrap();
+    let r = d.next();
+    assert!(found, "no decision in the run's audit log: {events:#?}\n{r}");
+    assert_eq!(r["structured"]["stdout"], "403", "{r}");
+    let decision = events.iter().find(|e| e["event"] == "decision").unwrap();
+    assert_eq!(decision["destination_host"], "denied.test", "{decision}");
+    assert_eq!(decision["task_id"], "t-1", "{decision}");
+    for event in events.iter().filter(|e| e.get("subject").is_some()) {
+        assert_eq!(event["subject"], "server-person", "{event}");
+        assert_eq!(event["agent"], "mcp:e2e-client", "{event}");
+    }
 }
 
 #[test]

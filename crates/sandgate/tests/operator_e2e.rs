@@ -170,7 +170,7 @@ with open(sys.argv[1], newline="") as f:
     let parsed: Value = serde_json::from_slice(&out.stdout).unwrap();
     let header: Vec<String> = serde_json::from_value(parsed["header"].clone()).unwrap();
     assert_eq!(header, documented_fields(), "CSV columns against docs/audit.md");
-    assert_eq!(header.len(), 37);
+    assert_eq!(header.len(), 38);
     let rows = parsed["rows"].as_array().unwrap();
     let agg = rows.iter().find(|r| r["event"] == "aggregate").unwrap();
     assert_eq!(agg["count"], "4");
@@ -246,7 +246,7 @@ fn explain_answers_by_exit_status_reads_any_scheme_case_and_names_expired_rules(
     assert!(out.starts_with("allow connect pypi.org:443"), "{out}");
     let (code, out, _) = sandgate(&["explain", "--policy", file, "Http://pypi.org:8080/"]);
     assert_eq!(code, 1, "a bare entry allows HTTP on port 80 only: {out}");
-    assert!(out.starts_with("deny http pypi.org:8080"), "{out}");
+    assert!(out.starts_with("deny GET http://pypi.org:8080/"), "{out}");
 
     // A deny is exit 1, and an expired rule that would have matched is named.
     let (code, out, _) = sandgate(&["explain", "--policy", file, "old.test"]);

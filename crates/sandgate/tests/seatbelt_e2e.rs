@@ -4,9 +4,10 @@
 //! profile, its parameters and its environment, and runs the command. Nothing confines the
 //! command here; what is tested is everything sandgate does around sandbox-exec: the run's
 //! proxy (allowed and refused requests, both audited), the environment, the profile's rules
-//! for the policy's paths and the proxy's ports, the exit status, teardown, signals, the
-//! trace, and `--print-profile seatbelt`'s quoting. Whether macOS enforces the profile is
-//! not (docs/sandbox.md, "macOS").
+//! for the policy's paths and the proxy's ports, the exit status, teardown, signals and the
+//! trace (what `--print-profile seatbelt` and `--print-argv` print is
+//! `seatbelt_print_e2e.rs`). Whether macOS enforces the profile is not (docs/sandbox.md,
+//! "macOS").
 
 #![allow(
     clippy::unwrap_used,
@@ -394,51 +395,6 @@ fn trace_records_the_profiles_denials() {
         "{protected}"
     );
     std::fs::remove_file(trace).unwrap();
-}
-
-#[test]
-fn print_profile_prints_a_command_line_a_shell_reads_back() {
-    let work = tempfile::tempdir().unwrap();
-    let spaced = work.path().join("my project");
-    std::fs::create_dir(&spaced).unwrap();
-    let policy = write_policy(
-        work.path(),
-        &format!("  write_paths: [ \"{}\" ]\n", spaced.display()),
-    );
-    let command = ["python3", "-c", "print('it''s $HOME')", "a b"];
-    let out = Command::new(common::sandgate_bin())
-        .args(["run", "--policy"])
-        .arg(&policy)
-        .args(["--print-profile", "seatbelt", "--"])
-        .args(command)
-        .env_remove("SANDGATE_SANDBOX_EXEC")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stderr}");
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix(";; run with: "))
-        .unwrap_or_else(|| panic!("no command line:\n{stdout}"));
-    // The shell splits it back into exactly the argv sandbox-exec is to get.
-    let words = Command::new("sh")
-        .arg("-c")
-        .arg(format!("printf '%s\\n' {line}"))
-        .output()
-        .unwrap();
-    let words = String::from_utf8(words.stdout).unwrap();
-    let words: Vec<&str> = words.lines().collect();
-    assert_eq!(
-        &words[..3],
-        ["/usr/bin/sandbox-exec", "-f", "PROFILE.sb"],
-        "{line}"
-    );
-    assert!(
-        words.contains(&format!("WRITE_0={}", std::fs::canonicalize(&spaced).unwrap().display()).as_str()),
-        "{words:?}"
-    );
-    let dashes = words.iter().position(|w| *w == "--").unwrap();
-    assert_eq!(&words[dashes + 1..], command, "{line}");
 }
 
 #[test]

@@ -1,12 +1,18 @@
 //! HTTP and HTTPS origins on 127.0.0.1:0 (hyper). Every response is JSON describing the
 //! request the origin received (method, path, headers, body length), so tests can check
-//! what the proxy forwarded. `/bytes/N` answers with N bytes instead, `/sleep/MS` answers
-//! `slept` after MS milliseconds.
+//! what the proxy forwarded, and the origin keeps `METHOD TARGET` of every request it
+//! handled ([`Origin::requests`]), so a test can tell that a refused one never came, with
+//! its header fields and body ([`Origin::received`]), so a test can read what arrived
+//! without the client being shown it, and an HTTPS origin counts its completed TLS
+//! handshakes ([`Origin::handshakes`]).
+//! `/bytes/N` answers with N bytes instead, `/sleep/MS` answers `slept` after MS
+//! milliseconds, and a path under `/close/` is answered as usual with `Connection: close`,
+//! the origin then ending the connection (as one does at its idle or request limit).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -21,7 +27,33 @@ use tokio::net::TcpListener;
 pub struct Origin {
     addr: SocketAddr,
     connections: Arc<AtomicUsize>,
+    handshakes: Arc<AtomicUsize>,
+    requests: Arc<Mutex<Vec<Received>>>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// One request as the origin received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    pub method: String,
+    /// The target as hyper read it from the request line.
+    pub target: String,
+    /// Every header field, names lowercase, in order.
+    pub headers: Vec<(String, String)>,
+    /// The body, once read whole (empty for `/bytes/N` and `/sleep/MS`, which do not read
+    /// it).
+    pub body: Vec<u8>,
+}
+
+impl Received {
+    /// The values of the header fields named `name` (lowercase).
+    pub fn header(&self, name: &str) -> Vec<&str> {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
 }
 
 impl Drop for Origin {
@@ -46,12 +78,18 @@ impl Origin {
         let addr = listener.local_addr().expect("origin address");
         let connections = Arc::new(AtomicUsize::new(0));
         let counter = connections.clone();
+        let handshakes = Arc::new(AtomicUsize::new(0));
+        let shaken = handshakes.clone();
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let log = requests.clone();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 counter.fetch_add(1, Ordering::SeqCst);
                 let tls = tls.clone();
+                let log = log.clone();
+                let shaken = shaken.clone();
                 tokio::spawn(async move {
-                    let service = service_fn(handle);
+                    let service = service_fn(move |req| handle(req, log.clone()));
                     let builder = hyper::server::conn::http1::Builder::new();
                     match tls {
                         None => {
@@ -59,6 +97,7 @@ impl Origin {
                         }
                         Some(acceptor) => {
                             if let Ok(tls_stream) = acceptor.accept(stream).await {
+                                shaken.fetch_add(1, Ordering::SeqCst);
                                 let _ = builder.serve_connection(TokioIo::new(tls_stream), service).await;
                             }
                         }
@@ -69,6 +108,8 @@ impl Origin {
         Origin {
             addr,
             connections,
+            handshakes,
+            requests,
             task,
         }
     }
@@ -85,11 +126,50 @@ impl Origin {
     pub fn connections(&self) -> usize {
         self.connections.load(Ordering::SeqCst)
     }
+
+    /// TLS handshakes completed so far (an HTTPS origin; 0 for plain HTTP).
+    pub fn handshakes(&self) -> usize {
+        self.handshakes.load(Ordering::SeqCst)
+    }
+
+    /// `METHOD TARGET` of every request handled so far, in order (the target as hyper read
+    /// it from the request line).
+    pub fn requests(&self) -> Vec<String> {
+        self.received()
+            .iter()
+            .map(|r| format!("{} {}", r.method, r.target))
+            .collect()
+    }
+
+    /// Every request handled so far, in order, with its header fields and body.
+    pub fn received(&self) -> Vec<Received> {
+        self.requests.lock().expect("origin request log").clone()
+    }
 }
 
-async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle(
+    req: Request<Incoming>,
+    log: Arc<Mutex<Vec<Received>>>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let method = req.method().to_string();
     let path = req.uri().to_string();
+    let headers: Vec<(String, String)> = req
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .collect();
+    // Logged as it arrives (a request whose body never ends still came), its body added
+    // once read.
+    let at = {
+        let mut log = log.lock().expect("origin request log");
+        log.push(Received {
+            method: method.clone(),
+            target: path.clone(),
+            headers: headers.clone(),
+            body: Vec::new(),
+        });
+        log.len() - 1
+    };
     if let Some(ms) = path.strip_prefix("/sleep/").and_then(|n| n.parse::<u64>().ok()) {
         tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
         return Ok(Response::new(Full::new(Bytes::from_static(b"slept"))));
@@ -97,17 +177,15 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
     if let Some(n) = path.strip_prefix("/bytes/").and_then(|n| n.parse::<usize>().ok()) {
         return Ok(Response::new(Full::new(Bytes::from(vec![b'x'; n]))));
     }
-    let headers: Vec<(String, String)> = req
-        .headers()
-        .iter()
-        .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
-        .collect();
     let body = req
         .into_body()
         .collect()
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
+    if let Some(r) = log.lock().expect("origin request log").get_mut(at) {
+        r.body = body.to_vec();
+    }
     let json = serde_json::json!({
         "method": method,
         "path": path,
@@ -120,5 +198,11 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
         "content-type",
         hyper::header::HeaderValue::from_static("application/json"),
     );
+    if path.starts_with("/close/") {
+        resp.headers_mut().insert(
+            hyper::header::CONNECTION,
+            hyper::header::HeaderValue::from_static("close"),
+        );
+    }
     Ok(resp)
 }

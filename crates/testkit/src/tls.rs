@@ -1,5 +1,9 @@
-//! A throwaway certificate authority (rcgen) and a server certificate for test names.
+//! A throwaway certificate authority (rcgen) and a server certificate for test names, and a
+//! blocking TLS client that trusts only the CAs a test gives it (for a test's own client
+//! through a proxy's tunnel).
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::sync::Arc;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
@@ -84,4 +88,80 @@ pub fn split_record(record: &[u8], at: usize) -> Vec<u8> {
         out.extend_from_slice(part);
     }
     out
+}
+
+/// A blocking TLS client (rustls) on a connected TCP stream, such as a tunnel a proxy opened.
+/// It trusts only the CA certificates it is given, offers ALPN `http/1.1`, and reads within
+/// the stream's own read timeout.
+#[derive(Debug)]
+pub struct TlsClient(rustls::StreamOwned<rustls::ClientConnection, TcpStream>);
+
+impl TlsClient {
+    /// Completes a handshake for `server_name` (a DNS name goes in the SNI; an IP address
+    /// sends none) trusting only the certificates in `roots_pem`. `Err` says why it failed: an
+    /// unknown issuer, a name the certificate lacks, an alert, the connection closing.
+    pub fn handshake(mut tcp: TcpStream, server_name: &str, roots_pem: &str) -> Result<TlsClient, String> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(roots_pem.as_bytes()) {
+            let cert = cert.map_err(|e| format!("roots: {e}"))?;
+            roots.add(cert).map_err(|e| format!("roots: {e}"))?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let name =
+            rustls::pki_types::ServerName::try_from(server_name.to_owned()).map_err(|e| e.to_string())?;
+        let mut conn = rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
+        while conn.is_handshaking() {
+            match conn.complete_io(&mut tcp) {
+                Ok((0, 0)) => return Err("the connection closed during the handshake".to_owned()),
+                Ok(_) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Ok(TlsClient(rustls::StreamOwned::new(conn, tcp)))
+    }
+
+    /// The certificate the server presented (its leaf, DER).
+    pub fn peer_certificate(&self) -> Option<Vec<u8>> {
+        let certs = self.0.conn.peer_certificates()?;
+        certs.first().map(|c| c.as_ref().to_vec())
+    }
+
+    /// The protocol the server chose by ALPN.
+    pub fn alpn(&self) -> Option<Vec<u8>> {
+        self.0.conn.alpn_protocol().map(<[u8]>::to_vec)
+    }
+}
+
+impl Read for TlsClient {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl Write for TlsClient {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// The first certificate of `pem`, DER (to compare with [`TlsClient::peer_certificate`]).
+pub fn cert_der(pem: &str) -> Vec<u8> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    CertificateDer::from_pem_slice(pem.as_bytes())
+        .expect("a PEM certificate")
+        .as_ref()
+        .to_vec()
 }

@@ -70,13 +70,31 @@ pub(super) fn read_policy(
     let approvals = Approvals::of(&policy);
     Ok(PolicyFacts {
         net: policy.net,
-        allowed_hosts: policy.allow.iter().map(ToString::to_string).collect(),
+        allowed_hosts: allowed_hosts(&policy),
         limits: policy.limits,
         files,
         approvals,
         run_task,
         start_in_workspace,
     })
+}
+
+/// What the sandbox's own lists allow (its patterns, then `net.allowlist` and its presets'
+/// entries), each as `host:port` when it names ports, with what it allows below the host.
+fn allowed_hosts(policy: &sandgate_sandbox::policy::SandboxPolicy) -> Vec<String> {
+    let patterns = policy.allow.iter().map(ToString::to_string);
+    let entries = policy.allow_entries.iter().flat_map(|e| {
+        let below = e.request.as_ref().map(|r| format!(" [{r}]")).unwrap_or_default();
+        let hosts: Vec<String> = match &e.ports {
+            Some(ports) => ports
+                .iter()
+                .map(|p| format!("{}:{p}{below}", e.pattern))
+                .collect(),
+            None => vec![format!("{}{below}", e.pattern)],
+        };
+        hosts
+    });
+    patterns.chain(entries).collect()
 }
 
 /// The task a node of central proxies names its runs' requests under: `NODE:TASK`, the node

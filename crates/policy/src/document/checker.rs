@@ -11,7 +11,15 @@ use super::raw::{RawEntry, RawEntryFull, RawScope, RawTlsOnly, RawTunnels};
 use crate::entry::{Entry, Scope};
 use crate::pattern::HostPattern;
 use crate::pattern::Pattern;
+use crate::request::{RequestRules, RulesError};
 use crate::tunnel::{SniMode, TlsOnly, TunnelRules};
+
+/// Which side of the policy an entry is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Allow,
+    Deny,
+}
 
 pub(super) struct Checker<'a> {
     pub(super) file: &'a str,
@@ -45,7 +53,13 @@ impl Checker<'_> {
     }
 
     /// One allow or deny entry, or `None` after reporting every error in it.
-    pub(super) fn entry(&mut self, raw: &Spanned<RawEntry>, field: &str, now: i64) -> Option<Entry> {
+    pub(super) fn entry(
+        &mut self,
+        raw: &Spanned<RawEntry>,
+        field: &str,
+        kind: Kind,
+        now: i64,
+    ) -> Option<Entry> {
         let line = raw.referenced.line();
         let e = &raw.value.0;
         let pattern = match Pattern::parse(&e.host) {
@@ -59,6 +73,7 @@ impl Checker<'_> {
         let ports = self.ports(line, field, e.ports.as_deref(), pattern.as_ref());
         let scope = self.scope(line, field, e.scope.as_ref());
         let expires_at = self.expiry(line, field, e, now);
+        let request = self.request_rules(line, field, kind, e);
         Some(Entry {
             pattern: pattern?,
             ports: ports?,
@@ -67,7 +82,48 @@ impl Checker<'_> {
             created_by: e.created_by.clone(),
             reason: e.reason.clone(),
             origin: Arc::from(format!("{}:{line}", self.file)),
+            request: request?,
         })
+    }
+
+    /// An allow entry's `methods`, `paths` and `read_only`: `Some(None)` when it has none,
+    /// `None` when they are invalid. A deny entry has none: it refuses the whole host, and
+    /// what a host allows is listed on the allow side.
+    fn request_rules(
+        &mut self,
+        line: u64,
+        field: &str,
+        kind: Kind,
+        e: &RawEntryFull,
+    ) -> Option<Option<Arc<RequestRules>>> {
+        let given = e.methods.is_some() || e.paths.is_some() || e.read_only;
+        if kind == Kind::Deny && given {
+            let which = match (&e.methods, &e.paths) {
+                (Some(_), _) => "methods",
+                (None, Some(_)) => "paths",
+                (None, None) => "read_only",
+            };
+            self.error(
+                line,
+                format!("{field}.{which}"),
+                "a deny entry refuses its whole host; list the methods and paths a host allows on its allow entry instead",
+            );
+            return None;
+        }
+        match RequestRules::new(e.methods.as_deref(), e.paths.as_deref(), e.read_only) {
+            Ok(rules) => Some(rules.map(Arc::new)),
+            Err(err) => {
+                let which = match err {
+                    RulesError::Path { .. } => "paths",
+                    RulesError::ReadOnlyAndMethods => "read_only",
+                    RulesError::Method(_) => "methods",
+                    RulesError::Empty if e.methods.as_ref().is_some_and(Vec::is_empty) => "methods",
+                    RulesError::Empty => "paths",
+                };
+                self.error(line, format!("{field}.{which}"), err.to_string());
+                None
+            }
+        }
     }
 
     /// An entry's `ports`: `Some(None)` when there are none (the pattern's default ports

@@ -6,7 +6,7 @@
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::checker::{self, Checker};
+use super::checker::{self, Checker, Kind};
 use super::first_loaded::FirstLoaded;
 use super::raw::RawEntry;
 use super::{DocError, DocErrors};
@@ -54,12 +54,12 @@ pub fn entries(
     let allow: Vec<Entry> = allow
         .0
         .iter()
-        .filter_map(|e| c.entry(e, &allow_field, now))
+        .filter_map(|e| c.entry(e, &allow_field, Kind::Allow, now))
         .collect();
     let deny: Vec<Entry> = deny
         .0
         .iter()
-        .filter_map(|e| c.entry(e, &deny_field, now))
+        .filter_map(|e| c.entry(e, &deny_field, Kind::Deny, now))
         .collect();
     checker::shadowed(&mut c, &allow_field, &allow, &deny);
     if !c.errors.is_empty() {

@@ -53,6 +53,7 @@ pub(super) fn entry_text(field: &str, e: &RawEntryFull) -> String {
             e.ttl_seconds,
             &e.created_by,
             &e.reason,
+            (&e.methods, &e.paths, e.read_only),
         )
     )
 }

@@ -27,6 +27,7 @@ use ipnet::IpNet;
 
 mod checker;
 mod control;
+pub mod credentials;
 mod embedded;
 mod first_loaded;
 mod listeners;
@@ -128,6 +129,9 @@ pub struct PolicyFile {
     pub admin: AdminSpec,
     /// What tunnels may carry (`spec.network.tunnels`).
     pub tunnels: crate::tunnel::TunnelRules,
+    /// Secrets bound to a host and a header (`spec.network.credentials`), their values not
+    /// read yet.
+    pub credentials: Vec<credentials::CredentialSpec>,
     /// The node-local proxies a `role: node` listener serves (`spec.nodes`).
     pub nodes: crate::node::Nodes,
     /// What is valid but probably not meant (an expired entry, a CIDR with host bits, a
@@ -266,6 +270,7 @@ pub fn parse_policy_since(
         .as_ref()
         .map(|t| checker::tunnels(&mut c, t))
         .unwrap_or_default();
+    let credentials = credentials::specs(&mut c, &net.credentials, "spec.network.credentials", false);
     let node_listeners = raw
         .spec
         .listeners
@@ -302,6 +307,7 @@ pub fn parse_policy_since(
         exceptions,
         admin,
         tunnels,
+        credentials,
         nodes,
     })
 }

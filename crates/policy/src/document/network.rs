@@ -3,15 +3,14 @@
 //! guard (`allow_ranges`), and the DNS servers the proxy asks.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 
 use ipnet::IpNet;
 use serde_saphyr::Spanned;
 
+use super::checker::Kind;
 use super::raw::{RawNetwork, RawResolver};
 use super::{Checker, ResolverSpec, checker};
-use crate::entry::{Entry, Scope};
-use crate::pattern::Pattern;
+use crate::entry::Entry;
 use crate::preset;
 
 /// The allow entries (the presets' last) and the deny entries; an allow entry that a deny
@@ -20,12 +19,12 @@ pub(super) fn entries(c: &mut Checker<'_>, net: &RawNetwork, now: i64) -> (Vec<E
     let allow: Vec<Entry> = net
         .allowlist
         .iter()
-        .filter_map(|e| c.entry(e, "spec.network.allowlist", now))
+        .filter_map(|e| c.entry(e, "spec.network.allowlist", Kind::Allow, now))
         .collect();
     let deny: Vec<Entry> = net
         .denylist
         .iter()
-        .filter_map(|e| c.entry(e, "spec.network.denylist", now))
+        .filter_map(|e| c.entry(e, "spec.network.denylist", Kind::Deny, now))
         .collect();
     checker::shadowed(c, "spec.network.allowlist", &allow, &deny);
     let mut allow = allow;
@@ -35,20 +34,10 @@ pub(super) fn entries(c: &mut Checker<'_>, net: &RawNetwork, now: i64) -> (Vec<E
     (allow, deny)
 }
 
-/// A preset's hosts as system entries on port 443, or an error naming the known presets.
+/// A preset's entries (system scope, port 443), or an error naming the known presets.
 fn preset_entries(c: &mut Checker<'_>, name: &Spanned<String>, allow: &mut Vec<Entry>) {
-    match preset::hosts(&name.value) {
-        Some(hosts) => allow.extend(hosts.iter().filter_map(|h| {
-            Pattern::parse(h).ok().map(|pattern| Entry {
-                pattern,
-                ports: Some(vec![443]),
-                scope: Scope::System,
-                expires_at: None,
-                created_by: None,
-                reason: Some(format!("preset {}", name.value)),
-                origin: Arc::from(format!("preset:{}", name.value)),
-            })
-        })),
+    match preset::entries(&name.value) {
+        Some(entries) => allow.extend(entries),
         None => c.error(
             name.referenced.line(),
             "spec.network.presets",

@@ -118,6 +118,23 @@ pub(super) struct RawNetwork {
     pub(super) allow_ranges: Vec<Spanned<String>>,
     #[serde(default)]
     pub(super) tunnels: Option<Spanned<RawTunnels>>,
+    /// Secrets bound to a host and a header (`credentials.rs`).
+    #[serde(default)]
+    pub(super) credentials: Vec<Spanned<RawCredential>>,
+}
+
+/// One credential as written: where its secret goes, where it comes from, and the
+/// placeholder the sandboxed code holds instead (and, in a SandboxPolicy, the variable that
+/// holds it).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCredential {
+    pub(super) host: String,
+    pub(super) header: String,
+    pub(super) value: String,
+    pub(super) placeholder: String,
+    #[serde(default)]
+    pub(super) env: Option<String>,
 }
 
 /// `spec.network.tunnels`: what CONNECT and SOCKS5 tunnels may carry.
@@ -238,6 +255,15 @@ pub(super) struct RawEntryFull {
     pub(super) created_by: Option<String>,
     #[serde(default)]
     pub(super) reason: Option<String>,
+    /// The methods an allow entry allows (issue 33).
+    #[serde(default)]
+    pub(super) methods: Option<Vec<String>>,
+    /// The path patterns an allow entry allows.
+    #[serde(default)]
+    pub(super) paths: Option<Vec<String>>,
+    /// GET, HEAD and OPTIONS only.
+    #[serde(default)]
+    pub(super) read_only: bool,
 }
 
 impl<'de> Deserialize<'de> for RawEntry {

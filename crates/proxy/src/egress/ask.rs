@@ -64,6 +64,7 @@ impl Egress {
         let Refusal::Policy {
             target,
             reason: sandgate_policy::PolicyReason::NotAllowlisted,
+            ..
         } = refusal
         else {
             return None;

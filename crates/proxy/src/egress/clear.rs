@@ -21,7 +21,7 @@ use crate::refusal::Refusal;
 
 /// One request as a front end read it.
 #[derive(Debug)]
-pub(crate) struct Request {
+pub(crate) struct Request<'a> {
     /// The client's address (on a central: the node's).
     pub peer: SocketAddr,
     /// Who asked: the listener's identity, a login's, or what a node vouched for.
@@ -29,6 +29,9 @@ pub(crate) struct Request {
     /// On a central proxy: the node-local proxy that forwarded it.
     pub node: Option<Arc<str>>,
     pub method: Cow<'static, str>,
+    /// A plain-HTTP request's origin-form target (`/path?query`): the path is decided and
+    /// recorded (without the query).
+    pub path: Option<&'a str>,
     /// Where it asks to go and how, or why the destination could not be read.
     pub dest: Result<(Target, Access), Refusal>,
 }
@@ -36,19 +39,36 @@ pub(crate) struct Request {
 impl Egress {
     /// Begins, records a refusal of, or decides `request` (see the module doc). The
     /// destination is handed back with the allow.
-    pub(crate) async fn clear(&self, request: Request) -> Result<Decided, Refused> {
+    pub(crate) async fn clear(&self, request: Request<'_>) -> Result<Decided, Refused> {
         let Request {
             peer,
             identity,
             node,
             method,
+            path,
             dest,
         } = request;
-        let pending = self.begin_via(peer, identity, Some(method), node);
+        let mut pending = self.begin_via(peer, identity, Some(method), node);
+        pending.party.path = path.map(|p| Arc::from(p.split_once('?').map_or(p, |(p, _)| p)));
         match dest {
             Err(refusal) => Err(self.refuse(pending, None, refusal).await),
             Ok((target, access)) => self.decide(pending, &target, access).await,
         }
+    }
+
+    /// What a request to `target` carries of the credentials' placeholders: nothing, the
+    /// headers to set to their secrets (`seen`: an intercepted request, which alone may be
+    /// given one), or a placeholder where it does not belong.
+    pub(crate) fn carried<'a>(
+        &self,
+        target: &Target,
+        seen: bool,
+        origin_form: &str,
+        fields: impl Iterator<Item = (&'a str, &'a [u8])>,
+    ) -> Result<sandgate_policy::Carried, sandgate_policy::Leak> {
+        self.rules()
+            .secrets()
+            .check(&target.host, seen, origin_form, fields)
     }
 
     /// Verifies a task's login against the credentials in force: the identity it proves

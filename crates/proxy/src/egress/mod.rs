@@ -96,6 +96,10 @@ pub(crate) struct Egress {
     pub dropped: CancellationToken,
     /// Asks a person before the allowlist refuses (`sandgate run --ask`).
     pub asker: std::sync::OnceLock<Arc<dyn Asker>>,
+    /// TLS interception, when the proxy has a CA for it: a CONNECT that only entries with
+    /// methods or paths allow is then served request by request (`http1/intercept/`)
+    /// rather than refused.
+    pub interceptor: std::sync::OnceLock<Arc<crate::inspect::Interceptor>>,
     /// Report-only (learn) mode: a request the policy denies passes and is recorded as
     /// `report_only` with what the policy would have said; the address guard, address deny
     /// entries and tunnel checks still refuse.
@@ -125,6 +129,7 @@ impl Egress {
             stopping: CancellationToken::new(),
             dropped: CancellationToken::new(),
             asker: std::sync::OnceLock::new(),
+            interceptor: std::sync::OnceLock::new(),
             report_only: std::sync::atomic::AtomicBool::new(false),
             metrics,
         }
@@ -179,6 +184,7 @@ impl Egress {
             client_addr: peer,
             identity,
             method,
+            path: None,
             node,
         };
         Pending::new(party, self.audit.clone())
@@ -205,6 +211,8 @@ impl Egress {
                 ..
             } => (Some(p.ip), None),
             Refusal::AddressDenied { ip, rule, .. } => (Some(*ip), Some(rule.clone())),
+            Refusal::Policy { rule, .. } => (None, rule.clone()),
+            Refusal::CredentialLeak(leak) => (None, Some(Arc::from(format!("credential:{}", leak.origin)))),
             _ => (None, None),
         };
         let tls_server_name = match &refusal {
@@ -254,9 +262,16 @@ impl Egress {
             return Err(self.refuse(pending, Some((target, access)), refusal).await);
         }
         let mut pending = pending;
+        // A plain-HTTP request is decided with its method and path too.
+        let line = match (access, &pending.party.method, &pending.party.path) {
+            (Access::Http | Access::Https, Some(method), Some(path)) => {
+                Some(sandgate_policy::RequestLine { method, target: path })
+            }
+            _ => None,
+        };
         let decision = self
             .rules()
-            .decide(target, access, &context(&pending.party.identity));
+            .decide_request(target, access, &context(&pending.party.identity), line);
         if decision.verdict == Verdict::Allow || self.report_only.load(Ordering::Relaxed) {
             // Owed from here on with its destination, should it be dropped undecided.
             pending.dest = Some(dest_of(target, access));
@@ -272,6 +287,27 @@ impl Egress {
                 rule: Some(rule),
                 expires,
                 would_deny: None,
+                inspect: false,
+            });
+        }
+        // A CONNECT that only entries with methods or paths allow: served request by
+        // request when the proxy can intercept, each request decided on its own (in
+        // report-only mode too, so that learning sees the requests).
+        // (Not a node's stream on a central: its front end relays, and cannot intercept.)
+        if decision.reason == sandgate_policy::PolicyReason::InspectionRequired
+            && access == Access::Connect
+            && pending.party.node.is_none()
+            && self.interceptor.get().is_some()
+        {
+            pending.dest = Some(dest_of(target, access));
+            return Ok(Decided {
+                pending,
+                target: target.clone(),
+                access,
+                rule: decision.rule_label(),
+                expires: decision.rule.as_ref().and_then(|r| r.expires_at),
+                would_deny: None,
+                inspect: true,
             });
         }
         if decision.verdict == Verdict::Deny && self.report_only.load(Ordering::Relaxed) {
@@ -283,12 +319,14 @@ impl Egress {
                 // The policy is waived, its expiries with it.
                 expires: None,
                 would_deny: Some(decision.reason),
+                inspect: false,
             });
         }
         if decision.verdict == Verdict::Deny {
             let refusal = Refusal::Policy {
                 target: target.clone(),
                 reason: decision.reason,
+                rule: decision.rule_label(),
             };
             return Err(self.refuse(pending, Some((target, access)), refusal).await);
         }
@@ -303,6 +341,7 @@ impl Egress {
                 false => decision.rule.as_ref().and_then(|r| r.expires_at),
             },
             would_deny: None,
+            inspect: false,
         })
     }
 
@@ -375,6 +414,7 @@ impl Egress {
         // Readers take the verdict from `would_deny`; `detail` keeps the words docs/audit.md
         // promises people (`would deny: not_allowlisted`).
         let (reason_code, detail) = match d.would_deny {
+            None if d.inspect => ("inspected", None),
             None => ("allowlisted", None),
             Some(reason) => ("report_only", Some(format!("would deny: {}", reason.code()))),
         };

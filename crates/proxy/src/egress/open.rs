@@ -127,6 +127,19 @@ impl Decided {
     pub async fn reuse(self, egress: &Egress, addr: SocketAddr) -> Grant {
         egress.allow(self, Some(addr.ip()), None, None).await
     }
+
+    /// Refuses what the policy allowed, for what only the front end could see (a
+    /// credential's placeholder where it does not belong): the request's one decision is
+    /// this deny.
+    pub async fn refuse(self, egress: &Egress, refusal: Refusal) -> Refused {
+        let Decided {
+            pending,
+            target,
+            access,
+            ..
+        } = self;
+        egress.refuse(pending, Some((&target, access)), refusal).await
+    }
 }
 
 impl Dialed {
@@ -167,6 +180,12 @@ impl Dialed {
     /// The destination.
     pub fn target(&self) -> &Target {
         &self.decided.target
+    }
+
+    /// Opened to be intercepted: each request inside is decided on its own
+    /// (`http1/intercept/`).
+    pub fn inspects(&self) -> bool {
+        self.decided.inspect
     }
 
     /// Cancelled when the tunnel must end before it starts (shutdown, revocation, expiry).

@@ -84,6 +84,7 @@ impl Drop for Pending {
 fn nobody() -> Party {
     static NOBODY: LazyLock<Arc<Identity>> = LazyLock::new(Default::default);
     Party {
+        path: None,
         request_id: String::new(),
         client_addr: SocketAddr::from(([0, 0, 0, 0], 0)),
         identity: NOBODY.clone(),
@@ -104,6 +105,8 @@ pub(crate) struct Decided {
     pub(super) expires: Option<i64>,
     /// Let through in report-only mode: what the policy said instead.
     pub(super) would_deny: Option<sandgate_policy::PolicyReason>,
+    /// A CONNECT opened to be intercepted: each request inside is decided on its own.
+    pub(super) inspect: bool,
 }
 
 /// A request whose allow is on record; its close must be recorded too.

@@ -285,7 +285,7 @@ fn response_body(fields: &mut Vec<Field>) -> Result<BodyKind, HeadError> {
 /// Hop-by-hop fields (RFC 9110 section 7.6.1), plus the proxy credentials, which are meant
 /// for this hop only. `Transfer-Encoding` is not here: sandgate relays the message body
 /// with its framing unchanged, so the field stays true for the next hop.
-const HOP_BY_HOP: &[&str] = &[
+pub(crate) const HOP_BY_HOP: &[&str] = &[
     "connection",
     "proxy-connection",
     "keep-alive",

@@ -77,6 +77,7 @@ pub(crate) async fn handle_http<S: AsyncRead + AsyncWrite + Unpin>(
         identity: client.identity.clone(),
         node: client.node.clone(),
         method: head.method.clone().into(),
+        path: http.as_ref().map(|h| h.origin_form.as_str()),
         dest,
     };
     let (decided, http) = match (egress.clear(request).await, http) {
@@ -89,6 +90,13 @@ pub(crate) async fn handle_http<S: AsyncRead + AsyncWrite + Unpin>(
         // would record itself as abandoned.)
         (Ok(_), None) => return Next::Close,
     };
+    // A credential's placeholder is never sent in the clear, nor to another host.
+    let fields = head.fields.iter().map(|f| (f.name.as_str(), f.value.as_slice()));
+    if let Err(leak) = egress.carried(&http.target, false, &http.origin_form, fields) {
+        let refused = decided.refuse(egress, Refusal::CredentialLeak(leak)).await;
+        client.reply(&refused).await;
+        return Next::Close;
+    }
     let mut grant = match connect(egress, decided, &http, &client.identity, outbound).await {
         Ok(grant) => grant,
         Err(refused) => {

@@ -8,6 +8,7 @@ mod auth;
 mod body;
 pub(crate) mod connect;
 pub(crate) mod forward;
+pub(crate) mod intercept;
 pub(crate) mod render;
 mod rewrite;
 
@@ -91,7 +92,7 @@ pub(crate) enum Next {
 /// Serves one client connection: requests until it ends, then a CONNECT tunnel if the last
 /// request asked for one.
 pub(crate) async fn serve(
-    egress: &Egress,
+    egress: &Arc<Egress>,
     mut client: ClientConn,
     require_auth: bool,
     stop: &CancellationToken,

@@ -102,6 +102,7 @@ mod tests {
         let c = Refusal::Policy {
             target,
             reason: PolicyReason::NotAllowlisted,
+            rule: None,
         }
         .classify("CONNECT", &Remedies::default());
         assert!(c.is_denial);
@@ -146,6 +147,7 @@ mod tests {
         let c = Refusal::Policy {
             target: parse_connect_target("evil.test:443").unwrap(),
             reason: PolicyReason::NotAllowlisted,
+            rule: None,
         }
         .classify("CONNECT", &run);
         let text = String::from_utf8(render(&c, "abc")).unwrap();
@@ -168,6 +170,7 @@ mod tests {
             Refusal::Policy {
                 target: parse_connect_target(target).unwrap(),
                 reason: PolicyReason::NotAllowlisted,
+                rule: None,
             }
             .classify(method, &Remedies::default())
             .hints

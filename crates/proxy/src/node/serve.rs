@@ -428,6 +428,7 @@ async fn admit(conn: &Conn, req: &hyper::http::request::Parts) -> Result<(Admitt
         identity,
         node: name,
         method: Cow::Owned(req.method.as_str().to_owned()),
+        path: None,
         dest: Ok((target, Access::Connect)),
     };
     let decided = egress.clear(request).await?;

@@ -94,6 +94,7 @@ pub(crate) async fn serve(
         identity,
         node: None,
         method: "CONNECT".into(),
+        path: None,
         dest: Ok((target, Access::Socks5)),
     };
     // The core refuses it while the audit log cannot be written (a general failure here).

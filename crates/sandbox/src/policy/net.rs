@@ -71,6 +71,9 @@ pub(super) struct RawNet {
     pub(super) egress_policy: Option<String>,
     #[serde(default)]
     pub(super) allowlist: EntryList,
+    /// Secrets bound to a host and a header; the command holds placeholders.
+    #[serde(default)]
+    pub(super) credentials: sandgate_policy::document::credentials::CredentialList,
     #[serde(default)]
     pub(super) denylist: EntryList,
     #[serde(default)]
@@ -144,6 +147,8 @@ pub(super) struct Network {
     pub(super) all_proxy_http: bool,
     /// `net.allowlist` and `net.denylist`, validated.
     pub(super) entries: Entries,
+    /// `net.credentials`, validated (their secrets read when the run starts).
+    pub(super) credentials: Vec<sandgate_policy::document::credentials::CredentialSpec>,
     pub(super) exceptions: Option<super::exceptions::ExceptionsFeed>,
 }
 
@@ -233,26 +238,25 @@ pub(super) fn set_aside(raw: &mut RawNet, unshare_net: Option<bool>, mode: NetMo
 }
 
 pub(super) fn network(raw: &RawNet, net: NetMode, file: &str, now: i64) -> Result<Network, PolicyError> {
-    let entries = sandgate_policy::document::entries(&raw.allowlist, &raw.denylist, "net", file, now)
+    let mut entries = sandgate_policy::document::entries(&raw.allowlist, &raw.denylist, "net", file, now)
         .map_err(|e| PolicyError(e.to_string()))?;
     let mut allow = Vec::new();
     for d in &raw.allow_domains {
         allow.push(Pattern::parse(d).map_err(|e| PolicyError(format!("net.allow_domains: {d:?}: {e}")))?);
     }
+    // A preset's entries (port 443 each, some read-only) join `net.allowlist`'s.
     for name in &raw.presets {
-        let hosts = preset::hosts(name).ok_or_else(|| {
+        let preset = preset::entries(name).ok_or_else(|| {
             PolicyError(format!(
                 "net.presets: unknown preset {name:?} (known: {})",
                 preset::NAMES.join(", ")
             ))
         })?;
-        for h in hosts {
-            allow.push(
-                Pattern::parse(&format!("{h}:443"))
-                    .map_err(|e| PolicyError(format!("preset {name}: {e}")))?,
-            );
-        }
+        entries.allow.extend(preset);
     }
+    let credentials =
+        sandgate_policy::document::credentials::embedded(&raw.credentials, "net.credentials", file)
+            .map_err(|e| PolicyError(e.to_string()))?;
     let proxy = raw.proxy.as_ref();
     let (upstream_proxy, central) = upstreams(proxy, net)?;
     // `proxy` without an upstream is the design's runner-managed proxy: `allowlist` exactly.
@@ -280,7 +284,8 @@ pub(super) fn network(raw: &RawNet, net: NetMode, file: &str, now: i64) -> Resul
             )));
         }
     };
-    let lists = !allow.is_empty() || !raw.allowlist.is_empty() || !raw.denylist.is_empty();
+    let lists =
+        !allow.is_empty() || !entries.allow.is_empty() || !raw.denylist.is_empty() || !credentials.is_empty();
     if !net.proxied() && (lists || !raw.allow_ranges.is_empty() || raw.egress_policy.is_some()) {
         return Err(PolicyError(
             "net.allow_domains/allowlist/denylist/presets/allow_ranges/egress_policy need net.mode allowlist or proxy"
@@ -303,6 +308,7 @@ pub(super) fn network(raw: &RawNet, net: NetMode, file: &str, now: i64) -> Resul
         socks_port,
         all_proxy_http,
         entries,
+        credentials,
         exceptions,
     })
 }

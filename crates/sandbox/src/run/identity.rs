@@ -80,6 +80,7 @@ impl RunIdentity {
             project: self.project.clone(),
             job: self.job.clone(),
             subject: self.subject.clone(),
+            agent: self.agent.clone(),
         }
     }
 

@@ -99,7 +99,7 @@ fn locate(message: &str, text: &str, file: &str) -> String {
             && f.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
     });
-    match field.and_then(|f| sandgate_policy::document::line_of(text, f)) {
+    match field.and_then(|f| crate::flow::line_of(text, f)) {
         Some(line) => format!("{file}:{line}: {message}"),
         None => format!("{file}: {message}"),
     }

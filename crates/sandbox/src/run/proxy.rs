@@ -113,6 +113,9 @@ pub(super) async fn start_proxy(
         )));
     }
     proxy.set_report_only(how.learn);
+    if policy.intercepts() {
+        intercept(&proxy, state, &how.identity)?;
+    }
     let follower = follow(policy, &how, &proxy).await?;
     let live = how
         .live
@@ -190,6 +193,16 @@ fn proxy_config(
         .iter()
         .cloned()
         .for_each(|e| rules.deny_entry(e));
+    // The bound secrets, read from this process's environment (never the command's).
+    let specs: Vec<_> = policy
+        .credentials
+        .iter()
+        .chain(egress.iter().flat_map(|f| f.credentials.iter()))
+        .cloned()
+        .collect();
+    let secrets = sandgate_policy::document::credentials::resolve(&specs, |name| std::env::var(name).ok())
+        .map_err(|e| RunError::Usage(format!("net.credentials: {e}")))?;
+    rules.set_secrets(secrets);
     let mut ranges = policy
         .allow_ranges
         .iter()
@@ -291,6 +304,29 @@ fn centrals(
         Err(e @ CentralsError::Url(..)) => Err(RunError::Usage(format!("net.proxy.upstream: {e}"))),
         Err(CentralsError::Tls(e)) => Err(RunError::Usage(format!("net.proxy.tls: {e}"))),
     }
+}
+
+/// Makes the run's interception CA and has the proxy use it; writes its certificate, and a
+/// bundle of it with the system's roots, in the bridge directory (read-only inside, at
+/// `/run/sandgate`). Its key stays in this process.
+fn intercept(proxy: &Proxy, state: &RunState, identity: &super::RunIdentity) -> Result<(), RunError> {
+    let name = format!("sandgate run {} interception CA", identity.run);
+    let interceptor = sandgate_proxy::inspect::Interceptor::new(&name).map_err(|e| {
+        RunError::Unavailable(format!(
+            "cannot intercept TLS for the entries with methods or paths: {e}"
+        ))
+    })?;
+    let dir = state.bridge_dir();
+    for (file, text) in [
+        (crate::env::CA_CERT, interceptor.ca().cert_pem().to_owned()),
+        (crate::env::CA_BUNDLE, interceptor.bundle_pem()),
+    ] {
+        let path = dir.join(file);
+        std::fs::write(&path, text)
+            .map_err(|e| RunError::Unavailable(format!("cannot write {}: {e}", path.display())))?;
+    }
+    proxy.set_interceptor(std::sync::Arc::new(interceptor));
+    Ok(())
 }
 
 /// Binds `name` in the run's bridge directory and relays its connections to `target`

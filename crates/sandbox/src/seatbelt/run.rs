@@ -143,6 +143,51 @@ pub(super) async fn supervise(
     code
 }
 
+/// `--print-argv` under this backend: the sandbox-exec command line the run would start,
+/// each word quoted for a POSIX shell, with a placeholder for the run's state directory
+/// (as bwrap's has); on stderr the names, not the values, of the command's environment.
+pub(super) fn print_argv(
+    policy: &SandboxPolicy,
+    opts: &RunOptions,
+    run: &str,
+    exec: &Path,
+    env: &[(String, String)],
+) -> Result<(), RunError> {
+    let placeholder = "sandgate-run-XXXXXXXXXX";
+    let tmp = std::env::temp_dir();
+    let state = tmp.join(placeholder);
+    let mut protected = protected_files(opts, policy, opts.audit_log.as_deref())?;
+    let trace = policy.seatbelt.trace;
+    if trace {
+        protected.push(trace::path(crate::runlog::dir().as_deref(), run));
+    }
+    let facts = Facts {
+        // Canonical, as `private_tmp` makes it.
+        tmp: policy.private_tmp.then(|| {
+            std::fs::canonicalize(&tmp)
+                .unwrap_or(tmp)
+                .join(placeholder)
+                .join("tmp")
+        }),
+        protected,
+        trace_tag: trace.then(|| trace::tag(run)),
+        ..crate::seatbelt::user_facts()
+    };
+    let profile = crate::seatbelt::render_with(policy, &facts);
+    let argv = crate::seatbelt::argv(exec, &state.join("profile.sb"), &profile, &opts.command);
+    let words: Vec<String> = argv
+        .iter()
+        .map(|w| crate::seatbelt::shell_word(&w.to_string_lossy()))
+        .collect();
+    println!("{}", words.join(" "));
+    let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+    eprintln!(
+        "sandgate: sandbox-exec's environment (values not shown): {}",
+        names.join(" ")
+    );
+    Ok(())
+}
+
 /// What this backend cannot do: `--ask` is refused; limits are warned about.
 fn refuse_what_does_not_hold(policy: &SandboxPolicy, opts: &RunOptions) -> Result<(), RunError> {
     if opts.ask.is_some() {

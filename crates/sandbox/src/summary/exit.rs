@@ -23,6 +23,8 @@ pub struct RunIds {
     pub project: Option<String>,
     pub job: Option<String>,
     pub subject: String,
+    /// The agent acting for the subject (`--agent`; `mcp:CLIENT` for an MCP run), as stated.
+    pub agent: Option<String>,
 }
 
 /// The run, summed up at its end.
@@ -102,6 +104,7 @@ impl RunSummary {
                 "project": self.ids.project,
                 "job": self.ids.job,
                 "subject": self.ids.subject,
+                "agent": self.ids.agent,
             },
             "net_mode": self.net_mode,
             "exit_status": self.exit_status,
@@ -179,6 +182,7 @@ mod tests {
                 project: Some("p".into()),
                 job: None,
                 subject: "alice".into(),
+                agent: Some("mcp:claude-code".into()),
             },
             net_mode: "allowlist".into(),
             exit_status: Some(3),
@@ -224,7 +228,7 @@ mod tests {
             s.json(),
             json!({
                 "version": 1,
-                "ids": {"run": "run-1-2", "task": "t-1", "project": "p", "job": null, "subject": "alice"},
+                "ids": {"run": "run-1-2", "task": "t-1", "project": "p", "job": null, "subject": "alice", "agent": "mcp:claude-code"},
                 "net_mode": "allowlist",
                 "exit_status": 3,
                 "allowed": 1, "learned": 0, "denied": 2, "bytes_sent": 10, "bytes_received": 20,

@@ -107,6 +107,13 @@ pub struct ProxyArgs {
         requires = "admin_tls_cert"
     )]
     pub admin_tls_key: Option<std::path::PathBuf>,
+    /// Intercept the TLS of a CONNECT to a host that only allow entries with methods or
+    /// paths allow, and decide each request inside: a CA is made at start, its certificate
+    /// written to FILE for clients to trust (its key never leaves memory). Upstreams are
+    /// verified against the system's roots (SSL_CERT_FILE, SSL_CERT_DIR, or the store).
+    /// Without it, such a CONNECT is refused (inspection_required)
+    #[arg(long, value_name = "FILE", env = "SANDGATE_INTERCEPT_CA_CERT")]
+    pub intercept_ca_cert: Option<std::path::PathBuf>,
     /// Where the exceptions database lives [default: $STATE_DIRECTORY]
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<std::path::PathBuf>,
@@ -169,8 +176,9 @@ pub struct ProxyArgs {
     /// equal share but at least a quarter of it]
     #[arg(long, value_name = "N")]
     pub max_connections_per_listener: Option<usize>,
-    /// Most connections one client address may hold on each listener (counted per listener)
-    /// [default: a quarter of the cap]
+    /// Most connections one client address may hold on each listener (counted per listener),
+    /// a hard cap [default: a quarter of the cap, and past it while a quarter of the
+    /// listener's and of the proxy's slots stays free for other clients]
     #[arg(long, value_name = "N")]
     pub max_connections_per_client: Option<usize>,
     /// Largest request head in bytes [default: 16384]
@@ -235,6 +243,10 @@ pub struct ExplainArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// The method of a plain-HTTP request (an http:// TARGET), for allow entries that name
+    /// methods and paths; its path is the URL's [default: GET]
+    #[arg(long, value_name = "METHOD", conflicts_with = "request_id")]
+    pub method: Option<String>,
     /// Explain a request the proxy answered, by the id its refusal printed (`request id:` in
     /// the body, `Sandgate-Request-Id` in the head): the rule or reason, and what would allow
     /// it. Exit 0 allowed, 1 refused, 2 failed upstream, 64 not found

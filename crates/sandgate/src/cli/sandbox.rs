@@ -34,7 +34,8 @@ pub struct RunArgs {
     /// turns them into an EgressPolicy for net.egress_policy
     #[arg(long, conflicts_with_all = ["ask", "no_audit_log"])]
     pub learn: bool,
-    /// Print the bubblewrap command line and exit.
+    /// Print the sandbox's command line and exit: bwrap's, or sandbox-exec's where the
+    /// seatbelt backend runs (macOS).
     #[arg(long)]
     pub print_argv: bool,
     /// Print the policy as a profile for another platform and exit (`seatbelt`: macOS

@@ -260,7 +260,12 @@ fn now(args: &ExplainArgs, setup: &Setup, found: &Found) -> Result<Option<Explan
         .as_deref()
         .or(requester.and_then(|r| r.project_id.as_deref()));
     let access = dest.access.unwrap_or(Access::Connect);
-    Explanation::of(args, setup, (&target, access), (task, project)).map(Some)
+    // A plain-HTTP request is explained with its recorded method and path.
+    let line = match (access, requester) {
+        (Access::Http | Access::Https, Some(r)) => r.method.clone().zip(r.path.clone()),
+        _ => None,
+    };
+    Explanation::of(args, setup, &(target, access, line), (task, project)).map(Some)
 }
 
 #[cfg(test)]

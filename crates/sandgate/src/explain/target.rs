@@ -27,9 +27,15 @@ const EXIT_DENIED: u8 = 1;
 /// Exit status: allowed by the policy, but the name does not resolve (`--resolve`).
 const EXIT_UNRESOLVED: u8 = 2;
 
-/// Reads TARGET: a URL (`http://` is plain HTTP; `https://` is CONNECT to 443 or its port;
-/// schemes in any case), `host:port` (CONNECT) or a bare host (CONNECT to 443).
-pub(super) fn parse_target(text: &str) -> Result<(Target, Access), String> {
+/// A request as explain decides it: where it goes, how, and for plain HTTP its method and
+/// origin-form target (`/path?query`).
+pub(super) type Asked = (Target, Access, Option<(String, String)>);
+
+/// Reads TARGET: a URL (`http://` is plain HTTP, its path the request's; `https://` is
+/// CONNECT to 443 or its port, its path the request's should the tunnel be intercepted;
+/// schemes in any case), `host:port` (CONNECT) or a bare host (CONNECT to 443). `method` is
+/// the request's.
+pub(super) fn parse_target(text: &str, method: &str) -> Result<Asked, String> {
     let with_default_port = |authority: &str, port: u16| {
         if authority.ends_with(']') || !authority.contains(':') {
             format!("{authority}:{port}")
@@ -42,12 +48,18 @@ pub(super) fn parse_target(text: &str) -> Result<(Target, Access), String> {
         return match scheme.to_ascii_lowercase().as_str() {
             "https" => {
                 let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+                let tail = rest.get(authority.len()..).unwrap_or("");
+                let tail = tail.split('#').next().unwrap_or("");
+                let origin_form = match tail.chars().next() {
+                    Some('/') => tail.to_owned(),
+                    _ => format!("/{tail}"),
+                };
                 parse_connect_target(&with_default_port(authority, 443))
-                    .map(|t| (t, Access::Connect))
+                    .map(|t| (t, Access::Connect, Some((method.to_owned(), origin_form))))
                     .map_err(|e| e.to_string())
             }
             "http" => parse_http_target(&format!("http://{rest}"))
-                .map(|t| (t.target, Access::Http))
+                .map(|t| (t.target, Access::Http, Some((method.to_owned(), t.origin_form))))
                 .map_err(|e| e.to_string()),
             other => Err(format!(
                 "scheme {other:?}: use http://, https://, host or host:port"
@@ -55,16 +67,22 @@ pub(super) fn parse_target(text: &str) -> Result<(Target, Access), String> {
         };
     }
     parse_connect_target(&with_default_port(text, 443))
-        .map(|t| (t, Access::Connect))
+        .map(|t| (t, Access::Connect, None))
         .map_err(|e| e.to_string())
 }
 
 /// `sandgate explain TARGET`: prints the explanation; exits with the proxy's answer.
 pub(super) fn explain(args: &ExplainArgs, text: &str) -> Result<ExitCode, String> {
-    let (target, access) = parse_target(text).map_err(|e| format!("invalid target {text:?}: {e}"))?;
+    let method = args.method.as_deref().unwrap_or("GET");
+    let asked = parse_target(text, method).map_err(|e| format!("invalid target {text:?}: {e}"))?;
+    if args.method.is_some() && asked.2.is_none() {
+        return Err(format!(
+            "--method is for a request (an http:// or https:// URL); {text:?} names a tunnel only"
+        ));
+    }
     let setup = Setup::from_args(args)?;
     let who = (args.task.as_deref(), args.project.as_deref());
-    let explained = Explanation::of(args, &setup, (&target, access), who)?;
+    let explained = Explanation::of(args, &setup, &asked, who)?;
     if args.json {
         println!("{}", explained.json());
     } else {
@@ -156,6 +174,11 @@ fn guard_note(guard: &AddressGuard, target: &Target) -> GuardNote {
 pub(super) struct Explanation {
     target: Target,
     access: Access,
+    /// A request's method and path (without the query), when it was decided with them.
+    line: Option<(String, String)>,
+    /// The request is one inside a tunnel the proxy intercepts (its host is allowed only
+    /// by entries with methods or paths).
+    intercepted: bool,
     decision: Decision,
     expired: Vec<Arc<Rule>>,
     guard: GuardNote,
@@ -171,15 +194,41 @@ impl Explanation {
     pub(super) fn of(
         args: &ExplainArgs,
         setup: &Setup,
-        (target, access): (&Target, Access),
+        (target, access, line): &Asked,
         who: (Option<&str>, Option<&str>),
     ) -> Result<Explanation, String> {
+        let (target, access) = (target, *access);
         let ctx = Context {
             task: who.0,
             project: who.1,
             now: sandgate_proxy::unix_now(),
         };
-        let decision = setup.rules.decide(target, access, &ctx);
+        let request = line
+            .as_ref()
+            .map(|(method, path)| sandgate_policy::RequestLine { method, target: path });
+        // A tunnel is decided blind; one that only entries with methods or paths allow is
+        // intercepted, and the request inside is decided as the proxy would.
+        let (decision, intercepted) = match access {
+            Access::Connect => {
+                let tunnel = setup.rules.decide(target, access, &ctx);
+                match (tunnel.reason, request) {
+                    (sandgate_policy::PolicyReason::InspectionRequired, Some(_)) => (
+                        setup.rules.decide_request(target, Access::Https, &ctx, request),
+                        true,
+                    ),
+                    _ => (tunnel, false),
+                }
+            }
+            Access::Https => (setup.rules.decide_request(target, access, &ctx, request), true),
+            _ => (setup.rules.decide_request(target, access, &ctx, request), false),
+        };
+        let line = line.as_ref().filter(|_| access != Access::Connect || intercepted);
+        let line = line.map(|(m, p)| {
+            (
+                m.clone(),
+                p.split_once('?').map_or(p.as_str(), |(p, _)| p).to_owned(),
+            )
+        });
         let expired = setup.rules.expired_matches(target, access, &ctx);
         let guard = guard_note(&setup.guard, target);
         // The proxy resolves only what the policy allows; so does explain.
@@ -201,6 +250,8 @@ impl Explanation {
         Ok(Explanation {
             target: target.clone(),
             access,
+            line,
+            intercepted,
             decision,
             expired,
             guard,
@@ -231,6 +282,9 @@ impl Explanation {
         json!({
             "target": self.target.to_string(),
             "scheme": self.access.scheme(),
+            "method": self.line.as_ref().map(|l| &l.0),
+            "path": self.line.as_ref().map(|l| &l.1),
+            "intercepted": self.intercepted,
             "decision": self.verdict(),
             "outcome": self.outcome,
             "exit_status": self.exit,
@@ -270,7 +324,14 @@ impl Explanation {
             }
             _ => format!("allowed by the policy, but {}", self.guard.text),
         };
-        format!("{} {} {}: {why}", self.outcome, self.access.scheme(), self.target)
+        match &self.line {
+            Some((method, path)) if self.intercepted => format!(
+                "{} {method} https://{}{path}: {why} (inside a tunnel the proxy intercepts: a run does by itself, a proxy with --intercept-ca-cert)",
+                self.outcome, self.target
+            ),
+            Some((method, path)) => format!("{} {method} http://{}{path}: {why}", self.outcome, self.target),
+            None => format!("{} {} {}: {why}", self.outcome, self.access.scheme(), self.target),
+        }
     }
 
     /// The explanation as text, one line each: the answer first, then how it was reached.

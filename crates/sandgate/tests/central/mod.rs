@@ -112,6 +112,12 @@ pub fn central_on(pki: &Pki, dns: SocketAddr, spec: &str, extra: &[&str], listen
     central_logging_to(pki, dns, spec, extra, listen, None)
 }
 
+/// As [`central`], started by `command` (which must end by running sandgate: a test gives
+/// it an environment of its own).
+pub fn central_with(command: Command, pki: &Pki, dns: SocketAddr, spec: &str, extra: &[&str]) -> Central {
+    central_started(command, pki, dns, spec, extra, "127.0.0.1:0", None)
+}
+
 /// As [`central`], writing its audit log at `audit` (`/dev/full`: a log that cannot be
 /// written).
 pub fn central_with_audit(pki: &Pki, dns: SocketAddr, spec: &str, extra: &[&str], audit: &Path) -> Central {
@@ -119,6 +125,18 @@ pub fn central_with_audit(pki: &Pki, dns: SocketAddr, spec: &str, extra: &[&str]
 }
 
 fn central_logging_to(
+    pki: &Pki,
+    dns: SocketAddr,
+    spec: &str,
+    extra: &[&str],
+    listen: &str,
+    audit: Option<&Path>,
+) -> Central {
+    central_started(Command::new(sandgate_bin()), pki, dns, spec, extra, listen, audit)
+}
+
+fn central_started(
+    command: Command,
     pki: &Pki,
     dns: SocketAddr,
     spec: &str,
@@ -141,8 +159,7 @@ fn central_logging_to(
         "127.0.0.0/8",
     ];
     args.extend_from_slice(extra);
-    let proxy =
-        ProxyProcess::start_with_audit(Command::new(sandgate_bin()), audit.map(Path::to_path_buf), &args);
+    let proxy = ProxyProcess::start_with_audit(command, audit.map(Path::to_path_buf), &args);
     let node_addr = proxy.listener(&["role=node"]);
     Central {
         proxy,

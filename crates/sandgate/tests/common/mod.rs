@@ -317,9 +317,12 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// The audit log's lines so far. A line the writer is still appending (no newline yet) is
+/// not one yet: read while the proxy runs, the file may end in the middle of one.
 pub fn read_audit(path: &std::path::Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+    whole
         .lines()
         .map(|l| serde_json::from_str(l).expect("audit line is JSON"))
         .collect()

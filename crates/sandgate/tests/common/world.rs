@@ -79,6 +79,16 @@ pub fn policy_doc(body: &str) -> String {
 /// response head (only the head is read, so an opened tunnel does not hold the test up; 0
 /// when nothing came back within the read timeout).
 pub fn status_from(from: &str, proxy: std::net::SocketAddr, target: &str) -> (u16, String) {
+    let (status, head, _) = tunnel_from(from, proxy, target);
+    (status, head)
+}
+
+/// As [`status_from`], with the connection: the tunnel, while it lasts.
+pub fn tunnel_from(
+    from: &str,
+    proxy: std::net::SocketAddr,
+    target: &str,
+) -> (u16, String, std::net::TcpStream) {
     use std::io::{Read, Write};
     let mut s = connect_from(from, proxy);
     let _ = s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes());
@@ -91,7 +101,7 @@ pub fn status_from(from: &str, proxy: std::net::SocketAddr, target: &str) -> (u1
         }
     }
     let text = String::from_utf8_lossy(&head).into_owned();
-    (super::status_of(&text), text)
+    (super::status_of(&text), text, s)
 }
 
 /// A connection to `proxy` from the local address `from` (any port), with a 5 s read timeout.

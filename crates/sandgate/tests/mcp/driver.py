@@ -7,10 +7,12 @@ stdin: one JSON object per line, {"call": TOOL, "args": {...}}; {"list": true}; 
 stdout: first the session ({"protocol_version", "server_info"}), then one JSON object per
 line per command: the result as the client saw it.
 Every elicitation is accepted at once, as a headless client would: an accept must never
-count as an approval.
+count as an approval. SANDGATE_TEST_CLIENT_NAME, when set, is the name the client declares
+(its clientInfo), else the SDK's own ("mcp").
 """
 import asyncio
 import json
+import os
 import sys
 
 import mcp_types as types
@@ -42,7 +44,9 @@ async def call(client, cmd):
 async def main():
     mode, command = sys.argv[1], sys.argv[2:]
     server = StdioServerParameters(command=command[0], args=command[1:])
-    async with Client(server, mode=mode, elicitation_callback=accept_everything) as client:
+    name = os.environ.get("SANDGATE_TEST_CLIENT_NAME")
+    info = types.Implementation(name=name, version="1.0") if name else None
+    async with Client(server, mode=mode, elicitation_callback=accept_everything, client_info=info) as client:
         info = client.server_info
         print(
             json.dumps(

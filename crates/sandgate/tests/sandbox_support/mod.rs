@@ -34,8 +34,17 @@ pub fn write_policy(dir: &Path, extra: &str) -> PathBuf {
 
 /// `sandgate run --policy P [extra_args] -- command`, with two known host variables.
 pub fn run(policy: &Path, extra_args: &[&str], command: &[&str]) -> Output {
-    Command::new(common::sandgate_bin())
-        .arg("run")
+    run_command(policy, extra_args, command)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// The command [`run`] runs, for a test that sets more of its environment or talks to the
+/// run while it lasts.
+pub fn run_command(policy: &Path, extra_args: &[&str], command: &[&str]) -> Command {
+    let mut cmd = Command::new(common::sandgate_bin());
+    cmd.arg("run")
         .arg("--policy")
         .arg(policy)
         .args(extra_args)
@@ -43,10 +52,8 @@ pub fn run(policy: &Path, extra_args: &[&str], command: &[&str]) -> Output {
         .args(command)
         .env("SECRET_TOKEN", "do-not-leak")
         .env("PASS_ME", "visible")
-        .env("XDG_STATE_HOME", state_home())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
+        .env("XDG_STATE_HOME", state_home());
+    cmd
 }
 
 /// Where the runs of these tests keep their audit logs: under the temporary directory, one

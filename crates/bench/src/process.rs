@@ -1,0 +1,83 @@
+//! What a process costs, read from /proc (proc(5)): resident memory and CPU time of a
+//! process and its direct children. Linux only, like the harness's pinning.
+
+use std::time::Duration;
+
+/// The fields of `/proc/PID/stat` after the parenthesised command (which may itself hold
+/// spaces and parentheses): index 0 is field 3, `state`.
+fn stat_fields(pid: u32) -> Vec<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit(')')
+        .next()
+        .map(|rest| rest.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// `pid` and the processes whose parent it is.
+fn with_children(pid: u32) -> Vec<u32> {
+    let mut pids = vec![pid];
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            // Field 4 is the parent pid.
+            if stat_fields(child).get(1).and_then(|p| p.parse::<u32>().ok()) == Some(pid) {
+                pids.push(child);
+            }
+        }
+    }
+    pids
+}
+
+/// Resident memory of `pid` and its direct children, in bytes.
+pub fn rss_bytes(pid: u32) -> u64 {
+    with_children(pid)
+        .iter()
+        .map(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/status"))
+                .unwrap_or_default()
+                .lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .unwrap_or(0)
+                * 1024
+        })
+        .sum()
+}
+
+/// Clock ticks per second of the times in `/proc/PID/stat` (`getconf CLK_TCK`; 100, the
+/// value Linux exports on every architecture it runs on, when getconf is missing).
+pub fn clock_ticks() -> u64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8(out.stdout).ok()?.trim().parse().ok())
+        .filter(|&hz| hz > 0)
+        .unwrap_or(100)
+}
+
+/// CPU time (user and system, every thread) `pids` and their direct children have used,
+/// to a resolution of one clock tick (10 ms at 100 ticks a second).
+pub fn cpu_time(pids: &[u32], ticks_per_sec: u64) -> Duration {
+    let ticks = pids.iter().flat_map(|&p| with_children(p)).map(cpu_ticks).sum();
+    ticks_to_time(ticks, ticks_per_sec)
+}
+
+/// The same for this process alone (the load generator and its servers; its children are
+/// the proxies under test).
+pub fn own_cpu_time(ticks_per_sec: u64) -> Duration {
+    ticks_to_time(cpu_ticks(std::process::id()), ticks_per_sec)
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let f = stat_fields(pid);
+    // Fields 14 and 15: utime and stime.
+    let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    field(11) + field(12)
+}
+
+fn ticks_to_time(ticks: u64, ticks_per_sec: u64) -> Duration {
+    Duration::from_secs_f64(ticks as f64 / ticks_per_sec.max(1) as f64)
+}

@@ -1,0 +1,178 @@
+//! The printed result: medians over the rounds as Markdown tables, one for the suite that
+//! compares sandgate with direct and the other proxies, one for keep-alive HTTPS GETs (blind
+//! tunnels against intercepted ones, with what each request costs the proxy in CPU).
+
+use std::collections::BTreeMap;
+
+use clap::ValueEnum as _;
+
+use crate::Args;
+
+/// Samples: metric key to target name to one sample a round.
+pub type Results = BTreeMap<&'static str, BTreeMap<String, Vec<f64>>>;
+
+/// (key, label, higher is better) of the suite's table.
+const METRICS: &[(&str, &str, bool)] = &[
+    ("a_up", "tunnel throughput up (MB/s)", true),
+    ("b_down", "tunnel throughput down (MB/s)", true),
+    ("c_rps", "keep-alive GETs (req/s)", true),
+    ("d_p50", "GET p50 (µs)", false),
+    ("e_p99", "GET p99 (µs)", false),
+    ("f_p999", "GET p99.9 (µs)", false),
+    ("g_tps", "new tunnels (/s)", true),
+    ("h_idle", "RSS per idle tunnel (bytes)", false),
+];
+
+/// (key, label) of the HTTPS table.
+const HTTPS_METRICS: &[(&str, &str)] = &[
+    ("i_https_rps", "keep-alive HTTPS GETs (req/s)"),
+    ("j_https_p50", "HTTPS GET p50 (µs)"),
+    ("k_https_p99", "HTTPS GET p99 (µs)"),
+    ("l_https_cpu", "proxy CPU per HTTPS GET (µs)"),
+    ("m_https_busy", "proxy CPU busy (% of a core)"),
+    ("n_https_load", "load CPU per HTTPS GET (µs)"),
+];
+
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
+pub fn print_report(args: &Args, results: &Results, pinned: bool) {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_default();
+    let scenarios: Vec<String> = args
+        .scenarios
+        .iter()
+        .filter_map(|s| Some(s.to_possible_value()?.get_name().to_owned()))
+        .collect();
+    println!(
+        "\nsandgate-bench ({}): {} round(s), {} bytes each way, {} s GETs x{}, {} s new tunnels x{}, {} idle tunnels; {}; {cpu}\n",
+        scenarios.join(","),
+        args.rounds,
+        args.bytes,
+        args.http_secs,
+        args.http_conns,
+        args.tunnel_secs,
+        args.tunnel_conns,
+        args.idle,
+        if pinned {
+            "proxy on core 0, load on core 1"
+        } else {
+            "unpinned"
+        }
+    );
+    let targets: Vec<&str> = args.targets.iter().map(String::as_str).collect();
+    let suite = METRICS.iter().any(|(key, _, _)| results.contains_key(key));
+    if suite {
+        print_suite(&targets, results);
+    }
+    if HTTPS_METRICS.iter().any(|(key, _)| results.contains_key(key)) {
+        if suite {
+            println!();
+        }
+        print_https(&targets, results);
+    }
+}
+
+/// The suite's table: a column a target, sandgate against direct, the best other proxy
+/// against sandgate.
+fn print_suite(targets: &[&str], results: &Results) {
+    let mut header = String::from("| metric |");
+    let mut rule = String::from("|---|");
+    for t in targets {
+        header.push_str(&format!(" {t} |"));
+        rule.push_str("---:|");
+    }
+    header.push_str(" sandgate / direct | best other / sandgate |");
+    rule.push_str("---:|---:|");
+    println!("{header}\n{rule}");
+    for (key, label, higher_better) in METRICS {
+        let Some(by_target) = results.get(key) else {
+            continue;
+        };
+        let med = |t: &str| by_target.get(t).and_then(|v| median(v));
+        let mut line = format!("| {label} |");
+        for t in targets {
+            line.push_str(&cell(med(t)));
+        }
+        let sg = med("sandgate");
+        line.push_str(&ratio(sg, med("direct")));
+        let others: Vec<f64> = ["squid", "tinyproxy"].iter().filter_map(|t| med(t)).collect();
+        let best = if *higher_better {
+            others.iter().copied().reduce(f64::max)
+        } else {
+            others.iter().copied().reduce(f64::min)
+        };
+        line.push_str(&ratio(best, sg));
+        println!("{line}");
+    }
+}
+
+/// The HTTPS table: a column a target, each proxy against direct, and interception against
+/// the blind tunnel when both ran.
+fn print_https(targets: &[&str], results: &Results) {
+    let proxies: Vec<&str> = targets.iter().copied().filter(|t| *t != "direct").collect();
+    let both = targets.contains(&"sandgate") && targets.contains(&"sandgate-intercept");
+    let mut header = String::from("| metric |");
+    let mut rule = String::from("|---|");
+    for t in targets {
+        header.push_str(&format!(" {t} |"));
+        rule.push_str("---:|");
+    }
+    for t in &proxies {
+        header.push_str(&format!(" {t} / direct |"));
+        rule.push_str("---:|");
+    }
+    if both {
+        header.push_str(" sandgate-intercept / sandgate |");
+        rule.push_str("---:|");
+    }
+    println!("{header}\n{rule}");
+    for (key, label) in HTTPS_METRICS {
+        let Some(by_target) = results.get(key) else {
+            continue;
+        };
+        let med = |t: &str| by_target.get(t).and_then(|v| median(v));
+        let mut line = format!("| {label} |");
+        for t in targets {
+            line.push_str(&cell(med(t)));
+        }
+        for t in &proxies {
+            line.push_str(&ratio(med(t), med("direct")));
+        }
+        if both {
+            line.push_str(&ratio(med("sandgate-intercept"), med("sandgate")));
+        }
+        println!("{line}");
+    }
+}
+
+fn cell(v: Option<f64>) -> String {
+    match v {
+        Some(v) => format!(" {} |", fmt(v)),
+        None => " - |".to_owned(),
+    }
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!(" {:.2} |", a / b),
+        _ => " - |".to_owned(),
+    }
+}
+
+fn fmt(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}

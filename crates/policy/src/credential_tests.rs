@@ -1,0 +1,98 @@
+use super::*;
+
+fn secrets() -> BoundSecrets {
+    BoundSecrets::new(vec![Credential {
+        host: Host::parse("api.example").unwrap(),
+        header: "authorization".into(),
+        value: ValueTemplate::parse("Bearer ${env:KEY}").unwrap().fill("sk-real"),
+        placeholder: "SANDGATE_EXAMPLE".into(),
+        origin: Arc::from("p.yaml:9"),
+    }])
+}
+
+fn check(host: &str, seen: bool, target: &str, fields: &[(&str, &str)]) -> Result<Carried, Leak> {
+    secrets().check(
+        &Host::parse(host).unwrap(),
+        seen,
+        target,
+        fields.iter().map(|(n, v)| (*n, v.as_bytes())),
+    )
+}
+
+#[test]
+fn the_placeholder_is_swapped_in_its_header_to_its_host_only() {
+    let carried = check(
+        "api.example",
+        true,
+        "/v1/x",
+        &[("Authorization", "Bearer SANDGATE_EXAMPLE")],
+    )
+    .unwrap();
+    let Carried::Swap(swap) = carried else {
+        panic!("no swap: {carried:?}");
+    };
+    assert_eq!(swap.len(), 1);
+    assert_eq!(swap[0].0, "authorization");
+    assert_eq!(swap[0].1.expose(), "Bearer sk-real");
+    assert_eq!(
+        check("api.example", true, "/v1/x", &[("Accept", "*/*")]),
+        Ok(Carried::Nothing)
+    );
+}
+
+#[test]
+fn a_placeholder_anywhere_else_is_a_leak() {
+    let to_other = check(
+        "other.example",
+        true,
+        "/",
+        &[("Authorization", "Bearer SANDGATE_EXAMPLE")],
+    );
+    assert!(to_other.unwrap_err().where_.contains("other.example"));
+    let other_header = check("api.example", true, "/", &[("X-Echo", "SANDGATE_EXAMPLE")]);
+    assert!(other_header.unwrap_err().where_.contains("X-Echo"));
+    let in_query = check("api.example", true, "/v1?key=SANDGATE_EXAMPLE", &[]);
+    assert!(in_query.unwrap_err().where_.contains("query"));
+    let plain = check(
+        "api.example",
+        false,
+        "/",
+        &[("Authorization", "Bearer SANDGATE_EXAMPLE")],
+    );
+    assert!(plain.unwrap_err().where_.contains("plain HTTP"));
+}
+
+#[test]
+fn a_secret_is_never_printed() {
+    let s = secrets();
+    let text = format!("{s:?}");
+    assert!(!text.contains("sk-real"), "{text}");
+    let leak = check("other.example", true, "/", &[("A", "SANDGATE_EXAMPLE")]).unwrap_err();
+    assert!(!leak.to_string().contains("sk-real"));
+}
+
+#[test]
+fn values_name_their_secret_from_the_environment_once() {
+    let t = ValueTemplate::parse("Bearer ${env:OPENAI_API_KEY}").unwrap();
+    assert_eq!(
+        (t.before.as_str(), t.env.as_str(), t.after.as_str()),
+        ("Bearer ", "OPENAI_API_KEY", "")
+    );
+    assert_eq!(ValueTemplate::parse("sk-literal"), Err(CredentialError::NoEnv));
+    assert_eq!(
+        ValueTemplate::parse("${env:A}${env:B}"),
+        Err(CredentialError::NoEnv)
+    );
+    assert!(matches!(
+        ValueTemplate::parse("${env:A-B}"),
+        Err(CredentialError::EnvName(_))
+    ));
+    assert!(matches!(
+        ValueTemplate::parse("${env:}"),
+        Err(CredentialError::EnvName(_))
+    ));
+    assert!(check_names("SANDGATE_OPENAI", "Authorization").is_ok());
+    assert!(check_names("short", "Authorization").is_err());
+    assert!(check_names("has space in it", "Authorization").is_err());
+    assert!(check_names("SANDGATE_OPENAI", "Bad Header").is_err());
+}

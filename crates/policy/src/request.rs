@@ -1,0 +1,418 @@
+//! Rules below the host name: which methods and paths an allow entry lets through, and the
+//! path grammar they are written in.
+//!
+//! An allow entry may carry [`RequestRules`]: a list of methods (or `read_only`: GET, HEAD
+//! and OPTIONS) and a list of path patterns. Such an entry allows only the requests it
+//! names, so it can be applied only where each request is seen (plain HTTP, or a tunnel the
+//! proxy terminates); a blind tunnel to it is refused.
+//!
+//! A pattern and a request's path are compared segment by segment, after both are brought to
+//! one spelling ([`CanonicalPath`]): the query is cut off, each segment percent-decoded, and
+//! every spelling a server might read as another path is refused rather than guessed at: an
+//! encoded `/` or `\`, a raw `\`, a `.` or `..` segment (however encoded, or followed by `;`
+//! as Tomcat reads `..;`), an empty segment (`//`, except a trailing slash), a control
+//! character, invalid percent-encoding or UTF-8, and the compatibility forms of `.`, `/` and
+//! `\` (a fullwidth `．`) that a server normalising Unicode would turn into them. Matching is
+//! case-sensitive, as paths are (RFC 3986): a rule for `/myorg/` does not admit `/MyOrg/`,
+//! even where the server would read both as one, which refuses more and never less.
+//!
+//! The grammar of a pattern: it starts with `/`; each segment is a literal, `*` (exactly one
+//! non-empty segment), `**` (any number of segments, none included) or a literal with `*`s in
+//! it (any run of characters within the segment). A trailing slash is a segment of its own:
+//! `/a/b` does not match `/a/b/`, `/a/b/**` matches both.
+
+use std::fmt;
+
+/// Methods a read-only entry allows.
+pub const READ_ONLY_METHODS: &[&str] = &["GET", "HEAD", "OPTIONS"];
+
+/// The longest path pattern accepted, in bytes.
+const MAX_PATTERN: usize = 1024;
+
+/// What an entry allows below the host: `None` in a field places no limit on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestRules {
+    methods: Option<Vec<String>>,
+    paths: Option<Vec<PathPattern>>,
+    read_only: bool,
+}
+
+/// Why a `methods`, `paths` or `read_only` value was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RulesError {
+    #[error("{0:?} is not a method: a method is an uppercase token, as clients send it (GET, POST)")]
+    Method(String),
+    #[error("an empty list allows nothing; leave the field out instead")]
+    Empty,
+    #[error("give `read_only` or `methods`, not both")]
+    ReadOnlyAndMethods,
+    #[error("{pattern:?}: {why}")]
+    Path { pattern: String, why: &'static str },
+}
+
+impl RequestRules {
+    /// Rules from an entry's fields; `Ok(None)` when it has none (the entry allows every
+    /// request to its host).
+    pub fn new(
+        methods: Option<&[String]>,
+        paths: Option<&[String]>,
+        read_only: bool,
+    ) -> Result<Option<RequestRules>, RulesError> {
+        if read_only && methods.is_some() {
+            return Err(RulesError::ReadOnlyAndMethods);
+        }
+        if methods.is_some_and(<[String]>::is_empty) || paths.is_some_and(<[String]>::is_empty) {
+            return Err(RulesError::Empty);
+        }
+        let methods = match (methods, read_only) {
+            (Some(list), _) => Some(list.iter().map(|m| method(m)).collect::<Result<Vec<_>, _>>()?),
+            (None, true) => Some(READ_ONLY_METHODS.iter().map(|m| (*m).to_owned()).collect()),
+            (None, false) => None,
+        };
+        let paths = paths
+            .map(|list| {
+                list.iter()
+                    .map(|p| PathPattern::parse(p))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?;
+        if methods.is_none() && paths.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(RequestRules {
+            methods,
+            paths,
+            read_only,
+        }))
+    }
+
+    /// Does a request with `method` for `path` pass?
+    pub fn allows(&self, method: &str, path: &CanonicalPath) -> bool {
+        self.methods
+            .as_ref()
+            .is_none_or(|m| m.iter().any(|x| x == method))
+            && self
+                .paths
+                .as_ref()
+                .is_none_or(|p| p.iter().any(|x| x.matches(path)))
+    }
+
+    /// Does it limit paths?
+    pub fn has_paths(&self) -> bool {
+        self.paths.is_some()
+    }
+
+    /// Does a request with `method` pass whatever its path (no path rules)? For requests
+    /// whose path cannot be read canonically.
+    pub fn allows_any_path(&self, method: &str) -> bool {
+        self.paths.is_none()
+            && self
+                .methods
+                .as_ref()
+                .is_none_or(|m| m.iter().any(|x| x == method))
+    }
+}
+
+impl fmt::Display for RequestRules {
+    /// `read-only`, `GET,HEAD`, `/a/**`, or `POST /a/*/x`: for a rule's label.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        match (&self.methods, self.read_only) {
+            (_, true) => parts.push("read-only".to_owned()),
+            (Some(m), false) => parts.push(m.join(",")),
+            (None, false) => {}
+        }
+        if let Some(p) = &self.paths {
+            parts.push(p.iter().map(|p| p.text.as_str()).collect::<Vec<_>>().join(","));
+        }
+        f.write_str(&parts.join(" "))
+    }
+}
+
+/// A method as a rule names it: an uppercase token.
+fn method(m: &str) -> Result<String, RulesError> {
+    let ok = !m.is_empty()
+        && m.len() <= 32
+        && m.bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    ok.then(|| m.to_owned())
+        .ok_or_else(|| RulesError::Method(m.to_owned()))
+}
+
+/// A path pattern (the grammar is in the module doc).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathPattern {
+    text: String,
+    segments: Vec<Segment>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    Literal(String),
+    /// Exactly one non-empty segment.
+    One,
+    /// Zero or more segments.
+    Any,
+    /// A literal with `*`s: the parts between them, in order.
+    Glob(Vec<String>),
+}
+
+impl PathPattern {
+    pub fn parse(text: &str) -> Result<PathPattern, RulesError> {
+        let err = |why| RulesError::Path {
+            pattern: text.to_owned(),
+            why,
+        };
+        if text.len() > MAX_PATTERN {
+            return Err(err("longer than 1024 bytes"));
+        }
+        let Some(rest) = text.strip_prefix('/') else {
+            return Err(err("a path pattern starts with `/`"));
+        };
+        if text.contains(['?', '#']) {
+            return Err(err("a path pattern has no query or fragment"));
+        }
+        let raw: Vec<&str> = rest.split('/').collect();
+        let last = raw.len() - 1;
+        let mut segments = Vec::with_capacity(raw.len());
+        for (i, seg) in raw.iter().enumerate() {
+            let segment = match *seg {
+                "**" => Segment::Any,
+                "*" => Segment::One,
+                s if s.contains("**") => return Err(err("`**` stands for whole segments only")),
+                s if s.contains('*') => Segment::Glob(
+                    s.split('*')
+                        .map(|part| decode_segment(part).map_err(|e| err(e.why())))
+                        .collect::<Result<_, _>>()?,
+                ),
+                // A trailing slash: the empty last segment.
+                "" if i == last => Segment::Literal(String::new()),
+                "" => return Err(err("an empty segment (`//`) matches no request")),
+                s => Segment::Literal(decode_segment(s).map_err(|e| err(e.why()))?),
+            };
+            segments.push(segment);
+        }
+        Ok(PathPattern {
+            text: text.to_owned(),
+            segments,
+        })
+    }
+
+    /// Does `path` match?
+    pub fn matches(&self, path: &CanonicalPath) -> bool {
+        match_from(&self.segments, &path.segments)
+    }
+}
+
+impl fmt::Display for PathPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// Segment matching with `**` backtracking: O(pattern × path) at worst, since each `**`
+/// tries each remaining position once per call and patterns are short.
+fn match_from(pattern: &[Segment], path: &[String]) -> bool {
+    match pattern.split_first() {
+        None => path.is_empty(),
+        Some((Segment::Any, rest)) => {
+            (0..=path.len()).any(|skip| path.get(skip..).is_some_and(|tail| match_from(rest, tail)))
+        }
+        Some((seg, rest)) => match path.split_first() {
+            Some((first, tail)) => seg_matches(seg, first) && match_from(rest, tail),
+            None => false,
+        },
+    }
+}
+
+fn seg_matches(seg: &Segment, text: &str) -> bool {
+    match seg {
+        Segment::Literal(l) => l == text,
+        Segment::One => !text.is_empty(),
+        Segment::Any => true,
+        Segment::Glob(parts) => !text.is_empty() && glob(parts, text),
+    }
+}
+
+/// `parts` joined by `*` matches `text`: the first part is a prefix, the last a suffix, the
+/// rest found in order between them (greedy leftmost is exact for a single-`*` alphabet).
+fn glob(parts: &[String], text: &str) -> bool {
+    let (Some(first), Some(last)) = (parts.first(), parts.last()) else {
+        return true;
+    };
+    let Some(mut rest) = text.strip_prefix(first.as_str()) else {
+        return false;
+    };
+    if parts.len() == 1 {
+        return rest.is_empty();
+    }
+    for middle in parts.get(1..parts.len() - 1).unwrap_or_default() {
+        match rest
+            .find(middle.as_str())
+            .and_then(|at| rest.get(at + middle.len()..))
+        {
+            Some(after) => rest = after,
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last.as_str())
+}
+
+/// A request's path in the one spelling rules are matched against: decoded segments, the
+/// query removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CanonicalPath {
+    segments: Vec<String>,
+}
+
+/// Why a request's path was not read (the request is then refused where a path rule applies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    #[error("the path does not start with `/`")]
+    NotAbsolute,
+    #[error("the path has an encoded `/` or `\\`, or a raw `\\`")]
+    Separator,
+    #[error("the path has a `.` or `..` segment")]
+    DotSegment,
+    #[error("the path has an empty segment (`//`)")]
+    EmptySegment,
+    #[error("the path has invalid percent-encoding")]
+    Encoding,
+    #[error("the path has a control character")]
+    Control,
+    #[error("the path is not UTF-8 once decoded")]
+    Utf8,
+    #[error("the path has a character a server may read as `.`, `/` or `\\`")]
+    Lookalike,
+}
+
+impl PathError {
+    fn why(self) -> &'static str {
+        match self {
+            PathError::NotAbsolute => "not absolute",
+            PathError::Separator => "an encoded `/` or `\\`, or a `\\`, is never matched",
+            PathError::DotSegment => "a `.` or `..` segment is never matched",
+            PathError::EmptySegment => "an empty segment is never matched",
+            PathError::Encoding => "invalid percent-encoding",
+            PathError::Control => "a control character",
+            PathError::Utf8 => "not UTF-8 once decoded",
+            PathError::Lookalike => "a character a server may read as `.`, `/` or `\\`",
+        }
+    }
+}
+
+impl CanonicalPath {
+    /// The path of an origin-form request-target (`/a/b?q`).
+    pub fn parse(target: &str) -> Result<CanonicalPath, PathError> {
+        let path = target.split_once('?').map_or(target, |(p, _)| p);
+        let rest = path.strip_prefix('/').ok_or(PathError::NotAbsolute)?;
+        let raw: Vec<&str> = rest.split('/').collect();
+        let last = raw.len() - 1;
+        let mut segments = Vec::with_capacity(raw.len());
+        for (i, seg) in raw.iter().enumerate() {
+            if seg.is_empty() && i != last {
+                return Err(PathError::EmptySegment);
+            }
+            segments.push(decode_segment(seg)?);
+        }
+        Ok(CanonicalPath { segments })
+    }
+
+    /// The path as matched: its decoded segments joined by `/`.
+    pub fn decoded(&self) -> String {
+        format!("/{}", self.segments.join("/"))
+    }
+}
+
+/// Every code point whose compatibility form (NFKC) contains `.`, `/` or `\` (Unicode 15, as
+/// Python's `unicodedata` lists them): a server that normalises Unicode would read a segment
+/// of them as a dot segment or split it. Sorted, for a binary search.
+const LOOKALIKES: &[char] = &[
+    '\u{2024}',
+    '\u{2025}',
+    '\u{2026}',
+    '\u{2100}',
+    '\u{2101}',
+    '\u{2105}',
+    '\u{2106}',
+    '\u{2488}',
+    '\u{2489}',
+    '\u{248A}',
+    '\u{248B}',
+    '\u{248C}',
+    '\u{248D}',
+    '\u{248E}',
+    '\u{248F}',
+    '\u{2490}',
+    '\u{2491}',
+    '\u{2492}',
+    '\u{2493}',
+    '\u{2494}',
+    '\u{2495}',
+    '\u{2496}',
+    '\u{2497}',
+    '\u{2498}',
+    '\u{2499}',
+    '\u{249A}',
+    '\u{249B}',
+    '\u{33C2}',
+    '\u{33C7}',
+    '\u{33D8}',
+    '\u{FE19}',
+    '\u{FE30}',
+    '\u{FE52}',
+    '\u{FE68}',
+    '\u{FF0E}',
+    '\u{FF0F}',
+    '\u{FF3C}',
+    '\u{1F100}',
+];
+
+/// One segment, percent-decoded and checked.
+fn decode_segment(seg: &str) -> Result<String, PathError> {
+    if seg.contains('\\') {
+        return Err(PathError::Separator);
+    }
+    let raw = seg.as_bytes();
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while let Some(&b) = raw.get(i) {
+        if b == b'%' {
+            let hex = raw.get(i + 1..i + 3).ok_or(PathError::Encoding)?;
+            let text = std::str::from_utf8(hex).map_err(|_| PathError::Encoding)?;
+            let byte = u8::from_str_radix(text, 16).map_err(|_| PathError::Encoding)?;
+            if !text.bytes().all(|c| c.is_ascii_hexdigit()) {
+                return Err(PathError::Encoding);
+            }
+            out.push(byte);
+            i += 3;
+        } else {
+            out.push(b);
+            i += 1;
+        }
+    }
+    if out.iter().any(|&b| b == b'/' || b == b'\\') {
+        return Err(PathError::Separator);
+    }
+    if out.iter().any(|&b| b < 0x20 || b == 0x7f) {
+        return Err(PathError::Control);
+    }
+    let text = String::from_utf8(out).map_err(|_| PathError::Utf8)?;
+    // C1 controls (U+0080 to U+009F), which some servers strip as whitespace.
+    if text.chars().any(char::is_control) {
+        return Err(PathError::Control);
+    }
+    if text.chars().any(|c| LOOKALIKES.binary_search(&c).is_ok()) {
+        return Err(PathError::Lookalike);
+    }
+    // `..;x` is `..` to Tomcat, and `.. ` to a server that trims the segment.
+    let head = text.split(';').next().unwrap_or("").trim();
+    if head == "." || head == ".." {
+        return Err(PathError::DotSegment);
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+#[path = "request_tests.rs"]
+mod tests;

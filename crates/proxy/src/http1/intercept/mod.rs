@@ -1,0 +1,206 @@
+//! TLS interception: a CONNECT that only allow entries with methods or paths allow
+//! (docs/policy.md, Methods and paths), served request by request when the proxy has an
+//! interception CA (`crate::inspect`).
+//!
+//! The CONNECT is recorded as allowed (`reason_code: inspected`). The client's TLS ends here,
+//! with a leaf the CA issued for the tunnel's host (a client naming another in its SNI is
+//! refused); the upstream's TLS starts here, verified against the system's roots. Each
+//! request inside (HTTP/2 or HTTP/1.1, as the client's ALPN chose; HTTP/2 streams in tasks of
+//! their own) is then one call into the core, like a plain-HTTP request, with
+//! its method and path: decided, recorded (`scheme: https`), forwarded on the tunnel's
+//! upstream connection (HTTP/1.1, one request at a time), and closed with its status and
+//! bytes. A request whose `Host`, absolute URI or `:authority` names another host than the
+//! tunnel's is refused (400, `host_mismatch`).
+
+mod body;
+mod exchange;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper_util::rt::TokioIo;
+use sandgate_policy::{Host, Identity, Target};
+use tokio::net::TcpStream;
+use tokio::sync::{Mutex, mpsc};
+
+use self::body::Prefixed;
+use self::exchange::{Exchanges, MAX_STREAMS, Upstreams};
+use crate::audit::event::Outcome;
+use crate::egress::{Dialed, Egress, End, Grant, Opened};
+use crate::inspect::Interceptor;
+use crate::refusal::Refusal;
+use crate::relay::Upstream;
+
+type ResBody = UnsyncBoxBody<Bytes, hyper::Error>;
+type Sender = hyper::client::conn::http1::SendRequest<ResBody>;
+
+/// Who the tunnel's requests come from.
+pub(crate) struct Client {
+    pub stream: TcpStream,
+    /// Bytes the client sent behind its CONNECT (its ClientHello, pipelined).
+    pub early: Vec<u8>,
+    pub peer: SocketAddr,
+    pub identity: Arc<Identity>,
+}
+
+/// Serves an intercepted tunnel until it ends, or its grant is cut; records its decision
+/// once the client's TLS handshake is done (a client that names another host in its SNI is
+/// refused, `sni_mismatch`) and its close at the end.
+pub(crate) async fn serve(egress: &Arc<Egress>, client: Client, dialed: Dialed) {
+    let Some(interceptor) = egress.interceptor.get().cloned() else {
+        return egress.abandon(dialed, Some(200)).await;
+    };
+    let target = dialed.target().clone();
+    let Ok(config) = interceptor.server_config(&target.host) else {
+        return egress.abandon(dialed, Some(200)).await;
+    };
+    let accept = tokio_rustls::TlsAcceptor::from(config).accept(Prefixed {
+        early: client.early,
+        at: 0,
+        inner: client.stream,
+    });
+    let accepted = tokio::select! {
+        accepted = tokio::time::timeout(egress.limits.head_timeout, accept) => accepted,
+        () = dialed.stop().cancelled() => return egress.abandon(dialed, Some(200)).await,
+    };
+    let tls = match accepted {
+        Ok(Ok(tls)) => tls,
+        // A client that does not trust the CA (certificate pinning) ends here: allowed,
+        // and closed as the client's failure.
+        _ => return egress.abandon(dialed, Some(200)).await,
+    };
+    let sni = tls.get_ref().1.server_name().map(str::to_owned);
+    if let Some(seen) = sni.clone().filter(|seen| !names(&target.host, seen)) {
+        let refusal = sandgate_policy::TunnelRefusal::SniMismatch { seen };
+        let _ = dialed.refuse(egress, Refusal::Tunnel { target, refusal }).await;
+        return;
+    }
+    let Opened {
+        stream, addr, grant, ..
+    } = dialed.admit(egress, sni).await;
+    let totals = Totals::default();
+    let stop = grant.stop().clone();
+    let tunnel = Tunnel {
+        egress,
+        interceptor: &interceptor,
+        target: &target,
+        addr,
+        totals: &totals,
+    };
+    let peer = (client.peer, client.identity);
+    let outcome = tokio::select! {
+        outcome = Box::pin(tunnel.run(tls, peer, stream)) => outcome,
+        () = stop.cancelled() => egress.cut_outcome(&grant),
+    };
+    let end = End {
+        sent: totals.sent.load(Ordering::Relaxed),
+        received: totals.received.load(Ordering::Relaxed),
+        status: Some(200),
+        outcome,
+    };
+    egress.close(grant, end).await;
+}
+
+/// Bytes of request and response bodies relayed in a tunnel.
+#[derive(Debug, Default)]
+struct Totals {
+    sent: AtomicU64,
+    received: AtomicU64,
+}
+
+struct Tunnel<'a> {
+    egress: &'a Arc<Egress>,
+    interceptor: &'a Arc<Interceptor>,
+    target: &'a Target,
+    addr: SocketAddr,
+    totals: &'a Totals,
+}
+
+/// How long, once the client's connection has ended, the exchanges still running (HTTP/2
+/// streams in tasks of their own) have to record their closes here; a later one records
+/// its own as its grant drops.
+const DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Tunnel<'_> {
+    async fn run(
+        self,
+        tls: ClientTls,
+        (peer, identity): (SocketAddr, Arc<Identity>),
+        upstream: Upstream,
+    ) -> Outcome {
+        let limits = &self.egress.limits;
+        let (closes, mut closed) = mpsc::unbounded_channel::<(Grant, End)>();
+        let exchanges = Arc::new(Exchanges {
+            egress: self.egress.clone(),
+            target: self.target.clone(),
+            addr: self.addr,
+            peer,
+            identity,
+            interceptor: self.interceptor.clone(),
+            upstream: Mutex::new(Upstreams {
+                spare: Some(upstream),
+                sender: None,
+            }),
+            closes,
+        });
+        // HTTP/1.1 or HTTP/2, as the client's ALPN chose; HTTP/2 streams run in tasks of
+        // their own, each exchange decided and recorded like an HTTP/1.1 one.
+        let mut builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+        builder
+            .http1()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(limits.head_timeout);
+        builder
+            .http2()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .max_concurrent_streams(MAX_STREAMS);
+        let service = hyper::service::service_fn(move |req| {
+            let exchanges = exchanges.clone();
+            async move { exchanges.exchange(req).await }
+        });
+        let mut serve = Box::pin(builder.serve_connection(TokioIo::new(tls), service));
+        // Each exchange's close is recorded as its response body ends.
+        let served = loop {
+            tokio::select! {
+                served = &mut serve => break served,
+                Some((grant, end)) = closed.recv() => self.record(grant, end).await,
+            }
+        };
+        // The service (and its sender of closes) goes with the connection; streams still
+        // running hold the rest.
+        drop(serve);
+        while let Ok(Some((grant, end))) = tokio::time::timeout(DRAIN, closed.recv()).await {
+            self.record(grant, end).await;
+        }
+        match served {
+            Ok(()) => Outcome::Ok,
+            Err(e)
+                if e.downcast_ref::<hyper::Error>()
+                    .is_some_and(hyper::Error::is_timeout) =>
+            {
+                Outcome::IdleTimeout
+            }
+            Err(_) => Outcome::ClientReset,
+        }
+    }
+
+    async fn record(&self, grant: Grant, end: End) {
+        self.totals.sent.fetch_add(end.sent, Ordering::Relaxed);
+        self.totals.received.fetch_add(end.received, Ordering::Relaxed);
+        self.egress.close(grant, end).await;
+    }
+}
+
+type ClientTls = tokio_rustls::server::TlsStream<Prefixed>;
+
+/// Does the client's SNI name the tunnel's host? (Names compare without case and without a
+/// trailing dot; an IP address is never a valid SNI, so a client naming one was not asked.)
+fn names(host: &Host, sni: &str) -> bool {
+    match host {
+        Host::Name(n) => n.as_str().eq_ignore_ascii_case(sni.trim_end_matches('.')),
+        Host::Ip(_) => false,
+    }
+}

@@ -1,0 +1,118 @@
+//! Fixtures of the credential tests (issue 33, "Credentials the sandbox never holds"): a
+//! secret made for each test, the policy text that binds it to a host and a header, a proxy
+//! that holds it in its environment and writes its stdout and a trace-level log where the
+//! test can search them, and the search itself over every file a proxy or a run wrote. The
+//! tests are in [`leaks`] (a placeholder where it does not belong), [`sandboxed`] (inside
+//! `sandgate run`), [`start`] (the secret's variable unset) and [`tunnels`] (report-only
+//! interception, SOCKS5 and a central's node streams).
+
+mod leaks;
+mod sandboxed;
+mod start;
+mod tunnels;
+
+use std::hash::{BuildHasher, Hasher};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sandgate_testkit::dns::DnsServer;
+
+use crate::common::sandgate_bin;
+use crate::l7::egress_policy;
+use crate::l7_tls::{Intercepting, intercepting_with};
+
+/// The variable of the proxy's environment (or `sandgate run`'s) that holds the secret.
+pub const SECRET_VAR: &str = "L7_API_KEY";
+/// What sandboxed code sends where the secret would go.
+pub const PLACEHOLDER: &str = "SANDGATE_L7_PLACEHOLDER";
+
+/// A secret no other test uses and no fixture could print by chance.
+pub fn secret() -> String {
+    let random = |n: u64| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(n);
+        h.finish()
+    };
+    format!("sk-l7-{:016x}{:016x}", random(1), random(2))
+}
+
+/// One entry of `credentials` (YAML list items, `indent` spaces in): `header` of requests to
+/// `host` gets `Bearer ${env:VAR}` in place of `placeholder`; `env`, in a SandboxPolicy, is
+/// the variable the command gets holding the placeholder.
+pub fn credential_at(indent: usize, host: &str, var: &str, placeholder: &str, env: Option<&str>) -> String {
+    let pad = " ".repeat(indent);
+    let mut c = format!(
+        "{pad}- host: {host}\n{pad}  header: Authorization\n{pad}  value: \"Bearer ${{env:{var}}}\"\n{pad}  placeholder: {placeholder}\n"
+    );
+    if let Some(env) = env {
+        c.push_str(&format!("{pad}  env: {env}\n"));
+    }
+    c
+}
+
+/// As [`credential_at`], in an EgressPolicy (`spec.network.credentials`, six spaces in).
+pub fn credential(host: &str, var: &str, placeholder: &str) -> String {
+    credential_at(6, host, var, placeholder, None)
+}
+
+/// Writes an EgressPolicy with `entries` as its allowlist and `credentials` beside it to
+/// `dir/policy.yaml`; returns its path and text. (`credentials` is the allowlist's sibling
+/// under `network`, so it follows the entries four spaces in.)
+pub fn secrets_policy(dir: &Path, entries: &str, credentials: &str) -> (PathBuf, String) {
+    egress_policy(dir, &format!("{entries}    credentials:\n{credentials}"))
+}
+
+/// The 1-based lines of `text` where a credential begins (`- host:` after `credentials:`).
+pub fn credential_lines(text: &str) -> Vec<usize> {
+    let start = text
+        .lines()
+        .position(|l| l.trim_start() == "credentials:")
+        .unwrap_or(usize::MAX);
+    text.lines()
+        .enumerate()
+        .filter(|(i, l)| *i > start && l.trim_start().starts_with("- host:"))
+        .map(|(i, _)| i + 1)
+        .collect()
+}
+
+/// A proxy holding the secrets of `vars` (`(NAME, value)`) in its environment, with
+/// `--intercept-ca-cert` and `extra` arguments, logging at trace level (the most it would
+/// ever write) on stderr, its stdout written to `stdout`.
+pub fn holding(
+    vars: &[(&str, &str)],
+    dns: &DnsServer,
+    policy: &Path,
+    roots: &Path,
+    stdout: &Path,
+    extra: &[&str],
+) -> Intercepting {
+    // The harness sets SANDGATE_LOG and discards stdout; the shell raises the one and keeps
+    // the other, then becomes sandgate.
+    let mut command = Command::new("sh");
+    command
+        .args([
+            "-c",
+            "export SANDGATE_LOG=trace; exec \"$0\" \"$@\" >\"$L7_STDOUT\"",
+        ])
+        .arg(sandgate_bin())
+        .env("L7_STDOUT", stdout);
+    for (name, value) in vars {
+        command.env(name, value);
+    }
+    intercepting_with(command, dns, policy, roots, extra)
+}
+
+/// The files among `files` whose bytes contain `needle`.
+pub fn containing(files: &[PathBuf], needle: &str) -> Vec<PathBuf> {
+    files
+        .iter()
+        .filter(|f| std::fs::read(f).is_ok_and(|b| contains(&b, needle)))
+        .cloned()
+        .collect()
+}
+
+/// Whether `haystack` contains `needle`'s bytes.
+pub fn contains(haystack: &[u8], needle: &str) -> bool {
+    let needle = needle.as_bytes();
+    haystack.windows(needle.len()).any(|w| w == needle)
+}

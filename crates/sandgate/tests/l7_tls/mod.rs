@@ -1,0 +1,14 @@
+//! Fixtures of the HTTPS interception tests (issue 33, phase 2), in [`interception`]: a
+//! proxy started with `--intercept-ca-cert` that takes a test CA for the system's roots
+//! (`SSL_CERT_FILE`), a TLS client through one of its tunnels (the raw HTTP/1.1 client of
+//! `l7/wire.rs` speaks inside it), and the audit lines of a tunnel and of its requests. The
+//! tests are in [`sandboxed`] (inside `sandgate run`), [`spelling`] (what a client writes
+//! inside an intercepted tunnel) and [`trust`] (which certificates each side sees, and
+//! failing closed).
+
+pub mod interception;
+mod sandboxed;
+mod spelling;
+mod trust;
+
+pub use interception::*;
