@@ -284,6 +284,8 @@ pub enum PathError {
     Utf8,
     #[error("the path has a character a server may read as `.`, `/` or `\\`")]
     Lookalike,
+    #[error("the path has a `;` (path parameters, which servers drop)")]
+    Parameter,
 }
 
 impl PathError {
@@ -297,6 +299,7 @@ impl PathError {
             PathError::Control => "a control character",
             PathError::Utf8 => "not UTF-8 once decoded",
             PathError::Lookalike => "a character a server may read as `.`, `/` or `\\`",
+            PathError::Parameter => "a `;` (path parameters) is never matched",
         }
     }
 }
@@ -405,10 +408,20 @@ fn decode_segment(seg: &str) -> Result<String, PathError> {
     if text.chars().any(|c| LOOKALIKES.binary_search(&c).is_ok()) {
         return Err(PathError::Lookalike);
     }
-    // `..;x` is `..` to Tomcat, and `.. ` to a server that trims the segment.
+    // `..;x` is `..` to Tomcat, and `.. ` or `.. .` to a server that trims the segment
+    // (Windows drops trailing dots and spaces too).
     let head = text.split(';').next().unwrap_or("").trim();
-    if head == "." || head == ".." {
+    let dots_and_spaces = !text.is_empty() && text.chars().all(|c| c == '.' || c.is_whitespace());
+    if head == "." || head == ".." || dots_and_spaces {
         return Err(PathError::DotSegment);
+    }
+    // `;` starts path parameters, which servers drop (`app.jsp;.txt` is `app.jsp` to
+    // Tomcat); a decoded `%` is a second encoding a server may decode again (`%252e`).
+    if text.contains(';') {
+        return Err(PathError::Parameter);
+    }
+    if text.contains('%') {
+        return Err(PathError::Encoding);
     }
     Ok(text)
 }

@@ -83,6 +83,7 @@ fn spellings_a_server_may_read_as_another_path_are_refused() {
         ("/myorg/.%2e/x", PathError::DotSegment),
         ("/myorg/..;/other", PathError::DotSegment),
         ("/myorg/.;x=1/other", PathError::DotSegment),
+        ("/myorg/x;y/other", PathError::Parameter),
         ("/myorg/..%3b/other", PathError::DotSegment),
         ("/myorg/..%2fother/x", PathError::Separator),
         ("/myorg%2Fx", PathError::Separator),
@@ -120,9 +121,22 @@ fn spellings_a_server_may_read_as_another_path_are_refused() {
     }
     // Decoded, an unreserved character is itself; a dot within a name is no dot segment.
     assert_eq!(path("/myorg/%41bc").decoded(), "/myorg/Abc");
-    assert!(pat("/myorg/*").matches(&path("/myorg/...")));
+    assert_eq!(CanonicalPath::parse("/myorg/..."), Err(PathError::DotSegment));
+    assert_eq!(
+        CanonicalPath::parse("/myorg/..%20./x"),
+        Err(PathError::DotSegment)
+    );
+    assert_eq!(
+        CanonicalPath::parse("/files/app.jsp;.txt"),
+        Err(PathError::Parameter)
+    );
+    assert_eq!(
+        CanonicalPath::parse("/public/%252e%252e/admin"),
+        Err(PathError::Encoding)
+    );
+    assert_eq!(CanonicalPath::parse("/public/%2523"), Err(PathError::Encoding));
     assert!(pat("/myorg/*").matches(&path("/myorg/.git")));
-    assert!(pat("/myorg/*").matches(&path("/myorg/repo;v=1")));
+    assert!(pat("/myorg/*").matches(&path("/myorg/a.b.c")));
 }
 
 #[test]

@@ -120,6 +120,12 @@ pub enum TargetError {
     /// host or port than the tunnel's.
     #[error("the request names another host than the tunnel it came through")]
     OtherHost,
+    /// Inside an intercepted tunnel: a request its method and path cannot judge (a CONNECT,
+    /// TRACE or TRACK, or a body on GET, HEAD or OPTIONS).
+    #[error(
+        "a CONNECT, TRACE or TRACK, or a GET, HEAD or OPTIONS with a body, is not forwarded from an intercepted tunnel"
+    )]
+    NotJudgeable,
     #[error("invalid host: {0}")]
     Host(#[from] HostError),
 }
@@ -135,6 +141,7 @@ impl TargetError {
             TargetError::Fragment | TargetError::BadCharacter => "bad_target",
             TargetError::Host(_) => "bad_host",
             TargetError::OtherHost => "host_mismatch",
+            TargetError::NotJudgeable => "request_not_judgeable",
         }
     }
 }

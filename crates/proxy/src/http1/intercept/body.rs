@@ -32,7 +32,7 @@ pub(super) struct Counted<B> {
 }
 
 impl<B> Counted<B> {
-    fn finish(&mut self, outcome: Outcome) {
+    pub(super) fn finish(&mut self, outcome: Outcome) {
         if let Some(done) = self.done.take() {
             let end = End {
                 sent: done.sent.load(Ordering::Relaxed),

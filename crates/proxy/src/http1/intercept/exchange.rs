@@ -67,6 +67,14 @@ impl Exchanges {
             Ok(decided) => decided,
             Err(refused) => return Ok(refusal(&refused)),
         };
+        // What the rules cannot judge is refused: a CONNECT inside (no path; its upgrade
+        // would carry anything), TRACE and TRACK (an echo of the request, secrets written
+        // in included), and a body on a request that has none (GET, HEAD, OPTIONS), which an
+        // origin that ignores its length reads as a second, undecided request.
+        if let Some(why) = unjudgeable(&req) {
+            let refused = decided.refuse(&self.egress, Refusal::Target(why)).await;
+            return Ok(refusal(&refused));
+        }
         // A request that names another host than the tunnel's: refused, recorded with the
         // tunnel's destination.
         if !same_authority(req.uri(), req.headers(), &self.target) {
@@ -187,9 +195,18 @@ impl Exchanges {
             up.sender = None;
             return self.fail(grant, ResponseError::Closed, 0).await;
         }
-        let answer = sender
-            .send_request(HttpRequest::from_parts(parts, body.boxed_unsync()))
-            .await;
+        // The response head within the response timeout; a stalled origin fails this
+        // request, not the tunnel's next ones.
+        let send = sender.send_request(HttpRequest::from_parts(parts, body.boxed_unsync()));
+        let answer = match tokio::time::timeout(self.egress.limits.response_timeout, send).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                up.sender = None;
+                return self
+                    .fail(grant, ResponseError::Timeout, sent.load(Ordering::Relaxed))
+                    .await;
+            }
+        };
         let response = match answer {
             Ok(response) => response,
             Err(e) => {
@@ -203,7 +220,7 @@ impl Exchanges {
         let status = response.status().as_u16();
         let (mut parts, body) = response.into_parts();
         end_to_end(&mut parts.headers);
-        let body = Counted {
+        let mut body = Counted {
             inner: body,
             bytes: Arc::new(AtomicU64::new(0)),
             done: Some(Done {
@@ -213,6 +230,10 @@ impl Exchanges {
                 closes: self.closes.clone(),
             }),
         };
+        // A response with no body (HEAD, 204, 304) is whole already: hyper never polls it.
+        if hyper::body::Body::is_end_stream(&body.inner) {
+            body.finish(crate::audit::event::Outcome::Ok);
+        }
         Response::from_parts(parts, body.boxed_unsync())
     }
 
@@ -253,6 +274,22 @@ fn same_authority(uri: &hyper::Uri, headers: &HeaderMap, target: &Target) -> boo
     }
 }
 
+/// Why a request inside an intercepted tunnel cannot be judged by its method and path, if
+/// it cannot: see [`Exchanges::exchange`].
+fn unjudgeable(req: &HttpRequest<Incoming>) -> Option<TargetError> {
+    use hyper::Method;
+    use hyper::body::Body as _;
+    let method = req.method();
+    if method == Method::CONNECT || method == Method::TRACE || method.as_str() == "TRACK" {
+        return Some(TargetError::NotJudgeable);
+    }
+    let bodiless = [Method::GET, Method::HEAD, Method::OPTIONS];
+    if bodiless.contains(method) && !req.body().is_end_stream() {
+        return Some(TargetError::NotJudgeable);
+    }
+    None
+}
+
 /// `host` or `host:port`, as the upstream's `Host`.
 fn authority(target: &Target) -> String {
     match target.port {
@@ -272,8 +309,17 @@ fn end_to_end(headers: &mut HeaderMap) {
         .map(|t| t.trim().to_ascii_lowercase())
         .filter(|t| t != "content-length" && t != "transfer-encoding")
         .collect();
+    // And what would change the request the rules judged: a method override (Rails,
+    // Google APIs) and `Expect` (hyper answered the 100-continue itself).
+    let overrides = [
+        "x-http-method-override",
+        "x-http-method",
+        "x-method-override",
+        "expect",
+    ];
     for name in crate::h1::head::HOP_BY_HOP
         .iter()
+        .chain(overrides.iter())
         .map(|s| (*s).to_owned())
         .chain(named)
     {
