@@ -288,6 +288,7 @@ impl Egress {
                 expires,
                 would_deny: None,
                 inspect: false,
+                judged: false,
             });
         }
         // A CONNECT that only entries with methods or paths allow: served request by
@@ -308,6 +309,7 @@ impl Egress {
                 expires: decision.rule.as_ref().and_then(|r| r.expires_at),
                 would_deny: None,
                 inspect: true,
+                judged: false,
             });
         }
         if decision.verdict == Verdict::Deny && self.report_only.load(Ordering::Relaxed) {
@@ -320,6 +322,7 @@ impl Egress {
                 expires: None,
                 would_deny: Some(decision.reason),
                 inspect: false,
+                judged: false,
             });
         }
         if decision.verdict == Verdict::Deny {
@@ -342,6 +345,7 @@ impl Egress {
             },
             would_deny: None,
             inspect: false,
+            judged: decision.rule.as_ref().is_some_and(|r| r.request.is_some()),
         })
     }
 

@@ -128,6 +128,12 @@ impl Decided {
         egress.allow(self, Some(addr.ip()), None, None).await
     }
 
+    /// Whether an entry with methods or paths allowed it: what they cannot judge (a body on
+    /// a read) must then be refused by the front end.
+    pub fn judged(&self) -> bool {
+        self.judged
+    }
+
     /// Refuses what the policy allowed, for what only the front end could see (a
     /// credential's placeholder where it does not belong): the request's one decision is
     /// this deny.

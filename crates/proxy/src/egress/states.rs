@@ -107,6 +107,9 @@ pub(crate) struct Decided {
     pub(super) would_deny: Option<sandgate_policy::PolicyReason>,
     /// A CONNECT opened to be intercepted: each request inside is decided on its own.
     pub(super) inspect: bool,
+    /// Allowed by an entry with methods or paths: the request was judged by them, so what
+    /// they cannot judge must not ride along (a body on a read).
+    pub(super) judged: bool,
 }
 
 /// A request whose allow is on record; its close must be recorded too.

@@ -90,6 +90,17 @@ pub(crate) async fn handle_http<S: AsyncRead + AsyncWrite + Unpin>(
         // would record itself as abandoned.)
         (Ok(_), None) => return Next::Close,
     };
+    // Allowed by its method and path: a body on a read (GET, HEAD, OPTIONS) or a TRACE would
+    // carry what they did not judge (an origin that ignores the body's length reads it as a
+    // second request).
+    let unjudgeable = matches!(head.method.as_str(), "TRACE" | "TRACK")
+        || (matches!(head.method.as_str(), "GET" | "HEAD" | "OPTIONS") && head.body != BodyKind::Empty);
+    if decided.judged() && unjudgeable {
+        let refusal = Refusal::Target(sandgate_policy::TargetError::NotJudgeable);
+        let refused = decided.refuse(egress, refusal).await;
+        client.reply(&refused).await;
+        return Next::Close;
+    }
     // A credential's placeholder is never sent in the clear, nor to another host.
     let fields = head.fields.iter().map(|f| (f.name.as_str(), f.value.as_slice()));
     if let Err(leak) = egress.carried(&http.target, false, &http.origin_form, fields) {

@@ -21,7 +21,12 @@ const NOT_CANONICAL: &str = "path_not_canonical";
 const NOT_ALLOWED: &str = "request_not_allowed";
 
 /// Paths refused on `sp.test`, with the reason each must be recorded with.
-const REFUSED: [(&str, &str); 26] = [
+const REFUSED: [(&str, &str); 30] = [
+    // From a hostile review: path parameters, a second encoding, dots and spaces.
+    ("/myorg/app.jsp;.txt", NOT_CANONICAL),
+    ("/myorg/%252e%252e/other", NOT_CANONICAL),
+    ("/myorg/..%20./other", NOT_CANONICAL),
+    ("/myorg/...", NOT_CANONICAL),
     ("/myorg/%2e%2e/other/x", NOT_CANONICAL),
     ("/myorg/..%2fother/x", NOT_CANONICAL),
     ("/myorg%2Fx", NOT_CANONICAL),
@@ -254,4 +259,52 @@ fn every_compatibility_form_of_a_dot_segment_or_separator_and_c1_controls_are_re
         "{events:#?}"
     );
     assert_eq!(origin.connections(), 0);
+}
+
+/// What a method and a path cannot judge rides along with a request they allowed: a body
+/// on a GET (an origin that ignores its length reads it as a second request, here a push
+/// that no rule decided), a TRACE (an echo of the request). Both are refused where an entry
+/// with methods or paths allowed them, and the origin hears of neither.
+#[test]
+fn a_read_with_a_body_or_a_trace_is_refused_where_rules_judge() {
+    let w = World::new();
+    let origin = w.origin();
+    let port = origin.port();
+    let dns = w.dns(Zone::new().with("sp.test", &["127.0.0.1"]));
+    let dir = tempfile::tempdir().unwrap();
+    let entries = entry(
+        "sp.test",
+        port,
+        &["methods: [GET, TRACE]", "paths: [\"/myorg/**\"]"],
+    );
+    let (policy, _) = egress_policy(dir.path(), &entries);
+    let p = proxy(&dns, &["--policy", policy.to_str().unwrap()]);
+    let host = format!("sp.test:{port}");
+    let smuggled =
+        format!("POST /myorg/r.git/git-receive-pack HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\n\r\n");
+    let mut conn = Conn::open(p.addr);
+    conn.send(&wire::request_with(
+        "GET",
+        &format!("http://{host}/myorg/r"),
+        &host,
+        &[],
+        &smuggled,
+    ));
+    let reply = conn.read_reply();
+    assert_eq!(reply.status, 400, "a GET with a body: {reply:?}");
+    let reply = wire::once(p.addr, "TRACE", &format!("http://{host}/myorg/r"), &host);
+    assert_eq!(reply.status, 400, "TRACE: {reply:?}");
+    let reply = wire::once(p.addr, "GET", &format!("http://{host}/myorg/last"), &host);
+    assert_eq!(reply.status, 200, "a plain GET still passes: {reply:?}");
+    assert_eq!(
+        origin.requests(),
+        ["GET /myorg/last"],
+        "only the plain GET reached the origin"
+    );
+    let events = events_once(&p.audit_path, |e| e["path"] == "/myorg/last");
+    let refused: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["event"] == "decision" && e["reason_code"] == "request_not_judgeable")
+        .collect();
+    assert_eq!(refused.len(), 2, "{events:#?}");
 }
