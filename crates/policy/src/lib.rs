@@ -38,7 +38,7 @@ pub use exception::{
 pub use host::{DomainName, Host, HostError};
 pub use node::{NodeSpec, Nodes, VouchError};
 pub use pattern::{HostPattern, Pattern, PatternError};
-pub use request::{CanonicalPath, PathError, PathPattern, RequestRules, RulesError};
+pub use request::{CanonicalPath, PathError, PathPattern, RequestRules, RulesError, judgeable};
 pub use target::{
     Access, HttpTarget, Target, TargetError, parse_connect_target, parse_host_field, parse_http_target,
 };

@@ -129,6 +129,18 @@ impl fmt::Display for RequestRules {
     }
 }
 
+/// Whether a request's method and path say all a rule needs to judge it: not a CONNECT (a
+/// tunnel inside has no path, and its upgrade would carry anything), not a TRACE or TRACK
+/// (an echo of the request), and no body on a GET, HEAD or OPTIONS (an origin that ignores
+/// its length reads it as a second request that no rule decided).
+pub fn judgeable(method: &str, has_body: bool) -> bool {
+    match method {
+        "CONNECT" | "TRACE" | "TRACK" => false,
+        "GET" | "HEAD" | "OPTIONS" => !has_body,
+        _ => true,
+    }
+}
+
 /// A method as a rule names it: an uppercase token.
 fn method(m: &str) -> Result<String, RulesError> {
     let ok = !m.is_empty()

@@ -165,6 +165,22 @@ fn patterns_are_checked_as_strictly_as_paths() {
 }
 
 #[test]
+fn what_a_method_and_path_cannot_judge() {
+    for (method, body, expected) in [
+        ("GET", false, true),
+        ("GET", true, false),
+        ("HEAD", true, false),
+        ("OPTIONS", true, false),
+        ("POST", true, true),
+        ("TRACE", false, false),
+        ("TRACK", false, false),
+        ("CONNECT", false, false),
+    ] {
+        assert_eq!(judgeable(method, body), expected, "{method} body={body}");
+    }
+}
+
+#[test]
 fn methods_are_exact_and_read_only_is_get_head_options() {
     let ro = rules(None, None, true).unwrap().unwrap();
     let root = path("/");

@@ -142,11 +142,7 @@ pub fn environment(
     }
     // A bound secret's variable never enters the sandbox, whatever passes through; the
     // command gets its placeholder, under the name the credential gives.
-    let specs = policy
-        .credentials
-        .iter()
-        .chain(policy.egress.iter().flat_map(|f| f.credentials.iter()));
-    for spec in specs {
+    for spec in policy.all_credentials() {
         out.remove(&spec.template.env);
         if let Some(name) = &spec.env {
             out.insert(name.clone(), spec.placeholder.clone());

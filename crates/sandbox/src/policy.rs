@@ -217,13 +217,20 @@ struct RawUnshare {
 
 impl SandboxPolicy {
     /// Whether the run's proxy intercepts TLS: the run is proxied and an allow entry (in
-    /// `net.allowlist` or `net.egress_policy`) names methods or paths. The sandbox then
-    /// trusts the run's interception CA ([`crate::env`]).
+    /// `net.allowlist` or `net.egress_policy`) names methods or paths, or a secret is bound.
+    /// The sandbox then trusts the run's interception CA ([`crate::env`]).
     pub fn intercepts(&self) -> bool {
         let file = self.egress.iter().flat_map(|f| f.allow.iter());
-        let secrets =
-            !self.credentials.is_empty() || self.egress.as_ref().is_some_and(|f| !f.credentials.is_empty());
+        let secrets = self.all_credentials().next().is_some();
         self.net.proxied() && (secrets || self.allow_entries.iter().chain(file).any(|e| e.request.is_some()))
+    }
+
+    /// Every bound secret of the run: `net.credentials`, then those of `net.egress_policy`.
+    pub fn all_credentials(
+        &self,
+    ) -> impl Iterator<Item = &sandgate_policy::document::credentials::CredentialSpec> {
+        let file = self.egress.iter().flat_map(|f| f.credentials.iter());
+        self.credentials.iter().chain(file)
     }
 }
 

@@ -298,14 +298,14 @@ pub(crate) const HOP_BY_HOP: &[&str] = &[
 /// The node attribution fields (`sandgate-task`, `sandgate-subject`, ...) only a node-local
 /// proxy may set, on its own streams to a central one: a client's are dropped, all of this
 /// prefix, and `_` too (servers that map `_` to `-` in field names read both as one).
-fn is_attribution(lower: &str) -> bool {
+pub(crate) fn is_attribution(lower: &str) -> bool {
     lower.starts_with("sandgate-") || lower.starts_with("sandgate_")
 }
 
 /// The fields that say where a message's body ends. sandgate relays bodies verbatim, so
 /// these go on with the body whatever `Connection` names: dropped, the next hop would read
 /// the body as the next message (request smuggling past the decision and the record).
-const FRAMING: &[&str] = &["content-length", "transfer-encoding"];
+pub(crate) const FRAMING: &[&str] = &["content-length", "transfer-encoding"];
 
 /// Fields to forward: everything but hop-by-hop fields, attribution fields, the fields the
 /// Connection header names (never the framing fields), and Host (which the caller sets from

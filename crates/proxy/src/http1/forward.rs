@@ -90,12 +90,9 @@ pub(crate) async fn handle_http<S: AsyncRead + AsyncWrite + Unpin>(
         // would record itself as abandoned.)
         (Ok(_), None) => return Next::Close,
     };
-    // Allowed by its method and path: a body on a read (GET, HEAD, OPTIONS) or a TRACE would
-    // carry what they did not judge (an origin that ignores the body's length reads it as a
-    // second request).
-    let unjudgeable = matches!(head.method.as_str(), "TRACE" | "TRACK")
-        || (matches!(head.method.as_str(), "GET" | "HEAD" | "OPTIONS") && head.body != BodyKind::Empty);
-    if decided.judged() && unjudgeable {
+    // Allowed by its method and path: what they cannot judge (a body on a read, a TRACE)
+    // must not ride along.
+    if decided.judged() && !sandgate_policy::judgeable(&head.method, head.body != BodyKind::Empty) {
         let refusal = Refusal::Target(sandgate_policy::TargetError::NotJudgeable);
         let refused = decided.refuse(egress, refusal).await;
         client.reply(&refused).await;

@@ -33,8 +33,9 @@ fn reason_phrase(c: &Classified) -> String {
     out
 }
 
-/// The whole response, ending with `Connection: close`.
-pub(crate) fn render(c: &Classified, request_id: &str) -> Vec<u8> {
+/// A refusal's body: the line, the request id with the command that explains it, what to
+/// do next. Also the body of a refusal inside an intercepted tunnel.
+pub(crate) fn body(c: &Classified, request_id: &str) -> String {
     // The log named when the configuration knows it (a run's), so the command finds the
     // request wherever the log is kept.
     let log = c
@@ -50,6 +51,12 @@ pub(crate) fn render(c: &Classified, request_id: &str) -> Vec<u8> {
         body.push_str(hint);
         body.push('\n');
     }
+    body
+}
+
+/// The whole response, ending with `Connection: close`.
+pub(crate) fn render(c: &Classified, request_id: &str) -> Vec<u8> {
+    let body = body(c, request_id);
     let details = sf_string(&c.text);
     // RFC 9110 section 11.7.1: a 407 says how to authenticate.
     let challenge = if c.status == 407 {

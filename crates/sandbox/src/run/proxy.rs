@@ -194,12 +194,7 @@ fn proxy_config(
         .cloned()
         .for_each(|e| rules.deny_entry(e));
     // The bound secrets, read from this process's environment (never the command's).
-    let specs: Vec<_> = policy
-        .credentials
-        .iter()
-        .chain(egress.iter().flat_map(|f| f.credentials.iter()))
-        .cloned()
-        .collect();
+    let specs: Vec<_> = policy.all_credentials().cloned().collect();
     let secrets = sandgate_policy::document::credentials::resolve(&specs, |name| std::env::var(name).ok())
         .map_err(|e| RunError::Usage(format!("net.credentials: {e}")))?;
     rules.set_secrets(secrets);

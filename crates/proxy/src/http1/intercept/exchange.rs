@@ -275,19 +275,11 @@ fn same_authority(uri: &hyper::Uri, headers: &HeaderMap, target: &Target) -> boo
 }
 
 /// Why a request inside an intercepted tunnel cannot be judged by its method and path, if
-/// it cannot: see [`Exchanges::exchange`].
+/// it cannot ([`sandgate_policy::judgeable`]).
 fn unjudgeable(req: &HttpRequest<Incoming>) -> Option<TargetError> {
-    use hyper::Method;
     use hyper::body::Body as _;
-    let method = req.method();
-    if method == Method::CONNECT || method == Method::TRACE || method.as_str() == "TRACK" {
-        return Some(TargetError::NotJudgeable);
-    }
-    let bodiless = [Method::GET, Method::HEAD, Method::OPTIONS];
-    if bodiless.contains(method) && !req.body().is_end_stream() {
-        return Some(TargetError::NotJudgeable);
-    }
-    None
+    let has_body = !req.body().is_end_stream();
+    (!sandgate_policy::judgeable(req.method().as_str(), has_body)).then_some(TargetError::NotJudgeable)
 }
 
 /// `host` or `host:port`, as the upstream's `Host`.
@@ -307,7 +299,7 @@ fn end_to_end(headers: &mut HeaderMap) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(|t| t.trim().to_ascii_lowercase())
-        .filter(|t| t != "content-length" && t != "transfer-encoding")
+        .filter(|t| !crate::h1::head::FRAMING.contains(&t.as_str()))
         .collect();
     // And what would change the request the rules judged: a method override (Rails,
     // Google APIs) and `Expect` (hyper answered the 100-continue itself).
@@ -327,7 +319,7 @@ fn end_to_end(headers: &mut HeaderMap) {
     }
     let ours: Vec<_> = headers
         .keys()
-        .filter(|k| k.as_str().starts_with("sandgate-") || k.as_str().starts_with("sandgate_"))
+        .filter(|k| crate::h1::head::is_attribution(k.as_str()))
         .cloned()
         .collect();
     for k in ours {
@@ -339,14 +331,7 @@ fn end_to_end(headers: &mut HeaderMap) {
 /// words of the HTTP/1 front end's refusals.
 fn refusal(refused: &Refused) -> Response<ResBody> {
     let c = &refused.classified;
-    let mut body = format!(
-        "sandgate: {}\nrequest id: {} (sandgate explain --request-id {})\n",
-        c.text, refused.id, refused.id
-    );
-    for hint in &c.hints {
-        body.push_str(hint);
-        body.push('\n');
-    }
+    let body = crate::http1::render::body(c, &refused.id);
     let mut response = Response::new(
         http_body_util::Full::new(Bytes::from(body))
             .map_err(|never: Infallible| match never {})
