@@ -68,6 +68,7 @@ fn exceptions(c: &mut Criterion) {
             requested_ports: Some(vec![443]),
             ttl_seconds: 900,
             reason: "bench".into(),
+            ..NewRequest::default()
         };
         let mut ex = policy
             .admit(req, format!("ex-{i}"), "agent", 0)

@@ -2,7 +2,9 @@
 //! sandboxed code holds a placeholder; the proxy writes the secret into that header of
 //! requests to that host only, where it sees them (an intercepted `https://` request), and
 //! refuses a request that carries a placeholder anywhere else (another host, another
-//! header, the path or query, plain HTTP) as an attempted leak.
+//! header, the path or query, plain HTTP) as an attempted leak; and, for a credential that
+//! asks for it (`inspect_body`), a request body to another host that carries it
+//! ([`BodyScan`], as the body streams).
 //!
 //! Pure: the secret's text comes in resolved (`${env:NAME}` is read by the caller, at
 //! load); here it is only held, never printed (`Debug` says `<secret>`).
@@ -96,6 +98,8 @@ pub struct Credential {
     pub header: String,
     pub value: Secret,
     pub placeholder: String,
+    /// Whether request bodies to other hosts are searched for the placeholder.
+    pub inspect_body: bool,
     /// `file:line`, for records and messages.
     pub origin: Arc<str>,
 }
@@ -202,6 +206,70 @@ impl BoundSecrets {
             true => Carried::Nothing,
             false => Carried::Swap(swap),
         })
+    }
+}
+
+impl BoundSecrets {
+    /// The search of a request body sent to `host` for the placeholders of the credentials
+    /// that ask for it (`inspect_body`) and are bound to another host; `None` when there is
+    /// none to look for.
+    pub fn body_scan(&self, host: &Host) -> Option<BodyScan> {
+        let watched: Vec<Credential> = self
+            .list
+            .iter()
+            .filter(|c| c.inspect_body && c.host != *host)
+            .cloned()
+            .collect();
+        let longest = watched.iter().map(|c| c.placeholder.len()).max()?;
+        Some(BodyScan {
+            host: host.to_string(),
+            watched,
+            tail: Vec::with_capacity(longest.saturating_sub(1)),
+            keep: longest.saturating_sub(1),
+        })
+    }
+}
+
+/// A request body searched as it streams, chunk by chunk: a placeholder split across two
+/// chunks is found too (the last bytes of each chunk are kept, one fewer than the longest
+/// placeholder), and the chunk that completes it is the one refused, so the whole
+/// placeholder never goes on.
+#[derive(Debug, Clone)]
+pub struct BodyScan {
+    host: String,
+    watched: Vec<Credential>,
+    tail: Vec<u8>,
+    keep: usize,
+}
+
+impl BodyScan {
+    /// Looks at the next chunk; a leak when a placeholder ends in it.
+    pub fn feed(&mut self, chunk: &[u8]) -> Result<(), Leak> {
+        let seam = chunk.get(..self.keep.min(chunk.len())).unwrap_or_default();
+        let mut joined = Vec::with_capacity(self.tail.len() + seam.len());
+        joined.extend_from_slice(&self.tail);
+        joined.extend_from_slice(seam);
+        if let Some(c) = self.watched.iter().find(|c| {
+            let needle = c.placeholder.as_bytes();
+            contains(chunk, needle) || contains(&joined, needle)
+        }) {
+            return Err(Leak {
+                host: c.host.to_string(),
+                origin: c.origin.clone(),
+                where_: format!("in the body of a request to {}", self.host),
+            });
+        }
+        // The last `keep` bytes of what has passed, for the next chunk's seam.
+        if chunk.len() >= self.keep {
+            self.tail.clear();
+            self.tail
+                .extend_from_slice(chunk.get(chunk.len() - self.keep..).unwrap_or_default());
+        } else {
+            self.tail.extend_from_slice(chunk);
+            let over = self.tail.len().saturating_sub(self.keep);
+            self.tail.drain(..over);
+        }
+        Ok(())
     }
 }
 

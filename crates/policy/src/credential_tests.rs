@@ -6,6 +6,7 @@ fn secrets() -> BoundSecrets {
         header: "authorization".into(),
         value: ValueTemplate::parse("Bearer ${env:KEY}").unwrap().fill("sk-real"),
         placeholder: "SANDGATE_EXAMPLE".into(),
+        inspect_body: false,
         origin: Arc::from("p.yaml:9"),
     }])
 }
@@ -95,4 +96,56 @@ fn values_name_their_secret_from_the_environment_once() {
     assert!(check_names("short", "Authorization").is_err());
     assert!(check_names("has space in it", "Authorization").is_err());
     assert!(check_names("SANDGATE_OPENAI", "Bad Header").is_err());
+}
+
+fn watched() -> BoundSecrets {
+    let c = |host: &str, placeholder: &str, inspect_body: bool| Credential {
+        host: Host::parse(host).unwrap(),
+        header: "authorization".into(),
+        value: ValueTemplate::parse("Bearer ${env:KEY}").unwrap().fill("sk-real"),
+        placeholder: placeholder.into(),
+        inspect_body,
+        origin: Arc::from("p.yaml:9"),
+    };
+    BoundSecrets::new(vec![
+        c("api.example", "SANDGATE_EXAMPLE", true),
+        c("other.example", "SANDGATE_NOT_WATCHED", false),
+    ])
+}
+
+/// A body to another host is searched for the placeholders that ask for it, however the
+/// body is cut into chunks; a body to the credential's own host, and placeholders that do
+/// not ask, are not.
+#[test]
+fn a_placeholder_in_a_body_to_another_host_is_found_across_any_chunking() {
+    let secrets = watched();
+    let elsewhere = Host::parse("paste.example").unwrap();
+    assert!(secrets.body_scan(&Host::parse("api.example").unwrap()).is_none());
+    let body = b"{\"note\": \"key is SANDGATE_EXAMPLE, thanks\"}";
+    for size in 1..=body.len() {
+        let mut scan = secrets.body_scan(&elsewhere).unwrap();
+        let found = body.chunks(size).position(|chunk| scan.feed(chunk).is_err());
+        let end = body.windows(16).position(|w| w == b"SANDGATE_EXAMPLE").unwrap() + 15;
+        assert_eq!(
+            found,
+            Some(end / size),
+            "chunks of {size}: refused at the chunk that completes it"
+        );
+    }
+    let mut scan = secrets.body_scan(&elsewhere).unwrap();
+    let leak = scan.feed(b"SANDGATE_EXAMPLE").unwrap_err();
+    assert!(
+        leak.to_string()
+            .contains("in the body of a request to paste.example"),
+        "{leak}"
+    );
+    let mut clean = secrets.body_scan(&elsewhere).unwrap();
+    for chunk in [
+        &b"SANDGATE_EXAMPL"[..],
+        b"x SANDGATE_NOT_WATCHED ",
+        b"SANDGATE_",
+        b"EXAMPLx",
+    ] {
+        assert!(clean.feed(chunk).is_ok());
+    }
 }

@@ -25,7 +25,7 @@ pub mod tunnel;
 
 pub use addr::{AddrClass, AddressGuard, Prohibited, classify};
 pub use auth::{AuthError, Credentials, Principal, Principals, Role, TaskCredential};
-pub use credential::{BoundSecrets, Carried, Leak, Secret};
+pub use credential::{BodyScan, BoundSecrets, Carried, Leak, Secret};
 pub use decision::{Context, Decision, Identity, PolicyReason, RequestLine, Rule, Ruleset, Verdict};
 pub use document::{
     AdminSpec, DocError, DocErrors, FirstLoaded, ListenerSpec, PolicyFile, SecretSource, TaskSecretSpec,

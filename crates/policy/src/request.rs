@@ -214,6 +214,38 @@ impl PathPattern {
     pub fn matches(&self, path: &CanonicalPath) -> bool {
         match_from(&self.segments, &path.segments)
     }
+
+    /// Does `outer` match every path this pattern matches? Sound, not complete: a `true`
+    /// is always right, and a pair it cannot prove (two different globs) reads as `false`,
+    /// so an approval that narrows by it never widens.
+    pub fn within(&self, outer: &PathPattern) -> bool {
+        contained(&self.segments, &outer.segments)
+    }
+}
+
+/// `inner ⊆ outer`, segment by segment: an outer `**` takes any run of inner segments, an
+/// outer `*` any one that is never empty, a glob a literal it matches or the same glob.
+fn contained(inner: &[Segment], outer: &[Segment]) -> bool {
+    match outer.split_first() {
+        None => inner.is_empty(),
+        Some((Segment::Any, rest)) => {
+            (0..=inner.len()).any(|skip| inner.get(skip..).is_some_and(|tail| contained(tail, rest)))
+        }
+        Some((o, rest)) => match inner.split_first() {
+            Some((i, tail)) => segment_within(i, o) && contained(tail, rest),
+            None => false,
+        },
+    }
+}
+
+fn segment_within(inner: &Segment, outer: &Segment) -> bool {
+    match (inner, outer) {
+        (Segment::Any, _) => false,
+        (i, o) if i == o => true,
+        (Segment::Literal(text), o) => seg_matches(o, text),
+        (Segment::One | Segment::Glob(_), Segment::One) => true,
+        _ => false,
+    }
 }
 
 impl fmt::Display for PathPattern {

@@ -366,3 +366,23 @@ spec:
         );
     }
 }
+
+#[test]
+fn within_proves_what_it_can_and_refuses_the_rest() {
+    let within = |i: &str, o: &str| pat(i).within(&pat(o));
+    assert!(within("/org/repo", "/org/**"));
+    assert!(within("/org/repo/info/refs", "/org/*/info/refs"));
+    assert!(within("/org/**", "/org/**"));
+    assert!(within("/org/*/x", "/**"));
+    assert!(within("/org/a*b", "/org/*"));
+    assert!(within("/org/v1.json", "/org/*.json"));
+    assert!(within("/a/**/b", "/**/b"));
+    // Wider, or not provable: refused.
+    assert!(!within("/org/**", "/org/*"));
+    assert!(!within("/org", "/org/**/x"));
+    assert!(!within("/**", "/org/**"));
+    assert!(!within("/org/*", "/org/repo"));
+    assert!(!within("/org/a*", "/org/a*b"));
+    assert!(!within("/org/", "/org/*"));
+    assert!(within("/org/", "/org/**"));
+}

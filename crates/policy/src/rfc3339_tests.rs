@@ -24,6 +24,8 @@ fn approved() -> Exception {
         decided_at: Some(1_795_741_383),
         note: None,
         expires_at: Some(1_795_741_683),
+        below: Default::default(),
+        tweak: None,
     }
 }
 

@@ -88,3 +88,38 @@ proptest! {
         prop_assert_eq!(classify_v6(six_to_four.into()), want);
     }
 }
+
+/// A path pattern over a small alphabet, so that patterns and paths meet often.
+fn path_pattern() -> impl Strategy<Value = String> {
+    let segment = prop_oneof!["a", "b", "ab", "\\*", "\\*\\*", "a\\*", "\\*b"];
+    prop::collection::vec(segment, 1..5).prop_map(|s| format!("/{}", s.join("/")))
+}
+
+fn request_path() -> impl Strategy<Value = String> {
+    prop::collection::vec(prop_oneof!["a", "b", "ab", "ba", "aab"], 0..6)
+        .prop_map(|s| format!("/{}", s.join("/")))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1500))]
+
+    /// What an approval may narrow to never widens: when `within` says a pattern is inside
+    /// another, every path the inner one matches, the outer one matches too.
+    #[test]
+    fn a_pattern_within_another_matches_nothing_more(
+        inner in path_pattern(),
+        outer in path_pattern(),
+        paths in prop::collection::vec(request_path(), 1..24),
+    ) {
+        use sandgate_policy::{CanonicalPath, PathPattern};
+        let (Ok(i), Ok(o)) = (PathPattern::parse(&inner), PathPattern::parse(&outer)) else {
+            return Ok(());
+        };
+        if i.within(&o) {
+            for p in &paths {
+                let p = CanonicalPath::parse(p).expect("the alphabet is canonical");
+                prop_assert!(!i.matches(&p) || o.matches(&p), "{inner} within {outer}, but {p:?}");
+            }
+        }
+    }
+}

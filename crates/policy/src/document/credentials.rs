@@ -25,6 +25,8 @@ pub struct CredentialSpec {
     pub placeholder: String,
     /// In a SandboxPolicy: the variable the command gets, holding the placeholder.
     pub env: Option<String>,
+    /// `inspect_body: true`: request bodies to other hosts are searched for the placeholder.
+    pub inspect_body: bool,
     /// `file:line`.
     pub origin: Arc<str>,
 }
@@ -124,6 +126,7 @@ pub(super) fn specs(
             template,
             placeholder: r.placeholder.clone(),
             env: r.env.clone(),
+            inspect_body: r.inspect_body,
             origin: Arc::from(format!("{}:{line}", c.file)),
         });
     }
@@ -179,6 +182,7 @@ pub fn resolve(
                 header: s.header.clone(),
                 value: s.template.fill(&secret),
                 placeholder: s.placeholder.clone(),
+                inspect_body: s.inspect_body,
                 origin: s.origin.clone(),
             }),
         }

@@ -135,6 +135,9 @@ pub(super) struct RawCredential {
     pub(super) placeholder: String,
     #[serde(default)]
     pub(super) env: Option<String>,
+    /// Also look for the placeholder in request bodies to other hosts.
+    #[serde(default)]
+    pub(super) inspect_body: bool,
 }
 
 /// `spec.network.tunnels`: what CONNECT and SOCKS5 tunnels may carry.

@@ -55,6 +55,12 @@ pub enum RequestError {
     Reason,
     #[error("task_id is empty")]
     NoTask,
+    #[error("methods, paths or read_only: {0}")]
+    Rules(crate::request::RulesError),
+    #[error("a tweak asks for no hosts, ports, methods or paths; file those as a request of their own")]
+    TweakWithHosts,
+    #[error("tweak: {0}")]
+    Tweak(super::TweakError),
 }
 
 impl ExceptionPolicy {
@@ -100,24 +106,21 @@ impl ExceptionPolicy {
                 task: req.task_id.clone(),
                 project: req.project_id.clone(),
             })?;
-        if req.requested_hosts.is_empty() {
-            return Err(RequestError::NoHosts);
-        }
-        if req.requested_hosts.len() > MAX_HOSTS {
-            return Err(RequestError::TooManyHosts);
-        }
-        let hosts = req
-            .requested_hosts
-            .iter()
-            .map(|h| exact_host(h))
-            .collect::<Result<BTreeSet<String>, _>>()?;
-        let ports = req.requested_ports.unwrap_or_else(|| DEFAULT_PORTS.to_vec());
-        if let Some(&port) = ports.iter().find(|p| !bounds.ports.contains(p)) {
-            return Err(RequestError::Port {
-                port,
-                allowed: bounds.ports.clone(),
-            });
-        }
+        let (hosts, ports, below) = match &req.tweak {
+            Some(tweak) => {
+                if !req.requested_hosts.is_empty()
+                    || req.requested_ports.is_some()
+                    || req.methods.is_some()
+                    || req.paths.is_some()
+                    || req.read_only
+                {
+                    return Err(RequestError::TweakWithHosts);
+                }
+                tweak.check().map_err(RequestError::Tweak)?;
+                (BTreeSet::new(), BTreeSet::new(), super::BelowHost::default())
+            }
+            None => hosts_asked(&req, bounds)?,
+        };
         if req.ttl_seconds == 0 {
             return Err(RequestError::TtlZero);
         }
@@ -131,7 +134,6 @@ impl ExceptionPolicy {
         if reason.is_empty() || reason.chars().count() > MAX_REASON {
             return Err(RequestError::Reason);
         }
-        let ports: BTreeSet<u16> = ports.into_iter().collect();
         Ok(Exception {
             id,
             task_id: req.task_id,
@@ -147,8 +149,40 @@ impl ExceptionPolicy {
             decided_at: None,
             note: None,
             expires_at: None,
+            below,
+            tweak: req.tweak,
         })
     }
+}
+
+/// The hosts, ports and rules below them that a request for hosts asks, each checked.
+fn hosts_asked(
+    req: &NewRequest,
+    bounds: &Enablement,
+) -> Result<(BTreeSet<String>, BTreeSet<u16>, super::BelowHost), RequestError> {
+    if req.requested_hosts.is_empty() {
+        return Err(RequestError::NoHosts);
+    }
+    if req.requested_hosts.len() > MAX_HOSTS {
+        return Err(RequestError::TooManyHosts);
+    }
+    let hosts = req
+        .requested_hosts
+        .iter()
+        .map(|h| exact_host(h))
+        .collect::<Result<BTreeSet<String>, _>>()?;
+    let below = req.below().checked().map_err(RequestError::Rules)?;
+    let ports = req
+        .requested_ports
+        .clone()
+        .unwrap_or_else(|| DEFAULT_PORTS.to_vec());
+    if let Some(&port) = ports.iter().find(|p| !bounds.ports.contains(p)) {
+        return Err(RequestError::Port {
+            port,
+            allowed: bounds.ports.clone(),
+        });
+    }
+    Ok((hosts, ports.into_iter().collect(), below))
 }
 
 impl ExceptionPolicy {

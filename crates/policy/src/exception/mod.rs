@@ -16,10 +16,14 @@ use crate::entry::{Entry, Scope};
 use crate::host::{DomainName, Host};
 use crate::pattern::{HostPattern, Pattern};
 
+mod below;
 mod bounds;
+mod tweak;
 
+pub use below::BelowHost;
 use bounds::exact_host;
 pub use bounds::{DEFAULT_MAX_TTL, DEFAULT_PORTS, Enablement, ExceptionPolicy, RequestError};
+pub use tweak::{Tweak, TweakError};
 
 /// Where an exception stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,10 +91,18 @@ pub struct Exception {
     /// Set on approval: the exception is absent from this second on.
     #[serde(default, with = "crate::rfc3339::option")]
     pub expires_at: Option<i64>,
+    /// The methods and paths it allows on its hosts (`methods`, `paths`, `read_only` in
+    /// JSON, absent when it allows every request).
+    #[serde(flatten)]
+    pub below: BelowHost,
+    /// For a tweak (more than egress for one sandbox of `sandgate mcp`): what it asks. Such
+    /// an exception has no hosts or ports and contributes no network entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tweak: Option<Tweak>,
 }
 
 /// A request as it arrives (from the API, the CLI, or `sandgate run --ask`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NewRequest {
     pub task_id: String,
@@ -101,6 +113,23 @@ pub struct NewRequest {
     pub requested_ports: Option<Vec<u16>>,
     pub ttl_seconds: u32,
     pub reason: String,
+    /// Below the hosts, as an allow entry says it: absent, every request.
+    #[serde(default)]
+    pub methods: Option<Vec<String>>,
+    #[serde(default)]
+    pub paths: Option<Vec<String>>,
+    #[serde(default)]
+    pub read_only: bool,
+    /// A tweak instead of hosts (then `requested_hosts` is empty and no ports are given).
+    #[serde(default)]
+    pub tweak: Option<Tweak>,
+}
+
+impl NewRequest {
+    /// What it asks for below the hosts.
+    pub fn below(&self) -> BelowHost {
+        BelowHost::new(self.methods.clone(), self.paths.clone(), self.read_only)
+    }
 }
 
 /// Why a state change is refused.
@@ -116,7 +145,8 @@ pub enum TransitionError {
     Widens(String),
 }
 
-/// What an approver may change: fewer hosts, a shorter TTL.
+/// What an approver may change: fewer hosts, a shorter TTL, fewer methods or paths (given,
+/// they replace what was asked below the hosts, and must lie within it).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Narrowing {
@@ -124,6 +154,28 @@ pub struct Narrowing {
     pub hosts: Option<Vec<String>>,
     #[serde(default)]
     pub ttl_seconds: Option<u32>,
+    #[serde(default)]
+    pub methods: Option<Vec<String>>,
+    #[serde(default)]
+    pub paths: Option<Vec<String>>,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+impl Narrowing {
+    /// What `asked` becomes below the hosts: a field it gives replaces the one asked for
+    /// (`read_only` the methods), one it leaves out is kept; `None` when it gives none.
+    fn below(&self, asked: &BelowHost) -> Option<BelowHost> {
+        if self.methods.is_none() && self.paths.is_none() && !self.read_only {
+            return None;
+        }
+        let (methods, read_only) = match (&self.methods, self.read_only) {
+            (None, false) => (asked.methods.clone(), asked.read_only),
+            (methods, read_only) => (methods.clone(), read_only),
+        };
+        let paths = self.paths.clone().or_else(|| asked.paths.clone());
+        Some(BelowHost::new(methods, paths, read_only))
+    }
 }
 
 impl Exception {
@@ -159,6 +211,18 @@ impl Exception {
                 )));
             }
             self.ttl_seconds = ttl;
+        }
+        if let Some(below) = narrow.below(&self.below) {
+            let below = below
+                .checked()
+                .map_err(|e| TransitionError::Widens(e.to_string()))?;
+            if !below.within(&self.below) {
+                return Err(TransitionError::Widens(format!(
+                    "{below} is not within what was asked ({})",
+                    self.below
+                )));
+            }
+            self.below = below;
         }
         self.state = State::Approved;
         self.decided_by = Some(by.to_owned());
@@ -215,12 +279,18 @@ impl Exception {
         format!("exception:{}", self.id)
     }
 
-    /// The task-scoped allow entries of an approved exception (none otherwise): one per
-    /// host, on exactly the approved ports, absent from `expires_at` on.
+    /// The task-scoped allow entries of an approved exception (none otherwise, and none for
+    /// a tweak, which asks for no network destination): one per
+    /// host, on exactly the approved ports and with its methods and paths, absent from
+    /// `expires_at` on. Rules that no longer read (a row written by hand) give no entry.
     pub fn entries(&self) -> Vec<Entry> {
-        if self.state != State::Approved {
+        if self.state != State::Approved || self.tweak.is_some() {
             return Vec::new();
         }
+        let Ok(request) = self.below.rules() else {
+            return Vec::new();
+        };
+        let request = request.map(Arc::new);
         let origin: Arc<str> = Arc::from(self.rule_label());
         self.hosts
             .iter()
@@ -236,7 +306,7 @@ impl Exception {
                 created_by: self.decided_by.clone(),
                 reason: Some(self.reason.clone()),
                 origin: origin.clone(),
-                request: None,
+                request: request.clone(),
             })
             .collect()
     }
@@ -261,4 +331,5 @@ impl Exception {
 }
 
 #[cfg(test)]
+#[path = "../exception_tests.rs"]
 mod tests;

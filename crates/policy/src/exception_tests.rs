@@ -29,6 +29,7 @@ fn request(task: &str, hosts: &[&str], ports: Option<Vec<u16>>, ttl: u32) -> New
         requested_ports: ports,
         ttl_seconds: ttl,
         reason: "the build needs it".into(),
+        ..NewRequest::default()
     }
 }
 
@@ -144,6 +145,7 @@ fn approval_is_never_by_the_requester_and_only_narrows() {
     let wider = Narrowing {
         hosts: Some(vec!["c.example".into()]),
         ttl_seconds: None,
+        ..Narrowing::default()
     };
     assert!(matches!(
         ex.clone().approve("alice", 1001, &wider),
@@ -152,6 +154,7 @@ fn approval_is_never_by_the_requester_and_only_narrows() {
     let longer = Narrowing {
         hosts: None,
         ttl_seconds: Some(601),
+        ..Narrowing::default()
     };
     assert!(matches!(
         ex.clone().approve("alice", 1001, &longer),
@@ -160,6 +163,7 @@ fn approval_is_never_by_the_requester_and_only_narrows() {
     let narrow = Narrowing {
         hosts: Some(vec!["b.example".into()]),
         ttl_seconds: Some(120),
+        ..Narrowing::default()
     };
     ex.approve("alice", 1001, &narrow).unwrap();
     assert_eq!(
@@ -233,4 +237,161 @@ fn revoke_ends_an_active_exception_now() {
         (State::Revoked, Some(1010), Some("bob"))
     );
     assert!(ex.entries().is_empty());
+}
+
+fn list(items: &[&str]) -> Option<Vec<String>> {
+    Some(items.iter().map(|s| (*s).to_owned()).collect())
+}
+
+/// `GET` on one path for 15 minutes: admitted with its rules checked and kept sorted, and
+/// once approved it allows exactly that, on its host, for its task.
+#[test]
+fn an_exception_can_grant_a_method_on_a_path_and_nothing_else_of_the_host() {
+    let ask = NewRequest {
+        methods: list(&["GET", "GET"]),
+        paths: list(&["/org/repo/**", "/org/docs/*"]),
+        ..request("t-1", &["git.example"], None, 900)
+    };
+    let mut ex = admit(ask).unwrap();
+    assert_eq!(ex.below.methods, list(&["GET"]));
+    assert_eq!(ex.below.paths, list(&["/org/docs/*", "/org/repo/**"]));
+    ex.approve("alice", 2000, &Narrowing::default()).unwrap();
+    let mut rules = Ruleset::new();
+    for e in ex.entries() {
+        rules.allow_entry(e);
+    }
+    let ctx = Context {
+        task: Some("t-1"),
+        project: Some("p-1"),
+        now: 2000,
+    };
+    let target = parse_connect_target("git.example:443").unwrap();
+    let decide = |method: &str, path: &str| {
+        let line = crate::decision::RequestLine { method, target: path };
+        rules.decide_request(&target, Access::Https, &ctx, Some(line))
+    };
+    let allowed = decide("GET", "/org/repo/info/refs?service=git-upload-pack");
+    assert_eq!(allowed.verdict, Verdict::Allow);
+    assert_eq!(allowed.rule_label().as_deref(), Some("exception:ex-1"));
+    assert_eq!(decide("GET", "/org/docs/a").verdict, Verdict::Allow);
+    for (method, path) in [
+        ("POST", "/org/repo/git-receive-pack"),
+        ("GET", "/org/other"),
+        ("GET", "/org/docs/a/b"),
+        ("GET", "/org/repo/%2e%2e/other"),
+        ("DELETE", "/org/docs/a"),
+    ] {
+        assert_eq!(decide(method, path).verdict, Verdict::Deny, "{method} {path}");
+    }
+    // A tunnel cannot be judged by method and path: it is not opened blind.
+    let blind = rules.decide_request(&target, Access::Connect, &ctx, None);
+    assert_ne!(
+        (blind.verdict, blind.reason),
+        (Verdict::Allow, crate::decision::PolicyReason::Allowlisted),
+        "a CONNECT is never allowed blind by an exception with rules"
+    );
+}
+
+/// What a request cannot say is refused when it is made, naming the field, and a JSON
+/// exception without the fields (a row stored before them) allows every request, as before.
+#[test]
+fn rules_a_request_cannot_mean_are_refused_and_old_rows_read_as_before() {
+    for (methods, paths, read_only, want) in [
+        (list(&["get"]), None, false, "uppercase"),
+        (None, list(&["/a/../b"]), false, "/a/../b"),
+        (None, list(&["no-slash"]), false, "starts with"),
+        (list(&["GET"]), None, true, "not both"),
+        (list(&[]), None, false, "empty"),
+    ] {
+        let ask = NewRequest {
+            methods,
+            paths,
+            read_only,
+            ..request("t-1", &["a.example"], None, 60)
+        };
+        let err = admit(ask).unwrap_err();
+        assert!(matches!(err, RequestError::Rules(_)), "{err:?}");
+        assert!(err.to_string().contains(want), "{err} lacks {want}");
+    }
+    let mut ex = admit(request("t-1", &["a.example"], None, 60)).unwrap();
+    let json = serde_json::to_value(&ex).unwrap();
+    assert!(
+        json.get("methods").is_none() && json.get("paths").is_none() && json.get("read_only").is_none(),
+        "an exception without rules is written as before: {json}"
+    );
+    let back: Exception = serde_json::from_value(json).unwrap();
+    assert_eq!(back, ex);
+    ex.below.read_only = true;
+    let json = serde_json::to_value(&ex).unwrap();
+    assert_eq!(json["read_only"], true);
+    assert_eq!(serde_json::from_value::<Exception>(json).unwrap(), ex);
+}
+
+/// An approver may narrow what was asked below the host, never widen it: more methods, a
+/// wider path, or read-only where the request named POST are refused, and the exception
+/// stays pending.
+#[test]
+fn an_approval_narrows_methods_and_paths_and_never_widens_them() {
+    let ask = NewRequest {
+        methods: list(&["GET", "POST"]),
+        paths: list(&["/org/**"]),
+        ..request("t-1", &["a.example"], None, 600)
+    };
+    let ex = admit(ask).unwrap();
+    let narrowing = |methods: Option<Vec<String>>, paths: Option<Vec<String>>, read_only: bool| Narrowing {
+        methods,
+        paths,
+        read_only,
+        ..Narrowing::default()
+    };
+    for wider in [
+        narrowing(list(&["GET", "PUT"]), None, false),
+        narrowing(None, list(&["/**"]), false),
+        narrowing(None, list(&["/other"]), false),
+        narrowing(None, None, true),
+        narrowing(list(&["get"]), None, false),
+    ] {
+        let mut tried = ex.clone();
+        let err = tried.approve("alice", 1001, &wider).unwrap_err();
+        assert!(matches!(err, TransitionError::Widens(_)), "{wider:?}: {err:?}");
+        assert_eq!(tried.state, State::Pending);
+        assert_eq!(tried.below, ex.below);
+    }
+    let mut narrowed = ex.clone();
+    narrowed
+        .approve(
+            "alice",
+            1001,
+            &narrowing(list(&["GET"]), list(&["/org/repo/*"]), false),
+        )
+        .unwrap();
+    assert_eq!(
+        (narrowed.below.methods, narrowed.below.paths),
+        (list(&["GET"]), list(&["/org/repo/*"]))
+    );
+    // Read-only narrows a request that named no method.
+    let mut open = admit(request("t-1", &["a.example"], None, 600)).unwrap();
+    open.approve("alice", 1001, &narrowing(None, None, true)).unwrap();
+    assert!(open.below.read_only);
+}
+
+/// A narrowing that names only paths keeps the methods asked for, and one that names only
+/// methods keeps the paths.
+#[test]
+fn a_narrowing_keeps_what_it_does_not_name() {
+    let ask = NewRequest {
+        methods: list(&["POST"]),
+        paths: list(&["/docs/**"]),
+        ..request("t-1", &["a.example"], None, 600)
+    };
+    let mut ex = admit(ask).unwrap();
+    let paths_only = Narrowing {
+        paths: list(&["/docs/drafts/*"]),
+        ..Narrowing::default()
+    };
+    ex.approve("alice", 1001, &paths_only).unwrap();
+    assert_eq!(
+        (ex.below.methods, ex.below.paths),
+        (list(&["POST"]), list(&["/docs/drafts/*"]))
+    );
 }
