@@ -204,6 +204,9 @@ pub enum Outcome {
     /// Cut because a tunnel relayed after a silent start then began with a ClientHello
     /// that broke the tunnel rules.
     LateHelloRefused,
+    /// Cut because the request's body carried the placeholder of a credential bound to
+    /// another host (one that asks for `inspect_body`); the rest of the body never went on.
+    CredentialLeak,
     /// The upstream side failed (DNS, connect, response).
     Upstream(UpstreamFailure),
 }
@@ -273,7 +276,7 @@ impl UpstreamFailure {
 
 impl Outcome {
     /// Every outcome that is not an upstream failure.
-    const PLAIN: [Outcome; 11] = [
+    const PLAIN: [Outcome; 12] = [
         Outcome::Ok,
         Outcome::ClientReset,
         Outcome::UpstreamReset,
@@ -285,6 +288,7 @@ impl Outcome {
         Outcome::OutOfDescriptors,
         Outcome::RetryRefused,
         Outcome::LateHelloRefused,
+        Outcome::CredentialLeak,
     ];
 
     /// Every outcome (a new variant must be listed here, or it cannot be read back; a test
@@ -314,6 +318,7 @@ impl Outcome {
             Outcome::OutOfDescriptors => "proxy_out_of_descriptors",
             Outcome::RetryRefused => "retry_refused",
             Outcome::LateHelloRefused => "late_hello_refused",
+            Outcome::CredentialLeak => "credential_leak",
             Outcome::Upstream(f) => match f {
                 UpstreamFailure::Dns => "upstream_failure:dns",
                 UpstreamFailure::DnsTimeout => "upstream_failure:dns_timeout",

@@ -17,7 +17,9 @@
 //! `aggregate` (folding allowed traffic per window), `sink` (the file or stdout behind a
 //! lossless buffer, with rotation); and for reading back, [`read`] (the one reader: bounded
 //! lines in, typed entries or typed errors out), [`record`] (what a line holds, by kind) and
-//! [`query`] (files, filters and summaries for `sandgate audit` and `policy suggest`).
+//! [`query`] (files, filters and summaries for `sandgate audit` and `policy suggest`), and
+//! [`upstream`] (an upstream proxy's refusal of what this proxy allowed, counted as denied
+//! by every reader that counts requests).
 
 mod aggregate;
 pub mod event;
@@ -26,6 +28,7 @@ pub mod query;
 pub mod read;
 pub mod record;
 mod sink;
+pub mod upstream;
 mod writer;
 
 use std::path::PathBuf;
@@ -41,6 +44,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 pub use read::{Entry, MAX_LINE_BYTES, ReadError, Reader};
 pub use record::{Record, Recorded};
+pub use upstream::UpstreamRefusals;
 pub use writer::AuditWriter;
 
 /// Where audit lines go.

@@ -3,7 +3,8 @@
 //!
 //! A line is made from an event as the proxy records it ([`Line::of`]) or from a line read
 //! back ([`Line::of_record`], for exports): both go through the same fields here, so what
-//! a reader gets back is what the writer wrote.
+//! a reader gets back is what the writer wrote. The writer encodes it with
+//! [`Line::write_json`] (`json.rs`), the bytes `serde_json` would write, without serde.
 
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
@@ -13,6 +14,8 @@ use serde::Serialize;
 
 use crate::event::{Dest, Event, EventKind, ExceptionChange, Outcome, Party, SCHEMA_VERSION, Stamped};
 use crate::record::{Destination, ExceptionRecord, Record, Recorded, Requester};
+
+mod json;
 
 /// One written line: every field of every kind, absent ones `null` (the schema readers and
 /// exports rely on; field order as in `docs/audit.md`, new fields last).
@@ -65,6 +68,13 @@ pub struct Line<'a> {
     pub agent: Option<&'a str>,
     /// On a plain-HTTP request: its path, without the query string, as the client wrote it.
     pub path: Option<&'a str>,
+    /// Exception events: the methods and paths it allows below its hosts (`GET`, `HEAD`
+    /// and `OPTIONS` for read-only); `None` for every request.
+    pub methods: Option<Cow<'a, [String]>>,
+    pub paths: Option<&'a [String]>,
+    /// Exception events of a tweak (more than egress for one sandbox of `sandgate mcp`):
+    /// what it asks, on one line (`sandbox=web max_seconds=600 network`); `None` otherwise.
+    pub tweak: Option<Cow<'a, str>>,
 }
 
 impl<'a> Line<'a> {
@@ -108,6 +118,9 @@ impl<'a> Line<'a> {
             would_deny: None,
             agent: None,
             path: None,
+            methods: None,
+            paths: None,
+            tweak: None,
         }
     }
 
@@ -251,6 +264,18 @@ impl<'a> Line<'a> {
             .map(|t| t.to_string());
         self.detail = e.note.as_deref();
         self.subject = x.by.as_deref();
+        self.methods = match (&e.below.methods, e.below.read_only) {
+            (Some(m), _) => Some(Cow::Borrowed(m.as_slice())),
+            (None, true) => Some(Cow::Owned(
+                sandgate_policy::request::READ_ONLY_METHODS
+                    .iter()
+                    .map(|m| (*m).to_owned())
+                    .collect(),
+            )),
+            (None, false) => None,
+        };
+        self.paths = e.below.paths.as_deref();
+        self.tweak = e.tweak.as_ref().map(|t| Cow::Owned(t.to_string()));
     }
 
     fn exception_record(&mut self, x: &'a ExceptionRecord) {
@@ -266,6 +291,9 @@ impl<'a> Line<'a> {
         self.expires_at = x.expires_at.clone();
         self.detail = x.note.as_deref();
         self.subject = x.by.as_deref();
+        self.methods = x.methods.as_deref().map(Cow::Borrowed);
+        self.paths = x.paths.as_deref();
+        self.tweak = x.tweak.as_deref().map(Cow::Borrowed);
     }
 
     fn party(&mut self, p: &'a Party) {

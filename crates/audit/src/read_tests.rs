@@ -77,6 +77,8 @@ fn exception(change: Change) -> Event {
             decided_at: Some(1_790_000_100),
             note: Some("ok for today".into()),
             expires_at: Some(1_790_000_700),
+            below: Default::default(),
+            tweak: None,
         },
         by: (change != Change::Expired).then(|| "bob".to_owned()),
     }))
@@ -263,7 +265,7 @@ fn every_outcome_and_kind_reads_back() {
 #[test]
 fn every_outcome_and_kind_is_listed_for_reading() {
     use UpstreamFailure as F;
-    const OUTCOMES: usize = 25;
+    const OUTCOMES: usize = 26;
     let number = |o: Outcome| match o {
         Outcome::Ok => 0,
         Outcome::ClientReset => 1,
@@ -276,21 +278,22 @@ fn every_outcome_and_kind_is_listed_for_reading() {
         Outcome::OutOfDescriptors => 8,
         Outcome::RetryRefused => 9,
         Outcome::LateHelloRefused => 10,
+        Outcome::CredentialLeak => 11,
         Outcome::Upstream(f) => match f {
-            F::Dns => 11,
-            F::DnsTimeout => 12,
-            F::ConnectionRefused => 13,
-            F::ConnectionTimeout => 14,
-            F::Connect => 15,
-            F::ResponseTimeout => 16,
-            F::Closed => 17,
-            F::MalformedResponse => 18,
-            F::ResponseHeadTooLarge => 19,
-            F::ResponseBody => 20,
-            F::IdleTimeout => 21,
-            F::UpstreamDenied => 22,
-            F::UpstreamProxy => 23,
-            F::Tls => 24,
+            F::Dns => 12,
+            F::DnsTimeout => 13,
+            F::ConnectionRefused => 14,
+            F::ConnectionTimeout => 15,
+            F::Connect => 16,
+            F::ResponseTimeout => 17,
+            F::Closed => 18,
+            F::MalformedResponse => 19,
+            F::ResponseHeadTooLarge => 20,
+            F::ResponseBody => 21,
+            F::IdleTimeout => 22,
+            F::UpstreamDenied => 23,
+            F::UpstreamProxy => 24,
+            F::Tls => 25,
         },
     };
     let mut seen: Vec<usize> = Outcome::all().map(number).collect();

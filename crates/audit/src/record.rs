@@ -146,6 +146,11 @@ pub struct ExceptionRecord {
     pub note: Option<String>,
     /// Who made the change (`subject`); `None` for expiry.
     pub by: Option<String>,
+    /// What it allows below its hosts (`methods`, `paths`); `None`: every request.
+    pub methods: Option<Vec<String>>,
+    pub paths: Option<Vec<String>>,
+    /// A tweak's terms, on one line as written (`tweak`); `None` for hosts.
+    pub tweak: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -300,6 +305,9 @@ struct Raw {
     exception_id: Option<String>,
     hosts: Option<Vec<String>>,
     ports: Option<Vec<u16>>,
+    methods: Option<Vec<String>>,
+    paths: Option<Vec<String>>,
+    tweak: Option<String>,
     ttl_seconds: Option<u32>,
     reason: Option<String>,
     requested_by: Option<String>,
@@ -464,6 +472,9 @@ impl Raw {
             expires_at: self.expires_at,
             note: self.detail,
             by: self.subject,
+            methods: self.methods,
+            paths: self.paths,
+            tweak: self.tweak,
         }
     }
 

@@ -46,7 +46,9 @@ pub async fn tunnel(
 ) -> (u64, u64, Outcome) {
     match (client.tcp(), upstream.tcp()) {
         (Some(client), Some(upstream)) => sockets(client, upstream, idle, stop).await,
-        _ => leg::relay(client, upstream, idle, stop).await,
+        // Boxed: the frame relay's state would otherwise enlarge every tunnel's future,
+        // spliced ones included.
+        _ => Box::pin(leg::relay(client, upstream, idle, stop)).await,
     }
 }
 
