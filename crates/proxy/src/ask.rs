@@ -80,6 +80,8 @@ pub(crate) fn exception_for(
         decided_at: None,
         note: None,
         expires_at: None,
+        below: Default::default(),
+        tweak: None,
     };
     let decided = match answer {
         Answer::Deny => ex.deny(decider, now, Some("denied at the terminal".to_owned())),

@@ -9,7 +9,6 @@
 //! but a server accepts must not slip past the name check.
 
 use std::io;
-use std::time::Duration;
 
 use crate::relay::Leg;
 use sandgate_policy::FirstBytes;
@@ -131,6 +130,17 @@ fn complete_records(buf: &[u8]) -> bool {
     at == buf.len()
 }
 
+/// How many bytes to ask for next: what completes the record `buf` ends in (its header
+/// says), and at least 4 KiB. A read's room is zeroed first, so asking for 16 KiB for a
+/// ClientHello of a few hundred bytes cost every tunnel a 16 KiB allocation and memset.
+fn next_read(buf: &[u8]) -> usize {
+    let mut at = 0usize;
+    while let Some(&[hi, lo]) = buf.get(at + 3..at + 5) {
+        at += 5 + usize::from(u16::from_be_bytes([hi, lo]));
+    }
+    at.saturating_sub(buf.len()).max(4096)
+}
+
 /// `buf` with every record's version set to TLS 1.0's (0x03 0x01).
 fn with_record_version(buf: &[u8]) -> Vec<u8> {
     let mut out = buf.to_vec();
@@ -143,16 +153,15 @@ fn with_record_version(buf: &[u8]) -> Vec<u8> {
 }
 
 /// Reads the client's first bytes after `early` (bytes already read behind the request)
-/// until they can be judged, the server speaks first, the client closes, `limit` passes, or
-/// [`MAX_FIRST_BYTES`] are in. Returns every byte read, to be forwarded unchanged.
+/// until they can be judged, the server speaks first, the client closes, `deadline` passes,
+/// or [`MAX_FIRST_BYTES`] are in. Returns every byte read, to be forwarded unchanged.
 pub(crate) async fn read_first(
     client: &mut Leg<'_>,
     upstream: &mut Leg<'_>,
     early: Vec<u8>,
-    limit: Duration,
+    deadline: tokio::time::Instant,
 ) -> (Vec<u8>, Seen) {
     let mut buf = early;
-    let deadline = tokio::time::Instant::now() + limit;
     loop {
         if let Some(seen) = examine(&buf) {
             return (buf, seen);
@@ -166,8 +175,10 @@ pub(crate) async fn read_first(
                     let seen = if buf.is_empty() { Seen::Reset } else { Seen::Unreadable };
                     return (buf, seen);
                 }
-                let room = MAX_FIRST_BYTES.saturating_sub(buf.len()).min(16 * 1024 + 5);
-                buf.reserve(room);
+                let room = MAX_FIRST_BYTES
+                    .saturating_sub(buf.len())
+                    .min(16 * 1024 + 5)
+                    .min(next_read(&buf));
                 let before = buf.len();
                 match read_some(client, &mut buf, room) {
                     Ok(0) if before == 0 => return (buf, Seen::Closed),
@@ -189,8 +200,16 @@ pub(crate) async fn read_first(
     }
 }
 
-/// One non-blocking read of at most `room` bytes, appended to `buf`.
+/// One non-blocking read of at most `room` bytes, appended to `buf`. Up to 4 KiB go
+/// through the stack, so `buf` grows by what arrived (a ClientHello of a few hundred bytes
+/// takes that much), not by the room asked for.
 fn read_some(stream: &mut Leg<'_>, buf: &mut Vec<u8>, room: usize) -> io::Result<usize> {
+    let mut small = [0u8; 4096];
+    if let Some(room) = small.get_mut(..room) {
+        let n = stream.try_read(room)?;
+        buf.extend_from_slice(room.get(..n).unwrap_or_default());
+        return Ok(n);
+    }
     let start = buf.len();
     buf.resize(start + room, 0);
     let result = stream.try_read(buf.get_mut(start..).unwrap_or_default());

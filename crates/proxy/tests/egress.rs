@@ -169,7 +169,7 @@ async fn every_request_has_exactly_one_decision_and_allowed_ones_one_close() {
         assert_eq!(closes.len(), usize::from(allowed), "{id}: {evs:#?}");
     }
     for e in &events {
-        assert_eq!(e.as_object().unwrap().len(), 38, "every field on every line: {e}");
+        assert_eq!(e.as_object().unwrap().len(), 41, "every field on every line: {e}");
     }
     let failures: Vec<&str> = events
         .iter()

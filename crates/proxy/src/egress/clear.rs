@@ -71,6 +71,12 @@ impl Egress {
             .check(&target.host, seen, origin_form, fields)
     }
 
+    /// The search of a request body to `target` for placeholders bound elsewhere (the
+    /// credentials that ask for `inspect_body`); `None` when none does.
+    pub(crate) fn body_scan(&self, target: &Target) -> Option<sandgate_policy::BodyScan> {
+        self.rules().secrets().body_scan(&target.host)
+    }
+
     /// Verifies a task's login against the credentials in force: the identity it proves
     /// (its task and project, with the listener's job, subject and agent).
     pub(crate) fn login(

@@ -359,6 +359,8 @@ impl Egress {
     /// broken or missing response head): a close whose outcome is the refusal's reason.
     pub async fn fail(&self, grant: Grant, refusal: Refusal, sent: u64, received: u64) -> Refused {
         let method = grant.party.method.as_deref().unwrap_or("-");
+        // A leak found in a body already on its way is the close's outcome.
+        let own = matches!(refusal, Refusal::CredentialLeak(_)).then_some(Outcome::CredentialLeak);
         let classified = refusal.classify(method, &self.remedies);
         let id = grant.party.request_id.clone();
         let end = End {
@@ -367,7 +369,7 @@ impl Egress {
             // An upstream proxy's refusal records its own status (a 407 the client got as 403).
             status: classified.upstream_status.or(Some(classified.status)),
             // Only upstream failures reach here; anything else is recorded as the client's.
-            outcome: classified.outcome.unwrap_or(Outcome::ClientFailure),
+            outcome: classified.outcome.or(own).unwrap_or(Outcome::ClientFailure),
         };
         self.close(grant, end).await;
         Refused { id, classified }

@@ -232,9 +232,38 @@ pub(crate) struct End {
 pub(super) fn dest_of(target: &Target, access: Access) -> Dest {
     Dest {
         scheme: access.scheme(),
-        host: target.host.to_string(),
+        host: host_text(&target.host),
         port: target.port,
     }
+}
+
+/// The host as its `Display` writes it. A name is copied as it is and an IPv4 address
+/// written without `fmt`: each request records its destination twice (decision, close).
+fn host_text(host: &sandgate_policy::Host) -> String {
+    match host {
+        sandgate_policy::Host::Name(name) => name.as_str().to_owned(),
+        sandgate_policy::Host::Ip(IpAddr::V4(ip)) => {
+            let mut text = String::with_capacity(15);
+            for (i, octet) in ip.octets().into_iter().enumerate() {
+                if i > 0 {
+                    text.push('.');
+                }
+                push_decimal(&mut text, octet);
+            }
+            text
+        }
+        other => other.to_string(),
+    }
+}
+
+fn push_decimal(text: &mut String, n: u8) {
+    if n >= 100 {
+        text.push(char::from(b'0' + n / 100));
+    }
+    if n >= 10 {
+        text.push(char::from(b'0' + n / 10 % 10));
+    }
+    text.push(char::from(b'0' + n % 10));
 }
 
 /// Request ids: a per-process prefix and a counter, unique within a run and unlikely to
@@ -256,11 +285,44 @@ impl RequestIds {
         }
     }
 
+    /// The next id: the prefix and the counter's low 32 bits, 16 lowercase hex digits
+    /// (written without `fmt`: one per request).
     pub(super) fn next(&self) -> String {
-        format!(
-            "{:08x}{:08x}",
-            self.prefix,
-            self.next.fetch_add(1, Ordering::Relaxed)
-        )
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        if n > u64::from(u32::MAX) {
+            return format!("{:08x}{n:08x}", self.prefix);
+        }
+        let both = (u64::from(self.prefix) << 32) | (n & 0xffff_ffff);
+        (0..16)
+            .rev()
+            .map(|i| {
+                char::from(
+                    HEX.get(((both >> (i * 4)) & 0xf) as usize)
+                        .copied()
+                        .unwrap_or(b'0'),
+                )
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_and_hosts_read_as_their_formatted_forms() {
+        let ids = RequestIds {
+            prefix: 0x0a0b_c0de,
+            next: AtomicU64::new(0xffff_fffe),
+        };
+        for n in 0xffff_fffe_u64..=0x1_0000_0000 {
+            assert_eq!(ids.next(), format!("{:08x}{n:08x}", ids.prefix));
+        }
+        for host in ["a.example.com", "0.0.0.0", "255.10.9.100", "[2001:db8::1]"] {
+            let host = sandgate_policy::Host::parse(host).unwrap();
+            assert_eq!(host_text(&host), host.to_string());
+        }
     }
 }

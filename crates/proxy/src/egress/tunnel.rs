@@ -39,10 +39,29 @@ impl Egress {
         status: Option<u16>,
         reset: Option<tokio_util::sync::CancellationToken>,
     ) {
+        // The first-bytes wait holds nothing the wait does not need: until the client (or
+        // the server) speaks, the deadline passes or the tunnel is cut, only readiness is
+        // awaited here, in the task's own state, which the relay reuses. The checking state
+        // (boxed, 3.5 KiB) and any buffer are taken once there is something to check.
+        let mut dialed = dialed;
+        let deadline = self.first_bytes_deadline(dialed.target().port);
+        if let Some(deadline) = deadline
+            && early.is_empty()
+        {
+            let stop = dialed.stop().clone();
+            let mut upstream = dialed.stream.leg();
+            tokio::select! {
+                biased;
+                _ = client.readable() => {}
+                _ = upstream.readable() => {}
+                () = tokio::time::sleep_until(deadline) => {}
+                () = stop.cancelled() => {}
+            }
+        }
         // Boxed and finished before the relay starts, so a long-lived tunnel carries none
         // of the checking state.
-        let Some((opened, first, then)) = Box::pin(self.check_first_bytes(&mut client, dialed, early)).await
-        else {
+        let checked = Box::pin(self.check_first_bytes(&mut client, dialed, early, deadline)).await;
+        let Some((opened, first, then)) = checked else {
             return;
         };
         let Opened {
@@ -138,13 +157,26 @@ impl Egress {
         self.close(opened.grant, end).await;
     }
 
+    /// When the wait for a tunnel to `port`'s first bytes ends, if the rules read them: the
+    /// first-bytes timeout, or the idle timeout when shorter.
+    fn first_bytes_deadline(&self, port: u16) -> Option<tokio::time::Instant> {
+        let rules = self.rules();
+        let rules = rules.tunnels();
+        let first_bytes = Duration::from_millis(rules.first_bytes_timeout_ms);
+        let limit = first_bytes.min(self.limits.tunnel_idle_timeout);
+        rules.inspects(port).then(|| tokio::time::Instant::now() + limit)
+    }
+
     /// Reads and judges the first bytes where the rules ask for it, and records the
-    /// decision. `None`: refused (on record; the connection is dropped).
+    /// decision. `None`: refused (on record; the connection is dropped). `deadline`: when
+    /// the wait for them ends (from [`Egress::first_bytes_deadline`], taken when the wait
+    /// began).
     async fn check_first_bytes(
         &self,
         client: &mut Leg<'_>,
         mut dialed: Dialed,
         early: Vec<u8>,
+        deadline: Option<tokio::time::Instant>,
     ) -> Option<(Opened, Vec<u8>, Then)> {
         let rules = self.rules().tunnels().clone();
         if !rules.inspects(dialed.target().port) {
@@ -153,10 +185,12 @@ impl Egress {
         // A tunnel that idles out before its first byte ends as idle, as it would in the relay.
         let idle = self.limits.tunnel_idle_timeout;
         let first_bytes = Duration::from_millis(rules.first_bytes_timeout_ms);
+        // (The rules were reloaded to inspect this port during the wait: waited from now.)
+        let deadline = deadline.unwrap_or_else(|| tokio::time::Instant::now() + first_bytes.min(idle));
         let stop = dialed.stop().clone();
         let mut upstream = dialed.stream.leg();
         let read = tokio::select! {
-            read = hello::read_first(client, &mut upstream, early, first_bytes.min(idle)) => Ok(read),
+            read = hello::read_first(client, &mut upstream, early, deadline) => Ok(read),
             () = stop.cancelled() => Err(self.cut_by(dialed.decided.expires)),
         };
         let (first, seen) = match read {
@@ -224,7 +258,8 @@ async fn check_late(
     rules: &TunnelRules,
     idle: Duration,
 ) -> Result<(Vec<u8>, bool), Outcome> {
-    let (first, seen) = hello::read_first(client, upstream, Vec::new(), idle).await;
+    let deadline = tokio::time::Instant::now() + idle;
+    let (first, seen) = hello::read_first(client, upstream, Vec::new(), deadline).await;
     match seen {
         Seen::Silent => return Err(Outcome::IdleTimeout),
         Seen::Reset => return Err(Outcome::ClientReset),

@@ -83,11 +83,18 @@ impl ChunkedScanner {
     /// Scans `input` and returns how many of its bytes belong to the body. Stops at the end
     /// of the body: bytes after it belong to the next message.
     pub fn feed(&mut self, input: &[u8]) -> Result<usize, ChunkError> {
+        self.feed_with(input, |_| {})
+    }
+
+    /// As [`ChunkedScanner::feed`], handing each run of chunk data (the body without its
+    /// framing) to `data` as it passes.
+    pub fn feed_with(&mut self, input: &[u8], mut data: impl FnMut(&[u8])) -> Result<usize, ChunkError> {
         let mut used = 0;
         while used < input.len() && self.state != State::Done {
             if let State::Data(left) = self.state {
                 let avail = (input.len() - used) as u64;
                 let take = left.min(avail);
+                data(input.get(used..used + take as usize).unwrap_or_default());
                 used += take as usize;
                 self.state = if take == left {
                     State::DataCr

@@ -5,6 +5,8 @@
     reason = "tests; they connect to their own loopback listeners"
 )]
 
+use std::time::Duration;
+
 use proptest::prelude::*;
 use sandgate_testkit::tls::{client_hello, split_record};
 
@@ -140,7 +142,7 @@ fn forwarded_equals_sent(sent: Vec<u8>, chunk: usize) -> Result<(), TestCaseErro
             &mut Leg::Tcp(&client),
             &mut Leg::Tcp(&upstream),
             Vec::new(),
-            Duration::from_secs(5),
+            tokio::time::Instant::now() + Duration::from_secs(5),
         )
         .await;
         let mut rest = Vec::new();
@@ -200,7 +202,7 @@ async fn a_server_that_speaks_first_and_a_silent_client_are_told_apart() {
         &mut Leg::Tcp(&client),
         &mut Leg::Tcp(&upstream),
         Vec::new(),
-        Duration::from_millis(50),
+        tokio::time::Instant::now() + Duration::from_millis(50),
     )
     .await;
     assert_eq!((bytes.len(), seen), (0, Seen::Silent));
@@ -209,7 +211,7 @@ async fn a_server_that_speaks_first_and_a_silent_client_are_told_apart() {
         &mut Leg::Tcp(&client),
         &mut Leg::Tcp(&upstream),
         Vec::new(),
-        Duration::from_secs(5),
+        tokio::time::Instant::now() + Duration::from_secs(5),
     )
     .await;
     assert_eq!((bytes.len(), seen), (0, Seen::ServerFirst));

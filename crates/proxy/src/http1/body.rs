@@ -1,6 +1,7 @@
 //! Message bodies relayed verbatim: exactly as many bytes as the framing says (a length,
 //! the chunked encoding found by [`ChunkedScanner`] without decoding it, or until close),
-//! with an idle timeout, and nothing beyond the body's end consumed.
+//! with an idle timeout, and nothing beyond the body's end consumed; a request body
+//! searched for placeholders bound elsewhere on the way, when a credential asks for it.
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -26,6 +27,10 @@ pub(crate) enum RelayError {
     /// The receiving side took nothing for the idle time.
     #[error("the receiver stopped reading")]
     Stalled,
+    /// The body carried a placeholder bound to another host; the bytes that completed it
+    /// were not written.
+    #[error("{0}")]
+    Leak(sandgate_policy::Leak),
 }
 
 /// Copies one message body from `src` (starting with what is already in `buf`) to `dst`,
@@ -38,6 +43,7 @@ pub(crate) async fn relay_body<R, W>(
     dst: &mut W,
     kind: BodyKind,
     idle: std::time::Duration,
+    mut scan: Option<&mut sandgate_policy::BodyScan>,
 ) -> Result<u64, RelayError>
 where
     R: AsyncRead + Unpin,
@@ -68,10 +74,27 @@ where
                 };
             }
         }
-        let take = match kind {
-            BodyKind::Chunked => scanner.feed(buf).map_err(RelayError::Framing)?,
-            _ => usize::try_from(remaining).unwrap_or(usize::MAX).min(buf.len()),
+        // The body's data (without the chunked framing, which could split a placeholder)
+        // is searched before any of it is written.
+        let mut leak = None;
+        let mut search = |data: &[u8]| {
+            if let Some(scan) = scan.as_deref_mut()
+                && leak.is_none()
+            {
+                leak = scan.feed(data).err();
+            }
         };
+        let take = match kind {
+            BodyKind::Chunked => scanner.feed_with(buf, &mut search).map_err(RelayError::Framing)?,
+            _ => {
+                let take = usize::try_from(remaining).unwrap_or(usize::MAX).min(buf.len());
+                search(buf.get(..take).unwrap_or_default());
+                take
+            }
+        };
+        if let Some(leak) = leak {
+            return Err(RelayError::Leak(leak));
+        }
         match tokio::time::timeout(idle, dst.write_all(buf.get(..take).unwrap_or_default())).await {
             Err(_) => return Err(RelayError::Stalled),
             Ok(Err(e)) => return Err(RelayError::Dest(e)),

@@ -46,12 +46,17 @@ pub(crate) async fn handle_connect(
             peer,
             identity,
         };
-        return super::intercept::serve(egress, client, dialed).await;
+        // Boxed: the interception's state (TLS, hyper) would otherwise enlarge every
+        // CONNECT's task, blind tunnels included.
+        return Box::pin(super::intercept::serve(egress, client, dialed)).await;
     }
     // Bytes the client sent early (a ClientHello pipelined behind the head) are the
-    // tunnel's first bytes.
+    // tunnel's first bytes. The head's buffer (4 KiB) is freed first: held across the
+    // carry, every tunnel kept it for its whole life.
+    let early = buf.to_vec();
+    drop(buf);
     egress
-        .carry(crate::relay::Leg::Tcp(&stream), dialed, buf.to_vec(), Some(200))
+        .carry(crate::relay::Leg::Tcp(&stream), dialed, early, Some(200))
         .await;
 }
 

@@ -7,14 +7,13 @@
 //! destination; the Host header sent upstream is rewritten from it. Bodies are relayed
 //! verbatim (chunk framing included); hop-by-hop fields are dropped both ways.
 
-use std::net::SocketAddr;
-
 use bytes::{Buf, BytesMut};
-use sandgate_policy::{Access, Host, HttpTarget, parse_http_target};
+use sandgate_policy::{Access, HttpTarget, parse_http_target};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
 
 use super::body::{RelayError, relay_body};
+use super::outbound::{Outbound, connect, give_up};
 use super::rewrite::{request_head_bytes, response_head_bytes};
 use super::{ClientConn, Next};
 use crate::audit::event::{Outcome, UpstreamFailure as F};
@@ -22,50 +21,14 @@ use crate::egress::{Egress, End, Request};
 use crate::h1::framing::BodyKind;
 use crate::h1::head::{RequestHead, ResponseHead, parse_response_head};
 use crate::refusal::{Refusal, ResponseError};
-use crate::relay::Upstream;
 
 /// Largest upstream response head accepted.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
-/// A kept outbound connection idle for longer is not reused. A server closes an idle
-/// connection on its own timer (Apache httpd and Node.js after 5 s, a central proxy after
-/// its head timeout, 10 s by default); a request written as it does so is lost, and the
-/// client would get a 502 for a request a fresh connection serves. Below the shortest
-/// common timeout, that race cannot happen with those servers.
-const KEEP_IDLE: std::time::Duration = std::time::Duration::from_secs(4);
-
-/// A kept-alive outbound connection (to the origin, or to the upstream proxy when chained)
-/// and the destination it was vetted for.
-#[derive(Debug)]
-pub(crate) struct Outbound {
-    host: Host,
-    port: u16,
-    addr: SocketAddr,
-    stream: Upstream,
-    buf: BytesMut,
-    /// The connection goes to an upstream proxy: requests go in absolute form.
-    chained: bool,
-    /// Who it was opened for: a central's stream carries the identity it was opened with,
-    /// so a request of another (a second credential on the same client connection) gets a
-    /// stream of its own.
-    identity: std::sync::Arc<sandgate_policy::Identity>,
-    /// When its last exchange ended (or it was opened).
-    idle_since: std::time::Instant,
-}
-
-impl Outbound {
-    /// A kept connection is reusable only if it has not idled past [`KEEP_IDLE`], the
-    /// origin has not closed it and has sent nothing unasked (a non-blocking read that
-    /// would block means both).
-    fn is_alive(&mut self) -> bool {
-        self.idle_since.elapsed() < KEEP_IDLE && self.buf.is_empty() && self.stream.is_idle()
-    }
-}
-
 /// Handles one absolute-form request. Returns whether the client connection may carry on.
 pub(crate) async fn handle_http<S: AsyncRead + AsyncWrite + Unpin>(
     egress: &Egress,
     client: &mut ClientConn<S>,
-    head: RequestHead,
+    mut head: RequestHead,
     outbound: &mut Option<Outbound>,
 ) -> Next {
     let (dest, http) = match parse_http_target(&head.target) {
@@ -97,6 +60,12 @@ pub(crate) async fn handle_http<S: AsyncRead + AsyncWrite + Unpin>(
         let refused = decided.refuse(egress, refusal).await;
         client.reply(&refused).await;
         return Next::Close;
+    }
+    // Nor a field that would have the origin read it as another method than the one judged.
+    if decided.judged() {
+        let overrides = crate::h1::head::METHOD_OVERRIDES;
+        head.fields
+            .retain(|f| !overrides.iter().any(|o| f.name.eq_ignore_ascii_case(o)));
     }
     // A credential's placeholder is never sent in the clear, nor to another host.
     let fields = head.fields.iter().map(|f| (f.name.as_str(), f.value.as_slice()));
@@ -166,56 +135,6 @@ pub(crate) async fn handle_http<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// Reuses the kept outbound connection when it serves this same destination (the allow is
-/// recorded with its address), or has the core open a new one.
-async fn connect(
-    egress: &Egress,
-    decided: crate::egress::Decided,
-    http: &HttpTarget,
-    identity: &std::sync::Arc<sandgate_policy::Identity>,
-    outbound: &mut Option<Outbound>,
-) -> Result<crate::egress::Grant, crate::egress::Refused> {
-    let reusable = outbound
-        .as_mut()
-        .filter(|u| u.host == http.target.host && u.port == http.target.port && u.identity == *identity)
-        .and_then(|u| u.is_alive().then_some(u.addr));
-    if let Some(addr) = reusable {
-        return Ok(decided.reuse(egress, addr).await);
-    }
-    give_up(outbound);
-    let opened = decided.open(egress).await?;
-    *outbound = Some(Outbound {
-        host: http.target.host.clone(),
-        port: http.target.port,
-        addr: opened.addr,
-        stream: opened.stream,
-        buf: BytesMut::new(),
-        chained: opened.chained,
-        identity: identity.clone(),
-        idle_since: std::time::Instant::now(),
-    });
-    Ok(opened.grant)
-}
-
-/// Gives a kept connection up cleanly (one to another destination, or the client's
-/// connection ended): a stream to a central proxy ends, rather than being reset.
-pub(crate) fn give_up(outbound: &mut Option<Outbound>) {
-    if let Some(o) = outbound.take() {
-        o.stream.close();
-    }
-}
-
-/// The kept connection of a client connection, given up cleanly when the connection ends,
-/// however it does.
-#[derive(Debug, Default)]
-pub(crate) struct Kept(pub Option<Outbound>);
-
-impl Drop for Kept {
-    fn drop(&mut self) {
-        give_up(&mut self.0);
-    }
-}
-
 /// The result of relaying one request and its response.
 #[derive(Debug)]
 struct Exchange {
@@ -261,7 +180,12 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
         };
     }
     let mut sent = out_head.len() as u64;
+    if head.body == BodyKind::Empty {
+        return bodiless(egress, client, head, http, up, sent).await;
+    }
     let body_done = Notify::new();
+    // Searched for placeholders bound elsewhere, when a credential asks for it.
+    let mut scan = egress.body_scan(&http.target);
     let (client_read, mut client_write) = tokio::io::split(&mut client.stream);
     let (up_read, mut up_write) = tokio::io::split(&mut up.stream);
     let mut client_read = client_read;
@@ -273,6 +197,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
             &mut up_write,
             head.body,
             limits.body_idle_timeout,
+            scan.as_mut(),
         )
         .await;
         body_done.notify_one();
@@ -283,10 +208,26 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
         &mut up.buf,
         &mut client_write,
         &head.method,
-        &body_done,
+        Some(&body_done),
         limits.response_timeout,
     );
-    let (body_result, head_result) = tokio::join!(request_body, response_head);
+    // Both at once (an origin may answer before the body ends), unless the body is cut on
+    // a placeholder: then no response is waited for.
+    let (body_result, head_result) = {
+        tokio::pin!(request_body, response_head);
+        tokio::select! {
+            body = &mut request_body => match body {
+                Err(RelayError::Leak(leak)) => {
+                    return Exchange {
+                        refusal: Some(Refusal::CredentialLeak(leak)),
+                        ..Exchange::failed(sent, 0, Outcome::CredentialLeak)
+                    };
+                }
+                body => (body, response_head.await),
+            },
+            head = &mut response_head => (request_body.await, head),
+        }
+    };
     if let Err(e) = &body_result {
         tracing::debug!(error = %e, "request body relay stopped");
     }
@@ -301,6 +242,13 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
             return Exchange::failed(sent, received, Outcome::ClientFailure);
         }
         Err(RelayError::Dest(_) | RelayError::Idle | RelayError::Stalled) => {}
+        // After the response head: the rest of the exchange is refused all the same.
+        Err(RelayError::Leak(leak)) => {
+            return Exchange {
+                refusal: Some(Refusal::CredentialLeak(leak.clone())),
+                ..Exchange::failed(sent, received, Outcome::CredentialLeak)
+            };
+        }
     }
     let response = match head_result {
         Ok((response, _)) => response,
@@ -328,6 +276,58 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
         body_result.is_ok(),
     )
     .await
+}
+
+/// [`exchange`] for a request without a body (most are): the request is complete once its
+/// head is written, so the response head is read at once, timed from the start, with no
+/// split of either stream and no second future to join (they cost a lock on every read and
+/// write and two allocations a request).
+async fn bodiless<S: AsyncRead + AsyncWrite + Unpin>(
+    egress: &Egress,
+    client: &mut ClientConn<S>,
+    head: &RequestHead,
+    http: &HttpTarget,
+    up: &mut Outbound,
+    sent: u64,
+) -> Exchange {
+    let limits = &egress.limits;
+    // What relaying an empty body does: flush (a TLS stream holds what it could not send).
+    let flushed = relay_body(
+        &mut client.stream,
+        &mut client.buf,
+        &mut up.stream,
+        BodyKind::Empty,
+        limits.body_idle_timeout,
+        None,
+    )
+    .await;
+    let response = read_response_head(
+        &mut up.stream,
+        &mut up.buf,
+        &mut client.stream,
+        &head.method,
+        None,
+        limits.response_timeout,
+    )
+    .await;
+    let (response, interim) = match response {
+        Ok(read) => read,
+        Err(error) => {
+            let label = match error {
+                ResponseError::Timeout => Outcome::Upstream(F::ResponseTimeout),
+                _ => Outcome::Upstream(F::Closed),
+            };
+            return Exchange {
+                refusal: Some(Refusal::Response {
+                    target: http.target.clone(),
+                    error,
+                }),
+                ..Exchange::failed(sent, 0, label)
+            };
+        }
+    };
+    let complete = flushed.is_ok();
+    relay_response(egress, client, head, up, response, (sent, interim), complete).await
 }
 
 /// Sends the response head (with a small body that came along) and relays the body.
@@ -365,6 +365,7 @@ async fn relay_response<S: AsyncRead + AsyncWrite + Unpin>(
         &mut client.stream,
         body,
         egress.limits.body_idle_timeout,
+        None,
     )
     .await;
     let status = Some(response.status);
@@ -408,13 +409,13 @@ async fn relay_response<S: AsyncRead + AsyncWrite + Unpin>(
 /// Reads the final response head, forwarding any 1xx interim responses to the client as they
 /// come, each rebuilt and filtered as a final response head is. The response timeout starts
 /// once the request body has been sent. Returns the head and the bytes of interim responses
-/// forwarded.
+/// forwarded. `body_done`: told when the request body has been sent (`None`: it has).
 async fn read_response_head<R, W>(
     src: &mut R,
     buf: &mut BytesMut,
     client: &mut W,
     method: &str,
-    body_done: &Notify,
+    body_done: Option<&Notify>,
     timeout: std::time::Duration,
 ) -> Result<(ResponseHead, u64), ResponseError>
 where
@@ -422,7 +423,7 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut interim = 0u64;
-    let mut timer_armed = false;
+    let mut timer_armed = body_done.is_none();
     let mut deadline = tokio::time::Instant::now() + timeout;
     loop {
         if !buf.is_empty() {
@@ -454,7 +455,7 @@ where
         buf.reserve(8192);
         let read = tokio::select! {
             read = src.read_buf(buf) => read,
-            _ = body_done.notified(), if !timer_armed => {
+            () = notified(body_done), if !timer_armed => {
                 timer_armed = true;
                 deadline = tokio::time::Instant::now() + timeout;
                 continue;
@@ -466,5 +467,13 @@ where
             Ok(_) => {}
             Err(e) => return Err(ResponseError::Io(e)),
         }
+    }
+}
+
+/// Waits for `done` to be told; never, for `None`.
+async fn notified(done: Option<&Notify>) {
+    match done {
+        Some(done) => done.notified().await,
+        None => std::future::pending().await,
     }
 }

@@ -9,6 +9,7 @@ mod body;
 pub(crate) mod connect;
 pub(crate) mod forward;
 pub(crate) mod intercept;
+mod outbound;
 pub(crate) mod render;
 mod rewrite;
 
@@ -158,7 +159,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let listener_identity = client.identity.clone();
-    let mut outbound = forward::Kept::default();
+    let mut outbound = outbound::Kept::default();
     loop {
         let head = match read_request_head(client, &egress.limits, stop).await {
             Ok(Some(head)) => head,

@@ -39,7 +39,7 @@ pub(super) fn request_head_bytes(head: &RequestHead, http: &HttpTarget, absolute
     for field in end_to_end_fields(&head.fields).filter(|f| !f.is("via")) {
         push_field(&mut out, &field.name, &field.value);
     }
-    push_field(&mut out, "Via", via(&head.fields).as_bytes());
+    push_via(&mut out, &head.fields);
     out.extend_from_slice(b"\r\n");
     out
 }
@@ -48,15 +48,17 @@ pub(super) fn request_head_bytes(head: &RequestHead, http: &HttpTarget, absolute
 /// when this connection ends after the response.
 pub(super) fn response_head_bytes(head: &ResponseHead, close: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(256 + head.fields.len() * 32);
-    let line = format!(
-        "HTTP/1.{} {} {}\r\n",
-        head.minor_version, head.status, head.reason
-    );
-    out.extend_from_slice(line.as_bytes());
+    out.extend_from_slice(b"HTTP/1.");
+    decimal(&mut out, head.minor_version.into());
+    out.push(b' ');
+    decimal(&mut out, head.status);
+    out.push(b' ');
+    out.extend_from_slice(head.reason.as_bytes());
+    out.extend_from_slice(b"\r\n");
     for field in end_to_end_fields(&head.fields).filter(|f| !f.is("via")) {
         push_field(&mut out, &field.name, &field.value);
     }
-    push_field(&mut out, "Via", via(&head.fields).as_bytes());
+    push_via(&mut out, &head.fields);
     if close {
         push_field(&mut out, "Connection", b"close");
     }
@@ -64,16 +66,32 @@ pub(super) fn response_head_bytes(head: &ResponseHead, close: bool) -> Vec<u8> {
     out
 }
 
-/// Appends this hop to any Via the message already carries.
-fn via(fields: &[Field]) -> String {
-    let prior: Vec<String> = fields
-        .iter()
-        .filter(|f| f.is("via"))
-        .map(|f| String::from_utf8_lossy(&f.value).into_owned())
-        .collect();
-    if prior.is_empty() {
-        VIA.to_owned()
-    } else {
-        format!("{}, {VIA}", prior.join(", "))
+/// The Via field: any Via the message already carries, then this hop. Written in place
+/// (no `fmt`, no copies of valid values): every forwarded message has one.
+fn push_via(out: &mut Vec<u8>, fields: &[Field]) {
+    out.extend_from_slice(b"Via: ");
+    for prior in fields.iter().filter(|f| f.is("via")) {
+        out.extend_from_slice(String::from_utf8_lossy(&prior.value).as_bytes());
+        out.extend_from_slice(b", ");
     }
+    out.extend_from_slice(VIA.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `n` in decimal.
+fn decimal(out: &mut Vec<u8>, n: u16) {
+    let mut digits = [0u8; 5];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        if let Some(d) = digits.get_mut(at) {
+            *d = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(digits.get(at..).unwrap_or_default());
 }

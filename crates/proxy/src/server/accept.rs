@@ -132,19 +132,31 @@ pub(super) async fn accept_loop(
         };
         // A child token: see `Egress::droppable`.
         let dropped = egress.dropped.child_token();
+        // The task's future is as large as its largest front end's, and every HTTP/1
+        // connection (every idle tunnel) pays for it: a node connection's (TLS, HTTP/2) and
+        // a SOCKS5 one's are boxed, so each pays only for its own (issue 32: the task was
+        // 10 KiB, the largest cost of an idle tunnel).
         let work = async move {
             let _open = open;
             match front_end {
                 FrontEnd::Node(node) => {
-                    crate::node::serve::serve(egress.clone(), stream, peer, node, streams, tunnels, stop)
-                        .await;
+                    let serve =
+                        crate::node::serve::serve(egress.clone(), stream, peer, node, streams, tunnels, stop);
+                    Box::pin(serve).await;
                 }
                 FrontEnd::Http1 { require_auth } => {
                     let client = ClientConn::new(stream, peer, identity);
                     http1::serve(&egress, client, require_auth, &stop).await;
                 }
                 FrontEnd::Socks5 { require_auth } => {
-                    crate::socks5::serve(&egress, stream, peer, identity, require_auth).await;
+                    Box::pin(crate::socks5::serve(
+                        &egress,
+                        stream,
+                        peer,
+                        identity,
+                        require_auth,
+                    ))
+                    .await;
                 }
             }
         };

@@ -2,11 +2,13 @@
 //! central ones over mutual TLS, each tunnel, or each client connection's plain HTTP requests
 //! to one destination, one HTTP/2 stream (RFC 9113 section 8.5 CONNECT) on one connection
 //! per node and central. Here: the TLS files (`tls.rs`; `reload.rs` reads them again on
-//! SIGHUP and when they change on disk), the attribution fields (`attribution.rs`), the
+//! SIGHUP and when they change on disk; `admin_cert.rs` the admin listener's, read again
+//! when they change), the attribution fields (`attribution.rs`), the
 //! bridge that gives the HTTP/1.1 transport's tunnels a socket (`bridge.rs`), the HTTP/2
 //! settings and keep-alive, and a central's node listener. The central's front end is
 //! [`crate::node`]; the node's connector is `dial/central.rs`. Nothing here imports either.
 
+mod admin_cert;
 pub mod attribution;
 pub(crate) mod bridge;
 pub mod reload;

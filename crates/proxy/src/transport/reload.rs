@@ -44,9 +44,9 @@ impl Load<rustls::ClientConfig> for ClientFiles {
 /// read now, or is not a regular file of at most 1 MiB). A Secret volume's symlink swap, a
 /// renewal, a rewrite in place that keeps the size and the modification time: each
 /// changes them; a `chmod` or a `touch` does not.
-type Stamp = Option<(usize, u64)>;
+pub(super) type Stamp = Option<(usize, u64)>;
 
-fn stamps(paths: &[PathBuf]) -> Vec<Stamp> {
+pub(super) fn stamps(paths: &[PathBuf]) -> Vec<Stamp> {
     use std::hash::{Hash, Hasher};
     paths
         .iter()

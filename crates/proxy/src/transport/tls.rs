@@ -116,14 +116,14 @@ fn roots_expiring(path: &Path) -> Result<(rustls::RootCertStore, Option<i64>), T
     Ok((roots, expiry))
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+pub(super) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
 /// ALPN identifiers: HTTP/2 (the transport), HTTP/1.1 (one tunnel per connection, for
 /// comparison).
 const H2: &[u8] = b"h2";
-const HTTP1: &[u8] = b"http/1.1";
+pub(super) const HTTP1: &[u8] = b"http/1.1";
 
 /// The files of a central's node listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,25 +164,12 @@ impl ServerFiles {
 
 /// The files of an admin listener that serves TLS. No client certificate: its callers
 /// authenticate with bearer tokens; TLS keeps those and the answers private, and proves
-/// the listener to a follower that holds the CA.
+/// the listener to a follower that holds the CA. Loaded, and read again when they change,
+/// by `admin_cert.rs`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdminFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
-}
-
-impl AdminFiles {
-    pub fn load(&self) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-        let certs = load_certs(&self.cert)?;
-        let mut config = rustls::ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| TlsError::Config(e.to_string()))?
-            .with_no_client_auth()
-            .with_single_cert(certs, load_key(&self.key)?)
-            .map_err(|e| file_error(&self.key, format!("does not match {}: {e}", self.cert.display())))?;
-        config.alpn_protocols = vec![HTTP1.to_vec()];
-        Ok(Arc::new(config))
-    }
 }
 
 /// The files of a node's client.

@@ -1,5 +1,7 @@
 //! The bodies of an intercepted tunnel: a counting body that sends its exchange's close
-//! when it ends, and the client's socket with the bytes it sent behind its CONNECT first.
+//! when it ends, a request body searched for placeholders bound elsewhere, the client's
+//! socket with the bytes it sent behind its CONNECT first, and its TLS side watched for the
+//! idle timeout.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -21,6 +23,8 @@ pub(super) struct Done {
     pub(super) sent: Arc<AtomicU64>,
     pub(super) status: u16,
     pub(super) closes: mpsc::UnboundedSender<(Grant, End)>,
+    /// Where the request body's search left a leak it found after the response began.
+    pub(super) leaked: Arc<std::sync::Mutex<Option<sandgate_policy::Leak>>>,
 }
 
 /// A body that counts its bytes and, for a response, sends its exchange's close when it
@@ -34,6 +38,9 @@ pub(super) struct Counted<B> {
 impl<B> Counted<B> {
     pub(super) fn finish(&mut self, outcome: Outcome) {
         if let Some(done) = self.done.take() {
+            // The request's body was cut on a placeholder while the response streamed.
+            let leaked = done.leaked.lock().is_ok_and(|l| l.is_some());
+            let outcome = if leaked { Outcome::CredentialLeak } else { outcome };
             let end = End {
                 sent: done.sent.load(Ordering::Relaxed),
                 received: self.bytes.load(Ordering::Relaxed),
@@ -88,6 +95,55 @@ impl<B> Drop for Counted<B> {
     }
 }
 
+/// A request body searched for placeholders bound to other hosts as it streams
+/// ([`sandgate_policy::BodyScan`]): the chunk that completes one is not passed on; the body
+/// fails instead, and the leak waits in `found` for the exchange to record.
+pub(super) struct Scanned<B> {
+    pub(super) inner: B,
+    pub(super) scan: sandgate_policy::BodyScan,
+    pub(super) found: Arc<std::sync::Mutex<Option<sandgate_policy::Leak>>>,
+}
+
+impl<B> Body for Scanned<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        let Poll::Ready(Some(Ok(frame))) = polled else {
+            return polled.map(|f| f.map(|r| r.map_err(Into::into)));
+        };
+        if let Some(data) = frame.data_ref()
+            && let Err(leak) = self.scan.feed(data)
+        {
+            let text = leak.to_string();
+            if let Ok(mut slot) = self.found.lock() {
+                *slot = Some(leak);
+            }
+            return Poll::Ready(Some(Err(text.into())));
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The error of a request body on its way upstream.
+pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// The client's socket with the bytes it sent behind its CONNECT read first.
 pub(super) struct Prefixed {
     pub(super) early: Vec<u8>,
@@ -119,6 +175,58 @@ impl AsyncWrite for Prefixed {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The client's side of an intercepted tunnel, noting when bytes last moved either way (in
+/// milliseconds since `since`), so the tunnel ends after the idle timeout as a blind one does.
+pub(super) struct Watched<S> {
+    pub(super) inner: S,
+    pub(super) since: tokio::time::Instant,
+    pub(super) last: Arc<AtomicU64>,
+}
+
+impl<S> Watched<S> {
+    fn moved(&self) {
+        let ms = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.store(ms, Ordering::Relaxed);
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.moved();
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.moved();
+        }
+        polled
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {

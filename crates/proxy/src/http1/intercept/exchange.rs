@@ -16,8 +16,8 @@ use hyper_util::rt::TokioIo;
 use sandgate_policy::{Access, Host, Identity, Target, TargetError};
 use tokio::sync::{Mutex, mpsc};
 
-use super::body::{Counted, Done};
-use super::{ResBody, Sender};
+use super::body::{Counted, Done, Scanned};
+use super::{ReqBody, ResBody, Sender};
 use crate::egress::{Egress, End, Grant, Refused, Request};
 use crate::inspect::Interceptor;
 use crate::refusal::{Refusal, ResponseError};
@@ -48,8 +48,21 @@ pub(super) struct Upstreams {
 }
 
 impl Exchanges {
-    /// One request: decided and recorded by the core; forwarded when allowed.
+    /// One request: decided and recorded by the core; forwarded when allowed. A refusal of
+    /// a HEAD has no body (RFC 9110, 9.3.2): over HTTP/2 a body on it is a protocol error
+    /// the client fails the stream on, where it should read the 403.
     pub(super) async fn exchange(&self, req: HttpRequest<Incoming>) -> Result<Response<ResBody>, Infallible> {
+        let head = req.method() == hyper::Method::HEAD;
+        let mut response = self.answer(req).await?;
+        if head && response.extensions().get::<Ours>().is_some() {
+            *response.body_mut() = http_body_util::Empty::new()
+                .map_err(|never: Infallible| match never {})
+                .boxed_unsync();
+        }
+        Ok(response)
+    }
+
+    async fn answer(&self, req: HttpRequest<Incoming>) -> Result<Response<ResBody>, Infallible> {
         let method = req.method().as_str().to_owned();
         let path = req
             .uri()
@@ -188,6 +201,18 @@ impl Exchanges {
             bytes: sent.clone(),
             done: None,
         };
+        // Searched for placeholders bound elsewhere, when a credential asks for it.
+        let found = Arc::new(std::sync::Mutex::new(None));
+        let body: ReqBody = match self.egress.body_scan(&self.target) {
+            Some(scan) => Scanned {
+                inner: body,
+                scan,
+                found: found.clone(),
+            }
+            .boxed_unsync(),
+            None => body.map_err(Into::into).boxed_unsync(),
+        };
+        let leaked = || found.lock().ok().and_then(|mut slot| slot.take());
         let Some(sender) = up.sender.as_mut() else {
             return self.fail(grant, ResponseError::Closed, 0).await;
         };
@@ -197,7 +222,7 @@ impl Exchanges {
         }
         // The response head within the response timeout; a stalled origin fails this
         // request, not the tunnel's next ones.
-        let send = sender.send_request(HttpRequest::from_parts(parts, body.boxed_unsync()));
+        let send = sender.send_request(HttpRequest::from_parts(parts, body));
         let answer = match tokio::time::timeout(self.egress.limits.response_timeout, send).await {
             Ok(answer) => answer,
             Err(_) => {
@@ -209,6 +234,21 @@ impl Exchanges {
         };
         let response = match answer {
             Ok(response) => response,
+            Err(_) if let Some(leak) = leaked() => {
+                // The origin may keep what came before the placeholder: its connection goes.
+                up.sender = None;
+                tracing::warn!(%leak, "a request body carried a placeholder; cut");
+                let refused = self
+                    .egress
+                    .fail(
+                        grant,
+                        Refusal::CredentialLeak(leak),
+                        sent.load(Ordering::Relaxed),
+                        0,
+                    )
+                    .await;
+                return refusal(&refused);
+            }
             Err(e) => {
                 let error = match e.is_timeout() {
                     true => ResponseError::Timeout,
@@ -228,6 +268,7 @@ impl Exchanges {
                 sent,
                 status,
                 closes: self.closes.clone(),
+                leaked: found.clone(),
             }),
         };
         // A response with no body (HEAD, 204, 304) is whole already: hyper never polls it.
@@ -303,15 +344,10 @@ fn end_to_end(headers: &mut HeaderMap) {
         .collect();
     // And what would change the request the rules judged: a method override (Rails,
     // Google APIs) and `Expect` (hyper answered the 100-continue itself).
-    let overrides = [
-        "x-http-method-override",
-        "x-http-method",
-        "x-method-override",
-        "expect",
-    ];
     for name in crate::h1::head::HOP_BY_HOP
         .iter()
-        .chain(overrides.iter())
+        .chain(crate::h1::head::METHOD_OVERRIDES)
+        .chain(&["expect"])
         .map(|s| (*s).to_owned())
         .chain(named)
     {
@@ -346,8 +382,13 @@ fn refusal(refused: &Refused) -> Response<ResBody> {
     if let Ok(id) = HeaderValue::from_str(&refused.id) {
         headers.insert("sandgate-request-id", id);
     }
+    response.extensions_mut().insert(Ours);
     response
 }
+
+/// Marks a response the proxy wrote itself (a refusal), not one of the origin's.
+#[derive(Debug, Clone, Copy)]
+struct Ours;
 
 #[cfg(test)]
 mod tests {

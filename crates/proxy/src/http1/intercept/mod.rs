@@ -10,7 +10,8 @@
 //! its method and path: decided, recorded (`scheme: https`), forwarded on the tunnel's
 //! upstream connection (HTTP/1.1, one request at a time), and closed with its status and
 //! bytes. A request whose `Host`, absolute URI or `:authority` names another host than the
-//! tunnel's is refused (400, `host_mismatch`).
+//! tunnel's is refused (400, `host_mismatch`). A tunnel that moves no byte either way for the
+//! tunnel idle timeout ends (`idle_timeout`), HTTP/2 or not, as a blind tunnel does.
 
 mod body;
 mod exchange;
@@ -26,7 +27,7 @@ use sandgate_policy::{Host, Identity, Target};
 use tokio::net::TcpStream;
 use tokio::sync::{Mutex, mpsc};
 
-use self::body::Prefixed;
+use self::body::{Prefixed, Watched};
 use self::exchange::{Exchanges, MAX_STREAMS, Upstreams};
 use crate::audit::event::Outcome;
 use crate::egress::{Dialed, Egress, End, Grant, Opened};
@@ -35,7 +36,9 @@ use crate::refusal::Refusal;
 use crate::relay::Upstream;
 
 type ResBody = UnsyncBoxBody<Bytes, hyper::Error>;
-type Sender = hyper::client::conn::http1::SendRequest<ResBody>;
+/// A request body on its way upstream (it may fail on a placeholder it carries).
+type ReqBody = UnsyncBoxBody<Bytes, body::BoxError>;
+type Sender = hyper::client::conn::http1::SendRequest<ReqBody>;
 
 /// Who the tunnel's requests come from.
 pub(crate) struct Client {
@@ -161,12 +164,30 @@ impl Tunnel<'_> {
             let exchanges = exchanges.clone();
             async move { exchanges.exchange(req).await }
         });
-        let mut serve = Box::pin(builder.serve_connection(TokioIo::new(tls), service));
+        // Bytes moving either way keep the tunnel; none for the idle timeout end it, HTTP/2
+        // pings and all (hyper's timers bound a request's head, not a silent connection).
+        let since = tokio::time::Instant::now();
+        let last = Arc::new(AtomicU64::new(0));
+        let watched = Watched {
+            inner: tls,
+            since,
+            last: last.clone(),
+        };
+        let idle = limits.tunnel_idle_timeout;
+        let mut serve = Box::pin(builder.serve_connection(TokioIo::new(watched), service));
         // Each exchange's close is recorded as its response body ends.
         let served = loop {
+            let quiet_from = since + std::time::Duration::from_millis(last.load(Ordering::Relaxed));
             tokio::select! {
-                served = &mut serve => break served,
+                served = &mut serve => break Some(served),
                 Some((grant, end)) = closed.recv() => self.record(grant, end).await,
+                () = tokio::time::sleep_until(quiet_from + idle) => {
+                    if quiet_from.elapsed() >= idle
+                        && since + std::time::Duration::from_millis(last.load(Ordering::Relaxed)) == quiet_from
+                    {
+                        break None;
+                    }
+                }
             }
         };
         // The service (and its sender of closes) goes with the connection; streams still
@@ -175,6 +196,9 @@ impl Tunnel<'_> {
         while let Ok(Some((grant, end))) = tokio::time::timeout(DRAIN, closed.recv()).await {
             self.record(grant, end).await;
         }
+        let Some(served) = served else {
+            return Outcome::IdleTimeout;
+        };
         match served {
             Ok(()) => Outcome::Ok,
             Err(e)
