@@ -124,6 +124,8 @@ fn the_documented_exception_is_what_the_api_writes() {
         decided_at: Some(1_795_741_323),
         note: Some("n".into()),
         expires_at: Some(1_795_741_383),
+        below: Default::default(),
+        tweak: None,
     };
     let pending = sandgate_policy::Exception {
         state: sandgate_policy::ExceptionState::Pending,
@@ -134,7 +136,31 @@ fn the_documented_exception_is_what_the_api_writes() {
         expires_at: None,
         ..approved.clone()
     };
-    for ex in [approved, pending] {
+    let below = sandgate_policy::Exception {
+        below: sandgate_policy::exception::BelowHost::new(
+            Some(vec!["GET".into()]),
+            Some(vec!["/org/**".into()]),
+            false,
+        ),
+        ..approved.clone()
+    };
+    let read_only = sandgate_policy::Exception {
+        below: sandgate_policy::exception::BelowHost::new(None, None, true),
+        ..approved.clone()
+    };
+    let tweak = sandgate_policy::Exception {
+        hosts: Vec::new(),
+        ports: Vec::new(),
+        tweak: Some(sandgate_policy::exception::Tweak {
+            sandbox: "web".into(),
+            max_seconds: Some(600),
+            max_output_bytes: Some(1 << 20),
+            network: true,
+            workspace: Some("/srv/x".into()),
+        }),
+        ..approved.clone()
+    };
+    for ex in [approved, pending, below, read_only, tweak] {
         let written = serde_json::to_value(&ex).unwrap();
         let written = written.as_object().unwrap();
         for (name, value) in written {

@@ -37,6 +37,8 @@ fn ex(id: &str, requested_at: i64) -> Exception {
         decided_at: None,
         note: None,
         expires_at: None,
+        below: Default::default(),
+        tweak: None,
     }
 }
 

@@ -5,18 +5,24 @@
 //!
 //! What already answers a request, so an agent that asks again (a retry, a second tool call,
 //! a loop) cannot pile up rows for an approver to pick from:
-//! - a request still pending for the same task and project, the same set of hosts and the
-//!   same set of ports (its TTL and reason may differ; the pending one is returned as it is);
+//! - a request still pending for the same task and project, the same set of hosts, the same
+//!   set of ports, the same methods and paths and the same tweak (its TTL and reason may differ; the pending
+//!   one is returned as it is);
 //! - an exception active now for the task whose hosts and ports include every one asked for
-//!   (and that this policy's bounds still allow, so it applies here).
+//!   and whose methods and paths allow all it asks (and that this policy's bounds still
+//!   allow, so it applies here); for a tweak, an active tweak of the task that asks at
+//!   least as much ([`Tweak::within`](sandgate_policy::exception::Tweak::within)), and a
+//!   request for hosts never by a tweak.
 //!
 //! The check and the insert are one step under the service's lock (`changes`), so requests
 //! to one proxy, concurrent or not, file one row. Across proxies sharing a PostgreSQL store
-//! this does not hold: each proxy reads, then inserts, in separate statements, so two
-//! identical requests sent to two proxies at the same instant can both pass the check (the
-//! window is one store round trip). Both rows are then pending side by side, and every later
-//! identical request returns the older. Closing that window needs the store's help (a unique
-//! index over the pending rows' task, hosts and ports, or an advisory lock on that key).
+//! the store makes them one step too: the insert is `insert_pending_unless`, which checks
+//! for a pending request of the same ask (`same_ask`, the one definition of identical)
+//! and inserts in one transaction under an advisory lock on the task, so two identical
+//! requests sent to two proxies at the same instant file one row, and the second proxy
+//! returns it. (An active exception that covers the ask is checked under the service's
+//! lock only: one approved through another proxy meanwhile leaves a pending request that
+//! the next identical request returns.)
 
 use sandgate_policy::{Exception, ExceptionState, NewRequest, Principal, Role};
 use sandgate_proxy::audit::event::Change;
@@ -91,7 +97,12 @@ impl Control {
                 who.name
             )));
         }
-        self.store.insert(&ex).await?;
+        // Checked again by the store as it inserts: another proxy on a shared database may
+        // have filed the same ask since the check above.
+        if let Some(same) = self.store.insert_pending_unless(&ex, same_ask).await? {
+            tracing::debug!(exception = %same.id, by = %who.name, "an identical request was filed meanwhile; returned");
+            return Ok(Filed::Pending(same));
+        }
         self.record(Change::Requested, &ex, Some(&who.name)).await;
         Ok(Filed::New(ex))
     }
@@ -171,20 +182,38 @@ impl Control {
         Ok(approved.into_iter().find(|a| {
             a.is_active(now)
                 && a.task_id == ask.task_id
+                && tweak_covered(ask, a)
                 && ask.hosts.iter().all(|h| a.hosts.contains(h))
                 && ask.ports.iter().all(|p| a.ports.contains(p))
+                && ask.below.within(&a.below)
                 && self.policy.check_bounds(a).is_ok()
         }))
     }
 }
 
-/// The same ask: task, project, and the same sets of hosts and ports (compared as sets, so
-/// a row written in another order by another proxy matches too).
+/// The same ask: task, project, the same sets of hosts and ports (compared as sets, so a
+/// row written in another order by another proxy matches too), and the same methods and
+/// paths (kept sorted by `admit`).
 fn same_ask(a: &Exception, b: &Exception) -> bool {
     use std::collections::BTreeSet;
     let hosts = |e: &Exception| e.hosts.iter().cloned().collect::<BTreeSet<_>>();
     let ports = |e: &Exception| e.ports.iter().copied().collect::<BTreeSet<_>>();
-    a.task_id == b.task_id && a.project_id == b.project_id && hosts(a) == hosts(b) && ports(a) == ports(b)
+    a.task_id == b.task_id
+        && a.project_id == b.project_id
+        && hosts(a) == hosts(b)
+        && ports(a) == ports(b)
+        && a.below == b.below
+        && a.tweak == b.tweak
+}
+
+/// A tweak is covered only by a tweak that asks at least as much (the same sandbox and
+/// workspace, each value at least as large); a request for hosts never by a tweak.
+fn tweak_covered(ask: &Exception, by: &Exception) -> bool {
+    match (&ask.tweak, &by.tweak) {
+        (None, None) => true,
+        (Some(asked), Some(active)) => asked.within(active),
+        _ => false,
+    }
 }
 
 #[cfg(test)]

@@ -100,6 +100,7 @@ fn ask(hosts: &[&str], ports: &[u16]) -> NewRequest {
         requested_ports: Some(ports.to_vec()),
         ttl_seconds: 300,
         reason: "pip install".into(),
+        ..NewRequest::default()
     }
 }
 
@@ -307,4 +308,93 @@ async fn a_one_step_allow_stays_within_roles_and_bounds() {
         assert!(err.to_string().contains(why), "{err}");
     }
     assert!(f.store.list().await.unwrap().is_empty());
+}
+
+fn tweak_ask(sandbox: &str, max_seconds: u64, network: bool) -> NewRequest {
+    NewRequest {
+        task_id: "t-1".into(),
+        ttl_seconds: 300,
+        reason: "the suite takes ten minutes".into(),
+        tweak: Some(sandgate_policy::exception::Tweak {
+            sandbox: sandbox.into(),
+            max_seconds: Some(max_seconds),
+            network,
+            ..Default::default()
+        }),
+        ..NewRequest::default()
+    }
+}
+
+/// A tweak is filed like hosts: the same tweak again returns the pending row, another
+/// tweak (or hosts) is another row; a requester cannot approve it; once approved it answers
+/// every tweak within it for its sandbox, and nothing else: not a larger one, not another
+/// sandbox's, not a request for hosts. It publishes no network entry.
+#[tokio::test]
+async fn tweaks_are_filed_deduplicated_and_covered_only_by_tweaks_within() {
+    let f = fixture(None).await;
+    let first = f
+        .control
+        .request(&who("agent"), tweak_ask("web", 600, false))
+        .await
+        .unwrap();
+    assert!(first.is_new());
+    let id = first.exception().id.clone();
+    assert!(first.exception().hosts.is_empty());
+    let mut again = tweak_ask("web", 600, false);
+    again.reason = "still".into();
+    assert_eq!(
+        f.control.request(&who("agent-2"), again).await.unwrap(),
+        Filed::Pending(first.exception().clone())
+    );
+    for other in [
+        tweak_ask("web", 601, false),
+        tweak_ask("db", 600, false),
+        tweak_ask("web", 600, true),
+    ] {
+        assert!(f.control.request(&who("agent"), other).await.unwrap().is_new());
+    }
+    // The requester's token cannot decide, its own request included.
+    let err = f
+        .control
+        .approve(&who("agent"), &id, &Default::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ControlError::Forbidden(_)), "{err}");
+    f.control
+        .approve(&who("alice"), &id, &Default::default())
+        .await
+        .unwrap();
+    assert!(
+        f.control.known.known().iter().all(|e| e.entries().is_empty()),
+        "a tweak opens nothing on the network"
+    );
+    match f
+        .control
+        .request(&who("agent"), tweak_ask("web", 300, false))
+        .await
+        .unwrap()
+    {
+        Filed::Active(ex) => assert_eq!(ex.id, id),
+        other => panic!("{other:?}"),
+    }
+    for not_covered in [tweak_ask("web", 900, false), tweak_ask("db", 60, false)] {
+        let filed = f.control.request(&who("agent"), not_covered).await.unwrap();
+        assert!(!matches!(filed, Filed::Active(_)), "{filed:?}");
+    }
+    assert!(
+        f.control
+            .request(&who("agent"), ask(&["a.example"], &[443]))
+            .await
+            .unwrap()
+            .is_new(),
+        "a tweak never answers a request for hosts"
+    );
+    // A request for hosts and a tweak in one is refused.
+    let mut both = tweak_ask("web", 60, false);
+    both.requested_hosts = vec!["a.example".into()];
+    let err = f.control.request(&who("agent"), both).await.unwrap_err();
+    assert!(
+        matches!(err, ControlError::Request(RequestError::TweakWithHosts)),
+        "{err}"
+    );
 }

@@ -7,7 +7,10 @@
 //! from ([`ExceptionStore::transition`]): two proxies sharing a database cannot both approve,
 //! revoke or expire the same exception, and a stale proxy cannot undo a newer decision. The
 //! states only move forward (pending, then approved or denied, then revoked or expired), so
-//! the stored state is the version.
+//! the stored state is the version. A new pending request is stored unless an identical
+//! one is pending, checked and inserted in one step ([`ExceptionStore::insert_pending_unless`]:
+//! on PostgreSQL under a transaction-scoped advisory lock on the task), so identical requests
+//! filed at the same instant through two proxies store one row.
 //!
 //! The interface is asynchronous (the PostgreSQL store awaits the network); its methods
 //! return boxed futures so the control plane can hold either store as `dyn ExceptionStore`.
@@ -56,10 +59,23 @@ pub enum StoreError {
 /// What a store call returns: a boxed future, so the interface stays object-safe.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
+/// Whether a stored pending request asks the same as a new one (the service's definition of
+/// an identical request; the store only applies it).
+pub type Same = fn(stored: &Exception, new: &Exception) -> bool;
+
 /// The store's interface.
 pub trait ExceptionStore: Send + Sync + std::fmt::Debug {
     /// Adds a new exception; an id that exists is an error.
     fn insert<'a>(&'a self, ex: &'a Exception) -> StoreFuture<'a, ()>;
+    /// Adds `ex`, a pending request, unless a pending request of its task that is `same` as
+    /// it is stored: then returns that one (the oldest) and adds nothing. The check and the
+    /// insert are one step for every writer of the store, so identical requests filed at
+    /// the same instant, through one proxy or several sharing a database, store one row.
+    fn insert_pending_unless<'a>(
+        &'a self,
+        ex: &'a Exception,
+        same: Same,
+    ) -> StoreFuture<'a, Option<Exception>>;
     /// Stores `ex` (its new state and record) only if the stored state is still `from`;
     /// [`StoreError::Conflict`] otherwise, and nothing is changed.
     fn transition<'a>(&'a self, ex: &'a Exception, from: ExceptionState) -> StoreFuture<'a, ()>;

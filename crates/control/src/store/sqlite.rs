@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{Connection, OptionalExtension, params};
 use sandgate_policy::{Exception, ExceptionState};
 
-use super::{ExceptionStore, StoreError, StoreFuture};
+use super::{ExceptionStore, Same, StoreError, StoreFuture};
 
 /// The embedded store: one SQLite file under the state directory.
 #[derive(Debug)]
@@ -53,6 +53,14 @@ impl SqliteStore {
 impl ExceptionStore for SqliteStore {
     fn insert<'a>(&'a self, ex: &'a Exception) -> StoreFuture<'a, ()> {
         Box::pin(async move { self.insert_now(ex) })
+    }
+
+    fn insert_pending_unless<'a>(
+        &'a self,
+        ex: &'a Exception,
+        same: Same,
+    ) -> StoreFuture<'a, Option<Exception>> {
+        Box::pin(async move { self.insert_pending_unless_now(ex, same) })
     }
 
     fn transition<'a>(&'a self, ex: &'a Exception, from: ExceptionState) -> StoreFuture<'a, ()> {
@@ -103,6 +111,36 @@ impl SqliteStore {
             return Err(StoreError::Duplicate(ex.id.clone()));
         }
         Ok(())
+    }
+
+    /// One immediate transaction (the write lock taken at its start) under the connection's
+    /// mutex: the check and the insert cannot interleave with another writer's.
+    fn insert_pending_unless_now(&self, ex: &Exception, same: Same) -> Result<Option<Exception>, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let bodies = {
+            let mut stmt = tx.prepare(
+                "SELECT body FROM exceptions WHERE state = ?1 AND task_id = ?2 ORDER BY requested_at, id",
+            )?;
+            stmt.query_map(params![ExceptionState::Pending.as_str(), ex.task_id], |r| {
+                r.get::<_, String>(0)
+            })?
+            .collect::<Result<Vec<_>, _>>()?
+        };
+        let pending = super::parse_rows(bodies.iter().map(String::as_str));
+        if let Some(found) = pending.into_iter().find(|p| same(p, ex)) {
+            return Ok(Some(found));
+        }
+        let body = serde_json::to_string(ex)?;
+        let done = tx.execute(
+            "INSERT OR IGNORE INTO exceptions (id, task_id, state, requested_at, body) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![ex.id, ex.task_id, ex.state.as_str(), ex.requested_at, body],
+        )?;
+        if done == 0 {
+            return Err(StoreError::Duplicate(ex.id.clone()));
+        }
+        tx.commit()?;
+        Ok(None)
     }
 
     fn transition_now(&self, ex: &Exception, from: ExceptionState) -> Result<(), StoreError> {

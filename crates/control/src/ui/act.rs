@@ -36,6 +36,9 @@ pub(super) struct Fields {
     ttl: Option<String>,
     #[serde(default)]
     note: Option<String>,
+    /// An approval's "read-only" box: only GET, HEAD and OPTIONS (`on` when ticked).
+    #[serde(default)]
+    read_only: Option<String>,
     #[serde(default)]
     task: Option<String>,
     #[serde(default)]
@@ -66,8 +69,9 @@ pub(super) async fn act(
                 Err(why) => return refusal(StatusCode::UNPROCESSABLE_ENTITY, &why),
             };
             let narrow = Narrowing {
-                hosts: None,
                 ttl_seconds,
+                read_only: f.read_only.as_deref() == Some("on"),
+                ..Narrowing::default()
             };
             c.approve(&s.who, &id, &narrow).await
         }
@@ -120,6 +124,7 @@ pub(super) async fn allow(
         requested_ports: Some(vec![port]),
         ttl_seconds: ttl,
         reason: format!("allowed on the approvals page after a deny{after}"),
+        ..NewRequest::default()
     };
     let result = state.control.allow(&s.who, req).await;
     let result =

@@ -73,7 +73,36 @@ function button(label, id, onClick, cls) {
   return b;
 }
 function list(xs) { return (xs || []).join(', '); }
-function what(e) { return list(e.hosts) + ' (port ' + list(e.ports) + ') for task ' + e.task_id; }
+// What an exception allows below its hosts, when it limits it: "read-only", "GET on /org/**".
+function requests(e) {
+  const methods = e.read_only ? 'read-only (GET, HEAD, OPTIONS)' : e.methods ? list(e.methods) : '';
+  const paths = e.paths ? list(e.paths) : '';
+  if (!methods && !paths) return '';
+  return (methods || 'any method') + ' on ' + (paths || 'any path');
+}
+// What a tweak asks for one sandbox of `sandgate mcp`, in words:
+// "sandbox web: 600 s, 10 MiB output, network, workspace /srv/x".
+function byteSize(n) {
+  for (const [unit, size] of [['GiB', 1 << 30], ['MiB', 1 << 20], ['KiB', 1 << 10]]) {
+    if (n >= size && n % size === 0) return n / size + ' ' + unit;
+  }
+  return n + ' bytes';
+}
+function tweakText(t) {
+  const parts = [];
+  if (t.max_seconds) parts.push(t.max_seconds + ' s');
+  if (t.max_output_bytes) parts.push(byteSize(t.max_output_bytes) + ' output');
+  if (t.network) parts.push('network');
+  if (t.workspace) parts.push('workspace ' + t.workspace);
+  return 'sandbox ' + t.sandbox + ': ' + parts.join(', ');
+}
+// What an exception is for: its hosts, or a tweak.
+function askedFor(e) { return e.tweak ? tweakText(e.tweak) : list(e.hosts); }
+function what(e) {
+  if (e.tweak) return tweakText(e.tweak) + ' for task ' + e.task_id;
+  const r = requests(e);
+  return list(e.hosts) + ' (port ' + list(e.ports) + (r ? '; ' + r : '') + ') for task ' + e.task_id;
+}
 
 // ---- talking to the server ----
 
@@ -197,26 +226,31 @@ function ttlChoice(e) {
 function pendingRow(tr, e) {
   whenCell(tr, e.requested_at, 'by ' + e.requested_by);
   td(tr, e.task_id, 'mono');
-  td(tr, list(e.hosts), 'mono');
+  td(tr, askedFor(e), 'mono', requests(e));
   td(tr, list(e.ports), 'mono');
   td(tr, span(e.ttl_seconds));
   td(tr, e.reason);
   const c = td(tr, '', 'act');
   if (!canDecide) return;
   const ttl = ttlChoice(e);
-  const approve = button('Approve', 'approve-' + e.id, () => act(approve, '/ui/approve/' + encodeURIComponent(e.id), { ttl: ttl.value },
-    (x) => 'Approved ' + list(x.hosts) + ' for task ' + x.task_id + ' for ' + span(x.ttl_seconds) + '.'));
+  // Read-only narrows a request that named no methods (it could only widen one that did).
+  const ro = e.tweak || e.methods || e.read_only ? null : el('input', { type: 'checkbox', id: 'read-only-' + e.id });
+  const approve = button('Approve', 'approve-' + e.id, () => act(approve, '/ui/approve/' + encodeURIComponent(e.id),
+    Object.assign({ ttl: ttl.value }, ro && ro.checked ? { read_only: 'on' } : {}),
+    (x) => 'Approved ' + askedFor(x) + (x.read_only ? ' read-only' : '') + ' for task ' + x.task_id + ' for ' + span(x.ttl_seconds) + '.'));
   const deny = button('Deny…', 'deny-' + e.id, () => openPanel(tr, {
     verb: 'deny', id: e.id, question: 'Deny ' + what(e) + '?', label: 'Deny', path: '/ui/deny/' + encodeURIComponent(e.id),
-    done: (x) => 'Denied ' + list(x.hosts) + ' for task ' + x.task_id + '.',
+    done: (x) => 'Denied ' + askedFor(x) + ' for task ' + x.task_id + '.',
   }));
-  c.append(ttl, approve, deny);
+  c.append(ttl);
+  if (ro) c.append(el('label', { title: 'approve GET, HEAD and OPTIONS only' }, [ro, ' read-only']));
+  c.append(approve, deny);
 }
 
 function activeRow(tr, e) {
   whenCell(tr, e.decided_at, 'by ' + (e.decided_by || '?'));
   td(tr, e.task_id, 'mono');
-  td(tr, list(e.hosts), 'mono');
+  td(tr, askedFor(e), 'mono', requests(e));
   td(tr, list(e.ports), 'mono');
   const expires = secs(e.expires_at);
   const left = el('span', { className: 'countdown' });
@@ -228,7 +262,7 @@ function activeRow(tr, e) {
   c.append(button('Revoke…', 'revoke-' + e.id, () => openPanel(tr, {
     verb: 'revoke', id: e.id, question: 'Revoke ' + what(e) + ' now? Its open connections are cut at once.', label: 'Revoke now',
     path: '/ui/revoke/' + encodeURIComponent(e.id),
-    done: (x) => 'Revoked ' + list(x.hosts) + ' for task ' + x.task_id + '; its connections were cut.',
+    done: (x) => 'Revoked ' + askedFor(x) + ' for task ' + x.task_id + '; its connections were cut.',
   })));
 }
 
@@ -237,7 +271,7 @@ function recentRow(tr, e) {
   td(tr, e.state, 'state state-' + e.state);
   whenCell(tr, e.decided_at, (DID[e.state] || e.state) + ' by ' + (e.decided_by || '?'));
   td(tr, e.task_id, 'mono');
-  td(tr, list(e.hosts), 'mono');
+  td(tr, askedFor(e), 'mono', requests(e));
   td(tr, list(e.ports), 'mono');
   const end = secs(e.expires_at);
   if (e.state === 'denied') td(tr, span(e.ttl_seconds), '', 'asked');

@@ -8,6 +8,9 @@
 //! other proxies only if the change commits. The payload is never trusted as data (anyone
 //! with access to the database can send one); a notification only makes a proxy read the
 //! table again ([`listen`]). The schema is versioned and migrated at start ([`migrate`]).
+//! A new pending request is checked against the task's pending rows and inserted under a
+//! transaction-scoped advisory lock on the task, so two proxies filing the same request at
+//! once store one row.
 //!
 //! Connections are plain on a Unix socket (`host=/run/postgresql`). Over a network, give the
 //! CA that signed the database's certificate (`--state-ca`): every connection is then TLS
@@ -27,10 +30,14 @@ use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::{Config, NoTls};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::{ExceptionStore, StoreError, StoreFuture};
+use super::{ExceptionStore, Same, StoreError, StoreFuture};
 
 /// The channel every change is announced on.
 pub const CHANNEL: &str = "sandgate_exceptions";
+/// The first key of the transaction-scoped advisory lock a new pending request is checked
+/// and inserted under (the second is the task id's hash): "sgpr" in ASCII. Two-key advisory
+/// locks never collide with the one-key lock the migrations take.
+const PENDING_LOCK: i32 = 0x7367_7072;
 /// Connections one proxy keeps to the database (its calls are few and short).
 const POOL_SIZE: usize = 4;
 /// The longest a call may take, waiting for a connection included.
@@ -138,6 +145,61 @@ impl PgStore {
         tx.commit().await.map_err(|e| pg_error(name, e))
     }
 
+    /// One transaction: the advisory lock on the task (held until it ends, so every proxy's
+    /// check and insert for the task take turns; in READ COMMITTED each statement reads
+    /// what committed before it, so the check sees the row of a turn before), the task's
+    /// pending rows, then the insert and its notification, or nothing when one is `same`.
+    async fn insert_pending_unless_now(
+        &self,
+        ex: &Exception,
+        same: Same,
+    ) -> Result<Option<Exception>, StoreError> {
+        let name = &self.name;
+        let body = serde_json::to_string(ex)?;
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(|e| pg_error(name, e))?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+            &[&PENDING_LOCK, &ex.task_id],
+        )
+        .await
+        .map_err(|e| pg_error(name, e))?;
+        let rows = tx
+            .query(
+                "SELECT body FROM sandgate_exceptions WHERE state = $1 AND task_id = $2 \
+                 ORDER BY requested_at, id",
+                &[&ExceptionState::Pending.as_str(), &ex.task_id],
+            )
+            .await
+            .map_err(|e| pg_error(name, e))?;
+        let bodies: Vec<String> = rows
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()
+            .map_err(|e| pg_error(name, e))?;
+        let pending = super::parse_rows(bodies.iter().map(String::as_str));
+        if let Some(found) = pending.into_iter().find(|p| same(p, ex)) {
+            // Dropped, the transaction rolls back and the lock goes with it.
+            return Ok(Some(found));
+        }
+        let done = tx
+            .execute(
+                "INSERT INTO sandgate_exceptions (id, task_id, state, requested_at, body) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
+                &[&ex.id, &ex.task_id, &ex.state.as_str(), &ex.requested_at, &body],
+            )
+            .await
+            .map_err(|e| pg_error(name, e))?;
+        if done == 0 {
+            return Err(StoreError::Duplicate(ex.id.clone()));
+        }
+        tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &ex.id])
+            .await
+            .map_err(|e| pg_error(name, e))?;
+        tx.commit().await.map_err(|e| pg_error(name, e))?;
+        Ok(None)
+    }
+
     /// The exceptions a query selects (its one parameter, if any, bound to `$1`).
     async fn select(&self, sql: &str, param: Option<&str>) -> Result<Vec<Exception>, StoreError> {
         let client = self.client().await?;
@@ -168,6 +230,14 @@ impl ExceptionStore for PgStore {
             )
             .await
         }))
+    }
+
+    fn insert_pending_unless<'a>(
+        &'a self,
+        ex: &'a Exception,
+        same: Same,
+    ) -> StoreFuture<'a, Option<Exception>> {
+        Box::pin(bounded(&self.name, self.insert_pending_unless_now(ex, same)))
     }
 
     fn transition<'a>(&'a self, ex: &'a Exception, from: ExceptionState) -> StoreFuture<'a, ()> {
