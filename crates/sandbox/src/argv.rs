@@ -10,11 +10,12 @@
 //!
 //! The command starts in `policy.cwd` (`--chdir`; see [`crate::policy::start_dir`]).
 //!
-//! The command always starts through `INIT_PATH sandbox-exec`, which sets the run's rlimits,
-//! loads the seccomp filter and then executes it. With a PID namespace (always, but for
-//! `pid: false` in `net.mode: all`) the init `INIT_PATH sandbox-init` is PID 1 and starts
-//! that step (`--as-pid-1`: bubblewrap's own reaper, which loads no filter, never runs); in
-//! the proxied modes and with `net.loopback_ports` it also holds the bridges.
+//! With a PID namespace (always, but for `pid: false` in `net.mode: all`) the init
+//! `INIT_PATH sandbox-init` is PID 1 (`--as-pid-1`: bubblewrap's own reaper, which loads no
+//! filter, never runs) and starts the command, setting the run's rlimits and loading the
+//! seccomp filter in the child it forks for it; in the proxied modes and with
+//! `net.loopback_ports` it also holds the bridges. Without the init, the command starts
+//! through `INIT_PATH sandbox-exec`, which does the same and then executes it.
 //!
 //! The environment is not on this command line: bwrap is spawned with exactly the command's
 //! environment (see [`crate::env`]), because `/proc/PID/cmdline` is readable by every local
@@ -61,7 +62,7 @@ pub struct RunFacts {
     pub disable_userns: bool,
     /// `--no-terminal`: the sandbox starts in a session of its own (`--new-session`).
     pub new_session: bool,
-    /// `NAME=VALUE` rlimits `sandbox-exec` sets ([`crate::limits`]).
+    /// `NAME=VALUE` rlimits set just before the command ([`crate::limits`]).
     pub rlimits: Vec<String>,
     pub command: Vec<OsString>,
 }
@@ -134,11 +135,18 @@ pub fn bwrap_argv(policy: &SandboxPolicy, facts: &RunFacts) -> Vec<OsString> {
         push(&mut argv, &["--as-pid-1"]);
     }
     argv.push("--".into());
+    // The init starts the command itself, confined as `sandbox-exec` would ([`crate::init`]).
+    push(
+        &mut argv,
+        &[INIT_PATH, if init { "sandbox-init" } else { "sandbox-exec" }],
+    );
+    if policy.allow_unix_sockets {
+        push(&mut argv, &["--allow-unix-sockets"]);
+    }
+    for rlimit in &facts.rlimits {
+        push(&mut argv, &["--rlimit", rlimit]);
+    }
     if init {
-        push(&mut argv, &[INIT_PATH, "sandbox-init"]);
-        if policy.allow_unix_sockets {
-            push(&mut argv, &["--allow-unix-sockets"]);
-        }
         if policy.net.proxied() {
             let socks = policy.socks_port.map(|port| (port, SOCKS_SOCKET));
             for (port, socket) in [(policy.proxy_port, PROXY_SOCKET)].into_iter().chain(socks) {
@@ -150,14 +158,6 @@ pub fn bwrap_argv(policy: &SandboxPolicy, facts: &RunFacts) -> Vec<OsString> {
             let forward = format!("127.0.0.1:{port}={BRIDGE_DIR}/port-{port}.sock");
             push(&mut argv, &["--forward", &forward]);
         }
-        argv.push("--".into());
-    }
-    push(&mut argv, &[INIT_PATH, "sandbox-exec"]);
-    if policy.allow_unix_sockets {
-        push(&mut argv, &["--allow-unix-sockets"]);
-    }
-    for rlimit in &facts.rlimits {
-        push(&mut argv, &["--rlimit", rlimit]);
     }
     argv.push("--".into());
     argv.extend(facts.command.iter().cloned());

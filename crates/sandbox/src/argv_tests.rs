@@ -56,7 +56,7 @@ fn allowlist_mode_routes_through_the_init_and_the_bridge() {
         "{s}"
     );
     assert!(s.ends_with(
-        "-- /run/sandgate-init sandbox-init --forward 127.0.0.1:3128=/run/sandgate/proxy.sock --forward 127.0.0.1:1080=/run/sandgate/socks.sock -- /run/sandgate-init sandbox-exec --rlimit nproc=512 -- curl https://a.example/"
+        "-- /run/sandgate-init sandbox-init --rlimit nproc=512 --forward 127.0.0.1:3128=/run/sandgate/proxy.sock --forward 127.0.0.1:1080=/run/sandgate/socks.sock -- curl https://a.example/"
     ), "{s}");
 }
 
@@ -68,7 +68,7 @@ fn the_socks5_port_has_its_own_forward_in_the_proxied_modes() {
     let s = joined(&bwrap_argv(&ports, &facts()));
     assert!(
         s.contains(
-            "sandbox-init --forward 127.0.0.1:8080=/run/sandgate/proxy.sock --forward 127.0.0.1:9050=/run/sandgate/socks.sock --forward 127.0.0.1:5432=/run/sandgate/port-5432.sock --"
+            "sandbox-init --rlimit nproc=512 --forward 127.0.0.1:8080=/run/sandgate/proxy.sock --forward 127.0.0.1:9050=/run/sandgate/socks.sock --forward 127.0.0.1:5432=/run/sandgate/port-5432.sock --"
         ),
         "{s}"
     );
@@ -79,14 +79,14 @@ fn the_socks5_port_has_its_own_forward_in_the_proxied_modes() {
     let s = joined(&bwrap_argv(&chained, &facts()));
     assert!(
         s.contains(
-            "sandbox-init --forward 127.0.0.1:3128=/run/sandgate/proxy.sock --forward 127.0.0.1:1080=/run/sandgate/socks.sock -- "
+            "sandbox-init --rlimit nproc=512 --forward 127.0.0.1:3128=/run/sandgate/proxy.sock --forward 127.0.0.1:1080=/run/sandgate/socks.sock -- "
         ),
         "{s}"
     );
 }
 
 #[test]
-fn none_and_all_modes_start_the_command_through_the_init_and_the_filter_step() {
+fn none_and_all_modes_start_the_command_through_the_init_which_confines_it() {
     // PID 1 is always sandgate's init (never bwrap's own reaper, which loads no filter),
     // without bridges where the mode has none.
     let s = joined(&bwrap_argv(&policy("net:\n  mode: none\n"), &facts()));
@@ -100,7 +100,7 @@ fn none_and_all_modes_start_the_command_through_the_init_and_the_filter_step() {
         "{s}"
     );
     assert!(
-        s.ends_with("-- /run/sandgate-init sandbox-init -- /run/sandgate-init sandbox-exec --rlimit nproc=512 -- curl https://a.example/"),
+        s.ends_with("-- /run/sandgate-init sandbox-init --rlimit nproc=512 -- curl https://a.example/"),
         "{s}"
     );
     // Without a PID namespace (`pid: false`, net all only) there is no PID 1 to be.
@@ -110,6 +110,11 @@ fn none_and_all_modes_start_the_command_through_the_init_and_the_filter_step() {
     ));
     assert!(
         !nopid.contains("sandbox-init") && !nopid.contains("--as-pid-1"),
+        "{nopid}"
+    );
+    // The filter step is then the command's first.
+    assert!(
+        nopid.ends_with("-- /run/sandgate-init sandbox-exec --rlimit nproc=512 -- curl https://a.example/"),
         "{nopid}"
     );
     assert!(
@@ -144,9 +149,7 @@ fn unix_sockets_opt_in_reaches_the_filter_step() {
         &facts(),
     ));
     assert!(
-        s.ends_with(
-            "sandbox-init --allow-unix-sockets -- /run/sandgate-init sandbox-exec --allow-unix-sockets --rlimit nproc=512 -- curl https://a.example/"
-        ),
+        s.ends_with("sandbox-init --allow-unix-sockets --rlimit nproc=512 -- curl https://a.example/"),
         "{s}"
     );
 }
@@ -162,7 +165,7 @@ fn loopback_ports_are_forwarded_by_the_init() {
         "{s}"
     );
     assert!(
-        s.ends_with("sandbox-init --forward 127.0.0.1:5432=/run/sandgate/port-5432.sock -- /run/sandgate-init sandbox-exec --rlimit nproc=512 -- curl https://a.example/"),
+        s.ends_with("sandbox-init --rlimit nproc=512 --forward 127.0.0.1:5432=/run/sandgate/port-5432.sock -- curl https://a.example/"),
         "{s}"
     );
 }

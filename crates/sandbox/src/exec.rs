@@ -1,10 +1,13 @@
 //! `sandgate sandbox-exec [--allow-unix-sockets] [--rlimit NAME=N]... -- CMD...`: the last
-//! step before the command inside every sandbox. It marks every descriptor from 3 up
-//! close-on-exec ([`crate::fds`]), sets the run's rlimits ([`crate::limits`]), loads the
-//! seccomp filter ([`crate::seccomp`]) into itself and then replaces itself with the command
-//! (execve), so all of it holds for the command and everything it starts, and nothing else
-//! runs in between. `sandgate sandbox-enter` ([`enter`]) is the step before bwrap in a run
-//! with a cgroup of its own: it moves itself into the cgroup, then executes bwrap.
+//! step before the command in a sandbox without the init (no PID namespace: `net.mode: all`
+//! with `pid: false`). It marks every descriptor from 3 up close-on-exec ([`crate::fds`]),
+//! sets the run's rlimits ([`crate::limits`]), loads the seccomp filter ([`crate::seccomp`])
+//! into itself and then replaces itself with the command (execve), so all of it holds for the
+//! command and everything it starts, and nothing else runs in between. The init
+//! ([`crate::init`]) does the same three steps in the child it forks for the command
+//! ([`Confinement::command`]), which saves executing the sandgate binary once more on every
+//! run. `sandgate sandbox-enter` ([`enter`]) is the step before bwrap in a run with a cgroup
+//! of its own: it moves itself into the cgroup, then executes bwrap.
 //!
 //! Fail closed: if the filter cannot be built or loaded, the command does not run (exit
 //! [`EXIT_FILTER`]). When the command cannot be executed, the exit status is a shell's: 127
@@ -13,7 +16,8 @@
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 
-use crate::seccomp::{self, FilterOptions};
+use crate::limits::Rlimit;
+use crate::seccomp::{Filter, FilterOptions};
 
 /// The filter could not be loaded; the command did not run (EX_SOFTWARE, as the bridge).
 pub const EXIT_FILTER: i32 = 70;
@@ -22,6 +26,115 @@ pub const EXIT_NOT_FOUND: i32 = 127;
 /// The command was found but could not be executed.
 pub const EXIT_NOT_EXECUTABLE: i32 = 126;
 
+/// What the command starts under, made ready beforehand (the rlimits read, the filter
+/// compiled), so that [`Confinement::apply`] allocates nothing and can run in the child of a
+/// fork, between the fork and the execve of the command.
+#[derive(Debug)]
+pub struct Confinement {
+    rlimits: Vec<Rlimit>,
+    filter: Filter,
+}
+
+impl Confinement {
+    /// Reads `--rlimit` values and compiles the command's filter.
+    pub fn new(options: FilterOptions, rlimits: &[String]) -> Result<Confinement, String> {
+        Ok(Confinement {
+            rlimits: crate::limits::parse_rlimits(rlimits)?,
+            filter: Filter::compile(options)?,
+        })
+    }
+
+    /// In the calling process, in this order: every descriptor from 3 up close-on-exec, the
+    /// rlimits, the filter. On failure, which step failed and why (both static: nothing is
+    /// allocated here on Linux 5.11 and later).
+    fn apply(&self) -> Result<(), (&'static str, &'static str)> {
+        crate::fds::cloexec_from_3().map_err(|_| {
+            (
+                "cannot mark inherited descriptors close-on-exec",
+                "no close_range",
+            )
+        })?;
+        crate::limits::set_rlimits(&self.rlimits).map_err(|e| ("cannot set the run's limits", e.desc()))?;
+        self.filter
+            .load()
+            .map_err(|e| ("cannot load the seccomp filter", e.desc()))
+    }
+
+    /// In the child of a fork, between it and the execve: only system calls, nothing
+    /// allocated. Descriptors: `close_range` where the kernel has it; the caller has marked
+    /// every inherited one close-on-exec already ([`crate::fds::cloexec_from_3`], with its
+    /// fallback that lists them, which allocates and so cannot run here), and what it opened
+    /// since is close-on-exec as Rust opens everything. The signals the caller handles
+    /// (its runtime's SIGINT, SIGTERM, SIGHUP) go back to their defaults, so a Ctrl-C
+    /// forwarded while the command starts ends it rather than running a handler copied
+    /// from the parent.
+    fn apply_in_child(&self) -> Result<(), (&'static str, &'static str)> {
+        #[cfg(target_os = "linux")]
+        let _ = crate::fds::close_range_cloexec();
+        for signal in [
+            nix::sys::signal::Signal::SIGINT,
+            nix::sys::signal::Signal::SIGTERM,
+            nix::sys::signal::Signal::SIGHUP,
+        ] {
+            default_action(signal).map_err(|e| ("cannot reset a signal's handler", e.desc()))?;
+        }
+        crate::limits::set_rlimits(&self.rlimits).map_err(|e| ("cannot set the run's limits", e.desc()))?;
+        self.filter
+            .load()
+            .map_err(|e| ("cannot load the seccomp filter", e.desc()))
+    }
+
+    /// `program` with `args`, confined in its own process after the fork
+    /// ([`Self::apply_in_child`]), then the execve. Where a step fails, the child says so on
+    /// stderr and exits [`EXIT_FILTER`] without executing anything (fail closed). For the
+    /// init only, whose process is single-threaded when it starts the command (its runtime
+    /// is the current thread's, its blocking pool not yet started) and has marked its
+    /// inherited descriptors close-on-exec.
+    pub(crate) fn command(self, program: &OsString, args: &[OsString]) -> std::process::Command {
+        let mut command = std::process::Command::new(program);
+        command.args(args);
+        let confine = move || {
+            if let Err((step, why)) = self.apply_in_child() {
+                for part in ["sandgate: ", step, ": ", why, "; the command was not run\n"] {
+                    let _ = nix::unistd::write(std::io::stderr(), part.as_bytes());
+                }
+                exit_child(EXIT_FILTER);
+            }
+            Ok(())
+        };
+        before_exec(&mut command, confine);
+        command
+    }
+}
+
+/// `pre_exec`: between fork and execve, `confine` only makes system calls on what was made
+/// before the fork (no allocation, no lock), as `pre_exec` requires.
+#[expect(unsafe_code, reason = "pre_exec with an async-signal-safe closure; see above")]
+fn before_exec(
+    command: &mut std::process::Command,
+    confine: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static,
+) {
+    unsafe {
+        command.pre_exec(confine);
+    }
+}
+
+/// sigaction(2) back to the default action: async-signal-safe, as `pre_exec` needs.
+#[expect(unsafe_code, reason = "signal(2) with SIG_DFL installs no handler of ours")]
+fn default_action(signal: nix::sys::signal::Signal) -> nix::Result<()> {
+    unsafe { nix::sys::signal::signal(signal, nix::sys::signal::SigHandler::SigDfl) }.map(|_| ())
+}
+
+/// _exit(2): the child of a fork ends here, without the exit handlers or the buffers it
+/// shares with its parent.
+#[expect(
+    unsafe_code,
+    reason = "_exit(2) in the child of a fork, which takes no pointer"
+)]
+fn exit_child(code: i32) -> ! {
+    unsafe { libc::_exit(code) }
+}
+
 /// Loads the filter and executes `command`; returns only when that failed, with the exit
 /// status to use.
 pub fn run(options: FilterOptions, rlimits: &[String], command: &[OsString]) -> i32 {
@@ -29,9 +142,8 @@ pub fn run(options: FilterOptions, rlimits: &[String], command: &[OsString]) -> 
         eprintln!("sandgate: sandbox-exec: no command");
         return EXIT_NOT_FOUND;
     };
-    let prepared = crate::fds::cloexec_from_3()
-        .and_then(|()| crate::limits::apply_rlimits(rlimits))
-        .and_then(|()| seccomp::load(options));
+    let prepared = Confinement::new(options, rlimits)
+        .and_then(|c| c.apply().map_err(|(step, why)| format!("{step}: {why}")));
     if let Err(e) = prepared {
         eprintln!("sandgate: {e}; the command was not run");
         return EXIT_FILTER;
@@ -46,10 +158,9 @@ pub fn run(options: FilterOptions, rlimits: &[String], command: &[OsString]) -> 
 /// the run's cgroups, then executes bwrap; returns only on failure (fail closed: no cgroup,
 /// no sandbox), with the exit status.
 pub fn enter(procs: &[std::path::PathBuf], command: &[std::ffi::OsString]) -> i32 {
-    use std::os::unix::process::CommandExt;
     let pid = std::process::id().to_string();
     for file in procs {
-        if let Err(e) = std::fs::write(file, &pid) {
+        if let Err(e) = join(file, &pid) {
             eprintln!(
                 "sandgate: cannot enter the run's cgroup {}: {e}; the command was not run",
                 file.display()
@@ -65,6 +176,23 @@ pub fn enter(procs: &[std::path::PathBuf], command: &[std::ffi::OsString]) -> i3
     exit_status_for(&error)
 }
 
+/// Moves this process into the cgroup whose `cgroup.procs` is `procs`. In a cgroup v1
+/// hierarchy (a `tasks` file beside it) by writing `0`, "this thread", into `tasks`: the
+/// kernel (6.18 here) then moves the thread without taking the lock that moving a whole
+/// process takes, whose write side waits out an RCU grace period (13 ms on the project's VM,
+/// against 0.4; docs/benchmarks.md). This thread is all the process has that matters:
+/// sandbox-enter starts no thread, and the execve of bwrap that follows leaves only the
+/// calling thread. In cgroup v2, the
+/// process id into `cgroup.procs`.
+fn join(procs: &std::path::Path, pid: &str) -> std::io::Result<()> {
+    let tasks = procs.with_file_name("tasks");
+    if tasks.is_file() {
+        std::fs::write(tasks, "0")
+    } else {
+        std::fs::write(procs, pid)
+    }
+}
+
 /// 127 for "not found" (as POSIX shells), 126 for anything else that stopped the execve.
 pub fn exit_status_for(error: &std::io::Error) -> i32 {
     match error.raw_os_error() {
@@ -76,6 +204,90 @@ pub fn exit_status_for(error: &std::io::Error) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_v1_cgroup_takes_this_thread_and_a_v2_one_the_process() {
+        let v1 = tempfile::tempdir().unwrap();
+        for file in ["cgroup.procs", "tasks"] {
+            std::fs::write(v1.path().join(file), "").unwrap();
+        }
+        join(&v1.path().join("cgroup.procs"), "4242").unwrap();
+        assert_eq!(std::fs::read_to_string(v1.path().join("tasks")).unwrap(), "0");
+        assert_eq!(
+            std::fs::read_to_string(v1.path().join("cgroup.procs")).unwrap(),
+            ""
+        );
+        let v2 = tempfile::tempdir().unwrap();
+        std::fs::write(v2.path().join("cgroup.procs"), "").unwrap();
+        join(&v2.path().join("cgroup.procs"), "4242").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(v2.path().join("cgroup.procs")).unwrap(),
+            "4242"
+        );
+        assert!(!v2.path().join("tasks").exists());
+    }
+
+    /// The init's way: the child of the fork sets the rlimits and loads the filter, then the
+    /// command runs under both (and the test process under neither).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_confined_command_runs_under_its_limits_and_the_filter() {
+        let confinement = Confinement::new(FilterOptions::default(), &["nofile=64".to_owned()]).unwrap();
+        let script = "ulimit -n; grep '^Seccomp:' /proc/self/status";
+        let out = confinement
+            .command(&"sh".into(), &["-c".into(), script.into()])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        assert!(text.starts_with("64\n"), "{text}");
+        assert!(text.contains("Seccomp:\t2"), "{text}");
+        // Counted in filters, so an outer filter (a container's) does not blur it.
+        let filters = |status: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Seccomp_filters:"))
+                .and_then(|n| n.trim().parse::<u32>().ok())
+                .unwrap_or(0)
+        };
+        let own = std::fs::read_to_string("/proc/self/status").unwrap();
+        let script = "grep '^Seccomp_filters:' /proc/self/status";
+        let confinement = Confinement::new(FilterOptions::default(), &[]).unwrap();
+        let out = confinement
+            .command(&"sh".into(), &["-c".into(), script.into()])
+            .output()
+            .unwrap();
+        let child = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            filters(&child) > filters(&own),
+            "the command added no filter: {child} against {own}"
+        );
+    }
+
+    /// A filter the kernel refuses: the child says so and exits 70, and the command never
+    /// runs (its marker file is not made).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_filter_that_cannot_load_stops_the_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("ran");
+        let confinement = Confinement {
+            rlimits: Vec::new(),
+            filter: Filter::refused_by_the_kernel(),
+        };
+        let script = format!("touch {}", marker.display());
+        let out = confinement
+            .command(&"sh".into(), &["-c".into(), script.into()])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(EXIT_FILTER));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("cannot load the seccomp filter") && err.contains("not run"),
+            "{err}"
+        );
+        assert!(!marker.exists(), "the command ran");
+    }
 
     #[test]
     fn exit_statuses_follow_the_shell() {

@@ -54,7 +54,7 @@ fn each_by_name() -> Result<(), String> {
 
 /// `close_range(3, ~0, CLOSE_RANGE_CLOEXEC)`; false where the kernel has no such call.
 #[cfg(target_os = "linux")]
-fn close_range_cloexec() -> bool {
+pub(crate) fn close_range_cloexec() -> bool {
     // close_range(2) with CLOSE_RANGE_CLOEXEC closes nothing: it sets FD_CLOEXEC on every
     // open descriptor in the range. It takes no pointers and invalidates no descriptor Rust
     // code holds, so no memory or I/O safety can be broken by it.

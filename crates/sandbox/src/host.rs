@@ -91,8 +91,9 @@ pub fn try_sandbox(bwrap: &Path, unshare_net: bool) -> Result<(), String> {
     probe(&mut cmd)
 }
 
-/// Loads the sandbox's seccomp filter the way a run does, in `sandgate sandbox-exec`, around
-/// `true`.
+/// Loads the sandbox's seccomp filter around `true` in `sandgate sandbox-exec`, the path a
+/// run without an init takes (a run with one loads the same filter in the child its init
+/// forks, on top of the init's own).
 pub fn try_seccomp(sandgate_exe: &Path) -> Result<(), String> {
     probe(Command::new(sandgate_exe).args(["sandbox-exec", "--", "true"]))
 }

@@ -11,7 +11,9 @@
 //! (or a bridged host loopback port) waits ([`crate::bridge`]). It refuses to
 //! start the command if any end is not ready (fail closed): the command never runs with a
 //! broken or missing way out, and the message names what is missing. Then it starts the
-//! command (through `sandbox-exec`, which loads the command's own filter on top), reaps
+//! command: in the child it forks, what `sandbox-exec` does (descriptors, the run's rlimits,
+//! the command's own filter on top of the init's; [`crate::exec::Confinement`]) and the
+//! execve, with no second execution of the sandgate binary in between. It reaps
 //! every process that ends inside (orphans come to PID 1) until the command ends, and exits
 //! with its status. It ignores
 //! SIGINT/SIGTERM/SIGHUP itself: the runner signals the command directly, and the init stays
@@ -36,12 +38,25 @@ const STATUS_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Runs the init; returns the process exit status. `allow_unix_sockets`: the policy's
 /// `platform.seccomp.allow_unix_sockets` (the init's filter is never narrower than the
-/// command's, so the command's decides).
-pub fn run(forwards: &[(SocketAddr, PathBuf)], allow_unix_sockets: bool, command: &[OsString]) -> i32 {
+/// command's, so the command's decides); `rlimits`: the command's (`NAME=VALUE`).
+pub fn run(
+    forwards: &[(SocketAddr, PathBuf)],
+    allow_unix_sockets: bool,
+    rlimits: &[String],
+    command: &[OsString],
+) -> i32 {
     if let Err(e) = not_dumpable() {
         eprintln!("sandgate: sandbox init: cannot protect itself ({e}); the command was not run");
         return EXIT_BRIDGE;
     }
+    let command_options = crate::seccomp::FilterOptions { allow_unix_sockets };
+    let confinement = match crate::exec::Confinement::new(command_options, rlimits) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("sandgate: sandbox init: {e}; the command was not run");
+            return EXIT_BRIDGE;
+        }
+    };
     let options = crate::seccomp::FilterOptions {
         allow_unix_sockets: allow_unix_sockets || !forwards.is_empty(),
     };
@@ -53,7 +68,7 @@ pub fn run(forwards: &[(SocketAddr, PathBuf)], allow_unix_sockets: bool, command
         eprintln!("sandgate: sandbox init: cannot start its runtime");
         return EXIT_BRIDGE;
     };
-    rt.block_on(serve(forwards, command))
+    rt.block_on(serve(forwards, confinement, command))
 }
 
 /// Not dumpable: the command runs as the same user, and must not read or write this
@@ -104,7 +119,11 @@ pub(crate) async fn open_bridge(bridge: &Path) -> Result<UnixStream, String> {
     }
 }
 
-async fn serve(forwards: &[(SocketAddr, PathBuf)], command: &[OsString]) -> i32 {
+async fn serve(
+    forwards: &[(SocketAddr, PathBuf)],
+    confinement: crate::exec::Confinement,
+    command: &[OsString],
+) -> i32 {
     let mut ready = Vec::with_capacity(forwards.len());
     for (listen, bridge) in forwards {
         let listener = match TcpListener::bind(listen).await {
@@ -144,7 +163,7 @@ async fn serve(forwards: &[(SocketAddr, PathBuf)], command: &[OsString]) -> i32 
         eprintln!("sandgate: sandbox init: no command");
         return EXIT_NO_COMMAND;
     };
-    let child = match std::process::Command::new(program).args(args).spawn() {
+    let child = match confinement.command(program, args).spawn() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("sandgate: cannot run {}: {e}", program.to_string_lossy());

@@ -7,7 +7,8 @@
 //!   files are written, and `sandgate sandbox-enter` ([`crate::exec::enter`]) moves itself into it before it executes
 //!   bwrap, so every process of the sandbox is counted from its first fork. Removed after
 //!   the run. Usually root has one; an ordinary user has one under a delegated systemd unit.
-//! - **rlimits** (always, inside the sandbox, by `sandbox-exec` just before the command):
+//! - **rlimits** (always, inside the sandbox, just before the command: by the init in the
+//!   child it forks for it, or by `sandbox-exec` where there is no init):
 //!   `RLIMIT_NPROC` (processes of the user inside the sandbox's user namespace; the kernel
 //!   does not apply it to root, so a root run without a `pids` cgroup has no process limit,
 //!   and the run says so), `RLIMIT_DATA` for memory when no memory cgroup holds it (each
@@ -35,7 +36,7 @@ pub struct RunCgroup {
 #[derive(Debug)]
 pub struct Enforcement {
     pub cgroup: RunCgroup,
-    /// `name=value` pairs for `sandbox-exec --rlimit`.
+    /// `name=value` pairs for `sandbox-init --rlimit` (or `sandbox-exec --rlimit`).
     pub rlimits: Vec<String>,
     /// Limits asked for that nothing enforces here.
     pub unenforced: Vec<String>,
@@ -105,7 +106,7 @@ pub fn enforce(run: &str, limits: &Limits) -> Enforcement {
     }
 }
 
-/// The rlimits `sandbox-exec` sets: all asked for, but memory where a cgroup holds it.
+/// The rlimits set just before the command: all asked for, but memory where a cgroup holds it.
 pub fn rlimits(limits: &Limits, cgroup: &RunCgroup) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(n) = limits.processes {
@@ -261,31 +262,45 @@ fn own_path(own: &str, matches: impl Fn(&str) -> bool) -> Option<String> {
     })
 }
 
-/// `sandbox-exec --rlimit NAME=VALUE`: sets each, soft and hard, before the command runs.
-pub fn apply_rlimits(specs: &[String]) -> Result<(), String> {
-    use nix::sys::resource::{Resource, setrlimit};
-    for spec in specs {
-        let (name, value) = spec
-            .split_once('=')
-            .ok_or_else(|| format!("invalid --rlimit {spec:?}"))?;
-        let value: u64 = value.parse().map_err(|_| format!("invalid --rlimit {spec:?}"))?;
-        let resource = match name {
-            #[cfg(target_os = "linux")]
-            "nproc" => Resource::RLIMIT_NPROC,
-            // sandbox-exec sets rlimits inside the Linux sandbox only (seatbelt runs set none).
-            #[cfg(not(target_os = "linux"))]
-            "nproc" => return Err("the limit nproc is set inside the Linux sandbox only".to_owned()),
-            "data" => Resource::RLIMIT_DATA,
-            "cpu" => Resource::RLIMIT_CPU,
-            "nofile" => Resource::RLIMIT_NOFILE,
-            _ => return Err(format!("invalid --rlimit {spec:?}")),
-        };
+/// An rlimit read from `--rlimit NAME=VALUE`, to be set by [`set_rlimits`].
+pub type Rlimit = (nix::sys::resource::Resource, u64);
+
+/// `--rlimit NAME=VALUE` (of `sandbox-exec` and `sandbox-init`), read before anything is set.
+pub fn parse_rlimits(specs: &[String]) -> Result<Vec<Rlimit>, String> {
+    use nix::sys::resource::Resource;
+    specs
+        .iter()
+        .map(|spec| {
+            let (name, value) = spec
+                .split_once('=')
+                .ok_or_else(|| format!("invalid --rlimit {spec:?}"))?;
+            let value: u64 = value.parse().map_err(|_| format!("invalid --rlimit {spec:?}"))?;
+            let resource = match name {
+                #[cfg(target_os = "linux")]
+                "nproc" => Resource::RLIMIT_NPROC,
+                // Set inside the Linux sandbox only (seatbelt runs set none).
+                #[cfg(not(target_os = "linux"))]
+                "nproc" => return Err("the limit nproc is set inside the Linux sandbox only".to_owned()),
+                "data" => Resource::RLIMIT_DATA,
+                "cpu" => Resource::RLIMIT_CPU,
+                "nofile" => Resource::RLIMIT_NOFILE,
+                _ => return Err(format!("invalid --rlimit {spec:?}")),
+            };
+            Ok((resource, value))
+        })
+        .collect()
+}
+
+/// Sets each limit, soft and hard, before the command runs. Allocates nothing (it may run in
+/// the child of a fork, [`crate::exec::Confinement`]).
+pub fn set_rlimits(limits: &[Rlimit]) -> Result<(), nix::errno::Errno> {
+    use nix::sys::resource::{getrlimit, setrlimit};
+    for &(resource, value) in limits {
         // Only ever lowered: above the hard limit in force, that limit stays (an ordinary user
         // cannot raise it, and the run is no less limited for it).
-        let (_, hard) = nix::sys::resource::getrlimit(resource)
-            .map_err(|e| format!("cannot read the limit {name}: {e}"))?;
+        let (_, hard) = getrlimit(resource)?;
         let value = value.min(hard);
-        setrlimit(resource, value, value).map_err(|e| format!("cannot set the limit {spec}: {e}"))?;
+        setrlimit(resource, value, value)?;
     }
     Ok(())
 }

@@ -217,12 +217,15 @@ struct RawUnshare {
 
 impl SandboxPolicy {
     /// Whether the run's proxy intercepts TLS: the run is proxied and an allow entry (in
-    /// `net.allowlist` or `net.egress_policy`) names methods or paths, or a secret is bound.
-    /// The sandbox then trusts the run's interception CA ([`crate::env`]).
+    /// `net.allowlist` or `net.egress_policy`) names methods or paths, or a secret is bound,
+    /// or it follows a control plane (`net.exceptions`), whose exceptions may name methods
+    /// and paths once the command runs. The sandbox then trusts the run's interception CA
+    /// ([`crate::env`]); tunnels to hosts allowed without rules stay undecrypted.
     pub fn intercepts(&self) -> bool {
         let file = self.egress.iter().flat_map(|f| f.allow.iter());
         let secrets = self.all_credentials().next().is_some();
-        self.net.proxied() && (secrets || self.allow_entries.iter().chain(file).any(|e| e.request.is_some()))
+        let rules = self.allow_entries.iter().chain(file).any(|e| e.request.is_some());
+        self.net.proxied() && (secrets || rules || self.exceptions.is_some())
     }
 
     /// Every bound secret of the run: `net.credentials`, then those of `net.egress_policy`.

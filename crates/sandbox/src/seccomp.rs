@@ -8,8 +8,9 @@
 //! policy opts in: never VSOCK, packet, Bluetooth, ...). Every other system call is
 //! allowed: a deny list on top of the namespaces, not a whitelist of the command's calls.
 //!
-//! Every process in the sandbox runs under it: the command through `sandgate sandbox-exec`
-//! ([`crate::exec`]), and the in-sandbox init ([`crate::init`], PID 1) under the same filter,
+//! Every process in the sandbox runs under it: the command from the child the in-sandbox
+//! init forks for it (or through `sandgate sandbox-exec` where there is no init;
+//! [`crate::exec`]), and the init itself ([`crate::init`], PID 1) under the same filter,
 //! with Unix sockets allowed only where it holds bridges or the policy allows them. Building the filter is pure and unit-tested
 //! by running the BPF on sample system calls; loading it is [`load`].
 //!
@@ -30,20 +31,68 @@ pub struct FilterOptions {
     pub allow_unix_sockets: bool,
 }
 
-/// Loads the filters into the calling thread, and so into everything it executes or starts
-/// from then on (seccompiler sets `no_new_privs` first). Fail closed: an error means the
-/// caller must not go on.
-pub fn load(options: FilterOptions) -> Result<(), String> {
+/// The filter compiled and ready to load. Compiling allocates; [`Filter::load`] does not, so
+/// a filter compiled before a fork can be loaded in the child ([`crate::exec::Confinement`]).
+pub struct Filter {
     #[cfg(target_os = "linux")]
-    {
-        filter::load(options)
+    programs: Vec<seccompiler::BpfProgram>,
+}
+
+impl Filter {
+    /// A filter the kernel refuses to load (an empty program), to test failing closed.
+    #[cfg(all(test, target_os = "linux"))]
+    pub(crate) fn refused_by_the_kernel() -> Filter {
+        Filter {
+            programs: vec![Vec::new()],
+        }
     }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = options;
-        Err(
-            "seccomp filters exist on Linux only, and this step runs only inside the Linux sandbox"
-                .to_owned(),
-        )
+}
+
+impl std::fmt::Debug for Filter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Filter")
     }
+}
+
+impl Filter {
+    /// Compiles the filter for `options`. Fails where there is no seccomp (not Linux), so a
+    /// step that needs the filter never runs without it.
+    pub fn compile(options: FilterOptions) -> Result<Filter, String> {
+        #[cfg(target_os = "linux")]
+        {
+            Ok(Filter {
+                programs: programs(options).map_err(|e| e.to_string())?,
+            })
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = options;
+            Err(
+                "seccomp filters exist on Linux only, and this step runs only inside the Linux sandbox"
+                    .to_owned(),
+            )
+        }
+    }
+
+    /// Loads the filter into the calling thread, and so into everything it executes or
+    /// starts from then on (seccompiler sets `no_new_privs` first). Allocates nothing.
+    /// Fail closed: an error means the caller must not go on.
+    pub fn load(&self) -> Result<(), nix::errno::Errno> {
+        #[cfg(target_os = "linux")]
+        {
+            filter::load(&self.programs)
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            Err(nix::errno::Errno::ENOSYS)
+        }
+    }
+}
+
+/// Compiles the filter and loads it into the calling thread ([`Filter::load`]). Fail closed:
+/// an error means the caller must not go on.
+pub fn load(options: FilterOptions) -> Result<(), String> {
+    Filter::compile(options)?
+        .load()
+        .map_err(|e| format!("cannot load the seccomp filter: {}", e.desc()))
 }

@@ -20,12 +20,12 @@ mod exit;
 pub use exit::{AuditPlace, JSON_VERSION, RunIds, RunSummary};
 pub(crate) use exit::{ExitOutput, at_exit};
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use sandgate_policy::Verdict;
 use sandgate_proxy::audit::record::{Destination, Record, Recorded};
-use sandgate_proxy::audit::{Outcome, UpstreamFailure};
+use sandgate_proxy::audit::{Outcome, UpstreamFailure, UpstreamRefusals};
 
 /// Why a request did not reach its destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -147,28 +147,18 @@ pub struct Totals {
 }
 
 pub fn totals(records: &[Record]) -> Totals {
-    // Requests an upstream proxy refused: their allow (this proxy's) is not what happened.
-    let refused_upstream: HashSet<&str> = records
-        .iter()
-        .filter(|r| {
-            matches!(&r.event, Recorded::Close(c)
-                if c.outcome == Outcome::Upstream(UpstreamFailure::UpstreamDenied))
-        })
-        .map(|r| r.request_id.as_str())
-        .collect();
+    // Requests an upstream proxy refused: their allow (this proxy's) is not what happened,
+    // counted as `sandgate audit summary` counts them.
+    let upstream = UpstreamRefusals::among(records);
     let mut t = Totals::default();
     for r in records {
         match &r.event {
-            Recorded::Decision(d)
-                if d.verdict == Verdict::Allow && refused_upstream.contains(r.request_id.as_str()) =>
-            {
-                t.denied += 1;
-            }
+            Recorded::Decision(_) if upstream.verdict(r) == Some(Verdict::Deny) => t.denied += 1,
             Recorded::Decision(d) if d.verdict == Verdict::Allow => {
                 t.allowed += 1;
                 t.learned += u64::from(d.would_deny.is_some());
             }
-            Recorded::Decision(_) => t.denied += 1,
+            Recorded::Decision(_) => {}
             Recorded::Close(c) => {
                 t.sent += c.bytes_sent;
                 t.received += c.bytes_received;

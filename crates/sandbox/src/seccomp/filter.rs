@@ -64,10 +64,16 @@ pub fn programs(options: FilterOptions) -> Result<Vec<BpfProgram>, SeccompError>
     ])
 }
 
-/// [`super::load`] on Linux.
-pub(super) fn load(options: FilterOptions) -> Result<(), String> {
-    for program in programs(options).map_err(|e| e.to_string())? {
-        seccompiler::apply_filter(&program).map_err(|e| format!("cannot load the seccomp filter: {e}"))?;
+/// [`super::Filter::load`] on Linux: each program in order, allocating nothing (it may run
+/// in the child of a fork).
+pub(super) fn load(programs: &[BpfProgram]) -> Result<(), nix::errno::Errno> {
+    for program in programs {
+        seccompiler::apply_filter(program).map_err(|e| match e {
+            seccompiler::Error::Prctl(e) | seccompiler::Error::Seccomp(e) => {
+                nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EINVAL))
+            }
+            _ => nix::errno::Errno::EINVAL,
+        })?;
     }
     Ok(())
 }
