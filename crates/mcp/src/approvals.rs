@@ -19,6 +19,7 @@
 //! sandbox's runs ([`Approvals::admits`]). Pure: no I/O, time an argument.
 
 use sandgate_control::client::AdminUrl;
+use sandgate_policy::exception::BelowHost;
 use sandgate_policy::{Exception, ExceptionState};
 use sandgate_sandbox::policy::{NetMode, SandboxPolicy};
 
@@ -192,15 +193,24 @@ pub fn same_control_plane(a: &str, b: &str) -> bool {
 }
 
 /// Whether `ex` answers a request of `task` for every one of `hosts` on every one of
-/// `ports`: approved, not expired at `now` (Unix seconds), for that task, and holding them
-/// all. Hosts are compared as the control plane writes them (lower case, no final dot).
-pub fn covers(ex: &Exception, task: &str, hosts: &[String], ports: &[u16], now: i64) -> bool {
+/// `ports`, with the methods and paths of `below`: approved, not expired at `now` (Unix
+/// seconds), for that task, holding them all and allowing every request `below` does.
+/// Hosts are compared as the control plane writes them (lower case, no final dot).
+pub fn covers(
+    ex: &Exception,
+    task: &str,
+    hosts: &[String],
+    ports: &[u16],
+    below: &BelowHost,
+    now: i64,
+) -> bool {
     let host = |h: &String| h.trim_end_matches('.').to_ascii_lowercase();
     ex.state == ExceptionState::Approved
         && ex.is_active(now)
         && ex.task_id == task
         && hosts.iter().all(|h| ex.hosts.contains(&host(h)))
         && ports.iter().all(|p| ex.ports.contains(p))
+        && below.within(&ex.below)
 }
 
 fn list(ports: &[u16]) -> String {

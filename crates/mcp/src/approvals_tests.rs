@@ -1,6 +1,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use sandgate_policy::exception::BelowHost;
 
 const ADMIN: &str = "http://127.0.0.1:9090";
 
@@ -187,31 +188,68 @@ fn exception(state: ExceptionState, hosts: &[&str], ports: &[u16], expires_at: O
         decided_at: None,
         note: None,
         expires_at,
+        below: Default::default(),
+        tweak: None,
     }
 }
 
 #[test]
 fn any_active_exception_holding_every_host_and_port_of_the_task_covers_a_request() {
     let hosts = |h: &[&str]| h.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let all = BelowHost::default();
     let wide = exception(
         ExceptionState::Approved,
         &["a.test", "b.test"],
         &[80, 443],
         Some(1000),
     );
-    assert!(covers(&wide, "t-1", &hosts(&["a.test"]), &[443], 999));
-    assert!(covers(&wide, "t-1", &hosts(&["B.test."]), &[80, 443], 999));
-    assert!(!covers(&wide, "t-1", &hosts(&["a.test", "c.test"]), &[443], 999));
-    assert!(!covers(&wide, "t-1", &hosts(&["a.test"]), &[8443], 999));
-    assert!(!covers(&wide, "t-2", &hosts(&["a.test"]), &[443], 999));
+    assert!(covers(&wide, "t-1", &hosts(&["a.test"]), &[443], &all, 999));
+    assert!(covers(&wide, "t-1", &hosts(&["B.test."]), &[80, 443], &all, 999));
+    assert!(!covers(
+        &wide,
+        "t-1",
+        &hosts(&["a.test", "c.test"]),
+        &[443],
+        &all,
+        999
+    ));
+    assert!(!covers(&wide, "t-1", &hosts(&["a.test"]), &[8443], &all, 999));
+    assert!(!covers(&wide, "t-2", &hosts(&["a.test"]), &[443], &all, 999));
     // Expired at its second; pending or revoked covers nothing.
-    assert!(!covers(&wide, "t-1", &hosts(&["a.test"]), &[443], 1000));
+    assert!(!covers(&wide, "t-1", &hosts(&["a.test"]), &[443], &all, 1000));
     for state in [
         ExceptionState::Pending,
         ExceptionState::Revoked,
         ExceptionState::Denied,
     ] {
         let ex = exception(state, &["a.test"], &[443], Some(1000));
-        assert!(!covers(&ex, "t-1", &hosts(&["a.test"]), &[443], 999), "{state:?}");
+        assert!(
+            !covers(&ex, "t-1", &hosts(&["a.test"]), &[443], &all, 999),
+            "{state:?}"
+        );
     }
+}
+
+/// An exception that allows some methods and paths covers a request for those or fewer, and
+/// never one for more (or for every request).
+#[test]
+fn an_exception_below_the_host_covers_only_what_it_allows() {
+    let hosts = vec!["a.test".to_owned()];
+    let below = |m: Option<&[&str]>, p: Option<&[&str]>, ro: bool| {
+        let own = |l: &[&str]| l.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        BelowHost::new(m.map(own), p.map(own), ro)
+    };
+    let mut ex = exception(ExceptionState::Approved, &["a.test"], &[443], Some(1000));
+    ex.below = below(Some(&["GET", "HEAD"]), Some(&["/org/**"]), false);
+    let covered = |asked: &BelowHost| covers(&ex, "t-1", &hosts, &[443], asked, 999);
+    assert!(covered(&below(Some(&["GET"]), Some(&["/org/repo/**"]), false)));
+    assert!(covered(&below(Some(&["HEAD"]), Some(&["/org/x"]), false)));
+    assert!(!covered(&below(Some(&["GET"]), None, false)), "every path");
+    assert!(!covered(&below(None, Some(&["/org/**"]), false)), "every method");
+    assert!(!covered(&below(Some(&["POST"]), Some(&["/org/**"]), false)));
+    assert!(
+        !covered(&below(None, Some(&["/org/**"]), true)),
+        "OPTIONS is not allowed"
+    );
+    assert!(!covered(&BelowHost::default()), "every request");
 }

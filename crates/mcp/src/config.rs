@@ -118,6 +118,32 @@ pub struct Gates {
     pub workspaces: Vec<PathBuf>,
     /// Ceilings on the run's limits, over the policy's own.
     pub limits: RunLimits,
+    /// What a person may grant beyond these gates for a time (`gates.tweaks`); `None`:
+    /// nothing can be asked for this sandbox.
+    pub tweaks: Option<TweakBounds>,
+}
+
+/// The most a tweak may give a sandbox's runs (`gates.tweaks`): whatever a control plane
+/// publishes, a run gets no more than this.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TweakBounds {
+    /// The longest time limit that may be granted.
+    pub max_seconds: Option<u64>,
+    /// The largest output cap that may be granted.
+    pub max_output_bytes: Option<usize>,
+    /// Whether the policy's network may be granted.
+    pub network: bool,
+    /// Directories (canonical) under which a workspace may be granted.
+    pub workspaces: Vec<PathBuf>,
+}
+
+impl Gates {
+    /// The workspaces a run may name now or once a person grants one (`gates.tweaks`).
+    pub fn all_workspaces(&self) -> impl Iterator<Item = &PathBuf> {
+        self.workspaces
+            .iter()
+            .chain(self.tweaks.iter().flat_map(|t| t.workspaces.iter()))
+    }
 }
 
 /// Every problem found, one per line.
@@ -182,11 +208,13 @@ pub fn load(path: &Path, sandgate: &Path) -> Result<Config, ConfigError> {
         sandgate,
         "the sandgate binary that starts every run",
     ));
-    let workspaces: Vec<&[PathBuf]> = config
+    // A workspace a person may grant is checked as one the gates name.
+    let granted: Vec<Vec<PathBuf>> = config
         .sandboxes
         .iter()
-        .map(|s| s.gates.workspaces.as_slice())
+        .map(|s| s.gates.all_workspaces().cloned().collect())
         .collect();
+    let workspaces: Vec<&[PathBuf]> = granted.iter().map(Vec::as_slice).collect();
     let conflicts = own_files::workspace_conflicts(&workspaces, &config.own_files);
     if !conflicts.is_empty() {
         return Err(ConfigError(
@@ -285,7 +313,11 @@ pub fn parse(text: &str, file: &str, base: &Path, state: Option<&Path>) -> Resul
             "spec.max_concurrent_runs",
             format!("{max_concurrent_runs}: give 1 to 64"),
         );
-    } else if max_concurrent_runs > 1 && sandboxes.iter().any(|s| !s.gates.workspaces.is_empty()) {
+    } else if max_concurrent_runs > 1
+        && sandboxes
+            .iter()
+            .any(|s| s.gates.all_workspaces().next().is_some())
+    {
         // One run could swap a directory for a symlink while another's workspace is checked.
         error(
             "spec.max_concurrent_runs",

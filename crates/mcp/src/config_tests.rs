@@ -130,3 +130,52 @@ fn the_audit_log_defaults_to_the_state_directory_and_paths_are_never_expanded() 
         ]
     );
 }
+
+/// `gates.tweaks`: read with the gates' own ceilings, each problem at its field; a network
+/// a person may grant lets a policy with a network start behind `network: false`.
+#[test]
+fn tweak_bounds_are_read_within_the_gates_ceilings() {
+    let dir = setup(&[("web", "{ mode: allowlist, allow_domains: [ a.test ] }")]);
+    unwrap(std::fs::create_dir(dir.path().join("big")));
+    let text = |tweaks: &str| {
+        format!(
+            "apiVersion: sandgate.dev/v1\nkind: McpServer\nmetadata: {{ name: a }}\nspec:\n  task: t-1\n  sandboxes:\n    - name: web\n      policy: web.yaml\n      gates: {{ commands: [ curl ], network: false{tweaks} }}\n"
+        )
+    };
+    let parsed = |t: &str| parse(&text(t), "mcp.yaml", dir.path(), Some(Path::new("/state")));
+    let Err(ConfigError(errors)) = parsed("") else {
+        unreachable!("a network the gates keep off, with no tweak to grant it")
+    };
+    assert!(errors[0].contains("gates.network"), "{errors:#?}");
+    let config = unwrap(parsed(
+        ", tweaks: { network: true, max_seconds: 600, max_output_bytes: 1048576, workspaces: [ big ] }",
+    ));
+    let bounds = config.sandboxes[0].gates.tweaks.clone();
+    let big = unwrap(std::fs::canonicalize(dir.path().join("big")));
+    assert_eq!(
+        bounds,
+        Some(TweakBounds {
+            max_seconds: Some(600),
+            max_output_bytes: Some(1 << 20),
+            network: true,
+            workspaces: vec![big],
+        })
+    );
+    let Err(ConfigError(errors)) =
+        parsed(", tweaks: { network: true, max_seconds: 3601, max_output_bytes: 0, workspaces: [ nope ] }")
+    else {
+        unreachable!("bounds beyond the ceilings")
+    };
+    let text = errors.join("\n");
+    for field in [
+        "gates.tweaks.max_seconds",
+        "gates.tweaks.max_output_bytes",
+        "gates.tweaks.workspaces",
+    ] {
+        assert!(text.contains(field), "{field}: {text}");
+    }
+    assert!(
+        parsed(", tweaks: { network: true, hosts: [ a ] }").is_err(),
+        "unknown fields refused"
+    );
+}

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use sandgate_control::client::{AdminClient, AdminError, AdminUrl, Limits, path_segment};
 use sandgate_policy::Exception;
+use sandgate_policy::exception::{BelowHost, Tweak};
 use serde_json::{Value, json};
 
 use crate::config::Egress;
@@ -37,6 +38,7 @@ pub async fn request(
     ports: Option<&[u16]>,
     ttl_seconds: u32,
     reason: &str,
+    below: &BelowHost,
 ) -> Result<Value, ControlError> {
     let mut body = json!({
         "task_id": task,
@@ -44,9 +46,34 @@ pub async fn request(
         "ttl_seconds": ttl_seconds,
         "reason": reason,
     });
-    if let (Some(ports), Some(map)) = (ports, body.as_object_mut()) {
-        map.insert("requested_ports".into(), json!(ports));
+    if let Some(map) = body.as_object_mut() {
+        if let Some(ports) = ports {
+            map.insert("requested_ports".into(), json!(ports));
+        }
+        // The same names in a request as in the exception that answers it.
+        if let Ok(Value::Object(fields)) = serde_json::to_value(below) {
+            map.extend(fields);
+        }
     }
+    call(egress, "/v1/exceptions".to_owned(), Some(body)).await
+}
+
+/// Files a tweak request (no hosts: [`Tweak`] names the sandbox and what it asks);
+/// returns the exception as the API shows it.
+pub async fn request_tweak(
+    egress: &Egress,
+    task: &str,
+    tweak: &Tweak,
+    ttl_seconds: u32,
+    reason: &str,
+) -> Result<Value, ControlError> {
+    let body = json!({
+        "task_id": task,
+        "requested_hosts": [],
+        "tweak": tweak,
+        "ttl_seconds": ttl_seconds,
+        "reason": reason,
+    });
     call(egress, "/v1/exceptions".to_owned(), Some(body)).await
 }
 

@@ -5,6 +5,7 @@
 //! for and reaches a sandbox's next run, whichever request it came from (the one filed, an
 //! identical one already pending, another an approver granted). Pure: time is an argument.
 
+use sandgate_policy::exception::BelowHost;
 use sandgate_policy::{Exception, ExceptionState, Host};
 
 use crate::approvals::{Approvals, covers};
@@ -21,9 +22,11 @@ pub struct Plan<'a> {
     pub hosts: Vec<String>,
     /// The ports asked for (default: the control plane's, 80 and 443).
     pub ports: Vec<u16>,
+    /// The methods and paths asked for (default: every request).
+    pub below: BelowHost,
 }
 
-/// Why a request is not filed: the gate and the message.
+/// Why a request is not filed (or a tweak not asked for): the gate and the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     pub gate: &'static str,
@@ -47,7 +50,12 @@ pub fn plan<'a>(
     hosts: &[String],
     ports: Option<&[u16]>,
     ttl_seconds: u32,
+    below: BelowHost,
 ) -> Result<Plan<'a>, Refusal> {
+    // Refused here with the grammar's words, before a sandbox is looked at.
+    let below = below
+        .checked()
+        .map_err(|e| refused("egress", format!("methods, paths or read_only: {e}")))?;
     let candidates: Vec<&Sandbox> = match named {
         Some(name) => {
             let Some(s) = config.sandboxes.iter().find(|s| s.name == name) else {
@@ -130,6 +138,7 @@ pub fn plan<'a>(
         task,
         hosts: hosts.iter().map(|h| written(h)).collect(),
         ports,
+        below,
     })
 }
 
@@ -197,7 +206,7 @@ impl Verdict {
 pub fn judge(plan: &Plan<'_>, admin: &str, filed: &Exception, seen: &[Exception], now: i64) -> Verdict {
     let covering = std::iter::once(filed)
         .chain(seen.iter().filter(|e| e.id != filed.id))
-        .filter(|e| covers(e, &plan.task, &plan.hosts, &plan.ports, now));
+        .filter(|e| covers(e, &plan.task, &plan.hosts, &plan.ports, &plan.below, now));
     let mut refused = None;
     for ex in covering {
         let mut why = Vec::new();

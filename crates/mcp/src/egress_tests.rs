@@ -5,6 +5,7 @@ use sandgate_sandbox::policy::{Limits, NetMode};
 use super::*;
 use crate::config::Gates;
 use crate::limits::RunLimits;
+use sandgate_policy::exception::BelowHost;
 
 const ADMIN: &str = "http://127.0.0.1:9090";
 
@@ -23,6 +24,7 @@ fn sandbox(name: &str, approvals: Approvals, run_task: &str) -> Sandbox {
             network: true,
             workspaces: Vec::new(),
             limits: RunLimits::default(),
+            tweaks: None,
         },
         approvals,
         run_task: run_task.to_owned(),
@@ -71,6 +73,8 @@ fn exception(id: &str, state: ExceptionState, hosts: &[&str], ports: &[u16], ttl
         decided_at: None,
         note: None,
         expires_at: (state == ExceptionState::Approved).then_some(1000),
+        below: Default::default(),
+        tweak: None,
     }
 }
 
@@ -80,8 +84,16 @@ fn a_request_is_for_the_sandboxes_an_approval_reaches_and_the_task_they_carry() 
         sandbox("offline", Approvals::NoNetwork { mode: NetMode::None }, "t-1"),
         sandbox("web", followed(ADMIN), "t-1"),
     ]);
-    let p =
-        plan(&c, ADMIN, None, &hosts(&["PyPI.org."]), None, 300).unwrap_or_else(|e| unreachable!("{e:?}"));
+    let p = plan(
+        &c,
+        ADMIN,
+        None,
+        &hosts(&["PyPI.org."]),
+        None,
+        300,
+        BelowHost::default(),
+    )
+    .unwrap_or_else(|e| unreachable!("{e:?}"));
     assert_eq!(
         p.targets.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
         ["web"]
@@ -91,26 +103,62 @@ fn a_request_is_for_the_sandboxes_an_approval_reaches_and_the_task_they_carry() 
         ("t-1", hosts(&["pypi.org"]), vec![80, 443])
     );
 
-    let named = plan(&c, ADMIN, Some("offline"), &hosts(&["a.test"]), None, 300).unwrap_err();
+    let named = plan(
+        &c,
+        ADMIN,
+        Some("offline"),
+        &hosts(&["a.test"]),
+        None,
+        300,
+        BelowHost::default(),
+    )
+    .unwrap_err();
     assert_eq!(named.gate, "egress");
     assert!(
         named.message.contains("sandbox \"offline\": net.mode none"),
         "{named:?}"
     );
-    let unknown = plan(&c, ADMIN, Some("nope"), &hosts(&["a.test"]), None, 300).unwrap_err();
+    let unknown = plan(
+        &c,
+        ADMIN,
+        Some("nope"),
+        &hosts(&["a.test"]),
+        None,
+        300,
+        BelowHost::default(),
+    )
+    .unwrap_err();
     assert_eq!(unknown.gate, "sandbox");
 }
 
 #[test]
 fn a_request_no_run_would_apply_is_not_filed() {
     let c = config(vec![sandbox("web", followed(ADMIN), "t-1")]);
-    let port = plan(&c, ADMIN, None, &hosts(&["a.test"]), Some(&[8443]), 300).unwrap_err();
+    let port = plan(
+        &c,
+        ADMIN,
+        None,
+        &hosts(&["a.test"]),
+        Some(&[8443]),
+        300,
+        BelowHost::default(),
+    )
+    .unwrap_err();
     assert!(
         port.message
             .contains("not filed: no sandbox's runs would apply it (web: port 8443: this sandbox's runs apply exceptions on ports [80, 443] only"),
         "{port:?}"
     );
-    let ttl = plan(&c, ADMIN, None, &hosts(&["a.test"]), None, 901).unwrap_err();
+    let ttl = plan(
+        &c,
+        ADMIN,
+        None,
+        &hosts(&["a.test"]),
+        None,
+        901,
+        BelowHost::default(),
+    )
+    .unwrap_err();
     assert!(ttl.message.contains("at most 900 s"), "{ttl:?}");
     // A run's own proxy following nothing, or another control plane: nothing to file for.
     for approvals in [
@@ -120,7 +168,16 @@ fn a_request_no_run_would_apply_is_not_filed() {
         followed("http://127.0.0.1:1"),
     ] {
         let c = config(vec![sandbox("web", approvals, "t-1")]);
-        let r = plan(&c, ADMIN, None, &hosts(&["a.test"]), None, 60).unwrap_err();
+        let r = plan(
+            &c,
+            ADMIN,
+            None,
+            &hosts(&["a.test"]),
+            None,
+            60,
+            BelowHost::default(),
+        )
+        .unwrap_err();
         assert!(
             r.message
                 .contains("no approval reaches the runs of any sandbox here"),
@@ -141,18 +198,43 @@ fn sandboxes_whose_runs_carry_different_tasks_must_be_named() {
             "node-a:t-1",
         ),
     ]);
-    let r = plan(&c, ADMIN, None, &hosts(&["a.test"]), None, 60).unwrap_err();
+    let r = plan(
+        &c,
+        ADMIN,
+        None,
+        &hosts(&["a.test"]),
+        None,
+        60,
+        BelowHost::default(),
+    )
+    .unwrap_err();
     assert!(r.message.contains("name the sandbox"), "{r:?}");
-    let p = plan(&c, ADMIN, Some("node"), &hosts(&["a.test"]), None, 60)
-        .unwrap_or_else(|e| unreachable!("{e:?}"));
+    let p = plan(
+        &c,
+        ADMIN,
+        Some("node"),
+        &hosts(&["a.test"]),
+        None,
+        60,
+        BelowHost::default(),
+    )
+    .unwrap_or_else(|e| unreachable!("{e:?}"));
     assert_eq!(p.task, "node-a:t-1");
 }
 
 #[test]
 fn approved_means_an_active_exception_covers_the_ask_and_reaches_the_next_run() {
     let c = config(vec![sandbox("web", followed(ADMIN), "t-1")]);
-    let p = plan(&c, ADMIN, None, &hosts(&["a.test"]), Some(&[443]), 300)
-        .unwrap_or_else(|e| unreachable!("{e:?}"));
+    let p = plan(
+        &c,
+        ADMIN,
+        None,
+        &hosts(&["a.test"]),
+        Some(&[443]),
+        300,
+        BelowHost::default(),
+    )
+    .unwrap_or_else(|e| unreachable!("{e:?}"));
     let pending = exception("ex-2", ExceptionState::Pending, &["a.test"], &[443], 300);
     let v = judge(&p, ADMIN, &pending, &[], 10);
     assert!(!v.is_final());
@@ -195,8 +277,16 @@ fn approved_means_an_active_exception_covers_the_ask_and_reaches_the_next_run() 
     );
 
     // Approved narrower than asked.
-    let p2 = plan(&c, ADMIN, None, &hosts(&["a.test", "b.test"]), Some(&[443]), 300)
-        .unwrap_or_else(|e| unreachable!("{e:?}"));
+    let p2 = plan(
+        &c,
+        ADMIN,
+        None,
+        &hosts(&["a.test", "b.test"]),
+        Some(&[443]),
+        300,
+        BelowHost::default(),
+    )
+    .unwrap_or_else(|e| unreachable!("{e:?}"));
     let narrowed = exception("ex-4", ExceptionState::Approved, &["a.test"], &[443], 300);
     let v = judge(&p2, ADMIN, &narrowed, &[], 10);
     assert_eq!(v.state(10), "not_applied");
@@ -218,7 +308,16 @@ fn an_approval_through_an_upstream_says_on_what_it_depends() {
         },
         "t-1",
     )]);
-    let p = plan(&c, ADMIN, None, &hosts(&["a.test"]), None, 300).unwrap_or_else(|e| unreachable!("{e:?}"));
+    let p = plan(
+        &c,
+        ADMIN,
+        None,
+        &hosts(&["a.test"]),
+        None,
+        300,
+        BelowHost::default(),
+    )
+    .unwrap_or_else(|e| unreachable!("{e:?}"));
     let ex = exception("ex-1", ExceptionState::Approved, &["a.test"], &[80, 443], 300);
     let v = judge(&p, ADMIN, &ex, &[], 10);
     assert_eq!(v.state(10), "approved");

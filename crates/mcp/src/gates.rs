@@ -118,6 +118,7 @@ mod tests {
             network: false,
             workspaces: vec![PathBuf::from("/srv/work")],
             limits: RunLimits::default(),
+            tweaks: None,
         }
     }
 

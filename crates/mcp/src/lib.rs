@@ -21,10 +21,15 @@
 //!   covers them.
 //! - `egress.rs`: what `request_egress` decides around those calls: the sandboxes a request
 //!   is for and the task their runs carry, and "approved" only when the next run passes.
+//! - `tweaks.rs`: what a person may grant a sandbox's runs beyond its gates (`gates.tweaks`:
+//!   time, output, network, a workspace), what the active tweaks grant a run (never beyond
+//!   those bounds), and when a `request_tweak` is approved.
 //! - `audit.rs`: one JSON line per tool call, fsynced; a call that cannot be recorded does
 //!   not run.
 //! - `server.rs`: the MCP server and its tools `list_sandboxes` and `run`
-//!   (`server/egress_tools.rs`: the tools `request_egress` and `egress_status`).
+//!   (`server/egress_tools.rs`: the tools `request_egress` and `egress_status`, and the wait
+//!   for a decision; `server/tweak_tools.rs`: the tool `request_tweak`, and the tweaks a run
+//!   and `list_sandboxes` read).
 
 pub mod approvals;
 pub mod audit;
@@ -37,6 +42,7 @@ pub mod own_files;
 pub mod runner;
 pub mod server;
 pub mod session;
+pub mod tweaks;
 
 use std::path::{Path, PathBuf};
 

@@ -1,6 +1,8 @@
 //! The MCP server (rmcp): its state, the `ServerHandler` glue, and the tools
-//! `list_sandboxes` and `run`; the egress tools, `request_egress` and `egress_status`, are
-//! in `server/egress_tools.rs`, each set a tool router of its own, added together in
+//! `list_sandboxes` and `run` (with the tweaks active for its sandbox applied, within its
+//! bounds); the egress tools, `request_egress` and `egress_status`, are in
+//! `server/egress_tools.rs`, and `request_tweak` in `server/tweak_tools.rs`, each set a
+//! tool router of its own, added together in
 //! [`SandgateMcp::new`]. Each call is audited before it acts (fail closed) and after. Input
 //! schemas come from the Rust types (schemars), so a client sees exactly what is accepted;
 //! unknown fields are refused. The server names itself sandgate, with its version.
@@ -20,11 +22,14 @@ use serde_json::{Value, json};
 
 use crate::audit::{ToolAudit, command_digest};
 use crate::config::{Config, Sandbox};
-use crate::{gates, limits, runner};
+use crate::{gates, limits, runner, tweaks};
+use sandgate_sandbox::policy::NetMode;
 
 mod egress_tools;
+mod tweak_tools;
 
 pub use egress_tools::{EgressAnswer, EgressParams, EgressStatus};
+pub use tweak_tools::{TweakAnswer, TweakParams, TweaksInfo};
 
 /// The most an agent may hand a command on standard input.
 const MAX_STDIN_BYTES: usize = 1024 * 1024;
@@ -68,6 +73,10 @@ pub struct SandboxInfo {
     pub task: String,
     /// Whether, and how, an approved exception reaches its runs.
     pub approvals: ApprovalsInfo,
+    /// What `request_tweak` may ask beyond the gates (`bounds`), and what is granted now
+    /// (`granted`); absent: nothing can be asked for this sandbox.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tweaks: Option<TweaksInfo>,
 }
 
 /// How approvals reach a sandbox's runs.
@@ -118,7 +127,7 @@ impl SandgateMcp {
             config: Arc::new(config),
             audit: Arc::new(audit),
             sandgate,
-            tool_router: Self::sandbox_tools() + Self::egress_tools(),
+            tool_router: Self::sandbox_tools() + Self::egress_tools() + Self::tweak_tools(),
         }
     }
 
@@ -142,11 +151,16 @@ impl SandgateMcp {
             json!({"tool": "list_sandboxes", "subject": who(&ctx), "task_id": self.config.task, "outcome": "ok"}),
         )?;
         let admin = self.config.egress.as_ref().map(|e| e.admin.as_str());
+        let mut tweaks = Vec::new();
+        for s in &self.config.sandboxes {
+            tweaks.push(self.tweaks_info(s).await);
+        }
         let sandboxes = self
             .config
             .sandboxes
             .iter()
-            .map(|s| SandboxInfo {
+            .zip(tweaks)
+            .map(|(s, tweaks)| SandboxInfo {
                 name: s.name.clone(),
                 description: s.description.clone(),
                 network_mode: s.net.name().to_owned(),
@@ -170,6 +184,7 @@ impl SandgateMcp {
                     path: s.approvals.kind(admin).to_owned(),
                     detail: s.approvals.detail(admin, &s.run_task),
                 },
+                tweaks,
             })
             .collect();
         Ok(Json(SandboxList {
@@ -241,12 +256,21 @@ impl SandgateMcp {
                 );
             }
         };
-        let admitted = match gates::check(
-            &sandbox.gates,
-            &p.command,
-            p.timeout_seconds,
-            workspace.as_deref(),
-        ) {
+        // The gates widened by what a person granted this sandbox for now, within its bounds
+        // (the plain gates when nothing is, or the control plane cannot be read).
+        let granted = self.granted(sandbox).await;
+        let gates = tweaks::widened(&sandbox.gates, &granted);
+        if sandbox.net != NetMode::None && !gates.network {
+            return refuse(
+                "network",
+                format!(
+                    "refused by gate `network`: sandbox {:?} has a network (net.mode {}) only while a person grants it (request_tweak with network)",
+                    sandbox.name,
+                    sandbox.net.name()
+                ),
+            );
+        }
+        let admitted = match gates::check(&gates, &p.command, p.timeout_seconds, workspace.as_deref()) {
             Ok(a) => a,
             Err(refusal) => return refuse(refusal.gate, refusal.to_string()),
         };
@@ -265,7 +289,7 @@ impl SandgateMcp {
         let (mut started, job) = (base.clone(), runner::next_job());
         merge(
             &mut started,
-            json!({"outcome": "started", "job_id": job, "timeout_seconds": admitted.seconds, "limits": limits::text(&limits)}),
+            json!({"outcome": "started", "job_id": job, "timeout_seconds": admitted.seconds, "limits": limits::text(&limits), "tweaks": granted.ids}),
         );
         self.audit.record("tool_call_started", started)?;
         let spec = runner::RunSpec {
@@ -275,7 +299,7 @@ impl SandgateMcp {
             stdin: stdin.as_bytes(),
             workspace: workspace.as_deref(),
             limit: Duration::from_secs(admitted.seconds),
-            max_output_bytes: sandbox.gates.max_output_bytes,
+            max_output_bytes: gates.max_output_bytes,
             subject: &sandgate_sandbox::run::user_subject(),
             agent: &agent_id(&ctx),
             task: &self.config.task,

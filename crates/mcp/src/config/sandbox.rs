@@ -10,7 +10,7 @@ use sandgate_sandbox::policy::{Limits, NetMode, RawLimits};
 use serde::Deserialize;
 
 use super::policy::{PolicyFacts, read_policy};
-use super::{Gates, Problems, Sandbox, not_literal};
+use super::{Gates, Problems, Sandbox, TweakBounds, not_literal};
 use crate::approvals::Approvals;
 use crate::limits::RunLimits;
 use crate::own_files::OwnFile;
@@ -47,6 +47,22 @@ struct RawGates {
     workspaces: Vec<String>,
     #[serde(default)]
     limits: RawLimits,
+    #[serde(default)]
+    tweaks: Option<RawTweaks>,
+}
+
+/// `gates.tweaks`: the most a person may grant beyond the gates.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTweaks {
+    #[serde(default)]
+    max_seconds: Option<u64>,
+    #[serde(default)]
+    max_output_bytes: Option<u64>,
+    #[serde(default)]
+    network: bool,
+    #[serde(default)]
+    workspaces: Vec<String>,
 }
 
 /// A sandbox, and its files the server must keep from every run (its policy, what that
@@ -94,26 +110,23 @@ pub(super) fn sandbox(
             ));
         }
     }
-    let mut workspaces = Vec::new();
-    for w in &g.workspaces {
-        if let Some(p) = not_literal(w) {
-            errors.push((format!("{field}.gates.workspaces"), p));
-            continue;
-        }
-        match std::fs::canonicalize(base.join(w)) {
-            Ok(p) if p.is_dir() => workspaces.push(p),
-            Ok(p) => errors.push((
-                format!("{field}.gates.workspaces"),
-                format!("{} is not a directory", p.display()),
-            )),
-            Err(e) => errors.push((format!("{field}.gates.workspaces"), format!("{w}: {e}"))),
-        }
-    }
+    let workspaces = directories(
+        &g.workspaces,
+        &format!("{field}.gates.workspaces"),
+        base,
+        &mut errors,
+    );
+    let tweaks = g
+        .tweaks
+        .map(|t| tweak_bounds(t, &format!("{field}.gates.tweaks"), base, &mut errors));
     if let Some(p) = not_literal(&s.policy) {
         errors.push((format!("{field}.policy"), p));
     }
     let policy = base.join(&s.policy);
-    let facts = match read_policy(&policy, workspaces.first(), task) {
+    let any_workspace = workspaces
+        .first()
+        .or_else(|| tweaks.as_ref().and_then(|t| t.workspaces.first()));
+    let facts = match read_policy(&policy, any_workspace, task) {
         Ok(v) => v,
         Err(e) => {
             errors.push((format!("{field}.policy"), format!("{}: {e}", policy.display())));
@@ -129,11 +142,13 @@ pub(super) fn sandbox(
         }
     };
     let net = facts.net;
-    if net != NetMode::None && !g.network {
+    // A network a person may grant (`gates.tweaks.network`) is allowed here; each run
+    // without that grant is refused (gate `network`).
+    if net != NetMode::None && !g.network && !tweaks.as_ref().is_some_and(|t| t.network) {
         errors.push((
             format!("{field}.gates.network"),
             format!(
-                "the policy's net.mode is {}; allow it with `network: true` or use a policy with net.mode none",
+                "the policy's net.mode is {}; allow it with `network: true` (or `tweaks: {{ network: true }}`, for runs a person grants it to) or use a policy with net.mode none",
                 net.name()
             ),
         ));
@@ -163,10 +178,60 @@ pub(super) fn sandbox(
             network: g.network,
             workspaces,
             limits,
+            tweaks,
         },
         approvals: facts.approvals,
         run_task: facts.run_task,
         start_in_workspace: facts.start_in_workspace,
     };
     Ok((sandbox, own))
+}
+
+/// Directories as written (relative to the configuration), canonical; each that is not one
+/// is a problem of `field`.
+fn directories(
+    written: &[String],
+    field: &str,
+    base: &Path,
+    errors: &mut Problems,
+) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for w in written {
+        if let Some(p) = not_literal(w) {
+            errors.push((field.to_owned(), p));
+            continue;
+        }
+        match std::fs::canonicalize(base.join(w)) {
+            Ok(p) if p.is_dir() => out.push(p),
+            Ok(p) => errors.push((field.to_owned(), format!("{} is not a directory", p.display()))),
+            Err(e) => errors.push((field.to_owned(), format!("{w}: {e}"))),
+        }
+    }
+    out
+}
+
+/// `gates.tweaks` checked: the same ceilings as the gates themselves.
+fn tweak_bounds(t: RawTweaks, field: &str, base: &Path, errors: &mut Problems) -> TweakBounds {
+    if let Some(s) = t.max_seconds
+        && !(1..=MAX_MAX_SECONDS).contains(&s)
+    {
+        errors.push((
+            format!("{field}.max_seconds"),
+            format!("{s}: give 1 to {MAX_MAX_SECONDS}"),
+        ));
+    }
+    if let Some(b) = t.max_output_bytes
+        && !(1..=MAX_MAX_OUTPUT_BYTES as u64).contains(&b)
+    {
+        errors.push((
+            format!("{field}.max_output_bytes"),
+            format!("{b}: give 1 to {MAX_MAX_OUTPUT_BYTES}"),
+        ));
+    }
+    TweakBounds {
+        max_seconds: t.max_seconds,
+        max_output_bytes: t.max_output_bytes.map(|b| b as usize),
+        network: t.network,
+        workspaces: directories(&t.workspaces, &format!("{field}.workspaces"), base, errors),
+    }
 }

@@ -15,6 +15,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use sandgate_policy::exception::BelowHost;
+
 use super::{SandgateMcp, merge, who};
 use crate::config::MAX_WAIT_SECONDS;
 use crate::{at, control, egress};
@@ -38,6 +40,17 @@ pub struct EgressParams {
     pub ttl_seconds: u32,
     /// Why the task needs it; shown to the person who decides.
     pub reason: String,
+    /// Only these methods (uppercase, as sent: GET, POST); default: every method.
+    #[serde(default)]
+    pub methods: Option<Vec<String>>,
+    /// Only these paths, as patterns (`/org/**`, `/org/*/info/refs`; docs/policy.md);
+    /// default: every path. Over HTTPS, method and path rules hold where the proxy that
+    /// decides inspects the tunnel (a sandbox's own proxy does).
+    #[serde(default)]
+    pub paths: Option<Vec<String>>,
+    /// Only GET, HEAD and OPTIONS.
+    #[serde(default)]
+    pub read_only: bool,
     /// Wait up to this many seconds (at most 600) for a person's decision; 0 or absent:
     /// return at once.
     #[serde(default)]
@@ -82,7 +95,7 @@ impl SandgateMcp {
     /// asked, until an exception that covers it reaches their next run.
     #[tool(
         name = "request_egress",
-        description = "Ask for temporary network access for this task (exact hosts, ports, a TTL and a reason; optionally the sandbox that needs it). A person approves or denies it in sandgate's CLI or web page; the agent cannot. Returns the request's id and state; with wait_seconds, waits up to that long. The state is `approved` only when the next run reaches the hosts; asking again while a request is pending returns that request."
+        description = "Ask for temporary network access for this task (exact hosts, ports, a TTL and a reason; optionally the sandbox that needs it, and only some methods or paths, or read-only). A person approves or denies it in sandgate's CLI or web page; the agent cannot. Returns the request's id and state; with wait_seconds, waits up to that long. The state is `approved` only when the next run reaches the hosts; asking again while a request is pending returns that request."
     )]
     pub async fn request_egress(
         &self,
@@ -98,6 +111,9 @@ impl SandgateMcp {
             "hosts": p.hosts,
             "ports": p.ports,
             "ttl_seconds": p.ttl_seconds,
+            "methods": p.methods,
+            "paths": p.paths,
+            "read_only": p.read_only,
         });
         let refuse = |mut event: Value, gate: &str, message: String| -> Result<Json<EgressAnswer>, String> {
             merge(
@@ -122,6 +138,7 @@ impl SandgateMcp {
             &p.hosts,
             p.ports.as_deref(),
             p.ttl_seconds,
+            BelowHost::new(p.methods.clone(), p.paths.clone(), p.read_only),
         ) {
             Ok(plan) => plan,
             Err(r) => return refuse(event, r.gate, r.message),
@@ -138,52 +155,26 @@ impl SandgateMcp {
             p.ports.as_deref(),
             p.ttl_seconds,
             &p.reason,
+            &plan.below,
         )
         .await
         .and_then(control::exception);
-        let filed = match filed {
-            Ok(x) => x,
-            Err(e) => {
-                merge(&mut event, json!({"outcome": "refused", "detail": e.to_string()}));
-                self.audit.record("tool_call", event)?;
-                return Err(e.to_string());
-            }
-        };
+        let filed = self.on_record(filed, &mut event)?;
         let id = filed.id.clone();
-        merge(
-            &mut event,
-            json!({"exception_id": id, "state": filed.state.to_string(), "outcome": "requested"}),
-        );
-        self.audit.record("tool_call", event.clone())?;
-        let mut verdict = egress::judge(&plan, &egress.admin, &filed, &[], now());
+        let verdict = egress::judge(&plan, &egress.admin, &filed, &[], now());
         if !verdict.is_final() {
             self.point_at_approvals(&ctx, egress, &p, &id, &event).await?;
         }
-        let slot = self.waits.clone().try_acquire_owned().ok();
-        let wait = match slot {
-            Some(_) => Duration::from_secs(p.wait_seconds.unwrap_or(0).min(MAX_WAIT_SECONDS)),
-            None => Duration::ZERO,
-        };
-        // Until an exception that covers the request reaches a run, or the request is decided;
-        // looked at once at least (a pending answer may have a covering exception beside it).
-        let deadline = Instant::now() + wait;
-        let mut current = filed;
-        let mut first = true;
-        while !verdict.is_final() && (first || Instant::now() < deadline) {
-            if !first {
-                tokio::time::sleep(
-                    Duration::from_millis(500).min(deadline.saturating_duration_since(Instant::now())),
-                )
-                .await;
-            }
-            first = false;
-            if let Ok(seen) = control::exceptions_of(egress, &plan.task).await {
-                if let Some(x) = seen.iter().find(|x| x.id == id) {
-                    current = x.clone();
-                }
-                verdict = egress::judge(&plan, &egress.admin, &current, &seen, now());
-            }
-        }
+        let verdict = self
+            .wait_for(
+                egress,
+                &plan.task,
+                filed,
+                verdict,
+                p.wait_seconds,
+                |current, seen| egress::judge(&plan, &egress.admin, current, seen, now()),
+            )
+            .await;
         let ex = verdict.exception();
         let reaches = match &verdict {
             egress::Verdict::Approved { reaches, .. } => reaches.clone(),
@@ -210,28 +201,13 @@ impl SandgateMcp {
         id: &str,
         event: &Value,
     ) -> Result<(), String> {
-        let Ok(url) = url::Url::parse(&egress.approvals_url) else {
-            return Ok(());
-        };
         let message = format!(
             "The agent asks for network access to {} for {} s: {}. Approve or deny it on sandgate's approvals page (request {id}).",
             p.hosts.join(", "),
             p.ttl_seconds,
             p.reason
         );
-        let asked = ctx
-            .peer
-            .elicit_url_with_timeout(message, url, id.to_owned(), Some(Duration::from_secs(5)))
-            .await;
-        if let Ok(action) = asked {
-            let mut e = event.clone();
-            merge(
-                &mut e,
-                json!({"outcome": "elicitation_answered", "detail": format!("{action:?} (not an approval)")}),
-            );
-            self.audit.record("tool_call", e)?;
-        }
-        Ok(())
+        self.point_with(ctx, egress, message, id, event).await
     }
 
     /// The task's exceptions.
@@ -272,7 +248,103 @@ impl SandgateMcp {
     }
 }
 
+/// What both request tools share: the answer on record, the link to the approvals page,
+/// and the wait.
+impl SandgateMcp {
+    /// What the control plane answered a request, on record: the exception filed (or the
+    /// one it returned instead), its id and state added to `event`; a refusal recorded and
+    /// given back as the tool's error.
+    pub(super) fn on_record(
+        &self,
+        answer: Result<sandgate_policy::Exception, control::ControlError>,
+        event: &mut Value,
+    ) -> Result<sandgate_policy::Exception, String> {
+        let filed = match answer {
+            Ok(x) => x,
+            Err(e) => {
+                merge(event, json!({"outcome": "refused", "detail": e.to_string()}));
+                self.audit.record("tool_call", event.clone())?;
+                return Err(e.to_string());
+            }
+        };
+        merge(
+            event,
+            json!({"exception_id": filed.id, "state": filed.state.to_string(), "outcome": "requested"}),
+        );
+        self.audit.record("tool_call", event.clone())?;
+        Ok(filed)
+    }
+
+    /// Shows `message` with a link to the approvals page, where the client can; records
+    /// what the client answered (never an approval).
+    pub(super) async fn point_with(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        egress: &crate::config::Egress,
+        message: String,
+        id: &str,
+        event: &Value,
+    ) -> Result<(), String> {
+        let Ok(url) = url::Url::parse(&egress.approvals_url) else {
+            return Ok(());
+        };
+        let asked = ctx
+            .peer
+            .elicit_url_with_timeout(message, url, id.to_owned(), Some(Duration::from_secs(5)))
+            .await;
+        if let Ok(action) = asked {
+            let mut e = event.clone();
+            merge(
+                &mut e,
+                json!({"outcome": "elicitation_answered", "detail": format!("{action:?} (not an approval)")}),
+            );
+            self.audit.record("tool_call", e)?;
+        }
+        Ok(())
+    }
+
+    /// Waits, up to `wait_seconds` (at most [`MAX_WAIT_SECONDS`]; not at all while
+    /// [`MAX_WAITING`] calls wait already), until the verdict `judge` gives on the request
+    /// as last shown and the task's exceptions is final; looked at once at least (a pending
+    /// answer may have a covering exception beside it).
+    pub(super) async fn wait_for(
+        &self,
+        egress: &crate::config::Egress,
+        task: &str,
+        filed: sandgate_policy::Exception,
+        mut verdict: egress::Verdict,
+        wait_seconds: Option<u64>,
+        judge: impl Fn(&sandgate_policy::Exception, &[sandgate_policy::Exception]) -> egress::Verdict,
+    ) -> egress::Verdict {
+        let slot = self.waits.clone().try_acquire_owned().ok();
+        let wait = match slot {
+            Some(_) => Duration::from_secs(wait_seconds.unwrap_or(0).min(MAX_WAIT_SECONDS)),
+            None => Duration::ZERO,
+        };
+        let deadline = Instant::now() + wait;
+        let id = filed.id.clone();
+        let mut current = filed;
+        let mut first = true;
+        while !verdict.is_final() && (first || Instant::now() < deadline) {
+            if !first {
+                tokio::time::sleep(
+                    Duration::from_millis(500).min(deadline.saturating_duration_since(Instant::now())),
+                )
+                .await;
+            }
+            first = false;
+            if let Ok(seen) = control::exceptions_of(egress, task).await {
+                if let Some(x) = seen.iter().find(|x| x.id == id) {
+                    current = x.clone();
+                }
+                verdict = judge(&current, &seen);
+            }
+        }
+        verdict
+    }
+}
+
 /// Unix seconds now: when an exception is active.
-fn now() -> i64 {
+pub(super) fn now() -> i64 {
     jiff::Timestamp::now().as_second()
 }
