@@ -7,7 +7,7 @@
 use clap::{Parser, Subcommand};
 
 mod audit;
-mod central;
+pub(crate) mod central;
 mod proxy;
 mod sandbox;
 
@@ -156,10 +156,14 @@ pub enum Command {
         /// The policy lets the command create AF_UNIX sockets.
         #[arg(long)]
         allow_unix_sockets: bool,
+        /// NAME=VALUE: an rlimit the command starts under (nproc, data, cpu, nofile).
+        #[arg(long = "rlimit", value_name = "NAME=VALUE")]
+        rlimits: Vec<String>,
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
     },
-    /// (internal) Loads the sandbox's seccomp filter, then executes the command.
+    /// (internal) Loads the sandbox's seccomp filter, then executes the command (where
+    /// there is no init, which does the same for the command it starts).
     #[command(hide = true)]
     SandboxExec {
         /// Let the command create AF_UNIX sockets (platform.seccomp.allow_unix_sockets).

@@ -199,10 +199,15 @@ fn call_of(cmd: &ExceptionsCommand) -> Call {
             ports,
             ttl,
             reason,
+            below,
+            tweak,
         } => {
-            let mut body = serde_json::Map::new();
+            let mut body = below.fields();
             body.insert("task_id".into(), json!(task));
             body.insert("requested_hosts".into(), json!(hosts));
+            if let Some(t) = tweak.tweak() {
+                body.insert("tweak".into(), json!(t));
+            }
             body.insert("ttl_seconds".into(), json!(ttl));
             body.insert("reason".into(), json!(reason));
             if let Some(p) = project {
@@ -215,8 +220,13 @@ fn call_of(cmd: &ExceptionsCommand) -> Call {
         }
         ExceptionsCommand::List => Call::Get("/v1/exceptions".to_owned()),
         ExceptionsCommand::Show { id } => Call::Get(format!("/v1/exceptions/{}", path_segment(id))),
-        ExceptionsCommand::Approve { id, hosts, ttl } => {
-            let mut body = serde_json::Map::new();
+        ExceptionsCommand::Approve {
+            id,
+            hosts,
+            ttl,
+            below,
+        } => {
+            let mut body = below.fields();
             if !hosts.is_empty() {
                 body.insert("hosts".into(), json!(hosts));
             }
@@ -242,6 +252,7 @@ fn call_of(cmd: &ExceptionsCommand) -> Call {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::central::BelowArgs;
 
     #[test]
     fn each_admin_error_has_its_exit_code() {
@@ -300,6 +311,7 @@ mod tests {
             id: "ex-1".into(),
             hosts: vec![],
             ttl: None,
+            below: BelowArgs::default(),
         };
         let file = TokenSource::File("/etc/alice.token".into());
         let h = hint(&refused(401), &approve, &TokenSource::Env).unwrap();
@@ -337,6 +349,8 @@ mod tests {
             ports: vec![],
             ttl: 60,
             reason: "r".into(),
+            below: BelowArgs::default(),
+            tweak: Default::default(),
         };
         let h = hint(&refused(403), &request, &file).unwrap();
         assert!(h.contains("requester role") && h.contains("approver role"), "{h}");
@@ -365,6 +379,58 @@ mod tests {
         assert!(err.contains("not a token"), "{err}");
         let err = TokenSource::File("/dev/zero".into()).read().unwrap_err();
         assert!(err.contains("not a token"), "{err}");
+    }
+
+    #[test]
+    fn methods_and_paths_go_into_the_body_under_the_api_s_names() {
+        let below = BelowArgs {
+            methods: vec!["GET".into()],
+            paths: vec!["/org/**".into()],
+            read_only: false,
+        };
+        let approve = ExceptionsCommand::Approve {
+            id: "ex-1".into(),
+            hosts: vec![],
+            ttl: None,
+            below: below.clone(),
+        };
+        let Call::Post(_, body) = call_of(&approve) else {
+            unreachable!("an approval posts")
+        };
+        assert_eq!(body, json!({"methods": ["GET"], "paths": ["/org/**"]}));
+        let read_only = BelowArgs {
+            read_only: true,
+            ..BelowArgs::default()
+        };
+        assert_eq!(Value::Object(read_only.fields()), json!({"read_only": true}));
+        assert_eq!(Value::Object(BelowArgs::default().fields()), json!({}));
+    }
+
+    #[test]
+    fn a_tweak_goes_into_the_body_instead_of_hosts() {
+        let request = ExceptionsCommand::Request {
+            task: "agent-7".into(),
+            project: None,
+            hosts: vec![],
+            ports: vec![],
+            ttl: 600,
+            reason: "r".into(),
+            below: BelowArgs::default(),
+            tweak: crate::cli::central::TweakArgs {
+                tweak_sandbox: Some("web".into()),
+                max_seconds: Some(600),
+                network: true,
+                ..Default::default()
+            },
+        };
+        let Call::Post(_, body) = call_of(&request) else {
+            unreachable!("a request posts")
+        };
+        assert_eq!(
+            body["tweak"],
+            json!({"sandbox": "web", "max_seconds": 600, "network": true})
+        );
+        assert_eq!(body["requested_hosts"], json!([]));
     }
 
     #[test]

@@ -87,6 +87,7 @@ fn main() -> ExitCode {
         Command::SandboxInit {
             forwards,
             allow_unix_sockets,
+            rlimits,
             command,
         } => {
             let parsed: Result<Vec<_>, String> = forwards
@@ -95,7 +96,8 @@ fn main() -> ExitCode {
                 .collect();
             match parsed {
                 Ok(forwards) => ExitCode::from(
-                    sandgate_sandbox::init::run(&forwards, allow_unix_sockets, &command).clamp(0, 255) as u8,
+                    sandgate_sandbox::init::run(&forwards, allow_unix_sockets, &rlimits, &command)
+                        .clamp(0, 255) as u8,
                 ),
                 Err(e) => {
                     eprintln!("sandgate: {e}");

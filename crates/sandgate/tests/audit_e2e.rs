@@ -1,6 +1,7 @@
 //! The audit trail end to end: nothing lost on SIGTERM under load, rotation under load keeps
 //! every event exactly once, /metrics parsed by a real Prometheus parser matches the traffic,
-//! and the readers skip and report a torn last line.
+//! the readers skip and report a torn last line, and `audit summary` counts an upstream
+//! proxy's refusal as denied, as a run's exit summary does.
 
 #![allow(
     clippy::unwrap_used,
@@ -423,4 +424,98 @@ fn aggregation_folds_allowed_traffic_and_keeps_denies_individual() {
         aggs.iter()
             .all(|e| e["destination_host"] == "echo.test" && e["window_start"].is_string())
     );
+}
+
+/// The sections of `audit summary`'s output: title line, then `count  destination` rows.
+fn summary_sections(stdout: &str) -> HashMap<String, Vec<(u64, String)>> {
+    let mut sections: HashMap<String, Vec<(u64, String)>> = HashMap::new();
+    let mut current = String::new();
+    for line in stdout.lines() {
+        if !line.starts_with(' ') {
+            current = line.trim_end_matches(':').to_owned();
+            sections.entry(current.clone()).or_default();
+        } else if let Some((n, dest)) = line.trim().split_once("  ")
+            && let Ok(n) = n.parse()
+        {
+            sections
+                .entry(current.clone())
+                .or_default()
+                .push((n, dest.trim().to_owned()));
+        }
+    }
+    sections
+}
+
+/// A node-local proxy allows a destination the central proxy it chains through refuses: the
+/// client gets 403, and the local log holds an allow whose close says
+/// `upstream_failure:upstream_denied`. `audit summary` counts that request as denied, not
+/// allowed, with or without aggregation (an aggregate folds the allow; the close stays).
+#[test]
+fn audit_summary_counts_an_upstream_refusal_as_denied() {
+    let rt = runtime();
+    let echo = rt.block_on(EchoServer::start());
+    let dns = rt.block_on(DnsServer::start(
+        Zone::new()
+            .with("echo.test", &["127.0.0.1"])
+            .with("other.test", &["127.0.0.1"]),
+    ));
+    let tunnel = format!("echo.test:{}", echo.addr().port());
+    let other = format!("other.test:{}", echo.addr().port());
+    let dns_addr = dns.addr().to_string();
+    let mut central = ProxyProcess::start(&[
+        "--dns-server",
+        &dns_addr,
+        "--allow-range",
+        "127.0.0.0/8",
+        "--allow",
+        &tunnel,
+    ]);
+    let central_addr = central.addr.to_string();
+    let bin = env!("CARGO_BIN_EXE_sandgate");
+    for aggregate in [None, Some("0.2")] {
+        let mut args = vec![
+            "--dns-server",
+            "127.0.0.1:9",
+            "--upstream-proxy",
+            &central_addr,
+            "--allow",
+            &tunnel,
+            "--allow",
+            &other,
+        ];
+        if let Some(window) = aggregate {
+            args.extend(["--audit-aggregate-window", window]);
+        }
+        let mut local = ProxyProcess::start(&args);
+        assert_eq!(tunnel_client(local.addr, &tunnel, 10), (true, true));
+        let (answered, passed) = tunnel_client(local.addr, &other, 10);
+        assert!(answered && !passed, "the central proxy refuses {other}");
+        assert!(local.terminate().success());
+        let events = read_audit(&local.audit_path);
+        assert!(
+            events
+                .iter()
+                .any(|e| e["outcome"] == "upstream_failure:upstream_denied"),
+            "{events:#?}"
+        );
+        let out = Command::new(bin)
+            .args(["audit", "summary", "--file"])
+            .arg(&local.audit_path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let s = summary_sections(&stdout);
+        assert_eq!(
+            s["top denied destinations"],
+            [(1, other.clone())],
+            "aggregate {aggregate:?}: {stdout}"
+        );
+        assert_eq!(
+            s["top allowed destinations (requests)"],
+            [(1, tunnel.clone())],
+            "aggregate {aggregate:?}: {stdout}"
+        );
+    }
+    assert!(central.terminate().success());
 }

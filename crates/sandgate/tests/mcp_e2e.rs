@@ -187,9 +187,15 @@ fn a_real_client_runs_commands_within_the_gates_in_both_protocol_revisions() {
             .collect();
         assert_eq!(
             names,
-            ["egress_status", "list_sandboxes", "request_egress", "run"]
+            [
+                "egress_status",
+                "list_sandboxes",
+                "request_egress",
+                "request_tweak",
+                "run"
+            ]
         );
-        let run_schema = &tools["tools"][3]["input_schema"];
+        let run_schema = &tools["tools"][4]["input_schema"];
         assert_eq!(run_schema["additionalProperties"], false, "{run_schema}");
         assert_eq!(
             run_schema["required"],
@@ -1336,6 +1342,68 @@ fn an_agent_in_an_allowlist_sandbox_that_follows_the_control_plane_is_approved_b
     );
 }
 
+/// Issue 33: an agent asks for read-only access (`read_only: true`) through
+/// `request_egress`; once a person approves, the next run of the sandbox that follows the
+/// control plane reads and cannot write, each refusal on record as the exception's. An
+/// approval the agent could read as "approved" for more than it asked is never given: asked
+/// again for writes, it files a new request rather than answering with the read-only one.
+#[test]
+fn an_agent_granted_read_only_access_reads_and_cannot_write() {
+    let rt = runtime();
+    let f = followed(&rt);
+    let port = f.origin.port();
+    let admin = f.admin;
+    let mut d = Driver::start(&f.config, "legacy");
+    let approver = std::thread::spawn(move || {
+        let id = first_pending(admin);
+        let (code, _, err) = cli(admin, "tok-alice", &["approve", &id]);
+        assert_eq!(code, 0, "{err}");
+        id
+    });
+    let asked = d.call(
+        "request_egress",
+        json!({"sandbox": "web", "hosts": ["web.test"], "ports": [port], "ttl_seconds": 300,
+               "reason": "read the test page", "read_only": true, "wait_seconds": 60}),
+    );
+    let id = approver.join().unwrap();
+    assert_eq!(asked["structured"]["state"], "approved", "{asked}");
+    let (_, ex) = common::control::api(
+        admin,
+        "GET",
+        &format!("/v1/exceptions/{id}"),
+        Some("tok-alice"),
+        None,
+    );
+    assert_eq!(ex["read_only"], true, "{ex}");
+    let url = format!("http://web.test:{port}/page");
+    let status = |d: &mut Driver, method: &str| {
+        let r = d.run(json!({"sandbox": "web", "command": ["curl", "-sS", "-m", "10", "-X", method, "-o", "/dev/null", "-w", "%{http_code}", url]}));
+        r["structured"]["stdout"].as_str().unwrap_or_default().to_owned()
+    };
+    assert_eq!(status(&mut d, "GET"), "200");
+    assert_eq!(status(&mut d, "POST"), "403");
+    assert_eq!(status(&mut d, "DELETE"), "403");
+    // Writes are another request: filed, pending, not answered by the read-only exception.
+    let more = d.call(
+        "request_egress",
+        json!({"sandbox": "web", "hosts": ["web.test"], "ports": [port], "ttl_seconds": 300,
+               "reason": "write it too", "methods": ["POST"]}),
+    );
+    assert_eq!(more["structured"]["state"], "pending", "{more}");
+    assert_ne!(more["structured"]["id"], id.as_str(), "{more}");
+    // Rules the grammar refuses are refused before anything is filed.
+    let bad = d.send(
+        json!({"call": "request_egress", "args": {"hosts": ["web.test"], "ports": [port],
+        "ttl_seconds": 60, "reason": "r", "paths": ["/a/../b"]}}),
+    );
+    assert!(bad.to_string().contains("paths"), "{bad}");
+    assert_eq!(
+        exceptions_in(admin, "pending").len(),
+        1,
+        "only the write request is pending"
+    );
+}
+
 /// Issue 31: the wait ends as soon as any exception that covers the request is active for
 /// the task, not only the one the agent filed (here a wider request an approver granted
 /// instead); the agent's own request stays pending for the approver to deny or leave.
@@ -1553,4 +1621,190 @@ fn check_config_reads_an_mcp_server() {
         config.display()
     );
     assert!(stderr.contains(&want), "{want}\nin\n{stderr}");
+}
+
+/// Issue 31, dynamic tweaks: an agent asks for more than a sandbox's gates give (here a
+/// longer time limit), within the bounds its operator set (`gates.tweaks`), and a person
+/// approves with the CLI. A run over the gate's `max_seconds` is refused; once approved,
+/// the same run passes; after the revocation it is refused again. As attackers: an ask
+/// beyond the bounds is refused and nothing is filed; a tweak for `web` does not widen
+/// `other`; a tweak the control plane publishes with more than the bounds (filed with the
+/// requester token directly, and approved) gives only the bounds.
+#[test]
+fn an_agent_gets_a_longer_time_limit_only_while_a_person_grants_it_within_the_bounds() {
+    let rt = runtime();
+    let f = followed(&rt);
+    let admin = f.admin;
+    let gates = "gates: { commands: [ curl, python3 ], max_seconds: 30, network: true, tweaks: { max_seconds: 120 } }";
+    let config = write_config(
+        f.dir.path(),
+        &format!(
+            "  task: t-1\n  audit_log: audit.jsonl\n  egress: {{ admin: \"http://{admin}\", token_file: agent.token }}\n  sandboxes:\n\
+             \x20   - name: web\n      policy: web.yaml\n      {gates}\n\
+             \x20   - name: other\n      policy: web.yaml\n      {gates}\n",
+        ),
+    );
+    let mut d = Driver::start(&config, "legacy");
+    let listed = d.call("list_sandboxes", json!({}));
+    let web = &listed["structured"]["sandboxes"][0];
+    assert_eq!(web["tweaks"]["bounds"]["max_seconds"], 120, "{listed}");
+    assert_eq!(web["tweaks"]["granted"], json!({}), "{listed}");
+    let long = |sandbox: &str, seconds: u64| json!({"sandbox": sandbox, "command": ["python3", "-c", "print('ok')"], "timeout_seconds": seconds});
+    let refused_by = |r: &Value, gate: &str| {
+        r["is_error"] == true
+            && r["text"]
+                .as_str()
+                .unwrap_or("")
+                .contains(&format!("gate `{gate}`"))
+    };
+    let r = d.run(long("web", 60));
+    assert!(refused_by(&r, "max_seconds"), "{r}");
+
+    // Beyond the bounds: refused before anything is filed.
+    let beyond = d.call(
+        "request_tweak",
+        json!({"sandbox": "web", "max_seconds": 121, "ttl_seconds": 300, "reason": "a long suite"}),
+    );
+    assert_eq!(beyond["is_error"], true, "{beyond}");
+    assert!(
+        beyond["text"].as_str().unwrap().contains("gate `tweaks`")
+            && beyond["text"]
+                .as_str()
+                .unwrap()
+                .contains("tweaks.max_seconds: 120"),
+        "{beyond}"
+    );
+    for network in [json!({"network": true}), json!({"workspace": "/tmp"})] {
+        let mut args = json!({"sandbox": "web", "ttl_seconds": 300, "reason": "r"});
+        args.as_object_mut()
+            .unwrap()
+            .extend(network.as_object().unwrap().clone());
+        let r = d.call("request_tweak", args);
+        assert!(refused_by(&r, "tweaks"), "{r}");
+    }
+    assert!(exceptions_in(admin, "pending").is_empty(), "nothing filed");
+
+    // A person approves while the agent waits.
+    let approver = std::thread::spawn(move || {
+        let id = first_pending(admin);
+        let (code, _, err) = cli(admin, "tok-alice", &["approve", &id]);
+        assert_eq!(code, 0, "{err}");
+        id
+    });
+    let asked = d.call(
+        "request_tweak",
+        json!({"sandbox": "web", "max_seconds": 60, "ttl_seconds": 300,
+               "reason": "the test suite takes a minute", "wait_seconds": 60}),
+    );
+    let id = approver.join().unwrap();
+    assert_eq!(asked["structured"]["state"], "approved", "{asked}");
+    assert_eq!(asked["structured"]["id"], id.as_str(), "{asked}");
+    let (_, ex) = common::control::api(
+        admin,
+        "GET",
+        &format!("/v1/exceptions/{id}"),
+        Some("tok-alice"),
+        None,
+    );
+    assert_eq!(ex["tweak"], json!({"sandbox": "web", "max_seconds": 60}), "{ex}");
+    assert_eq!(ex["hosts"], json!([]), "{ex}");
+
+    let r = d.run(long("web", 60));
+    assert_eq!(r["structured"]["stdout"], "ok\n", "the granted time limit: {r}");
+    let r = d.run(long("web", 61));
+    assert!(refused_by(&r, "max_seconds"), "no more than granted: {r}");
+    let r = d.run(long("other", 60));
+    assert!(refused_by(&r, "max_seconds"), "web's tweak widens only web: {r}");
+    let listed = d.call("list_sandboxes", json!({}));
+    assert_eq!(
+        listed["structured"]["sandboxes"][0]["tweaks"]["granted"]["max_seconds"], 60,
+        "{listed}"
+    );
+
+    let (code, _, err) = cli(admin, "tok-alice", &["revoke", &id]);
+    assert_eq!(code, 0, "{err}");
+    let r = d.run(long("web", 60));
+    assert!(refused_by(&r, "max_seconds"), "revoked: {r}");
+
+    // The control plane publishes more than the bounds: the run gets the bounds only.
+    let (status, big) = common::control::api(
+        admin,
+        "POST",
+        "/v1/exceptions",
+        Some("tok-agent"),
+        Some(
+            &json!({"task_id": "t-1", "requested_hosts": [], "ttl_seconds": 300, "reason": "more",
+                    "tweak": {"sandbox": "web", "max_seconds": 3600}})
+            .to_string(),
+        ),
+    );
+    assert_eq!(status, 201, "{big}");
+    let big = big["id"].as_str().unwrap().to_owned();
+    let (code, _, err) = cli(admin, "tok-alice", &["approve", &big]);
+    assert_eq!(code, 0, "{err}");
+    let r = d.run(long("web", 121));
+    assert!(refused_by(&r, "max_seconds"), "beyond the bounds: {r}");
+    let r = d.run(long("web", 120));
+    assert_eq!(r["structured"]["stdout"], "ok\n", "up to the bounds: {r}");
+
+    let events = tool_events(f.dir.path());
+    assert!(
+        events.iter().any(|e| e["tool"] == "request_tweak"
+            && e["exception_id"] == id.as_str()
+            && e["tweak"] == "sandbox=web max_seconds=60"
+            && e["outcome"] == "requested"),
+        "{events:#?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["tool"] == "request_tweak" && e["outcome"] == "refused" && e["gate"] == "tweaks"),
+        "{events:#?}"
+    );
+}
+
+/// Issue 31, dynamic tweaks: a sandbox whose policy has a network the gates keep off
+/// (`network: false`, `tweaks: { network: true }`) starts, and each run is refused (gate
+/// `network`) until a person grants the network with a tweak; after the revocation it is
+/// refused again.
+#[test]
+fn a_sandboxs_network_opens_only_while_a_person_grants_it() {
+    let rt = runtime();
+    let f = followed(&rt);
+    let admin = f.admin;
+    let config = write_config(
+        f.dir.path(),
+        &format!(
+            "  task: t-1\n  audit_log: audit.jsonl\n  egress: {{ admin: \"http://{admin}\", token_file: agent.token }}\n  sandboxes:\n\
+             \x20   - name: web\n      policy: web.yaml\n      gates: {{ commands: [ python3 ], max_seconds: 30, network: false, tweaks: {{ network: true }} }}\n"
+        ),
+    );
+    let mut d = Driver::start(&config, "legacy");
+    let ok = json!({"sandbox": "web", "command": ["python3", "-c", "print('ok')"]});
+    let r = d.run(ok.clone());
+    assert!(
+        r["is_error"] == true && r["text"].as_str().unwrap().contains("gate `network`"),
+        "{r}"
+    );
+    let approver = std::thread::spawn(move || {
+        let id = first_pending(admin);
+        let (code, _, err) = cli(admin, "tok-alice", &["approve", &id]);
+        assert_eq!(code, 0, "{err}");
+        id
+    });
+    let asked = d.call(
+        "request_tweak",
+        json!({"sandbox": "web", "network": true, "ttl_seconds": 300, "reason": "pip install", "wait_seconds": 60}),
+    );
+    let id = approver.join().unwrap();
+    assert_eq!(asked["structured"]["state"], "approved", "{asked}");
+    let r = d.run(ok.clone());
+    assert_eq!(r["structured"]["stdout"], "ok\n", "{r}");
+    let (code, _, err) = cli(admin, "tok-alice", &["revoke", &id]);
+    assert_eq!(code, 0, "{err}");
+    let r = d.run(ok);
+    assert!(
+        r["is_error"] == true && r["text"].as_str().unwrap().contains("gate `network`"),
+        "{r}"
+    );
 }

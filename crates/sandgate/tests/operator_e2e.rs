@@ -170,7 +170,7 @@ with open(sys.argv[1], newline="") as f:
     let parsed: Value = serde_json::from_slice(&out.stdout).unwrap();
     let header: Vec<String> = serde_json::from_value(parsed["header"].clone()).unwrap();
     assert_eq!(header, documented_fields(), "CSV columns against docs/audit.md");
-    assert_eq!(header.len(), 38);
+    assert_eq!(header.len(), 41);
     let rows = parsed["rows"].as_array().unwrap();
     let agg = rows.iter().find(|r| r["event"] == "aggregate").unwrap();
     assert_eq!(agg["count"], "4");

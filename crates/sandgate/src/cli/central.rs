@@ -24,7 +24,8 @@ pub struct ExceptionsArgs {
 /// `sandgate exceptions` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum ExceptionsCommand {
-    /// Ask for exact hosts for a task, for a bounded time.
+    /// Ask for exact hosts for a task, for a bounded time (or, with --tweak-sandbox, more
+    /// time, output, network or a workspace for one sandbox of `sandgate mcp`).
     Request {
         /// The task that needs the destinations.
         #[arg(long)]
@@ -33,7 +34,11 @@ pub enum ExceptionsCommand {
         #[arg(long)]
         project: Option<String>,
         /// An exact host name (repeatable).
-        #[arg(long = "host", required = true)]
+        #[arg(
+            long = "host",
+            required_unless_present = "tweak_sandbox",
+            conflicts_with = "tweak_sandbox"
+        )]
         hosts: Vec<String>,
         /// A port (repeatable) [default: 443 and 80]
         #[arg(long = "port")]
@@ -44,6 +49,10 @@ pub enum ExceptionsCommand {
         /// Why, for the person deciding (recorded in the audit log).
         #[arg(long)]
         reason: String,
+        #[command(flatten)]
+        below: BelowArgs,
+        #[command(flatten)]
+        tweak: TweakArgs,
     },
     /// List exceptions (a requester sees its tasks'): one line each, the reason cut to fit
     /// (to $COLUMNS when set); `show` prints it whole.
@@ -63,6 +72,9 @@ pub enum ExceptionsCommand {
         /// A shorter lifetime than requested.
         #[arg(long, value_name = "SECS")]
         ttl: Option<u32>,
+        /// Given, these replace the methods and paths asked for, and must lie within them.
+        #[command(flatten)]
+        below: BelowArgs,
     },
     /// Deny a pending request.
     Deny {
@@ -80,6 +92,72 @@ pub enum ExceptionsCommand {
         #[arg(long)]
         note: Option<String>,
     },
+}
+
+/// Methods and paths below the hosts, as an allow entry names them (docs/policy.md).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct BelowArgs {
+    /// Only this method (repeatable; uppercase, as clients send it: GET, POST).
+    #[arg(long = "method", value_name = "METHOD")]
+    pub methods: Vec<String>,
+    /// Only paths matching this pattern (repeatable; `/org/**`, `/org/*/info/refs`).
+    #[arg(long = "path", value_name = "PATTERN")]
+    pub paths: Vec<String>,
+    /// Only GET, HEAD and OPTIONS.
+    #[arg(long)]
+    pub read_only: bool,
+}
+
+impl BelowArgs {
+    /// The fields of a request or an approval's body (none when nothing was given).
+    pub fn fields(&self) -> serde_json::Map<String, serde_json::Value> {
+        let some = |l: &Vec<String>| (!l.is_empty()).then(|| l.clone());
+        let below = sandgate_policy::exception::BelowHost::new(
+            some(&self.methods),
+            some(&self.paths),
+            self.read_only,
+        );
+        match serde_json::to_value(below) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        }
+    }
+}
+
+/// A tweak instead of hosts: what one sandbox of `sandgate mcp` may get beyond its gates,
+/// within the bounds its operator set (`gates.tweaks`; docs/mcp.md).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TweakArgs {
+    /// Ask for the sandbox NAME (of the MCP server whose runs carry --task), not for hosts.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["ports", "methods", "paths", "read_only"])]
+    pub tweak_sandbox: Option<String>,
+    /// A run's time limit, in seconds.
+    #[arg(long, value_name = "SECS", requires = "tweak_sandbox")]
+    pub max_seconds: Option<u64>,
+    /// Bytes kept of each of a run's output streams.
+    #[arg(long, value_name = "BYTES", requires = "tweak_sandbox")]
+    pub max_output_bytes: Option<u64>,
+    /// The sandbox's network.
+    #[arg(long, requires = "tweak_sandbox")]
+    pub network: bool,
+    /// A workspace directory (absolute) a run may name, or one under it.
+    #[arg(long, value_name = "PATH", requires = "tweak_sandbox")]
+    pub workspace: Option<String>,
+}
+
+impl TweakArgs {
+    /// The `tweak` of a request's body, when a sandbox is named.
+    pub fn tweak(&self) -> Option<sandgate_policy::exception::Tweak> {
+        self.tweak_sandbox
+            .as_ref()
+            .map(|sandbox| sandgate_policy::exception::Tweak {
+                sandbox: sandbox.clone(),
+                max_seconds: self.max_seconds,
+                max_output_bytes: self.max_output_bytes,
+                network: self.network,
+                workspace: self.workspace.clone(),
+            })
+    }
 }
 
 /// `sandgate pki ...`

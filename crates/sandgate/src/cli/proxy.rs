@@ -91,7 +91,8 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "WHAT", env = "SANDGATE_ADMIN_GUARDED_BY")]
     pub admin_guarded_by: Option<String>,
     /// Serve the admin listener over TLS with this certificate (PEM chain), so proxies on
-    /// other hosts can follow its exceptions (https://); needs --admin-tls-key
+    /// other hosts can follow its exceptions (https://); needs --admin-tls-key. Read again
+    /// when the files change (a renewal needs no restart)
     #[arg(
         long,
         value_name = "FILE",

@@ -8,6 +8,7 @@
 //! line to the table, or make one host read as another. Times are RFC 3339 as the API writes
 //! them; Unix seconds from an older control plane are shown the same way.
 
+use sandgate_policy::exception::BelowHost;
 use serde_json::Value;
 
 /// The columns of the table, the reason last: it is the one cut to fit.
@@ -30,13 +31,16 @@ const MIN_REASON: usize = 16;
 
 /// The fields of an exception in the order `show` prints them; any others the API adds
 /// follow, by name.
-const FIELDS: [&str; 14] = [
+const FIELDS: [&str; 17] = [
     "id",
     "state",
     "task_id",
     "project_id",
     "hosts",
     "ports",
+    "methods",
+    "paths",
+    "read_only",
     "ttl_seconds",
     "reason",
     "requested_by",
@@ -92,17 +96,29 @@ fn row(e: &Value) -> [String; 9] {
         .get("expires_at")
         .and_then(time)
         .unwrap_or_else(|| "-".to_owned());
+    // Methods and paths, when it has them, beside its hosts: `a.test [GET /org/**]`.
+    let below = serde_json::from_value::<BelowHost>(e.clone())
+        .ok()
+        .filter(|b| !b.is_everything())
+        .map_or_else(String::new, |b| format!(" [{}]", clean(&b.to_string())));
     [
         text("id"),
         text("state"),
         text("task_id"),
-        list(e.get("hosts"), ","),
+        tweak(e).unwrap_or_else(|| list(e.get("hosts"), ",") + &below),
         list(e.get("ports"), ","),
         ttl,
         expires,
         text("requested_by"),
         text("reason"),
     ]
+}
+
+/// A tweak's terms on one line (`tweak sandbox=web max_seconds=600 network`), for the
+/// hosts column and `show`; `None` for an exception of hosts.
+fn tweak(e: &Value) -> Option<String> {
+    let t: sandgate_policy::exception::Tweak = serde_json::from_value(e.get("tweak")?.clone()).ok()?;
+    Some(format!("tweak {}", clean(&t.to_string())))
 }
 
 /// `show`: every field as `field: value`, one per line, nothing cut.
@@ -120,6 +136,7 @@ pub fn fields(e: &Value) -> String {
             Value::String(s) if s.is_empty() => "-".to_owned(),
             Value::Number(_) if key.ends_with("_at") => time(v).unwrap_or_else(|| v.to_string()),
             Value::Array(_) => list(Some(v), ", "),
+            Value::Object(_) if key == "tweak" => tweak(e).unwrap_or_else(|| clean(&v.to_string())),
             Value::String(s) => clean(s),
             other => clean(&other.to_string()),
         };

@@ -308,3 +308,58 @@ fn a_read_with_a_body_or_a_trace_is_refused_where_rules_judge() {
         .collect();
     assert_eq!(refused.len(), 2, "{events:#?}");
 }
+
+/// A method override (`X-HTTP-Method-Override` and its two spellings, as Rails, Express and
+/// Google APIs read them) on a request a rule judged never reaches the origin: a POST
+/// allowed to `git-upload-pack` is not read there as a DELETE. On a host allowed whole the
+/// fields go on untouched: sandgate does not rewrite what no rule judged.
+#[test]
+fn a_method_override_never_reaches_the_origin_of_a_judged_request() {
+    let w = World::new();
+    let origin = w.origin();
+    let port = origin.port();
+    let dns = w.dns(
+        Zone::new()
+            .with("sp.test", &["127.0.0.1"])
+            .with("whole.test", &["127.0.0.1"]),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let entries = entry(
+        "sp.test",
+        port,
+        &["methods: [POST]", "paths: [\"/*/*/git-upload-pack\"]"],
+    ) + &entry("whole.test", port, &[]);
+    let (policy, _) = egress_policy(dir.path(), &entries);
+    let p = proxy(&dns, &["--policy", policy.to_str().unwrap()]);
+    let overrides = [
+        ("X-HTTP-Method-Override", "DELETE"),
+        ("x-http-method", "PUT"),
+        ("X-Method-Override", "PATCH"),
+    ];
+    for host in ["sp.test", "whole.test"] {
+        let authority = format!("{host}:{port}");
+        let mut conn = Conn::open(p.addr);
+        conn.send(&wire::request_with(
+            "POST",
+            &format!("http://{authority}/o/r.git/git-upload-pack"),
+            &authority,
+            &overrides,
+            "0000",
+        ));
+        assert_eq!(conn.read_reply().status, 200, "{host}");
+    }
+    let seen = origin.received();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    for (name, _) in overrides {
+        let name = name.to_ascii_lowercase();
+        assert!(
+            seen[0].header(&name).is_empty(),
+            "{name} reached the origin of a judged request"
+        );
+        assert_eq!(
+            seen[1].header(&name).len(),
+            1,
+            "{name} was dropped where no rule judged"
+        );
+    }
+}

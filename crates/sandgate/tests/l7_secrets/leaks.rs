@@ -2,8 +2,9 @@
 //! or query, in the bound header to another host (one intercepted for its rules, and one
 //! with a credential of its own), and in plain HTTP to any host (its own included: the
 //! secret would travel in the clear). Each is refused 403 `credential_leak`, recorded with
-//! the credential's `file:line`, and never reaches an origin. Bodies are not inspected
-//! (docs/policy.md): a placeholder in one goes through unchanged, and is only a placeholder.
+//! the credential's `file:line`, and never reaches an origin. Bodies are inspected only for
+//! a credential that asks (`inspect_body`, the last test): otherwise a placeholder in one
+//! goes through unchanged, and is only a placeholder.
 
 use sandgate_testkit::dns::Zone;
 use sandgate_testkit::tls::TestCa;
@@ -218,5 +219,123 @@ fn a_placeholder_anywhere_but_its_header_to_its_host_is_refused_as_a_leak() {
             "should name {}: {e:#}",
             named(n)
         );
+    }
+}
+
+/// A credential that asks for `inspect_body`: its placeholder in a request body to another
+/// host is cut where it ends (here across the read buffers' seams, 16 KiB in), answered 403
+/// `credential_leak`, and the close records it; the origin never gets the whole
+/// placeholder. Over plain HTTP and inside an intercepted tunnel alike. A body to its own
+/// host, and one without it, go through whole.
+#[test]
+fn a_placeholder_in_a_body_to_another_host_is_cut_where_its_credential_asks() {
+    let w = World::new();
+    let ca = TestCa::new(&["cred.test", "api.test"]);
+    let tls = w.tls_origin(&ca);
+    let plain = w.origin();
+    let (tp, pp) = (tls.port(), plain.port());
+    let mut zone = Zone::new();
+    for name in ["cred.test", "api.test", "open.test"] {
+        zone = zone.with(name, &["127.0.0.1"]);
+    }
+    let dns = w.dns(zone);
+    let dir = tempfile::tempdir().unwrap();
+    let roots = pem_file(dir.path(), "roots.pem", &ca.ca_pem);
+    let entries = [
+        entry("cred.test", tp, &[]),
+        entry("api.test", tp, &["methods: [POST]"]),
+        entry("open.test", pp, &[]),
+    ]
+    .concat();
+    let credentials = credential("cred.test", SECRET_VAR, PLACEHOLDER) + "        inspect_body: true\n";
+    let (policy, _) = secrets_policy(dir.path(), &entries, &credentials);
+    let one = secret();
+    let out = tempfile::tempdir().unwrap();
+    let i = holding(
+        &[(SECRET_VAR, one.as_str())],
+        &dns,
+        &policy,
+        &roots,
+        &out.path().join("stdout.log"),
+        &[],
+    );
+    let (ca_pem, proxy) = (i.ca_pem.clone(), i.proxy.addr);
+    let json = ("Content-Type", "application/json");
+    // The placeholder straddles 16 KiB, where a read buffer ends.
+    let leaking = format!("{}{PLACEHOLDER}{}", "a".repeat(16_384 - 7), "b".repeat(4096));
+    let clean = format!("{}{}", "a".repeat(20_000), &PLACEHOLDER[..PLACEHOLDER.len() - 1]);
+    let https = |host: &str, target: &str, body: &str| {
+        let mut conn = https_conn(proxy, host, tp, &ca_pem);
+        conn.send(&request_with(
+            "POST",
+            target,
+            &format!("{host}:{tp}"),
+            &[json],
+            body,
+        ));
+        conn.read_reply()
+    };
+    let http = |target: &str, body: &str| {
+        let authority = format!("open.test:{pp}");
+        let mut conn = Conn::open(proxy);
+        conn.send(&request_with(
+            "POST",
+            &format!("http://{authority}{target}"),
+            &authority,
+            &[json],
+            body,
+        ));
+        conn.read_reply()
+    };
+    // Chunked, the placeholder split between two chunks: the framing between its halves
+    // does not hide it (the origin would read it whole).
+    let (half, rest) = PLACEHOLDER.split_at(9);
+    let chunked = {
+        let authority = format!("open.test:{pp}");
+        let mut conn = Conn::open(proxy);
+        conn.send(&format!(
+            "POST http://{authority}/cut-chunked HTTP/1.1\r\nHost: {authority}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{half}\r\n{:x}\r\n{rest}\r\n0\r\n\r\n",
+            half.len(),
+            rest.len()
+        ));
+        conn.read_reply()
+    };
+    let cut = [
+        https("api.test", "/cut-https", &leaking),
+        http("/cut-http", &leaking),
+        chunked,
+    ];
+    for reply in &cut {
+        assert_eq!(reply.status, 403, "{reply:?}");
+        assert!(
+            reply.body.contains("credential_leak") || reply.body.contains("placeholder"),
+            "{reply:?}"
+        );
+    }
+    let passed = [
+        https("cred.test", "/own-host", &leaking),
+        https("api.test", "/clean-https", &clean),
+        http("/clean-http", &clean),
+    ];
+    for reply in &passed {
+        assert_eq!(reply.status, 200, "{reply:?}");
+    }
+    // No origin got the placeholder whole, but from its own host.
+    for r in tls.received().iter().chain(plain.received().iter()) {
+        let whole = super::contains(&r.body, PLACEHOLDER);
+        assert_eq!(
+            whole,
+            r.target == "/own-host",
+            "{}: {} bytes",
+            r.target,
+            r.body.len()
+        );
+    }
+    // Each cut is on record: allowed, then closed as a leak, answered 403.
+    for path in ["/cut-https", "/cut-http", "/cut-chunked"] {
+        let cut = |e: &Value| e["event"] == "close" && e["outcome"] == "credential_leak" && e["path"] == path;
+        let events = events_once(&i.proxy.audit_path, cut);
+        let close = events.iter().find(|e| cut(e));
+        assert!(close.is_some_and(|c| c["status"] == 403), "{path}: {events:#?}");
     }
 }

@@ -243,3 +243,43 @@ fn interception_fails_closed_without_roots_and_without_a_ca() {
     );
     assert_eq!(origin.connections(), 0);
 }
+
+/// An intercepted tunnel that moves no byte for the tunnel idle timeout ends, as a blind
+/// one does, and is closed `idle_timeout`; one that keeps talking stays. (Before, hyper's
+/// header timer bounded only a request's head, and an HTTP/2 connection's silence nothing.)
+#[test]
+fn an_intercepted_tunnel_left_silent_ends_at_the_idle_timeout() {
+    let w = World::new();
+    let ca = TestCa::new(&["quiet.test"]);
+    let origin = w.tls_origin(&ca);
+    let port = origin.port();
+    let dns = w.dns(Zone::new().with("quiet.test", &["127.0.0.1"]));
+    let dir = tempfile::tempdir().unwrap();
+    let roots = pem_file(dir.path(), "roots.pem", &ca.ca_pem);
+    let (policy, _) = egress_policy(dir.path(), &entry("quiet.test", port, &["read_only: true"]));
+    let i = super::intercepting_with(
+        Command::new(sandgate_bin()),
+        &dns,
+        &policy,
+        &roots,
+        &["--tunnel-idle-timeout", "1"],
+    );
+    let audit = &i.proxy.audit_path;
+    let mut conn = super::https_conn(i.proxy.addr, "quiet.test", port, &i.ca_pem);
+    // Talking every half second for two seconds keeps it open.
+    for n in 0..4 {
+        conn.send(&format!(
+            "GET /talk/{n} HTTP/1.1\r\nHost: quiet.test:{port}\r\n\r\n"
+        ));
+        assert_eq!(conn.read_reply().status, 200, "request {n}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let tunnel = connect_decision(audit, "quiet.test");
+    let started = std::time::Instant::now();
+    let closed = close_of(audit, &tunnel);
+    assert_eq!(closed["outcome"], "idle_timeout", "{closed:#}");
+    assert!(started.elapsed() < Duration::from_secs(5), "closed late");
+    // The client sees the end: nothing more comes back.
+    conn.send(&format!("GET /after HTTP/1.1\r\nHost: quiet.test:{port}\r\n\r\n"));
+    assert_eq!(conn.read_reply().status, 0);
+}
