@@ -197,33 +197,48 @@ async fn create(
 
 async fn list(State(state): State<Arc<ApiState>>, call: Call) -> Result<Json<Vec<Exception>>, ApiError> {
     let who = caller(&state, &call.headers, call.parts()).await?;
-    let only = state_filter(call.uri.query())?;
-    let listed = state.control.list(&who).await.map(|all| match only {
-        Some(wanted) => all.into_iter().filter(|e| e.state == wanted).collect(),
-        None => all,
+    let (only, below) = list_query(call.uri.query())?;
+    // A follower from before methods, paths and tweaks would read such an exception as the
+    // whole host (or as one for no host): it gets them only when it says it reads them.
+    let readable = |e: &Exception| who.role != sandgate_policy::Role::Follower || below || plain(e);
+    let listed = state.control.list(&who).await.map(|all| {
+        all.into_iter()
+            .filter(|e| only.is_none_or(|wanted| e.state == wanted) && readable(e))
+            .collect()
     });
     Ok(Json(checked(&state, &who, call.parts(), listed).await?))
 }
 
-/// `?state=STATE` (a follower asks for `approved` only); no other parameter.
-fn state_filter(query: Option<&str>) -> Result<Option<sandgate_policy::ExceptionState>, ApiError> {
-    let Some(query) = query.filter(|q| !q.is_empty()) else {
-        return Ok(None);
-    };
-    match query.split_once('=') {
-        Some(("state", value)) => sandgate_policy::ExceptionState::parse(value)
-            .map(Some)
-            .ok_or_else(|| {
-                ApiError::new(
+/// An exception every version reads alike: hosts, ports and nothing below them.
+fn plain(e: &Exception) -> bool {
+    e.below.is_everything() && e.tweak.is_none()
+}
+
+/// `?state=STATE` (a follower asks for `approved` only) and `below=1` (a follower that reads
+/// methods, paths and tweaks); no other parameter.
+fn list_query(query: Option<&str>) -> Result<(Option<sandgate_policy::ExceptionState>, bool), ApiError> {
+    let mut state = None;
+    let mut below = false;
+    for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("state", value)) => {
+                state = Some(sandgate_policy::ExceptionState::parse(value).ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "state: use pending, approved, denied, revoked or expired".to_owned(),
+                    )
+                })?);
+            }
+            Some(("below", "1")) => below = true,
+            _ => {
+                return Err(ApiError::new(
                     StatusCode::BAD_REQUEST,
-                    "state: use pending, approved, denied, revoked or expired".to_owned(),
-                )
-            }),
-        _ => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "the only query parameter is state=STATE".to_owned(),
-        )),
+                    "the query parameters are state=STATE and below=1".to_owned(),
+                ));
+            }
+        }
     }
+    Ok((state, below))
 }
 
 async fn show(

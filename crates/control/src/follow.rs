@@ -243,7 +243,7 @@ impl Shared {
     /// Reads every exception the control plane holds and installs the active ones within
     /// this proxy's bounds.
     fn read(&self) -> Result<(), AdminError> {
-        let listed = self.client.get("/v1/exceptions?state=approved")?;
+        let listed = self.client.get("/v1/exceptions?state=approved&below=1")?;
         let rows = listed.as_array().cloned().unwrap_or_default();
         let rows = rows
             .into_iter()

@@ -20,6 +20,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use self::egress_tools::now;
 use crate::audit::{ToolAudit, command_digest};
 use crate::config::{Config, Sandbox};
 use crate::{gates, limits, runner, tweaks};
@@ -270,10 +271,23 @@ impl SandgateMcp {
                 ),
             );
         }
-        let admitted = match gates::check(&gates, &p.command, p.timeout_seconds, workspace.as_deref()) {
+        let mut admitted = match gates::check(&gates, &p.command, p.timeout_seconds, workspace.as_deref()) {
             Ok(a) => a,
             Err(refusal) => return refuse(refusal.gate, refusal.to_string()),
         };
+        // A run that only a tweak lets through ends when the first tweak it has ends, not
+        // an hour later at its own time limit.
+        let plain = gates::check(
+            &sandbox.gates,
+            &p.command,
+            p.timeout_seconds,
+            workspace.as_deref(),
+        );
+        let needs_tweak = plain.is_err() || (sandbox.net != NetMode::None && !sandbox.gates.network);
+        if needs_tweak && let Some(ends) = granted.ends_at {
+            let left = u64::try_from(ends - now()).unwrap_or(0).max(1);
+            admitted.seconds = admitted.seconds.min(left);
+        }
         let Ok(_slot) = self.runs.clone().try_acquire_owned() else {
             return refuse(
                 "concurrency",

@@ -87,6 +87,8 @@ pub struct Granted {
     pub max_output_bytes: Option<usize>,
     pub network: bool,
     pub workspaces: Vec<PathBuf>,
+    /// When the first of them ends (Unix seconds): a run that needs them ends there too.
+    pub ends_at: Option<i64>,
 }
 
 impl Granted {
@@ -136,6 +138,10 @@ pub fn granted(sandbox: &Sandbox, seen: &[Exception], now: i64) -> Granted {
         }
         if gives {
             g.ids.push(ex.id.clone());
+            g.ends_at = match (g.ends_at, ex.expires_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
         }
     }
     g

@@ -266,3 +266,23 @@ fn approved_only_when_an_active_tweak_covers_the_ask() {
     assert!(v.is_final());
     assert_eq!(v.state(50), "denied");
 }
+
+/// A run that needs its tweaks ends when the first of them ends: `granted` says when,
+/// counting only the tweaks that give something here.
+#[test]
+fn what_is_granted_ends_with_the_first_tweak_that_gives_something() {
+    let s = sandbox("web", Some(bounds()));
+    let longer = |name: &str| Tweak {
+        max_seconds: Some(120),
+        ..tweak(name)
+    };
+    let seen = vec![
+        exception("ex-late", longer("web"), ExceptionState::Approved, 500),
+        exception("ex-early", longer("web"), ExceptionState::Approved, 300),
+        exception("ex-other", longer("db"), ExceptionState::Approved, 200),
+    ];
+    let g = granted(&s, &seen, 100);
+    assert_eq!(g.ids, ["ex-late", "ex-early"]);
+    assert_eq!(g.ends_at, Some(300));
+    assert_eq!(granted(&s, &[], 100).ends_at, None);
+}

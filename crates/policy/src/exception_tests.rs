@@ -395,3 +395,14 @@ fn a_narrowing_keeps_what_it_does_not_name() {
         (list(&["POST"]), list(&["/docs/drafts/*"]))
     );
 }
+
+/// Rules that do not read on the outer side (`read_only` beside `methods`, as a control
+/// plane could publish) cover nothing: they install no entry either.
+#[test]
+fn rules_that_do_not_read_cover_nothing() {
+    let broken = BelowHost::new(list(&["GET", "POST"]), None, true);
+    assert!(broken.rules().is_err());
+    let asked = BelowHost::new(list(&["POST"]), None, false);
+    assert!(!asked.within(&broken));
+    assert!(!BelowHost::default().within(&broken));
+}

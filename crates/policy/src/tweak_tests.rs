@@ -377,3 +377,38 @@ fn a_tweak_request_is_refused_by_the_same_bounds_and_with_hosts() {
     };
     assert_eq!(admit(none), Err(RequestError::NoHosts));
 }
+
+/// An approval of a tweak takes no methods, paths or read_only (they would sit on an
+/// exception for no host, and keep the next identical ask from being covered).
+#[test]
+fn a_tweak_is_approved_as_asked_or_for_less_time_only() {
+    let asked = Tweak {
+        max_seconds: Some(600),
+        ..tweak("web")
+    };
+    let ex = admit(ask(asked)).unwrap();
+    for narrowing in [
+        Narrowing {
+            read_only: true,
+            ..Narrowing::default()
+        },
+        Narrowing {
+            methods: Some(vec!["GET".into()]),
+            ..Narrowing::default()
+        },
+    ] {
+        let mut tried = ex.clone();
+        assert!(matches!(
+            tried.approve("alice", 1001, &narrowing),
+            Err(crate::exception::TransitionError::Widens(_))
+        ));
+        assert_eq!(tried.state, crate::exception::State::Pending);
+    }
+    let mut shorter = ex.clone();
+    let ttl = Narrowing {
+        ttl_seconds: Some(60),
+        ..Narrowing::default()
+    };
+    shorter.approve("alice", 1001, &ttl).unwrap();
+    assert!(shorter.below.is_everything());
+}

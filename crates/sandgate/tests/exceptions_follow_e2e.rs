@@ -302,7 +302,38 @@ fn a_node_follows_a_control_plane_it_does_not_host() {
             .all(|e| e["state"] == "approved"),
         "{approved}"
     );
-    for bad in ["?state=bogus", "?task=t-1", "?state=approved&x=1"] {
+    // An exception with methods and paths reaches a follower only when it says it reads
+    // them (`below=1`, as this version's do): one from before them would read it as the
+    // whole host.
+    let limited = format!(
+        r#"{{"task_id":"t-1","requested_hosts":["ro.test"],"requested_ports":[{web}],"ttl_seconds":60,"reason":"read","read_only":true}}"#
+    );
+    let (_, filed) = api(
+        control_admin,
+        "POST",
+        "/v1/exceptions",
+        Some("tok-agent"),
+        Some(&limited),
+    );
+    let limited = filed["id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/exceptions/{limited}/approve");
+    assert_eq!(api(control_admin, "POST", &path, Some("tok-alice"), None).0, 200);
+    let listed = |query: &str| {
+        let (_, all) = api(
+            control_admin,
+            "GET",
+            &format!("/v1/exceptions{query}"),
+            Some("tok-follow"),
+            None,
+        );
+        all.as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["id"] == limited.as_str())
+    };
+    assert!(!listed("?state=approved"), "an older follower's query got it");
+    assert!(listed("?state=approved&below=1"));
+    for bad in ["?state=bogus", "?task=t-1", "?state=approved&x=1", "?below=2"] {
         let path = format!("/v1/exceptions{bad}");
         assert_eq!(
             api(control_admin, "GET", &path, Some("tok-follow"), None).0,

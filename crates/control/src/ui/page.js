@@ -260,9 +260,12 @@ function activeRow(tr, e) {
   const c = td(tr, '', 'act');
   if (!canDecide) return;
   c.append(button('Revoke…', 'revoke-' + e.id, () => openPanel(tr, {
-    verb: 'revoke', id: e.id, question: 'Revoke ' + what(e) + ' now? Its open connections are cut at once.', label: 'Revoke now',
+    verb: 'revoke', id: e.id, label: 'Revoke now',
+    // A tweak cuts no connection: the next run no longer gets it, and one running that
+    // needed it ends when the tweak would have expired.
+    question: 'Revoke ' + what(e) + ' now? ' + (e.tweak ? 'The next run no longer gets it; a run already going keeps it until it ends, at most until the tweak would have expired.' : 'Its open connections are cut at once.'),
     path: '/ui/revoke/' + encodeURIComponent(e.id),
-    done: (x) => 'Revoked ' + askedFor(x) + ' for task ' + x.task_id + '; its connections were cut.',
+    done: (x) => 'Revoked ' + askedFor(x) + ' for task ' + x.task_id + (x.tweak ? '.' : '; its connections were cut.'),
   })));
 }
 

@@ -61,6 +61,10 @@ impl BelowHost {
 
     /// Does `outer` allow every request this allows? Unreadable rules are within nothing.
     pub fn within(&self, outer: &BelowHost) -> bool {
+        // Rules that do not read (`read_only` with `methods`, a bad pattern) allow nothing.
+        if outer.rules().is_err() {
+            return false;
+        }
         let (Ok(inner_paths), Ok(outer_paths)) = (self.patterns(), outer.patterns()) else {
             return false;
         };

@@ -213,6 +213,13 @@ impl Exception {
             self.ttl_seconds = ttl;
         }
         if let Some(below) = narrow.below(&self.below) {
+            // A tweak has nothing below hosts to narrow: as asked, or for less time.
+            if self.tweak.is_some() {
+                return Err(TransitionError::Widens(
+                    "a tweak takes no methods, paths or read_only; approve it as asked, or with a shorter TTL"
+                        .to_owned(),
+                ));
+            }
             let below = below
                 .checked()
                 .map_err(|e| TransitionError::Widens(e.to_string()))?;

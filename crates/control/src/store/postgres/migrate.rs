@@ -15,9 +15,10 @@ use crate::store::StoreError;
 const LOCK_KEY: i64 = 0x7361_6e64_6761_7465;
 
 /// The migrations, in order; a migration once released is never edited, only followed.
-const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    "CREATE TABLE sandgate_exceptions (
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        "CREATE TABLE sandgate_exceptions (
          id TEXT PRIMARY KEY,
          task_id TEXT NOT NULL,
          state TEXT NOT NULL,
@@ -26,7 +27,13 @@ const MIGRATIONS: &[(i32, &str)] = &[(
      );
      CREATE INDEX sandgate_exceptions_task ON sandgate_exceptions (task_id);
      CREATE INDEX sandgate_exceptions_state ON sandgate_exceptions (state, requested_at, id);",
-)];
+    ),
+    // No table changes: from here a row's body may hold `methods`, `paths`, `read_only` and
+    // `tweak`. A binary from before them would read such a row as the whole host (or as an
+    // exception for no host) and, approving it, write it back without them; the version
+    // makes it refuse the database instead (`NewerSchema`).
+    (2, "SELECT 1"),
+];
 
 /// The schema version this binary writes.
 pub fn latest() -> i32 {
