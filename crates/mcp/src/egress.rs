@@ -202,8 +202,16 @@ impl Verdict {
 /// What `filed` (the request as the control plane last showed it) and `seen` (the task's
 /// exceptions as last listed) mean for `plan`, at `now`, for approvals filed with `admin`:
 /// the first active exception that covers the request and reaches a target's runs, else
-/// one that covers it and reaches none, else the request's own state.
-pub fn judge(plan: &Plan<'_>, admin: &str, filed: &Exception, seen: &[Exception], now: i64) -> Verdict {
+/// one that covers it and reaches none, else the request's own state. A target whose runs
+/// have no network now (`open` says no: its gate is closed and no tweak opens it) is reached
+/// by no approval.
+pub fn judge(
+    plan: &Plan<'_>,
+    admin: &str,
+    (filed, seen): (&Exception, &[Exception]),
+    now: i64,
+    open: impl Fn(&Sandbox) -> bool,
+) -> Verdict {
     let covering = std::iter::once(filed)
         .chain(seen.iter().filter(|e| e.id != filed.id))
         .filter(|e| covers(e, &plan.task, &plan.hosts, &plan.ports, &plan.below, now));
@@ -214,7 +222,14 @@ pub fn judge(plan: &Plan<'_>, admin: &str, filed: &Exception, seen: &[Exception]
             .targets
             .iter()
             .filter(|s| match s.approvals.admits(&ex.ports, ex.ttl_seconds, admin) {
-                Ok(()) => true,
+                Ok(()) if open(s) => true,
+                Ok(()) => {
+                    why.push(format!(
+                        "{}: its runs have no network now; it opens only while a person grants it (request_tweak with network)",
+                        s.name
+                    ));
+                    false
+                }
                 Err(reason) => {
                     why.push(format!("{}: {reason}", s.name));
                     false

@@ -236,7 +236,7 @@ fn approved_means_an_active_exception_covers_the_ask_and_reaches_the_next_run() 
     )
     .unwrap_or_else(|e| unreachable!("{e:?}"));
     let pending = exception("ex-2", ExceptionState::Pending, &["a.test"], &[443], 300);
-    let v = judge(&p, ADMIN, &pending, &[], 10);
+    let v = judge(&p, ADMIN, (&pending, &[]), 10, |_| true);
     assert!(!v.is_final());
     assert_eq!(v.state(10), "pending");
 
@@ -248,7 +248,7 @@ fn approved_means_an_active_exception_covers_the_ask_and_reaches_the_next_run() 
         &[80, 443],
         300,
     );
-    let v = judge(&p, ADMIN, &pending, std::slice::from_ref(&older), 10);
+    let v = judge(&p, ADMIN, (&pending, std::slice::from_ref(&older)), 10, |_| true);
     assert!(v.is_final());
     assert_eq!(
         (v.state(10), v.exception().id.as_str()),
@@ -262,13 +262,16 @@ fn approved_means_an_active_exception_covers_the_ask_and_reaches_the_next_run() 
     );
     // Expired by now: not approved.
     assert_eq!(
-        judge(&p, ADMIN, &pending, std::slice::from_ref(&older), 1000).state(1000),
+        judge(&p, ADMIN, (&pending, std::slice::from_ref(&older)), 1000, |_| {
+            true
+        })
+        .state(1000),
         "pending"
     );
 
     // Approved at the control plane, but beyond what the run's proxy applies.
     let long = exception("ex-3", ExceptionState::Approved, &["a.test"], &[443], 3600);
-    let v = judge(&p, ADMIN, &long, &[], 10);
+    let v = judge(&p, ADMIN, (&long, &[]), 10, |_| true);
     assert_eq!(v.state(10), "not_applied");
     assert!(
         message(&p, &v, "u").contains("at most 900 s"),
@@ -288,13 +291,13 @@ fn approved_means_an_active_exception_covers_the_ask_and_reaches_the_next_run() 
     )
     .unwrap_or_else(|e| unreachable!("{e:?}"));
     let narrowed = exception("ex-4", ExceptionState::Approved, &["a.test"], &[443], 300);
-    let v = judge(&p2, ADMIN, &narrowed, &[], 10);
+    let v = judge(&p2, ADMIN, (&narrowed, &[]), 10, |_| true);
     assert_eq!(v.state(10), "not_applied");
     assert!(message(&p2, &v, "u").contains("narrower than asked"));
 
     // Denied: final, and said so.
     let denied = exception("ex-5", ExceptionState::Denied, &["a.test"], &[443], 300);
-    let v = judge(&p, ADMIN, &denied, &[], 10);
+    let v = judge(&p, ADMIN, (&denied, &[]), 10, |_| true);
     assert!(v.is_final());
     assert_eq!(v.state(10), "denied");
 }
@@ -319,11 +322,37 @@ fn an_approval_through_an_upstream_says_on_what_it_depends() {
     )
     .unwrap_or_else(|e| unreachable!("{e:?}"));
     let ex = exception("ex-1", ExceptionState::Approved, &["a.test"], &[80, 443], 300);
-    let v = judge(&p, ADMIN, &ex, &[], 10);
+    let v = judge(&p, ADMIN, (&ex, &[]), 10, |_| true);
     assert_eq!(v.state(10), "approved");
     assert!(
         message(&p, &v, "u").contains("In web the upstream proxy decides"),
         "{}",
         message(&p, &v, "u")
     );
+}
+
+/// A sandbox whose runs have no network now (its gate closed, no tweak opening it) is
+/// reached by no approval: the agent hears `not_applied` and why, never `approved`.
+#[test]
+fn an_approval_does_not_reach_a_sandbox_whose_network_is_closed() {
+    let c = config(vec![sandbox("web", followed(ADMIN), "t-1")]);
+    let p = plan(
+        &c,
+        ADMIN,
+        None,
+        &hosts(&["a.test"]),
+        Some(&[443]),
+        300,
+        BelowHost::default(),
+    )
+    .unwrap_or_else(|e| unreachable!("{e:?}"));
+    let approved = exception("ex-1", ExceptionState::Approved, &["a.test"], &[443], 300);
+    let closed = judge(&p, ADMIN, (&approved, &[]), 10, |_| false);
+    assert_eq!(closed.state(10), "not_applied");
+    assert!(
+        matches!(&closed, Verdict::NotApplied { why, .. } if why.contains("request_tweak with network")),
+        "{closed:?}"
+    );
+    let open = judge(&p, ADMIN, (&approved, &[]), 10, |_| true);
+    assert_eq!(open.state(10), "approved");
 }

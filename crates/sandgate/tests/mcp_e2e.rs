@@ -1786,6 +1786,24 @@ fn a_sandboxs_network_opens_only_while_a_person_grants_it() {
         r["is_error"] == true && r["text"].as_str().unwrap().contains("gate `network`"),
         "{r}"
     );
+    // An egress approval reaches no run while the sandbox's network is closed: never
+    // `approved` then (the next run would be refused at gate `network`).
+    let port = f.origin.port();
+    let egress_ask = json!({"sandbox": "web", "hosts": ["web.test"], "ports": [port], "ttl_seconds": 300, "reason": "fetch"});
+    let filed = d.call("request_egress", egress_ask.clone());
+    assert_eq!(filed["structured"]["state"], "pending", "{filed}");
+    let egress_id = filed["structured"]["requested_id"].as_str().unwrap().to_owned();
+    let (code, _, err) = cli(admin, "tok-alice", &["approve", &egress_id]);
+    assert_eq!(code, 0, "{err}");
+    let closed = d.call("request_egress", egress_ask.clone());
+    assert_eq!(closed["structured"]["state"], "not_applied", "{closed}");
+    assert!(
+        closed["structured"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("request_tweak"),
+        "{closed}"
+    );
     let approver = std::thread::spawn(move || {
         let id = first_pending(admin);
         let (code, _, err) = cli(admin, "tok-alice", &["approve", &id]);
@@ -1800,6 +1818,11 @@ fn a_sandboxs_network_opens_only_while_a_person_grants_it() {
     assert_eq!(asked["structured"]["state"], "approved", "{asked}");
     let r = d.run(ok.clone());
     assert_eq!(r["structured"]["stdout"], "ok\n", "{r}");
+    let open = d.call("request_egress", egress_ask);
+    assert_eq!(
+        open["structured"]["state"], "approved",
+        "with the network granted: {open}"
+    );
     let (code, _, err) = cli(admin, "tok-alice", &["revoke", &id]);
     assert_eq!(code, 0, "{err}");
     let r = d.run(ok);

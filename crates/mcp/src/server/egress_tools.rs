@@ -161,19 +161,25 @@ impl SandgateMcp {
         .and_then(control::exception);
         let filed = self.on_record(filed, &mut event)?;
         let id = filed.id.clone();
-        let verdict = egress::judge(&plan, &egress.admin, &filed, &[], now());
+        // What the task holds already: an approval may cover it, and a tweak may have opened
+        // a sandbox's network (or not: then no approval reaches its runs).
+        let seen = control::exceptions_of(egress, &plan.task)
+            .await
+            .unwrap_or_default();
+        let judge = |current: &sandgate_policy::Exception, seen: &[sandgate_policy::Exception]| {
+            let open = |s: &crate::config::Sandbox| {
+                s.net == sandgate_sandbox::policy::NetMode::None
+                    || s.gates.network
+                    || crate::tweaks::granted(s, seen, now()).network
+            };
+            egress::judge(&plan, &egress.admin, (current, seen), now(), open)
+        };
+        let verdict = judge(&filed, &seen);
         if !verdict.is_final() {
             self.point_at_approvals(&ctx, egress, &p, &id, &event).await?;
         }
         let verdict = self
-            .wait_for(
-                egress,
-                &plan.task,
-                filed,
-                verdict,
-                p.wait_seconds,
-                |current, seen| egress::judge(&plan, &egress.admin, current, seen, now()),
-            )
+            .wait_for(egress, &plan.task, filed, verdict, p.wait_seconds, judge)
             .await;
         let ex = verdict.exception();
         let reaches = match &verdict {
