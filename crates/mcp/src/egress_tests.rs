@@ -222,11 +222,10 @@ fn sandboxes_whose_runs_carry_different_tasks_must_be_named() {
     assert_eq!(p.task, "node-a:t-1");
 }
 
-#[test]
-fn approved_means_an_active_exception_covers_the_ask_and_reaches_the_next_run() {
-    let c = config(vec![sandbox("web", followed(ADMIN), "t-1")]);
-    let p = plan(
-        &c,
+/// The plan of a request for `a.test` on 443, for 300 s, every request, in `c`.
+fn a_test_on_443(c: &Config) -> Plan<'_> {
+    plan(
+        c,
         ADMIN,
         None,
         &hosts(&["a.test"]),
@@ -234,7 +233,13 @@ fn approved_means_an_active_exception_covers_the_ask_and_reaches_the_next_run() 
         300,
         BelowHost::default(),
     )
-    .unwrap_or_else(|e| unreachable!("{e:?}"));
+    .unwrap_or_else(|e| unreachable!("{e:?}"))
+}
+
+#[test]
+fn approved_means_an_active_exception_covers_the_ask_and_reaches_the_next_run() {
+    let c = config(vec![sandbox("web", followed(ADMIN), "t-1")]);
+    let p = a_test_on_443(&c);
     let pending = exception("ex-2", ExceptionState::Pending, &["a.test"], &[443], 300);
     let v = judge(&p, ADMIN, (&pending, &[]), 10, |_| true);
     assert!(!v.is_final());
@@ -336,16 +341,7 @@ fn an_approval_through_an_upstream_says_on_what_it_depends() {
 #[test]
 fn an_approval_does_not_reach_a_sandbox_whose_network_is_closed() {
     let c = config(vec![sandbox("web", followed(ADMIN), "t-1")]);
-    let p = plan(
-        &c,
-        ADMIN,
-        None,
-        &hosts(&["a.test"]),
-        Some(&[443]),
-        300,
-        BelowHost::default(),
-    )
-    .unwrap_or_else(|e| unreachable!("{e:?}"));
+    let p = a_test_on_443(&c);
     let approved = exception("ex-1", ExceptionState::Approved, &["a.test"], &[443], 300);
     let closed = judge(&p, ADMIN, (&approved, &[]), 10, |_| false);
     assert_eq!(closed.state(10), "not_applied");

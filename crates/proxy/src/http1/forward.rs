@@ -159,6 +159,14 @@ impl Exchange {
             outbound_reusable: false,
         }
     }
+
+    /// The request body carried a placeholder bound elsewhere: cut, and refused as a leak.
+    fn leaked(leak: sandgate_policy::Leak, sent: u64, received: u64) -> Exchange {
+        Exchange {
+            refusal: Some(Refusal::CredentialLeak(leak)),
+            ..Exchange::failed(sent, received, Outcome::CredentialLeak)
+        }
+    }
 }
 
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
@@ -217,12 +225,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
         tokio::pin!(request_body, response_head);
         tokio::select! {
             body = &mut request_body => match body {
-                Err(RelayError::Leak(leak)) => {
-                    return Exchange {
-                        refusal: Some(Refusal::CredentialLeak(leak)),
-                        ..Exchange::failed(sent, 0, Outcome::CredentialLeak)
-                    };
-                }
+                Err(RelayError::Leak(leak)) => return Exchange::leaked(leak, sent, 0),
                 body => (body, response_head.await),
             },
             head = &mut response_head => (request_body.await, head),
@@ -243,12 +246,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
         }
         Err(RelayError::Dest(_) | RelayError::Idle | RelayError::Stalled) => {}
         // After the response head: the rest of the exchange is refused all the same.
-        Err(RelayError::Leak(leak)) => {
-            return Exchange {
-                refusal: Some(Refusal::CredentialLeak(leak.clone())),
-                ..Exchange::failed(sent, received, Outcome::CredentialLeak)
-            };
-        }
+        Err(RelayError::Leak(leak)) => return Exchange::leaked(leak.clone(), sent, received),
     }
     let response = match head_result {
         Ok((response, _)) => response,
