@@ -166,3 +166,54 @@ fn a_request_after_the_origin_ends_its_connection_is_still_answered() {
     );
     assert_eq!(origin.requests(), ["GET /close/first", "GET /second"]);
 }
+
+/// A refused request whose body is still coming (a `git push` to a fetch-only entry, an
+/// upload to a read-only one) must read as its 403. Over HTTP/2 the proxy answers at once;
+/// a stream it then reset while the client still sends is, to curl, a framing error (git:
+/// "RPC failed; curl 92") in place of the refusal. The body is read and dropped instead,
+/// so the client finishes its upload and reads the 403; nothing of it goes upstream.
+#[test]
+fn a_refused_upload_still_in_flight_over_http2_reads_as_its_403() {
+    let w = World::new();
+    let ca = TestCa::new(&["ro.test"]);
+    let origin = w.tls_origin(&ca);
+    let port = origin.port();
+    let dns = w.dns(Zone::new().with("ro.test", &["127.0.0.1"]));
+    let dir = tempfile::tempdir().unwrap();
+    let roots = pem_file(dir.path(), "roots.pem", &ca.ca_pem);
+    let (policy, _) = egress_policy(dir.path(), &entry("ro.test", port, &["read_only: true"]));
+    let i = intercepting(&dns, &policy, &roots);
+    let upload = dir.path().join("upload.bin");
+    std::fs::write(&upload, vec![b'x'; 384 * 1024]).unwrap();
+    let data = format!("@{}", upload.display());
+    let url = format!("https://ro.test:{port}/bucket/object");
+    // Throttled, so the upload is still going when the refusal is written.
+    let (code, status, err) = common::curl(
+        &i.proxy.url(),
+        &[
+            "--http2",
+            "--cacert",
+            i.ca_file.to_str().unwrap(),
+            "--limit-rate",
+            "256K",
+            "-H",
+            "content-type: application/octet-stream",
+            "--data-binary",
+            &data,
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{http_version}",
+            &url,
+        ],
+    );
+    assert_eq!((code, status.as_str()), (0, "403 2"), "{err}");
+    assert_eq!(origin.requests(), Vec::<String>::new());
+    let refused = inside(&read_audit(&i.proxy.audit_path), "ro.test");
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+    assert_eq!(
+        (&refused[0]["method"], &refused[0]["decision"]),
+        (&"POST".into(), &"deny".into()),
+        "{refused:#?}"
+    );
+}

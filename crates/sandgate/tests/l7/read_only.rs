@@ -152,3 +152,31 @@ fn a_reload_to_read_only_holds_on_a_connection_kept_alive_from_before() {
     assert_eq!(after.status, 403, "{after:?}");
     assert_eq!(origin.requests(), ["POST /before"]);
 }
+
+/// A refused upload still in flight reads as its 403 over plain HTTP too: the proxy answers,
+/// then reads and drops what the client still sends before it closes, so the answer is not
+/// lost to the reset an unread body would cause. Nothing of it reaches the origin.
+#[test]
+fn a_refused_upload_still_in_flight_reads_as_its_403() {
+    let w = World::new();
+    let origin = w.origin();
+    let port = origin.port();
+    let dns = w.dns(Zone::new().with("ro.test", &["127.0.0.1"]));
+    let dir = tempfile::tempdir().unwrap();
+    let (policy, _) = egress_policy(dir.path(), &entry("ro.test", port, &["read_only: true"]));
+    let p = proxy(&dns, &["--policy", policy.to_str().unwrap()]);
+    let upload = dir.path().join("upload.bin");
+    std::fs::write(&upload, vec![b'x'; 384 * 1024]).unwrap();
+    let data = format!("@{}", upload.display());
+    let url = format!("http://ro.test:{port}/bucket/object");
+    for framing in [None, Some("transfer-encoding: chunked")] {
+        let mut args = vec!["--limit-rate", "256K", "--data-binary", &data];
+        args.extend(["-o", "/dev/null", "-w", "%{http_code}", &url]);
+        if let Some(field) = framing {
+            args.extend(["-H", field]);
+        }
+        let (code, status, err) = curl(&p.url(), &args);
+        assert_eq!((code, status.as_str()), (0, "403"), "{framing:?}: {err}");
+    }
+    assert_eq!(origin.requests(), Vec::<String>::new());
+}

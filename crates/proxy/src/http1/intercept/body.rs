@@ -1,7 +1,8 @@
 //! The bodies of an intercepted tunnel: a counting body that sends its exchange's close
 //! when it ends, a request body searched for placeholders bound elsewhere, the client's
-//! socket with the bytes it sent behind its CONNECT first, and its TLS side watched for the
-//! idle timeout.
+//! socket with the bytes it sent behind its CONNECT first, its TLS side watched for the
+//! idle timeout, and a refused request's body read and dropped (bounded) so its client reads
+//! the refusal.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -236,4 +237,39 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
+}
+
+/// What of a refused request's body is read and dropped, at most, so the client finishes
+/// its upload and reads the refusal: over HTTP/2 a stream reset while the client still
+/// sends is, to curl, a framing error in place of the 403 (git: "RPC failed; curl 92"); over
+/// HTTP/1.1 the connection stays usable. Past it (or the head timeout) the rest is refused
+/// the usual way: the stream reset, the connection closed.
+const DISCARD: u64 = 1024 * 1024;
+
+/// `response`, a refusal written before `req`'s body was read: that body is read and dropped
+/// in a task of its own (at most [`DISCARD`] bytes, for at most `within`), never sent.
+pub(super) fn discarding(
+    req: hyper::Request<hyper::body::Incoming>,
+    response: hyper::Response<super::ResBody>,
+    within: std::time::Duration,
+) -> hyper::Response<super::ResBody> {
+    let mut body = req.into_body();
+    if body.is_end_stream() {
+        return response;
+    }
+    tokio::spawn(async move {
+        let drain = async {
+            let mut read = 0u64;
+            while read < DISCARD {
+                match http_body_util::BodyExt::frame(&mut body).await {
+                    Some(Ok(frame)) => {
+                        read += frame.data_ref().map_or(0, |d| d.len() as u64);
+                    }
+                    Some(Err(_)) | None => break,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(within, drain).await;
+    });
+    response
 }

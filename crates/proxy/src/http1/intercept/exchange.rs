@@ -16,7 +16,7 @@ use hyper_util::rt::TokioIo;
 use sandgate_policy::{Access, Host, Identity, Target, TargetError};
 use tokio::sync::{Mutex, mpsc};
 
-use super::body::{Counted, Done, Scanned};
+use super::body::{Counted, Done, Scanned, discarding};
 use super::{ReqBody, ResBody, Sender};
 use crate::egress::{Egress, End, Grant, Refused, Request};
 use crate::inspect::Interceptor;
@@ -63,30 +63,48 @@ impl Exchanges {
     }
 
     async fn answer(&self, req: HttpRequest<Incoming>) -> Result<Response<ResBody>, Infallible> {
-        let method = req.method().as_str().to_owned();
         let path = req
             .uri()
             .path_and_query()
             .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
+        let (decided, swap) = match self.judge(&req, &path).await {
+            Ok(judged) => judged,
+            Err(refused) => return Ok(discarding(req, refused, self.egress.limits.head_timeout)),
+        };
+        let mut upstream = self.upstream.lock().await;
+        let grant = match self.sender_for(decided, &mut upstream).await {
+            Ok(grant) => grant,
+            Err(response) => return Ok(discarding(req, response, self.egress.limits.head_timeout)),
+        };
+        Ok(self.forward(req, grant, &mut upstream, &path, swap).await)
+    }
+
+    /// The core's decision on a request, and the secrets to write into it; a refusal comes
+    /// back as the response to give.
+    async fn judge(
+        &self,
+        req: &HttpRequest<Incoming>,
+        path: &str,
+    ) -> Result<(crate::egress::Decided, Vec<(String, sandgate_policy::Secret)>), Response<ResBody>> {
         let request = Request {
             peer: self.peer,
             identity: self.identity.clone(),
             node: None,
-            method: method.into(),
-            path: Some(&path),
+            method: req.method().as_str().to_owned().into(),
+            path: Some(path),
             dest: Ok((self.target.clone(), Access::Https)),
         };
         let decided = match self.egress.clear(request).await {
             Ok(decided) => decided,
-            Err(refused) => return Ok(refusal(&refused)),
+            Err(refused) => return Err(refusal(&refused)),
         };
         // What the rules cannot judge is refused: a CONNECT inside (no path; its upgrade
         // would carry anything), TRACE and TRACK (an echo of the request, secrets written
         // in included), and a body on a request that has none (GET, HEAD, OPTIONS), which an
         // origin that ignores its length reads as a second, undecided request.
-        if let Some(why) = unjudgeable(&req) {
+        if let Some(why) = unjudgeable(req) {
             let refused = decided.refuse(&self.egress, Refusal::Target(why)).await;
-            return Ok(refusal(&refused));
+            return Err(refusal(&refused));
         }
         // A request that names another host than the tunnel's: refused, recorded with the
         // tunnel's destination.
@@ -94,25 +112,19 @@ impl Exchanges {
             let refused = decided
                 .refuse(&self.egress, Refusal::Target(TargetError::OtherHost))
                 .await;
-            return Ok(refusal(&refused));
+            return Err(refusal(&refused));
         }
         // The secrets bound to this host, in place of their placeholders; a placeholder
         // anywhere else is refused.
         let fields = req.headers().iter().map(|(n, v)| (n.as_str(), v.as_bytes()));
-        let swap = match self.egress.carried(&self.target, true, &path, fields) {
-            Ok(sandgate_policy::Carried::Swap(swap)) => swap,
-            Ok(sandgate_policy::Carried::Nothing) => Vec::new(),
+        match self.egress.carried(&self.target, true, path, fields) {
+            Ok(sandgate_policy::Carried::Swap(swap)) => Ok((decided, swap)),
+            Ok(sandgate_policy::Carried::Nothing) => Ok((decided, Vec::new())),
             Err(leak) => {
                 let refused = decided.refuse(&self.egress, Refusal::CredentialLeak(leak)).await;
-                return Ok(refusal(&refused));
+                Err(refusal(&refused))
             }
-        };
-        let mut upstream = self.upstream.lock().await;
-        let grant = match self.sender_for(decided, &mut upstream).await {
-            Ok(grant) => grant,
-            Err(response) => return Ok(response),
-        };
-        Ok(self.forward(req, grant, &mut upstream, &path, swap).await)
+        }
     }
 
     /// The grant of an allowed request, with a live connection upstream in `up`: the one in
