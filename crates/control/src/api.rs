@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `POST /v1/exceptions` | requester (its tasks), approver | file a request: 201; an identical one pending, or an active exception covering it: 200 and that one |
 //! | `GET /v1/exceptions`, `GET /v1/exceptions/{id}` | any (a requester sees its tasks') | read |
-//! | `POST /v1/exceptions/{id}/approve` | approver, not the requester | body: optional `hosts`, `ttl_seconds` (narrowing) |
+//! | `POST /v1/exceptions/{id}/approve` | approver, not the requester | body: optional `hosts`, `ttl_seconds`, `methods`, `paths`, `read_only`, `tweak` (each only narrows; one that would widen is 400, naming the field) |
 //! | `POST /v1/exceptions/{id}/deny`, `/revoke` | approver | body: optional `note` |
 //! | `GET /v1/events` | any (a requester: its tasks') | server-sent events: every audit event, live |
 //! | `GET /healthz`, `GET /readyz` | none | liveness; readiness (the store answers) |

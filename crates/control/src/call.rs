@@ -97,6 +97,9 @@ pub(crate) fn status_of(e: &ControlError) -> StatusCode {
         ControlError::Request(RequestError::NotEnabled { .. }) => StatusCode::FORBIDDEN,
         ControlError::Request(_) => StatusCode::UNPROCESSABLE_ENTITY,
         ControlError::Transition(TransitionError::SelfApproval { .. }) => StatusCode::FORBIDDEN,
+        // A narrowing that would widen (a host, a method, a tweak's field) is a bad body, not
+        // a state to wait out: 400, the message naming the field.
+        ControlError::Transition(TransitionError::Widens(_)) => StatusCode::BAD_REQUEST,
         ControlError::Transition(_) => StatusCode::CONFLICT,
         ControlError::NotFound(_) => StatusCode::NOT_FOUND,
         ControlError::Forbidden(_) => StatusCode::FORBIDDEN,

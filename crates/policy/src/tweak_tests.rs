@@ -217,6 +217,13 @@ fn within_asks_no_more_than_the_outer_tweak() {
                 workspace: Some("/srv/x/y".into()),
                 ..tweak("web")
             },
+            true,
+        ),
+        (
+            Tweak {
+                workspace: Some("/srv/xy".into()),
+                ..tweak("web")
+            },
             false,
         ),
         (
@@ -379,9 +386,10 @@ fn a_tweak_request_is_refused_by_the_same_bounds_and_with_hosts() {
 }
 
 /// An approval of a tweak takes no methods, paths or read_only (they would sit on an
-/// exception for no host, and keep the next identical ask from being covered).
+/// exception for no host, and keep the next identical ask from being covered); its own
+/// fields narrow it (below).
 #[test]
-fn a_tweak_is_approved_as_asked_or_for_less_time_only() {
+fn a_tweak_takes_no_methods_paths_or_read_only() {
     let asked = Tweak {
         max_seconds: Some(600),
         ..tweak("web")
@@ -411,4 +419,186 @@ fn a_tweak_is_approved_as_asked_or_for_less_time_only() {
     };
     shorter.approve("alice", 1001, &ttl).unwrap();
     assert!(shorter.below.is_everything());
+}
+
+fn asked_all() -> Tweak {
+    Tweak {
+        max_seconds: Some(120),
+        max_output_bytes: Some(10 << 20),
+        network: true,
+        workspace: Some("/srv/work".into()),
+        ..tweak("web")
+    }
+}
+
+fn grant(t: Tweak) -> Narrowing {
+    Narrowing {
+        tweak: Some(t),
+        ..Narrowing::default()
+    }
+}
+
+/// An approver may grant less than a tweak asks: a shorter time limit, less output, no
+/// network, a workspace under the one asked, or leave a field out; what is granted
+/// replaces what was asked, whole.
+#[test]
+fn an_approval_narrows_a_tweak() {
+    let ex = admit(ask(asked_all())).unwrap();
+    for narrower in [
+        Tweak {
+            max_seconds: Some(30),
+            ..asked_all()
+        },
+        Tweak {
+            max_output_bytes: Some(1 << 20),
+            ..asked_all()
+        },
+        Tweak {
+            network: false,
+            ..asked_all()
+        },
+        Tweak {
+            workspace: Some("/srv/work/one".into()),
+            ..asked_all()
+        },
+        Tweak {
+            max_seconds: Some(30),
+            ..tweak("web")
+        },
+        asked_all(),
+    ] {
+        let mut approved = ex.clone();
+        approved
+            .approve("alice", 1001, &grant(narrower.clone()))
+            .unwrap_or_else(|e| panic!("{narrower:?}: {e}"));
+        assert_eq!(approved.tweak.as_ref(), Some(&narrower));
+        assert!(approved.is_active(1001));
+    }
+}
+
+/// As an approver who would widen a tweak (by mistake or not): each field beyond what was
+/// asked, another sandbox, a tweak that is not one, or a tweak on an exception for hosts, is
+/// refused naming the field, and the exception is left pending as it was.
+#[test]
+fn an_approval_never_widens_a_tweak() {
+    let narrow = Tweak {
+        max_seconds: Some(120),
+        max_output_bytes: Some(1 << 20),
+        workspace: Some("/srv/work/a".into()),
+        ..tweak("web")
+    };
+    let ex = admit(ask(narrow.clone())).unwrap();
+    let cases: Vec<(Tweak, &str)> = vec![
+        (
+            Tweak {
+                max_seconds: Some(121),
+                ..narrow.clone()
+            },
+            "tweak.max_seconds 121 is more than the 120 asked",
+        ),
+        (
+            Tweak {
+                max_output_bytes: Some((1 << 20) + 1),
+                ..narrow.clone()
+            },
+            "tweak.max_output_bytes",
+        ),
+        (
+            Tweak {
+                network: true,
+                ..narrow.clone()
+            },
+            "tweak.network",
+        ),
+        (
+            Tweak {
+                workspace: Some("/srv/work".into()),
+                ..narrow.clone()
+            },
+            "tweak.workspace /srv/work is not /srv/work/a",
+        ),
+        (
+            Tweak {
+                workspace: Some("/srv/work/ab".into()),
+                ..narrow.clone()
+            },
+            "tweak.workspace",
+        ),
+        (
+            Tweak {
+                sandbox: "db".into(),
+                ..narrow.clone()
+            },
+            "tweak.sandbox",
+        ),
+        (tweak("web"), "asks for nothing"),
+        (
+            Tweak {
+                max_seconds: Some(0),
+                ..narrow.clone()
+            },
+            "max_seconds must be at least 1",
+        ),
+        (
+            Tweak {
+                workspace: Some("/srv/work/a/../..".into()),
+                ..narrow.clone()
+            },
+            "workspace",
+        ),
+    ];
+    for (wider, expected) in cases {
+        let mut tried = ex.clone();
+        let err = tried
+            .approve("alice", 1001, &grant(wider.clone()))
+            .expect_err(&format!("{wider:?}"));
+        assert!(
+            matches!(err, crate::exception::TransitionError::Widens(_)),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains(expected), "{wider:?}: {err}");
+        assert_eq!(tried.state, crate::exception::State::Pending, "{wider:?}");
+        assert_eq!(tried.tweak.as_ref(), Some(&narrow), "{wider:?}");
+    }
+    // What was not asked at all cannot be granted.
+    let time_only = admit(ask(Tweak {
+        max_seconds: Some(60),
+        ..tweak("web")
+    }))
+    .unwrap();
+    for (more, field) in [
+        (
+            Tweak {
+                max_output_bytes: Some(1),
+                max_seconds: Some(60),
+                ..tweak("web")
+            },
+            "tweak.max_output_bytes 1: none was asked",
+        ),
+        (
+            Tweak {
+                workspace: Some("/srv".into()),
+                ..tweak("web")
+            },
+            "tweak.workspace /srv: no workspace was asked",
+        ),
+    ] {
+        let err = time_only
+            .clone()
+            .approve("alice", 1001, &grant(more))
+            .unwrap_err();
+        assert!(err.to_string().contains(field), "{err}");
+    }
+    // An exception for hosts takes no tweak.
+    let hosts = admit(NewRequest {
+        tweak: None,
+        requested_hosts: vec!["pypi.org".into()],
+        ..ask(tweak("web"))
+    })
+    .unwrap();
+    let err = hosts.clone().approve("alice", 1001, &grant(narrow)).unwrap_err();
+    assert!(
+        err.to_string().contains("tweak: exception ex-t asks for hosts"),
+        "{err}"
+    );
 }

@@ -225,6 +225,7 @@ fn call_of(cmd: &ExceptionsCommand) -> Call {
             hosts,
             ttl,
             below,
+            tweak,
         } => {
             let mut body = below.fields();
             if !hosts.is_empty() {
@@ -232,6 +233,9 @@ fn call_of(cmd: &ExceptionsCommand) -> Call {
             }
             if let Some(t) = ttl {
                 body.insert("ttl_seconds".into(), json!(t));
+            }
+            if let Some(t) = tweak.tweak() {
+                body.insert("tweak".into(), json!(t));
             }
             Call::Post(
                 format!("/v1/exceptions/{}/approve", path_segment(id)),
@@ -312,6 +316,7 @@ mod tests {
             hosts: vec![],
             ttl: None,
             below: BelowArgs::default(),
+            tweak: Default::default(),
         };
         let file = TokenSource::File("/etc/alice.token".into());
         let h = hint(&refused(401), &approve, &TokenSource::Env).unwrap();
@@ -393,6 +398,7 @@ mod tests {
             hosts: vec![],
             ttl: None,
             below: below.clone(),
+            tweak: Default::default(),
         };
         let Call::Post(_, body) = call_of(&approve) else {
             unreachable!("an approval posts")
@@ -431,6 +437,30 @@ mod tests {
             json!({"sandbox": "web", "max_seconds": 600, "network": true})
         );
         assert_eq!(body["requested_hosts"], json!([]));
+    }
+
+    #[test]
+    fn an_approval_grants_a_narrowed_tweak_whole() {
+        let approve = ExceptionsCommand::Approve {
+            id: "ex-1".into(),
+            hosts: vec![],
+            ttl: Some(60),
+            below: BelowArgs::default(),
+            tweak: crate::cli::central::TweakGrantArgs {
+                tweak_sandbox: Some("web".into()),
+                max_seconds: Some(30),
+                workspace: Some("/srv/work/one".into()),
+                ..Default::default()
+            },
+        };
+        let Call::Post(path, body) = call_of(&approve) else {
+            unreachable!("an approval posts")
+        };
+        assert_eq!(path, "/v1/exceptions/ex-1/approve");
+        assert_eq!(
+            body,
+            json!({"ttl_seconds": 60, "tweak": {"sandbox": "web", "max_seconds": 30, "workspace": "/srv/work/one"}})
+        );
     }
 
     #[test]

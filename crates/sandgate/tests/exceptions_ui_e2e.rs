@@ -25,8 +25,10 @@ use serde_json::Value;
 /// The approvals page in headless Chromium (Selenium), as an approver uses it: a live deny,
 /// a request appearing without a reload, approve with a TTL choice, revoke with a note after
 /// a confirmation, deny with a note, allow a live deny for five minutes in one click (and
-/// the next request passes), then a viewer's page with no action; all in place, the page
-/// never reloaded. One screenshot per step under `target/tmp/approvals-screenshots/`.
+/// the next request passes), a tweak listed in words, narrowed on the page (a wider
+/// workspace refused) and approved, then revoked with a note after a confirmation, then a
+/// viewer's page with no action; all in place, the page never reloaded. One screenshot per
+/// step under `target/tmp/approvals-screenshots/`.
 #[test]
 fn the_approvals_page_in_a_real_browser() {
     let python = common::python();
@@ -61,7 +63,7 @@ fn the_approvals_page_in_a_real_browser() {
     );
     println!("screenshots in {}:\n{stdout}", shots.display());
     let taken: Vec<_> = std::fs::read_dir(&shots).unwrap().map(Result::unwrap).collect();
-    assert_eq!(taken.len(), 8, "{taken:?}");
+    assert_eq!(taken.len(), 13, "{taken:?}");
     assert!(
         taken.iter().all(|f| f.metadata().unwrap().len() > 1000),
         "an empty screenshot"
@@ -89,8 +91,29 @@ fn the_approvals_page_in_a_real_browser() {
             // The one-click allow: a request and an approval, both alice's.
             ("exception_requested", "alice", "alice"),
             ("exception_approved", "alice", "alice"),
+            // The tweak: asked, approved narrowed, revoked.
+            ("exception_requested", "agent-7", "agent-7"),
+            ("exception_approved", "alice", "agent-7"),
+            ("exception_revoked", "alice", "agent-7"),
         ],
         "{events:#?}"
+    );
+    let tweaks: Vec<(&str, &str)> = events
+        .iter()
+        .filter_map(|e| Some((e["event"].as_str()?, e["tweak"].as_str()?)))
+        .collect();
+    let narrowed = "sandbox=web max_seconds=30 max_output_bytes=1048576 workspace=/srv/work/build";
+    assert_eq!(
+        tweaks,
+        [
+            (
+                "exception_requested",
+                "sandbox=web max_seconds=120 max_output_bytes=10485760 network workspace=/srv/work"
+            ),
+            ("exception_approved", narrowed),
+            ("exception_revoked", narrowed),
+        ],
+        "what is on record as approved is the narrowed tweak: {events:#?}"
     );
     let passed = events.iter().any(|e| {
         e["event"] == "decision"

@@ -206,8 +206,8 @@ fn same_ask(a: &Exception, b: &Exception) -> bool {
         && a.tweak == b.tweak
 }
 
-/// A tweak is covered only by a tweak that asks at least as much (the same sandbox and
-/// workspace, each value at least as large); a request for hosts never by a tweak.
+/// A tweak is covered only by a tweak that asks at least as much (the same sandbox, each
+/// value at least as large, a workspace it lies under); a request for hosts never by a tweak.
 fn tweak_covered(ask: &Exception, by: &Exception) -> bool {
     match (&ask.tweak, &by.tweak) {
         (None, None) => true,

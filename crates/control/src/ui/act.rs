@@ -1,8 +1,9 @@
 //! The approvals page's actions, each a form POST from the page's script, answered in JSON
 //! (`{"exception": ...}`, or `{"error": "..."}` with the API's status for the same refusal):
-//! approve (a TTL choice), deny and revoke (a note), and an approver's one-click allow of a
-//! live deny ([`Control::allow`](crate::Control::allow): filed and approved in one step,
-//! within the policy's bounds).
+//! approve (a TTL choice; for a tweak, what is granted of what was asked), deny and revoke
+//! (a note), and an approver's one-click allow of a live deny
+//! ([`Control::allow`](crate::Control::allow): filed and approved in one step, within the
+//! policy's bounds).
 //!
 //! Each needs the session's cookie and its CSRF token; the role is the service's to check,
 //! so a viewer's session is refused there, and on record, like a viewer's API call.
@@ -15,7 +16,7 @@ use axum::extract::{Form, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use sandgate_policy::NewRequest;
-use sandgate_policy::exception::Narrowing;
+use sandgate_policy::exception::{Narrowing, Tweak};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -39,6 +40,10 @@ pub(super) struct Fields {
     /// An approval's "read-only" box: only GET, HEAD and OPTIONS (`on` when ticked).
     #[serde(default)]
     read_only: Option<String>,
+    /// An approval of a tweak: what is granted (the sandbox named, each field narrowed
+    /// or left out; [`granted_tweak`]).
+    #[serde(flatten)]
+    tweak: TweakFields,
     #[serde(default)]
     task: Option<String>,
     #[serde(default)]
@@ -68,9 +73,14 @@ pub(super) async fn act(
                 Ok(t) => t,
                 Err(why) => return refusal(StatusCode::UNPROCESSABLE_ENTITY, &why),
             };
+            let tweak = match granted_tweak(&f.tweak) {
+                Ok(t) => t,
+                Err(why) => return refusal(StatusCode::UNPROCESSABLE_ENTITY, &why),
+            };
             let narrow = Narrowing {
                 ttl_seconds,
                 read_only: f.read_only.as_deref() == Some("on"),
+                tweak,
                 ..Narrowing::default()
             };
             c.approve(&s.who, &id, &narrow).await
@@ -180,6 +190,46 @@ async fn answer(state: &ApiState, s: &Session, call: &Call, result: Result<Value
 /// `{"error": message}` with `status`.
 pub(super) fn refusal(status: StatusCode, message: &str) -> Response {
     (status, Json(json!({ "error": message }))).into_response()
+}
+
+/// The fields of a tweak's approval: the page sends them all for a tweak, prefilled with
+/// what was asked, and none for hosts.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct TweakFields {
+    #[serde(default)]
+    tweak_sandbox: Option<String>,
+    /// Seconds; empty: no longer time limit granted.
+    #[serde(default)]
+    tweak_max_seconds: Option<String>,
+    /// Bytes; empty: no more output granted.
+    #[serde(default)]
+    tweak_max_output_bytes: Option<String>,
+    /// `on` when the network box is ticked.
+    #[serde(default)]
+    tweak_network: Option<String>,
+    /// A workspace path; empty: none granted.
+    #[serde(default)]
+    tweak_workspace: Option<String>,
+}
+
+/// The tweak an approval grants, when the form names a sandbox. Whether it lies within
+/// what was asked is the model's to check (`Exception::approve`), as for the API.
+fn granted_tweak(f: &TweakFields) -> Result<Option<Tweak>, String> {
+    let Some(sandbox) = f.tweak_sandbox.as_deref().map(str::trim) else {
+        return Ok(None);
+    };
+    let workspace = f
+        .tweak_workspace
+        .as_deref()
+        .map(str::trim)
+        .filter(|w| !w.is_empty());
+    Ok(Some(Tweak {
+        sandbox: sandbox.to_owned(),
+        max_seconds: number(f.tweak_max_seconds.as_deref(), "tweak.max_seconds")?,
+        max_output_bytes: number(f.tweak_max_output_bytes.as_deref(), "tweak.max_output_bytes")?,
+        network: f.tweak_network.as_deref() == Some("on"),
+        workspace: workspace.map(str::to_owned),
+    }))
 }
 
 /// An optional number field; a field that is not one is refused, naming it.

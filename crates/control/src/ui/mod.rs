@@ -1,5 +1,5 @@
 //! The approvals page at `/ui` on the admin listener: pending requests with approve (a TTL
-//! choice) and deny (a note), active exceptions with a countdown and revoke (a note, after a
+//! choice; for a tweak, what is granted, each field at most what was asked) and deny (a note), active exceptions with a countdown and revoke (a note, after a
 //! confirmation), recently decided ones with who decided, when, for how long and why, and
 //! the proxy's denies as they happen, each with a one-click "allow for N minutes" for an
 //! approver.

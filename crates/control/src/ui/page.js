@@ -81,27 +81,43 @@ function requests(e) {
   return (methods || 'any method') + ' on ' + (paths || 'any path');
 }
 // What a tweak asks for one sandbox of `sandgate mcp`, in words:
-// "sandbox web: 600 s, 10 MiB output, network, workspace /srv/x".
+// "time limit 600 s, output 10 MiB, network, workspace /srv/x".
 function byteSize(n) {
   for (const [unit, size] of [['GiB', 1 << 30], ['MiB', 1 << 20], ['KiB', 1 << 10]]) {
     if (n >= size && n % size === 0) return n / size + ' ' + unit;
   }
   return n + ' bytes';
 }
-function tweakText(t) {
+function tweakAsks(t) {
   const parts = [];
-  if (t.max_seconds) parts.push(t.max_seconds + ' s');
-  if (t.max_output_bytes) parts.push(byteSize(t.max_output_bytes) + ' output');
+  if (t.max_seconds) parts.push('time limit ' + t.max_seconds + ' s');
+  if (t.max_output_bytes) parts.push('output ' + byteSize(t.max_output_bytes));
   if (t.network) parts.push('network');
   if (t.workspace) parts.push('workspace ' + t.workspace);
-  return 'sandbox ' + t.sandbox + ': ' + parts.join(', ');
+  return parts;
 }
+function tweakText(t) { return 'sandbox ' + t.sandbox + ': ' + tweakAsks(t).join(', '); }
 // What an exception is for: its hosts, or a tweak.
 function askedFor(e) { return e.tweak ? tweakText(e.tweak) : list(e.hosts); }
 function what(e) {
   if (e.tweak) return tweakText(e.tweak) + ' for task ' + e.task_id;
   const r = requests(e);
   return list(e.hosts) + ' (port ' + list(e.ports) + (r ? '; ' + r : '') + ') for task ' + e.task_id;
+}
+// The cells of what an exception is for: the hosts (what it allows below them beneath), or
+// the tweak's sandbox (what it asks beneath); then the ports, which a tweak has none of.
+function subjectCells(tr, e) {
+  if (e.tweak) {
+    // In words, each ask kept on one line: "time limit 120 s, output 10 MiB, ...".
+    const asks = tweakAsks(e.tweak).map((a) => el('span', { className: 'ask', textContent: a }));
+    const words = el('span', { className: 'sub words' });
+    asks.forEach((a, i) => words.append(i ? ', ' : '', a));
+    tr.appendChild(el('td', {}, [el('span', { className: 'mono', textContent: 'tweak: sandbox ' + e.tweak.sandbox }), words]));
+    td(tr, '—', 'muted');
+  } else {
+    td(tr, list(e.hosts), 'mono', requests(e));
+    td(tr, list(e.ports), 'mono');
+  }
 }
 
 // ---- talking to the server ----
@@ -190,28 +206,34 @@ function fill(id, rows, cols, render) {
   }
 }
 
-// A decision that asks first and takes a note: a row below the exception's, across the
-// table, so the columns do not move.
+// A decision that asks first: a row below the exception's, across the table, so the
+// columns do not move. It takes a note (deny, revoke), or the controls `o.controls` whose
+// values `o.fields()` gives (a tweak's approval).
 function openPanel(tr, o) {
   const open = tr.nextElementSibling;
   if (open && open.dataset.panelFor === tr.dataset.id) {
-    open.querySelector('input').focus();
+    open.querySelector('input, select').focus();
     return;
   }
-  const row = el('tr', { className: 'panel-row', id: o.verb + '-panel-' + o.id });
+  const row = el('tr', { className: 'panel-row' + (o.style === 'go' ? ' grant' : ''), id: o.verb + '-panel-' + o.id });
   row.dataset.panelFor = tr.dataset.id;
-  const note = el('input', { type: 'text', className: 'note', id: o.verb + '-note-' + o.id, placeholder: 'optional; kept on record', maxLength: 1000 });
-  const go = button(o.label, o.verb + '-confirm-' + o.id, () => act(go, o.path, { note: note.value }, o.done), 'danger');
+  let controls = o.controls, fields = o.fields;
+  if (!controls) {
+    const note = el('input', { type: 'text', className: 'note', id: o.verb + '-note-' + o.id, placeholder: 'optional; kept on record', maxLength: 1000 });
+    controls = [el('label', {}, ['Note ', note])];
+    fields = () => ({ note: note.value });
+  }
+  const go = button(o.label, o.verb + '-confirm-' + o.id, () => act(go, o.path, fields(), o.done), o.style || 'danger');
   const cancel = button('Cancel', o.verb + '-cancel-' + o.id, () => row.remove());
-  note.addEventListener('keydown', (ev) => {
-    if (ev.key === 'Enter') go.click();
+  row.addEventListener('keydown', (ev) => {
+    if (ev.key === 'Enter' && ev.target.type === 'text') go.click();
     if (ev.key === 'Escape') cancel.click();
   });
   const ask = el('span', { className: 'panel' }, [
-    el('span', { className: 'warn', textContent: o.question }), el('label', {}, ['Note ', note]), go, cancel]);
+    el('span', { className: o.style === 'go' ? 'question' : 'warn', textContent: o.question })].concat(controls, [go, cancel]));
   row.appendChild(el('td', { colSpan: tr.cells.length }, [ask]));
   tr.after(row);
-  note.focus();
+  row.querySelector('input, select').focus();
 }
 
 function ttlChoice(e) {
@@ -223,21 +245,75 @@ function ttlChoice(e) {
   return s;
 }
 
+// A choice of a tweak's value: nothing, the standard values below the one asked, then the
+// one asked (chosen); never more than asked.
+function lessChoice(id, asked, standard, words) {
+  const s = el('select', { id });
+  s.appendChild(el('option', { value: '', textContent: 'not granted' }));
+  for (const v of standard.filter((v) => v < asked).concat([asked])) {
+    s.appendChild(el('option', { value: String(v), textContent: words(v) + (v === asked ? ' (as asked)' : ''), selected: v === asked }));
+  }
+  return s;
+}
+
+// What a tweak's approval grants, each control starting at what was asked and offering
+// only less: a time limit and an output size from shorter choices, the network box
+// (unticked: not granted), a workspace (the one asked, or one under it: the server refuses
+// any other). The sandbox is the one asked.
+function tweakGrant(e) {
+  const t = e.tweak, controls = [], read = [];
+  if (t.max_seconds) {
+    const s = lessChoice('tweak-max-seconds-' + e.id, t.max_seconds, [10, 30, 60, 120, 300, 600, 1800], (v) => v + ' s');
+    controls.push(el('label', {}, ['time limit ', s]));
+    read.push(() => ({ tweak_max_seconds: s.value }));
+  }
+  if (t.max_output_bytes) {
+    const sizes = [1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26];
+    const s = lessChoice('tweak-output-' + e.id, t.max_output_bytes, sizes, byteSize);
+    controls.push(el('label', {}, ['output ', s]));
+    read.push(() => ({ tweak_max_output_bytes: s.value }));
+  }
+  if (t.network) {
+    const b = el('input', { type: 'checkbox', id: 'tweak-network-' + e.id, checked: true });
+    controls.push(el('label', {}, [b, ' network']));
+    read.push(() => (b.checked ? { tweak_network: 'on' } : {}));
+  }
+  if (t.workspace) {
+    const w = el('input', { type: 'text', className: 'path', id: 'tweak-workspace-' + e.id, value: t.workspace, title: 'the workspace asked, or a directory under it; empty: none' });
+    controls.push(el('label', {}, ['workspace ', w]));
+    read.push(() => ({ tweak_workspace: w.value }));
+  }
+  return { controls, fields: () => Object.assign({ tweak_sandbox: t.sandbox }, ...read.map((f) => f())) };
+}
+
+function approved(x) {
+  return 'Approved ' + askedFor(x) + (x.read_only ? ' read-only' : '') + ' for task ' + x.task_id + ' for ' + span(x.ttl_seconds) + '.';
+}
+
 function pendingRow(tr, e) {
   whenCell(tr, e.requested_at, 'by ' + e.requested_by);
   td(tr, e.task_id, 'mono');
-  td(tr, askedFor(e), 'mono', requests(e));
-  td(tr, list(e.ports), 'mono');
+  subjectCells(tr, e);
   td(tr, span(e.ttl_seconds));
   td(tr, e.reason);
   const c = td(tr, '', 'act');
   if (!canDecide) return;
   const ttl = ttlChoice(e);
+  const path = '/ui/approve/' + encodeURIComponent(e.id);
   // Read-only narrows a request that named no methods (it could only widen one that did).
   const ro = e.tweak || e.methods || e.read_only ? null : el('input', { type: 'checkbox', id: 'read-only-' + e.id });
-  const approve = button('Approve', 'approve-' + e.id, () => act(approve, '/ui/approve/' + encodeURIComponent(e.id),
-    Object.assign({ ttl: ttl.value }, ro && ro.checked ? { read_only: 'on' } : {}),
-    (x) => 'Approved ' + askedFor(x) + (x.read_only ? ' read-only' : '') + ' for task ' + x.task_id + ' for ' + span(x.ttl_seconds) + '.'));
+  // A tweak is approved after a look at what it grants, which may be less than asked.
+  const approve = e.tweak
+    ? button('Approve…', 'approve-' + e.id, () => {
+      const grant = tweakGrant(e);
+      openPanel(tr, {
+        verb: 'approve', id: e.id, label: 'Approve', style: 'go', path,
+        question: 'Grant sandbox ' + e.tweak.sandbox + ' for task ' + e.task_id + ', at most what was asked:',
+        controls: grant.controls, fields: () => Object.assign({ ttl: ttl.value }, grant.fields()), done: approved,
+      });
+    })
+    : button('Approve', 'approve-' + e.id, () => act(approve, path,
+      Object.assign({ ttl: ttl.value }, ro && ro.checked ? { read_only: 'on' } : {}), approved));
   const deny = button('Deny…', 'deny-' + e.id, () => openPanel(tr, {
     verb: 'deny', id: e.id, question: 'Deny ' + what(e) + '?', label: 'Deny', path: '/ui/deny/' + encodeURIComponent(e.id),
     done: (x) => 'Denied ' + askedFor(x) + ' for task ' + x.task_id + '.',
@@ -250,8 +326,7 @@ function pendingRow(tr, e) {
 function activeRow(tr, e) {
   whenCell(tr, e.decided_at, 'by ' + (e.decided_by || '?'));
   td(tr, e.task_id, 'mono');
-  td(tr, askedFor(e), 'mono', requests(e));
-  td(tr, list(e.ports), 'mono');
+  subjectCells(tr, e);
   const expires = secs(e.expires_at);
   const left = el('span', { className: 'countdown' });
   left.dataset.expires = String(expires);
@@ -263,7 +338,7 @@ function activeRow(tr, e) {
     verb: 'revoke', id: e.id, label: 'Revoke now',
     // A tweak cuts no connection: the next run no longer gets it, and one running that
     // needed it ends when the tweak would have expired.
-    question: 'Revoke ' + what(e) + ' now? ' + (e.tweak ? 'The next run no longer gets it; a run already going keeps it until it ends, at most until the tweak would have expired.' : 'Its open connections are cut at once.'),
+    question: 'Revoke ' + what(e) + ' now? ' + (e.tweak ? 'The next run no longer gets it, and a run already going under it is stopped within about a second.' : 'Its open connections are cut at once.'),
     path: '/ui/revoke/' + encodeURIComponent(e.id),
     done: (x) => 'Revoked ' + askedFor(x) + ' for task ' + x.task_id + (x.tweak ? '.' : '; its connections were cut.'),
   })));
@@ -274,8 +349,7 @@ function recentRow(tr, e) {
   td(tr, e.state, 'state state-' + e.state);
   whenCell(tr, e.decided_at, (DID[e.state] || e.state) + ' by ' + (e.decided_by || '?'));
   td(tr, e.task_id, 'mono');
-  td(tr, askedFor(e), 'mono', requests(e));
-  td(tr, list(e.ports), 'mono');
+  subjectCells(tr, e);
   const end = secs(e.expires_at);
   if (e.state === 'denied') td(tr, span(e.ttl_seconds), '', 'asked');
   else td(tr, span(e.ttl_seconds), '', (e.state === 'revoked' ? 'revoked at ' : 'expired at ') + clock(end));

@@ -146,7 +146,8 @@ pub enum TransitionError {
 }
 
 /// What an approver may change: fewer hosts, a shorter TTL, fewer methods or paths (given,
-/// they replace what was asked below the hosts, and must lie within it).
+/// they replace what was asked below the hosts, and must lie within it), a tweak that asks
+/// no more than the one asked (given, it replaces it whole).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Narrowing {
@@ -160,6 +161,10 @@ pub struct Narrowing {
     pub paths: Option<Vec<String>>,
     #[serde(default)]
     pub read_only: bool,
+    /// For a tweak: what is granted instead of what was asked, every field of it
+    /// [`within`](Tweak::within) the tweak asked (a field left out is not granted).
+    #[serde(default)]
+    pub tweak: Option<Tweak>,
 }
 
 impl Narrowing {
@@ -212,12 +217,14 @@ impl Exception {
             }
             self.ttl_seconds = ttl;
         }
+        if let Some(given) = &narrow.tweak {
+            self.tweak = Some(self.narrowed_tweak(given)?);
+        }
         if let Some(below) = narrow.below(&self.below) {
-            // A tweak has nothing below hosts to narrow: as asked, or for less time.
+            // A tweak has nothing below hosts to narrow: its own fields narrow it.
             if self.tweak.is_some() {
                 return Err(TransitionError::Widens(
-                    "a tweak takes no methods, paths or read_only; approve it as asked, or with a shorter TTL"
-                        .to_owned(),
+                    "a tweak takes no methods, paths or read_only; narrow it with `tweak`".to_owned(),
                 ));
             }
             let below = below
@@ -236,6 +243,25 @@ impl Exception {
         self.decided_at = Some(now);
         self.expires_at = Some(now + i64::from(self.ttl_seconds));
         Ok(())
+    }
+
+    /// The tweak `given` to grant instead of the one asked: a tweak's form, and no field
+    /// beyond what was asked ([`Tweak::beyond`] names the one that is). An exception for
+    /// hosts takes none.
+    fn narrowed_tweak(&self, given: &Tweak) -> Result<Tweak, TransitionError> {
+        let Some(asked) = &self.tweak else {
+            return Err(TransitionError::Widens(format!(
+                "tweak: exception {} asks for hosts, not a tweak; approve it without `tweak`",
+                self.id
+            )));
+        };
+        given
+            .check()
+            .map_err(|e| TransitionError::Widens(format!("tweak: {e}")))?;
+        match given.beyond(asked) {
+            Some(why) => Err(TransitionError::Widens(why)),
+            None => Ok(given.clone()),
+        }
     }
 
     /// Denies a pending exception.

@@ -4,7 +4,9 @@
 //! then gets is the MCP server's to decide, never beyond the bounds its operator set for
 //! the sandbox ([`Tweak::within`] those bounds).
 //!
-//! Pure: a value, its check, and the order "asks no more than".
+//! Pure: a value, its check, and the order "asks no more than" ([`Tweak::within`], with
+//! [`Tweak::beyond`] naming the field that asks more), which an approval that narrows a
+//! tweak, the store's "covered" and the MCP server's caps all use.
 
 use std::fmt;
 
@@ -73,19 +75,52 @@ impl Tweak {
 
     /// Whether this tweak asks no more than `outer`: the same sandbox, each value asked at
     /// most `outer`'s (and only where `outer` gives one), network only where `outer` has
-    /// it, and the same workspace.
+    /// it, and the same workspace or one under it (a run may name a granted workspace or a
+    /// directory under it, so one under it grants less).
     pub fn within(&self, outer: &Tweak) -> bool {
-        let at_most = |asked: Option<u64>, bound: Option<u64>| match (asked, bound) {
-            (None, _) => true,
-            (Some(a), Some(b)) => a <= b,
-            (Some(_), None) => false,
-        };
-        self.sandbox == outer.sandbox
-            && at_most(self.max_seconds, outer.max_seconds)
-            && at_most(self.max_output_bytes, outer.max_output_bytes)
-            && (!self.network || outer.network)
-            && (self.workspace.is_none() || self.workspace == outer.workspace)
+        self.beyond(outer).is_none()
     }
+
+    /// Where this tweak asks more than `outer`, in words naming the field (`tweak.max_seconds`
+    /// and so on), for an approval that would widen what was asked; `None` when it is
+    /// [`within`](Tweak::within) it. The one definition of the order.
+    pub fn beyond(&self, outer: &Tweak) -> Option<String> {
+        if self.sandbox != outer.sandbox {
+            return Some(format!(
+                "tweak.sandbox {:?} is not the sandbox asked for ({:?})",
+                self.sandbox, outer.sandbox
+            ));
+        }
+        let more = |field: &str, asked: Option<u64>, bound: Option<u64>| match (asked, bound) {
+            (Some(a), Some(b)) if a > b => Some(format!("tweak.{field} {a} is more than the {b} asked")),
+            (Some(a), None) => Some(format!("tweak.{field} {a}: none was asked")),
+            _ => None,
+        };
+        if let Some(why) = more("max_seconds", self.max_seconds, outer.max_seconds)
+            .or_else(|| more("max_output_bytes", self.max_output_bytes, outer.max_output_bytes))
+        {
+            return Some(why);
+        }
+        if self.network && !outer.network {
+            return Some("tweak.network: the network was not asked".to_owned());
+        }
+        match (&self.workspace, &outer.workspace) {
+            (Some(w), Some(o)) if !under(w, o) => {
+                Some(format!("tweak.workspace {w} is not {o} or a directory under it"))
+            }
+            (Some(w), None) => Some(format!("tweak.workspace {w}: no workspace was asked")),
+            _ => None,
+        }
+    }
+}
+
+/// Whether `path` is `dir` or a directory under it, component by component (`/srv/xy` is
+/// not under `/srv/x`). Both are plain ([`Tweak::check`]), so text comparison is exact.
+fn under(path: &str, dir: &str) -> bool {
+    path == dir
+        || path
+            .strip_prefix(dir)
+            .is_some_and(|rest| dir == "/" || rest.starts_with('/'))
 }
 
 /// The one-line spelling (the audit log's `tweak` field, the CLI's column):

@@ -62,7 +62,8 @@ pub enum ExceptionsCommand {
         /// The exception's id (ex-...).
         id: String,
     },
-    /// Approve a pending request, optionally narrowed.
+    /// Approve a pending request, optionally narrowed (never widened: a narrowing beyond
+    /// what was asked is refused, naming the field).
     Approve {
         /// The exception's id (ex-...).
         id: String,
@@ -75,6 +76,9 @@ pub enum ExceptionsCommand {
         /// Given, these replace the methods and paths asked for, and must lie within them.
         #[command(flatten)]
         below: BelowArgs,
+        /// Given, the tweak granted instead of the one asked.
+        #[command(flatten)]
+        tweak: TweakGrantArgs,
     },
     /// Deny a pending request.
     Deny {
@@ -148,16 +152,65 @@ pub struct TweakArgs {
 impl TweakArgs {
     /// The `tweak` of a request's body, when a sandbox is named.
     pub fn tweak(&self) -> Option<sandgate_policy::exception::Tweak> {
-        self.tweak_sandbox
-            .as_ref()
-            .map(|sandbox| sandgate_policy::exception::Tweak {
-                sandbox: sandbox.clone(),
-                max_seconds: self.max_seconds,
-                max_output_bytes: self.max_output_bytes,
-                network: self.network,
-                workspace: self.workspace.clone(),
-            })
+        tweak_of(
+            self.tweak_sandbox.as_ref(),
+            (self.max_seconds, self.max_output_bytes),
+            self.network,
+            self.workspace.as_ref(),
+        )
     }
+}
+
+/// What an approval grants of a tweak, instead of what was asked: the whole tweak, each
+/// field within the one asked (`show ID` prints it). A field left out is not granted.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TweakGrantArgs {
+    /// Grant the tweak for sandbox NAME (the one asked) with only what --max-seconds,
+    /// --max-output-bytes, --network and --workspace give, each within what was asked; what
+    /// they leave out is not granted.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["hosts", "methods", "paths", "read_only"])]
+    pub tweak_sandbox: Option<String>,
+    /// A run's time limit, in seconds, at most the one asked.
+    #[arg(long, value_name = "SECS", requires = "tweak_sandbox")]
+    pub max_seconds: Option<u64>,
+    /// Bytes kept of each of a run's output streams, at most the number asked.
+    #[arg(long, value_name = "BYTES", requires = "tweak_sandbox")]
+    pub max_output_bytes: Option<u64>,
+    /// The sandbox's network, if it was asked.
+    #[arg(long, requires = "tweak_sandbox")]
+    pub network: bool,
+    /// A workspace directory: the one asked, or one under it.
+    #[arg(long, value_name = "PATH", requires = "tweak_sandbox")]
+    pub workspace: Option<String>,
+}
+
+impl TweakGrantArgs {
+    /// The `tweak` of an approval's body, when a sandbox is named.
+    pub fn tweak(&self) -> Option<sandgate_policy::exception::Tweak> {
+        tweak_of(
+            self.tweak_sandbox.as_ref(),
+            (self.max_seconds, self.max_output_bytes),
+            self.network,
+            self.workspace.as_ref(),
+        )
+    }
+}
+
+/// A tweak for `sandbox`, when one is named: `(max_seconds, max_output_bytes)`, the
+/// network, the workspace.
+fn tweak_of(
+    sandbox: Option<&String>,
+    (max_seconds, max_output_bytes): (Option<u64>, Option<u64>),
+    network: bool,
+    workspace: Option<&String>,
+) -> Option<sandgate_policy::exception::Tweak> {
+    sandbox.map(|sandbox| sandgate_policy::exception::Tweak {
+        sandbox: sandbox.clone(),
+        max_seconds,
+        max_output_bytes,
+        network,
+        workspace: workspace.cloned(),
+    })
 }
 
 /// `sandgate pki ...`

@@ -6,8 +6,11 @@ As an approver: a deny through the proxy appears live; a request filed through t
 appears without a reload; approve it with a TTL choice (the list of choices has no value
 twice) and it moves to the active list in place, the live denies still shown; revoke it
 with a note after a confirmation; deny another with a note; allow the live deny for five
-minutes in one click, and the next request through the proxy passes. Then as a viewer: the
-lists, and no action. The page must never reload. One screenshot per step goes to
+minutes in one click, and the next request through the proxy passes. A tweak request is
+listed with its sandbox and what it asks in words; the approver narrows it (a workspace
+outside the one asked is refused, naming the field), approves, sees the narrowed tweak
+listed, and revokes it with a note after a confirmation. Then as a viewer: the lists, and
+no action. The page must never reload. One screenshot per step goes to
 SCREENSHOT_DIR. Prints OK at the end; any failure raises.
 """
 
@@ -199,7 +202,82 @@ try:
     not_reloaded()
     shot("allowed")
 
-    # 7. A viewer sees the lists and no action.
+    # 7. A tweak (more than egress for one sandbox of `sandgate mcp`) is listed with its
+    # sandbox and what it asks, in words; the approver narrows it and approves.
+    tweak = api("POST", "/v1/exceptions", requester, {
+        "task_id": "t-1", "requested_hosts": [], "ttl_seconds": 600, "reason": "the suite needs two minutes and its logs",
+        "tweak": {"sandbox": "web", "max_seconds": 120, "max_output_bytes": 10485760, "network": True,
+                  "workspace": "/srv/work"}})
+    tw = tweak["id"]
+    wait.until(lambda d: d.find_elements(By.ID, "pending-row-" + tw))
+    row = text("pending-row-" + tw)
+    for part in ["tweak: sandbox web", "time limit 120 s, output 10 MiB, network, workspace /srv/work", "10 min"]:
+        assert part in row, (part, row)
+    assert not driver.find_elements(By.ID, "read-only-" + tw), "a tweak has no read-only box"
+    not_reloaded()
+    shot("tweak-pending")
+
+    # 8. Approve… asks first, offering no more than was asked; a workspace outside the one
+    # asked is refused by the server, which says which field, and nothing changes.
+    click("approve-" + tw)
+    wait.until(lambda d: d.find_elements(By.ID, "approve-confirm-" + tw))
+    assert api("GET", "/v1/exceptions/" + tw, approver)["state"] == "pending", "approved before the confirmation"
+    seconds = Select(driver.find_element(By.ID, "tweak-max-seconds-" + tw))
+    offered = [o.text for o in seconds.options]
+    assert offered == ["not granted", "10 s", "30 s", "60 s", "120 s (as asked)"], offered
+    output = Select(driver.find_element(By.ID, "tweak-output-" + tw))
+    assert output.options[-1].text == "10 MiB (as asked)" and output.first_selected_option.text == "10 MiB (as asked)"
+    seconds.select_by_value("30")
+    output.select_by_visible_text("1 MiB")
+    network = driver.find_element(By.ID, "tweak-network-" + tw)
+    assert network.is_selected()
+    network.click()
+    workspace = driver.find_element(By.ID, "tweak-workspace-" + tw)
+    assert workspace.get_attribute("value") == "/srv/work"
+    workspace.clear()
+    workspace.send_keys("/srv")
+    click("approve-confirm-" + tw)
+    wait.until(lambda d: "Refused" in text("status"))
+    assert "tweak.workspace /srv is not /srv/work" in text("status"), text("status")
+    assert api("GET", "/v1/exceptions/" + tw, approver)["state"] == "pending"
+    workspace.clear()
+    workspace.send_keys("/srv/work/build")
+    not_reloaded()
+    shot("tweak-narrowing")
+    click("approve-confirm-" + tw)
+    wait.until(lambda d: d.find_elements(By.ID, "active-row-" + tw))
+    wait.until(lambda d: not d.find_elements(By.ID, "pending-row-" + tw))
+    narrowed = "time limit 30 s, output 1 MiB, workspace /srv/work/build"
+    assert "Approved sandbox web: " + narrowed + " for task t-1 for 10 min." in text("status"), text("status")
+    row = text("active-row-" + tw)
+    assert "tweak: sandbox web" in row and narrowed in row and "network" not in row and "by alice" in row, row
+    granted = api("GET", "/v1/exceptions/" + tw, approver)
+    assert granted["tweak"] == {"sandbox": "web", "max_seconds": 30, "max_output_bytes": 1048576,
+                                "workspace": "/srv/work/build"}, granted
+    not_reloaded()
+    shot("tweak-approved")
+
+    # 9. Revoking it asks for confirmation, says what it does, and takes a note.
+    click("revoke-" + tw)
+    wait.until(lambda d: d.find_elements(By.ID, "revoke-confirm-" + tw))
+    question = text("revoke-panel-" + tw)
+    assert "Revoke sandbox web: " + narrowed + " for task t-1 now?" in question, question
+    assert "The next run no longer gets it" in question, question
+    assert api("GET", "/v1/exceptions/" + tw, approver)["state"] == "approved", "revoked before the confirmation"
+    driver.find_element(By.ID, "revoke-note-" + tw).send_keys("the suite is fixed")
+    shot("tweak-revoke-confirm")
+    click("revoke-confirm-" + tw)
+    wait.until(lambda d: d.find_elements(By.ID, "recent-row-" + tw))
+    row = text("recent-row-" + tw)
+    for part in ["revoked by alice", "tweak: sandbox web", narrowed, "the suite is fixed", "10 min"]:
+        assert part in row, (part, row)
+    assert "Revoked sandbox web: " + narrowed + " for task t-1." in text("status"), text("status")
+    state = api("GET", "/v1/exceptions/" + tw, approver)
+    assert state["state"] == "revoked" and state["note"] == "the suite is fixed", state
+    not_reloaded()
+    shot("tweak-revoked")
+
+    # 10. A viewer sees the lists and no action.
     driver.delete_all_cookies()
     driver.get(admin + "/ui")
     driver.find_element(By.ID, "token").send_keys(viewer)
