@@ -15,19 +15,22 @@
 //! - `limits.rs`: what an admitted run may take (the gates' ceilings over its policy's).
 //! - `runner.rs`: one run as a `sandgate run --no-terminal` child in a session of its own
 //!   (`session.rs`: the step that makes it), with pipes, bounded output, a kill at the time
-//!   limit, and the blocked destinations from its audit.
+//!   limit or when the caller stops it, and the blocked destinations from its audit.
 //! - `control.rs`: exception requests through a sandgate proxy's admin API, with a
-//!   requester token (the agent can never approve), and the wait for an exception that
-//!   covers them.
+//!   requester token (the agent can never approve), and the task's approved exceptions (not
+//!   its whole history), read while a request waits, a run starts or a run holds a tweak.
 //! - `egress.rs`: what `request_egress` decides around those calls: the sandboxes a request
 //!   is for and the task their runs carry, and "approved" only when the next run passes.
 //! - `tweaks.rs`: what a person may grant a sandbox's runs beyond its gates (`gates.tweaks`:
 //!   time, output, network, a workspace), what the active tweaks grant a run (never beyond
-//!   those bounds), and when a `request_tweak` is approved.
+//!   those bounds), what a run holds of them, and when a `request_tweak` is approved.
+//! - `watch.rs`: the watch over a running run's tweaks: it stops a run within about a
+//!   second of the end (revocation, expiry) of a tweak it holds; while the control plane
+//!   cannot be read, at the tweak's known expiry.
 //! - `audit.rs`: one JSON line per tool call, fsynced; a call that cannot be recorded does
 //!   not run.
-//! - `server.rs`: the MCP server and its tools `list_sandboxes` and `run`
-//!   (`server/egress_tools.rs`: the tools `request_egress` and `egress_status`, and the wait
+//! - `server.rs`: the MCP server and its tool `list_sandboxes` (`server/run_tool.rs`: the
+//!   tool `run`, watched while it holds a tweak; `server/egress_tools.rs`: the tools `request_egress` and `egress_status`, and the wait
 //!   for a decision; `server/tweak_tools.rs`: the tool `request_tweak`, and the tweaks a run
 //!   and `list_sandboxes` read).
 
@@ -43,6 +46,7 @@ pub mod runner;
 pub mod server;
 pub mod session;
 pub mod tweaks;
+pub mod watch;
 
 use std::path::{Path, PathBuf};
 

@@ -6,6 +6,11 @@
 //! session's) killed at the time limit, and the destinations the run's proxy refused read
 //! back from the run's own audit log. The command line is a pure function ([`argv`]).
 //!
+//! A run can also be stopped from outside, before its end: the caller hands [`run`] a
+//! future that completes with why ([`Stopped`]: the server's watch over the tweaks the run
+//! holds, `crate::watch`). Then the group gets SIGTERM, and SIGKILL [`STOP_GRACE`] later, so
+//! a command that ignores SIGTERM is gone within about a second too; the report says why.
+//!
 //! The command is told its workspace: `SANDGATE_WORKSPACE` (`sandgate run` sets it from the
 //! `WORKSPACE` parameter), and it starts there (`--chdir`) when its policy binds
 //! `${WORKSPACE}` and sets no `fs.cwd` of its own.
@@ -22,6 +27,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 /// How long a timed-out run gets between SIGTERM and SIGKILL.
 const KILL_GRACE: Duration = Duration::from_secs(2);
+
+/// How long a stopped run gets between SIGTERM and SIGKILL: what it was let do has ended.
+pub const STOP_GRACE: Duration = Duration::from_millis(500);
 
 /// What to run. The policy sees `${WORKSPACE}`: the workspace named (checked by the
 /// gates), or a fresh empty directory of the run's own.
@@ -79,6 +87,31 @@ pub struct RunReport {
     pub stderr_bytes: u64,
     /// Destinations refused during the run.
     pub blocked: Vec<Blocked>,
+    /// Set when the server stopped the run before its end: a tweak it ran under ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<Stopped>,
+}
+
+/// Why the server stopped a run before its end (not its own time limit): the tweaks it ran
+/// under that were revoked, expired or otherwise ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct Stopped {
+    /// In words, also the last line of the run's `stderr`.
+    pub message: String,
+    /// Each tweak whose end stopped the run.
+    pub tweaks: Vec<EndedTweak>,
+}
+
+/// A tweak that ended while a run held it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, schemars::JsonSchema)]
+pub struct EndedTweak {
+    /// The exception's id.
+    pub id: String,
+    /// `revoked`, `expired`, `denied`, `narrowed` (still approved, for less), or `ended` (no
+    /// longer approved, the control plane not saying how).
+    pub state: String,
+    /// What it gave the run, as `sandbox=web max_seconds=120`.
+    pub tweak: String,
 }
 
 /// The arguments given to `spec.sandgate`: the session step, then `sandgate run` with the
@@ -128,8 +161,19 @@ pub fn next_job() -> String {
     format!("mcp-{}-{n}", std::process::id())
 }
 
-/// Runs `spec` and reports. `Err`: the run could not be started at all.
-pub async fn run(spec: &RunSpec<'_>) -> Result<RunReport, String> {
+/// How a run's wait ended.
+enum End {
+    Exited(Option<std::process::ExitStatus>),
+    TimedOut,
+    Stopped(Stopped),
+}
+
+/// Runs `spec` and reports; `stop` completing stops it ([`std::future::pending`]: never).
+/// `Err`: the run could not be started at all.
+pub async fn run(
+    spec: &RunSpec<'_>,
+    stop: impl std::future::Future<Output = Stopped>,
+) -> Result<RunReport, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("cannot create a temporary directory: {e}"))?;
     let audit: PathBuf = dir.path().join("audit.jsonl");
     // Without a workspace named, each run gets a fresh empty one of its own: runs share
@@ -166,27 +210,26 @@ pub async fn run(spec: &RunSpec<'_>) -> Result<RunReport, String> {
     let cap = spec.max_output_bytes;
     let out = tokio::spawn(capture(child.stdout.take(), cap));
     let err = tokio::spawn(capture(child.stderr.take(), cap));
-    let (status, timed_out) = match tokio::time::timeout(spec.limit, child.wait()).await {
-        Ok(status) => (status.ok(), false),
-        Err(_) => {
-            kill_group(pgid, rustix::process::Signal::TERM);
-            let status = match tokio::time::timeout(KILL_GRACE, child.wait()).await {
-                Ok(s) => s.ok(),
-                Err(_) => {
-                    kill_group(pgid, rustix::process::Signal::KILL);
-                    // Before its setsid the child is in the server's group, not its own.
-                    let _ = child.start_kill();
-                    child.wait().await.ok()
-                }
-            };
-            (status, true)
-        }
+    let end = tokio::select! {
+        biased;
+        status = child.wait() => End::Exited(status.ok()),
+        () = tokio::time::sleep(spec.limit) => End::TimedOut,
+        why = stop => End::Stopped(why),
+    };
+    let (status, timed_out, stopped) = match end {
+        End::Exited(status) => (status, false, None),
+        End::TimedOut => (end_group(&mut child, pgid, KILL_GRACE).await, true, None),
+        End::Stopped(why) => (end_group(&mut child, pgid, STOP_GRACE).await, false, Some(why)),
     };
     // Whatever the command left behind in its group goes with it.
     kill_group(pgid, rustix::process::Signal::KILL);
     feed.abort();
     let (stdout, stdout_bytes) = out.await.unwrap_or_default();
     let (stderr, stderr_bytes) = err.await.unwrap_or_default();
+    let mut stderr = shown(&stderr, stderr_bytes);
+    if let Some(why) = &stopped {
+        stderr.push_str(&format!("\n[sandgate: {}]", why.message));
+    }
     use std::os::unix::process::ExitStatusExt;
     Ok(RunReport {
         exit_code: status.and_then(|s| s.code()),
@@ -194,11 +237,30 @@ pub async fn run(spec: &RunSpec<'_>) -> Result<RunReport, String> {
         timed_out,
         duration_ms: started.elapsed().as_millis() as u64,
         stdout: shown(&stdout, stdout_bytes),
-        stderr: shown(&stderr, stderr_bytes),
+        stderr,
         stdout_bytes,
         stderr_bytes,
         blocked: blocked(&audit),
+        stopped,
     })
+}
+
+/// Ends a run's process group: SIGTERM, then SIGKILL after `grace`; the child's status.
+async fn end_group(
+    child: &mut tokio::process::Child,
+    pgid: Option<u32>,
+    grace: Duration,
+) -> Option<std::process::ExitStatus> {
+    kill_group(pgid, rustix::process::Signal::TERM);
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(s) => s.ok(),
+        Err(_) => {
+            kill_group(pgid, rustix::process::Signal::KILL);
+            // Before its setsid the child is in the server's group, not its own.
+            let _ = child.start_kill();
+            child.wait().await.ok()
+        }
+    }
 }
 
 fn kill_group(pgid: Option<u32>, signal: rustix::process::Signal) {

@@ -6,7 +6,9 @@
 //! Here, pure (time is an argument): whether an ask is within the sandbox's bounds
 //! ([`admissible`], before anything is filed), what the active tweaks grant a run
 //! ([`granted`]: each value capped by the bounds, so a control plane that publishes more
-//! changes nothing beyond them), the gates they widen ([`widened`]), and what the agent is
+//! changes nothing beyond them), the gates they widen ([`widened`]), what a run holds of
+//! them ([`Holding`]: what it was admitted with beyond the plain gates, and whether what is
+//! granted now still keeps it, else which grants it relied on ended), and what the agent is
 //! told ([`judge`]: `approved` only when an active tweak covers the ask).
 
 use std::path::{Path, PathBuf};
@@ -87,8 +89,19 @@ pub struct Granted {
     pub max_output_bytes: Option<usize>,
     pub network: bool,
     pub workspaces: Vec<PathBuf>,
-    /// When the first of them ends (Unix seconds): a run that needs them ends there too.
-    pub ends_at: Option<i64>,
+    /// Each of them, as it gives (its values capped by the bounds, what gives nothing left
+    /// out).
+    pub grants: Vec<Grant>,
+}
+
+/// One active tweak, as it gives a sandbox's runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub id: String,
+    /// What it gives, each value capped by the bounds.
+    pub gives: Tweak,
+    /// When it ends (Unix seconds).
+    pub expires_at: Option<i64>,
 }
 
 impl Granted {
@@ -116,32 +129,37 @@ pub fn granted(sandbox: &Sandbox, seen: &[Exception], now: i64) -> Granted {
         {
             continue;
         }
-        let mut gives = false;
+        let mut gives = Tweak {
+            sandbox: t.sandbox.clone(),
+            ..Tweak::default()
+        };
+        let nothing = gives.clone();
         if let Some(s) = capped(t.max_seconds, bounds.max_seconds) {
             g.max_seconds = g.max_seconds.max(Some(s));
-            gives = true;
+            gives.max_seconds = Some(s);
         }
         let out_bound = bounds.max_output_bytes.map(|b| b as u64);
         if let Some(b) = capped(t.max_output_bytes, out_bound) {
             g.max_output_bytes = g.max_output_bytes.max(Some(b as usize));
-            gives = true;
+            gives.max_output_bytes = Some(b);
         }
         if t.network && bounds.network {
             g.network = true;
-            gives = true;
+            gives.network = true;
         }
         if let Some(w) = t.workspace.as_deref().map(PathBuf::from)
             && under(&w, bounds)
         {
             g.workspaces.push(w);
-            gives = true;
+            gives.workspace = t.workspace.clone();
         }
-        if gives {
+        if gives != nothing {
             g.ids.push(ex.id.clone());
-            g.ends_at = match (g.ends_at, ex.expires_at) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            g.grants.push(Grant {
+                id: ex.id.clone(),
+                gives,
+                expires_at: ex.expires_at,
+            });
         }
     }
     g
@@ -156,6 +174,82 @@ pub fn widened(gates: &Gates, g: &Granted) -> Gates {
     out.network |= g.network;
     out.workspaces.extend(g.workspaces.iter().cloned());
     out
+}
+
+/// What a run was admitted with beyond its sandbox's plain gates: what it holds of the
+/// tweaks granted when it started. Empty for a run the plain gates admit as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holding {
+    /// Its time limit, when over the gates' `max_seconds`.
+    pub seconds: Option<u64>,
+    /// Its output cap, when over the gates' `max_output_bytes`.
+    pub output: Option<usize>,
+    /// The policy's network, which the gates keep off.
+    pub network: bool,
+    /// Its workspace, when under none of the gates' `workspaces`.
+    pub workspace: Option<PathBuf>,
+}
+
+impl Holding {
+    /// What a run of `sandbox` with time limit `seconds`, output cap `output` and
+    /// `workspace` (canonical) holds beyond its plain gates.
+    pub fn of(sandbox: &Sandbox, seconds: u64, output: usize, workspace: Option<&Path>) -> Holding {
+        let plain = &sandbox.gates;
+        Holding {
+            seconds: (seconds > plain.max_seconds).then_some(seconds),
+            output: (output > plain.max_output_bytes).then_some(output),
+            network: sandbox.net != sandgate_sandbox::policy::NetMode::None && !plain.network,
+            workspace: workspace
+                .filter(|w| !plain.workspaces.iter().any(|p| w.starts_with(p)))
+                .map(Path::to_path_buf),
+        }
+    }
+
+    /// Whether the run holds nothing beyond its plain gates.
+    pub fn is_nothing(&self) -> bool {
+        *self == Holding::default()
+    }
+
+    /// Whether `grant` gives something the run holds.
+    pub fn relies_on(&self, grant: &Grant) -> bool {
+        let t = &grant.gives;
+        self.seconds
+            .zip(t.max_seconds)
+            .is_some_and(|(held, given)| given >= held)
+            || self
+                .output
+                .zip(t.max_output_bytes)
+                .is_some_and(|(held, given)| given >= held as u64)
+            || (self.network && t.network)
+            || self
+                .workspace
+                .as_deref()
+                .zip(t.workspace.as_deref())
+                .is_some_and(|(held, given)| held.starts_with(given))
+    }
+
+    /// Whether what is granted now (`g`) still gives everything the run holds.
+    pub fn kept_by(&self, g: &Granted) -> bool {
+        self.seconds.is_none_or(|s| g.max_seconds.is_some_and(|m| m >= s))
+            && self
+                .output
+                .is_none_or(|o| g.max_output_bytes.is_some_and(|m| m >= o))
+            && (!self.network || g.network)
+            && self
+                .workspace
+                .as_deref()
+                .is_none_or(|w| g.workspaces.iter().any(|p| w.starts_with(p)))
+    }
+
+    /// The grants of `before` (when the run started) the run relied on that `now` no longer
+    /// gives as they were: revoked, expired, or changed.
+    pub fn ended<'a>(&self, before: &'a Granted, now: &Granted) -> Vec<&'a Grant> {
+        before
+            .grants
+            .iter()
+            .filter(|b| self.relies_on(b) && !now.grants.contains(b))
+            .collect()
+    }
 }
 
 /// What `filed` (the request as last shown) and `seen` (the task's exceptions) mean for an
@@ -174,6 +268,14 @@ pub fn judge(sandbox: &Sandbox, asked: &Tweak, filed: &Exception, seen: &[Except
         Some(ex) => Verdict::Approved {
             exception: ex.clone(),
             reaches: vec![sandbox.name.clone()],
+        },
+        // Approved, but for less than asked: the runs get what was granted, not the ask.
+        None if filed.is_active(now) && filed.tweak.is_some() => Verdict::NotApplied {
+            exception: filed.clone(),
+            why: format!(
+                "approved as {}, less than the {asked} asked; the next run gets that",
+                filed.tweak.as_ref().map(ToString::to_string).unwrap_or_default()
+            ),
         },
         None => Verdict::Filed(filed.clone()),
     }

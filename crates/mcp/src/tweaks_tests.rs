@@ -265,24 +265,131 @@ fn approved_only_when_an_active_tweak_covers_the_ask() {
     let v = judge(&web, &asked, &denied, &[], 50);
     assert!(v.is_final());
     assert_eq!(v.state(50), "denied");
+    // The request itself approved for less (an approver narrowed it): final, not_applied
+    // and saying what was granted, never `expired` nor `approved`.
+    let mut narrowed = exception(
+        "ex-1",
+        Tweak {
+            max_seconds: Some(30),
+            ..tweak("web")
+        },
+        ExceptionState::Approved,
+        100,
+    );
+    narrowed.id = filed.id.clone();
+    let v = judge(&web, &asked, &narrowed, &[], 50);
+    assert!(v.is_final());
+    assert_eq!(v.state(50), "not_applied");
+    let Verdict::NotApplied { why, .. } = &v else {
+        unreachable!("{v:?}")
+    };
+    assert!(
+        why.contains("max_seconds=30") && why.contains("max_seconds=300"),
+        "{why}"
+    );
+    // Once it has expired, it reads as expired.
+    assert_eq!(judge(&web, &asked, &narrowed, &[], 100).state(100), "expired");
 }
 
-/// A run that needs its tweaks ends when the first of them ends: `granted` says when,
-/// counting only the tweaks that give something here.
+/// A run holds what only a tweak gave it; it is kept while what is granted still gives all
+/// of it, and when it is not, the grants it relied on that ended are named (not those it
+/// did not need, nor another sandbox's).
 #[test]
-fn what_is_granted_ends_with_the_first_tweak_that_gives_something() {
-    let s = sandbox("web", Some(bounds()));
-    let longer = |name: &str| Tweak {
-        max_seconds: Some(120),
-        ..tweak(name)
+fn a_run_holds_what_only_a_tweak_gave_it_until_that_tweak_ends() {
+    let mut s = sandbox("web", Some(bounds()));
+    s.gates.workspaces = vec![PathBuf::from("/srv/plain")];
+    let longer = |secs: u64| Tweak {
+        max_seconds: Some(secs),
+        ..tweak("web")
     };
     let seen = vec![
-        exception("ex-late", longer("web"), ExceptionState::Approved, 500),
-        exception("ex-early", longer("web"), ExceptionState::Approved, 300),
-        exception("ex-other", longer("db"), ExceptionState::Approved, 200),
+        exception("ex-60", longer(60), ExceptionState::Approved, 500),
+        exception("ex-120", longer(120), ExceptionState::Approved, 300),
+        exception(
+            "ex-net",
+            Tweak {
+                network: true,
+                ..tweak("web")
+            },
+            ExceptionState::Approved,
+            500,
+        ),
+        exception(
+            "ex-db",
+            Tweak {
+                max_seconds: Some(600),
+                ..tweak("db")
+            },
+            ExceptionState::Approved,
+            500,
+        ),
     ];
-    let g = granted(&s, &seen, 100);
-    assert_eq!(g.ids, ["ex-late", "ex-early"]);
-    assert_eq!(g.ends_at, Some(300));
-    assert_eq!(granted(&s, &[], 100).ends_at, None);
+    let at_start = granted(&s, &seen, 100);
+    assert_eq!(at_start.ids, ["ex-60", "ex-120", "ex-net"]);
+    assert_eq!(at_start.grants[1].gives, longer(120));
+    assert_eq!(at_start.grants[1].expires_at, Some(300));
+
+    // Within the plain gates (and a network sandbox with `network: true`): nothing held.
+    s.gates.network = true;
+    let plain = Holding::of(&s, 30, 1024, Some(Path::new("/srv/plain/a")));
+    assert!(plain.is_nothing());
+    assert!(plain.kept_by(&Granted::default()));
+    s.gates.network = false;
+
+    let h = Holding::of(&s, 100, 1024, Some(Path::new("/srv/plain/a")));
+    assert_eq!(h.seconds, Some(100));
+    assert!(h.network, "the gates keep the network off");
+    assert!(h.kept_by(&at_start));
+    assert!(!h.relies_on(&at_start.grants[0]), "60 s does not give 100");
+    assert!(h.relies_on(&at_start.grants[1]));
+    // ex-60 gone: still kept. ex-120 gone (revoked, or past its second): ended, named.
+    let without = |id: &str| {
+        granted(
+            &s,
+            &seen.iter().filter(|e| e.id != id).cloned().collect::<Vec<_>>(),
+            100,
+        )
+    };
+    assert!(h.kept_by(&without("ex-60")));
+    let now = without("ex-120");
+    assert!(!h.kept_by(&now));
+    let ended: Vec<&str> = h.ended(&at_start, &now).iter().map(|g| g.id.as_str()).collect();
+    assert_eq!(ended, ["ex-120"]);
+    assert!(!h.kept_by(&granted(&s, &seen, 300)), "at its expiry second");
+    assert!(!h.kept_by(&without("ex-net")));
+
+    // Output and a workspace: held when over the plain gates, relied on when given.
+    let h = Holding::of(&s, 30, 4096, Some(Path::new("/srv/work/x/y")));
+    assert_eq!(
+        (h.output, h.workspace.as_deref()),
+        (Some(4096), Some(Path::new("/srv/work/x/y")))
+    );
+    let more = vec![
+        exception(
+            "ex-out",
+            Tweak {
+                max_output_bytes: Some(8192),
+                ..tweak("web")
+            },
+            ExceptionState::Approved,
+            500,
+        ),
+        exception(
+            "ex-ws",
+            Tweak {
+                workspace: Some("/srv/work/x".into()),
+                network: true,
+                ..tweak("web")
+            },
+            ExceptionState::Approved,
+            500,
+        ),
+    ];
+    let g = granted(&s, &more, 100);
+    assert!(h.kept_by(&g));
+    assert!(g.grants.iter().all(|grant| h.relies_on(grant)));
+    assert!(
+        !h.kept_by(&granted(&s, &more[..1], 100)),
+        "the workspace's tweak gone"
+    );
 }

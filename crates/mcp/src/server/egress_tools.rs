@@ -163,7 +163,7 @@ impl SandgateMcp {
         let id = filed.id.clone();
         // What the task holds already: an approval may cover it, and a tweak may have opened
         // a sandbox's network (or not: then no approval reaches its runs).
-        let seen = control::exceptions_of(egress, &plan.task)
+        let seen = control::approved_of(egress, &plan.task, control::CALL_TIMEOUT)
             .await
             .unwrap_or_default();
         let judge = |current: &sandgate_policy::Exception, seen: &[sandgate_policy::Exception]| {
@@ -229,23 +229,12 @@ impl SandgateMcp {
                 "refused by gate `egress`: this server takes no egress requests (no spec.egress)".to_owned(),
             );
         };
-        let all = control::list(egress).await.map_err(|e| e.to_string())?;
         let tasks: std::collections::BTreeSet<&str> = std::iter::once(self.config.task.as_str())
             .chain(self.config.sandboxes.iter().map(|s| s.run_task.as_str()))
             .collect();
-        let mine = all
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|x| at(x, "task_id").as_str().is_some_and(|t| tasks.contains(t)));
-        let (mut active, mut pending) = (Vec::new(), Vec::new());
-        for x in mine {
-            match at(x, "state").as_str() {
-                Some("approved") => active.push(x.clone()),
-                Some("pending") => pending.push(x.clone()),
-                _ => {}
-            }
-        }
+        // Only the two states shown, not the task's whole history.
+        let active = rows_in(egress, "approved", &tasks).await?;
+        let pending = rows_in(egress, "pending", &tasks).await?;
         Ok(Json(EgressStatus {
             task: self.config.task.clone(),
             active,
@@ -339,15 +328,38 @@ impl SandgateMcp {
                 .await;
             }
             first = false;
-            if let Ok(seen) = control::exceptions_of(egress, task).await {
-                if let Some(x) = seen.iter().find(|x| x.id == id) {
-                    current = x.clone();
-                }
+            // The request's own state (pending, denied, ...), and what is approved now.
+            let shown = control::show(egress, &id, control::CALL_TIMEOUT)
+                .await
+                .and_then(control::exception);
+            if let Ok(x) = shown {
+                current = x;
+            }
+            if let Ok(seen) = control::approved_of(egress, task, control::CALL_TIMEOUT).await {
                 verdict = judge(&current, &seen);
             }
         }
         verdict
     }
+}
+
+/// The exceptions in `state` of `tasks`, as the admin API writes them.
+async fn rows_in(
+    egress: &crate::config::Egress,
+    state: &str,
+    tasks: &std::collections::BTreeSet<&str>,
+) -> Result<Vec<Value>, String> {
+    let all = control::in_state(egress, state)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(all
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|x| at(x, "task_id").as_str().is_some_and(|t| tasks.contains(t)))
+        .filter(|x| at(x, "state") == state)
+        .cloned()
+        .collect())
 }
 
 /// Unix seconds now: when an exception is active.

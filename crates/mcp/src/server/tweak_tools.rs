@@ -13,6 +13,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use sandgate_policy::Exception;
 use sandgate_policy::exception::Tweak;
 
 use super::egress_tools::now;
@@ -58,7 +59,8 @@ pub struct TweakAnswer {
     /// The request filed (or the identical one already pending, or the active tweak the
     /// control plane returned instead).
     pub requested_id: String,
-    /// `approved` (the sandbox's next run gets what was asked), `pending`, `denied`,
+    /// `approved` (the sandbox's next run gets what was asked), `not_applied` (approved for
+    /// less than asked: the message says what the next run gets), `pending`, `denied`,
     /// `revoked` or `expired`.
     pub state: String,
     /// When it ends, once approved: RFC 3339.
@@ -196,6 +198,14 @@ impl SandgateMcp {
             egress::Verdict::Filed(e) if e.state == sandgate_policy::ExceptionState::Pending => {
                 format!("Waiting for a person to decide at {}.", egress.approvals_url)
             }
+            egress::Verdict::NotApplied { exception, why } => format!(
+                "Exception {} is {why}, until {}, unless it is revoked.",
+                exception.id,
+                exception
+                    .expires_at
+                    .and_then(sandgate_policy::rfc3339::format)
+                    .unwrap_or_else(|| "it expires".to_owned())
+            ),
             other => format!("The request is {}.", other.state(now())),
         };
         Ok(Json(TweakAnswer {
@@ -210,18 +220,19 @@ impl SandgateMcp {
 }
 
 impl SandgateMcp {
-    /// What the active tweaks grant `sandbox`'s runs now, within its bounds. Nothing when it
-    /// takes no tweaks, the server files no requests, or the control plane cannot be read
-    /// (a run then gets the plain gates, never more).
-    pub(super) async fn granted(&self, sandbox: &Sandbox) -> Granted {
+    /// What the active tweaks grant `sandbox`'s runs now, within its bounds, and the
+    /// approved exceptions read (a run's watch starts from them). Nothing when it takes no
+    /// tweaks, the server files no requests, or the control plane cannot be read (a run
+    /// then gets the plain gates, never more).
+    pub(super) async fn granted(&self, sandbox: &Sandbox) -> (Granted, Vec<Exception>) {
         let (Some(egress), Some(_)) = (&self.config.egress, &sandbox.gates.tweaks) else {
-            return Granted::default();
+            return (Granted::default(), Vec::new());
         };
-        match control::exceptions_of(egress, &sandbox.run_task).await {
-            Ok(seen) => tweaks::granted(sandbox, &seen, now()),
+        match control::approved_of(egress, &sandbox.run_task, control::CALL_TIMEOUT).await {
+            Ok(seen) => (tweaks::granted(sandbox, &seen, now()), seen),
             Err(e) => {
                 tracing::warn!(sandbox = %sandbox.name, error = %e, "tweaks not read; the run gets the plain gates");
-                Granted::default()
+                (Granted::default(), Vec::new())
             }
         }
     }
@@ -229,7 +240,7 @@ impl SandgateMcp {
     /// `list_sandboxes`' view of a sandbox's tweaks: none when it takes none.
     pub(super) async fn tweaks_info(&self, sandbox: &Sandbox) -> Option<TweaksInfo> {
         let b = sandbox.gates.tweaks.as_ref()?;
-        let g = self.granted(sandbox).await;
+        let (g, _) = self.granted(sandbox).await;
         let paths =
             |ps: &[std::path::PathBuf]| ps.iter().map(|w| w.display().to_string()).collect::<Vec<_>>();
         Some(TweaksInfo {
