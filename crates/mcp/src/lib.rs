@@ -1,18 +1,10 @@
 //! `sandgate mcp`: a Model Context Protocol server (rmcp, over stdio) through which an
 //! agent runs commands under named sandboxes and asks for egress that a person approves.
 //!
-//! - `config.rs`: the `McpServer` document (task, audit log, control plane, sandboxes and
-//!   their gates), validated whole at start (`config/sandbox.rs`: each sandbox's gates and
-//!   policy; `config/policy.rs`: what each sandbox's policy says; `config/lines.rs`: each
-//!   problem at its line).
-//! - `approvals.rs`: how an approved exception reaches each sandbox's runs (a followed
-//!   control plane, an upstream proxy, or not at all), which exceptions answer a request,
-//!   and which apply to a sandbox; a server that files requests refuses at start a sandbox
-//!   they could never reach.
-//! - `own_files.rs`: the server's own files (configuration, policies, token, audit log,
-//!   binary): no workspace may hold one, and every run gets each read-only.
-//! - `gates.rs`: the pure checks a run must pass (program, time limit, workspace).
-//! - `limits.rs`: what an admitted run may take (the gates' ceilings over its policy's).
+//! The server's configuration, and the pure checks a run is admitted by (`config`,
+//! `approvals`, `own_files`, `gates`, `limits`), are the `sandgate-mcp-config` crate's,
+//! re-exported here under the same names.
+//!
 //! - `runner.rs`: one run as a `sandgate run --no-terminal` child in a session of its own
 //!   (`session.rs`: the step that makes it), with pipes, bounded output, a kill at the time
 //!   limit or when the caller stops it, and the blocked destinations from its audit.
@@ -34,19 +26,16 @@
 //!   for a decision; `server/tweak_tools.rs`: the tool `request_tweak`, and the tweaks a run
 //!   and `list_sandboxes` read).
 
-pub mod approvals;
 pub mod audit;
-pub mod config;
 pub mod control;
 pub mod egress;
-pub mod gates;
-pub mod limits;
-pub mod own_files;
 pub mod runner;
 pub mod server;
 pub mod session;
 pub mod tweaks;
 pub mod watch;
+
+pub use sandgate_mcp_config::{approvals, config, gates, limits, own_files};
 
 use std::path::{Path, PathBuf};
 
