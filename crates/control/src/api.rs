@@ -201,11 +201,11 @@ async fn list(State(state): State<Arc<ApiState>>, call: Call) -> Result<Json<Vec
     // A follower from before methods, paths and tweaks would read such an exception as the
     // whole host (or as one for no host): it gets them only when it says it reads them.
     let readable = |e: &Exception| who.role != sandgate_policy::Role::Follower || below || plain(e);
-    let listed = state.control.list(&who).await.map(|all| {
-        all.into_iter()
-            .filter(|e| only.is_none_or(|wanted| e.state == wanted) && readable(e))
-            .collect()
-    });
+    let listed = match only {
+        Some(wanted) => state.control.list_in(&who, wanted).await,
+        None => state.control.list(&who).await,
+    }
+    .map(|all| all.into_iter().filter(readable).collect());
     Ok(Json(checked(&state, &who, call.parts(), listed).await?))
 }
 

@@ -9,8 +9,14 @@
 //!
 //! What is read is what is needed: the approved exceptions (`?state=approved`, with
 //! `below=1`, which a tweak's row needs), not the task's whole history; one exception by
-//! id for a request's own state. A run that holds a tweak reads them with a shorter time
-//! limit ([`WATCH_TIMEOUT`]): its watch must notice a revocation within about a second.
+//! id for a request's own state.
+//!
+//! Calls go in lanes ([`Lane`]). The agent's tool calls share [`AGENT_SLOTS`] slots, waited
+//! for without a thread, so however many calls an agent sends at once, they hold a few of
+//! the blocking threads and the control plane sees a few calls. The watch over a run's
+//! tweaks has a lane of its own, bounded as a whole (the wait for a thread included) by
+//! [`WATCH_TIMEOUT`]: it must notice a revocation within about a second, and an agent that
+//! floods the server cannot make it wait.
 
 use std::time::Duration;
 
@@ -27,6 +33,35 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// A call of the watch over a running run's tweaks takes at most this long; a slower
 /// control plane counts as unreadable, and the run keeps only what it knows.
 pub const WATCH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Calls the agent's tools make at once; more wait their turn (within their time limit).
+pub const AGENT_SLOTS: usize = 4;
+
+/// The agent's calls' slots.
+static AGENT: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(AGENT_SLOTS);
+
+/// Who a call is for, and so how long it may take and whether it waits for a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// A tool call of the agent's: one of [`AGENT_SLOTS`], within [`CALL_TIMEOUT`] in all.
+    Agent,
+    /// The watch over a running run's tweaks: no slot, within [`WATCH_TIMEOUT`] in all.
+    Watch,
+    /// Naming how a tweak ended, once its run is being stopped: no slot, within the time
+    /// given (at most [`WATCH_TIMEOUT`]).
+    Naming(Duration),
+}
+
+impl Lane {
+    /// The whole call's bound: the wait for a slot and a thread, and the exchange.
+    fn timeout(self) -> Duration {
+        match self {
+            Lane::Agent => CALL_TIMEOUT,
+            Lane::Watch => WATCH_TIMEOUT,
+            Lane::Naming(d) => d.min(WATCH_TIMEOUT),
+        }
+    }
+}
 
 /// The approved exceptions read at once: the answer's size bound ([`MAX_ANSWER_BYTES`])
 /// holds them; more are not read.
@@ -45,6 +80,8 @@ pub enum ControlError {
     Admin(#[from] AdminError),
     #[error("the call to the control plane stopped before it answered: {0}")]
     Interrupted(String),
+    #[error("the control plane did not answer within {0:?}")]
+    Timeout(Duration),
     #[error("the control plane answered with something other than an exception: {0}")]
     Answer(String),
 }
@@ -74,7 +111,7 @@ pub async fn request(
             map.extend(fields);
         }
     }
-    call(egress, "/v1/exceptions".to_owned(), Some(body), CALL_TIMEOUT).await
+    call(egress, "/v1/exceptions".to_owned(), Some(body), Lane::Agent).await
 }
 
 /// Files a tweak request (no hosts: [`Tweak`] names the sandbox and what it asks);
@@ -93,34 +130,25 @@ pub async fn request_tweak(
         "ttl_seconds": ttl_seconds,
         "reason": reason,
     });
-    call(egress, "/v1/exceptions".to_owned(), Some(body), CALL_TIMEOUT).await
+    call(egress, "/v1/exceptions".to_owned(), Some(body), Lane::Agent).await
 }
 
-/// One exception by id, within `timeout`.
-pub async fn show(egress: &Egress, id: &str, timeout: Duration) -> Result<Value, ControlError> {
-    call(
-        egress,
-        format!("/v1/exceptions/{}", path_segment(id)),
-        None,
-        timeout,
-    )
-    .await
+/// One exception by id.
+pub async fn show(egress: &Egress, id: &str, lane: Lane) -> Result<Value, ControlError> {
+    call(egress, format!("/v1/exceptions/{}", path_segment(id)), None, lane).await
 }
 
 /// The exceptions the token may see in `state` (`approved`, `pending`, ...).
 pub async fn in_state(egress: &Egress, state: &str) -> Result<Value, ControlError> {
     let path = format!("/v1/exceptions?state={}&below=1", path_segment(state));
-    call(egress, path, None, CALL_TIMEOUT).await
+    call(egress, path, None, Lane::Agent).await
 }
 
-/// The approved exceptions of `task` (active or past their expiry second), typed (an
-/// entry that does not read as one is left out), read within `timeout`.
-pub async fn approved_of(
-    egress: &Egress,
-    task: &str,
-    timeout: Duration,
-) -> Result<Vec<Exception>, ControlError> {
-    let all = call(egress, APPROVED.to_owned(), None, timeout).await?;
+/// The approved exceptions of `task` (those the control plane shows approved: active, or
+/// past their expiry second only between its clock and ours), typed (an entry that does
+/// not read as one is left out).
+pub async fn approved_of(egress: &Egress, task: &str, lane: Lane) -> Result<Vec<Exception>, ControlError> {
+    let all = call(egress, APPROVED.to_owned(), None, lane).await?;
     Ok(all
         .as_array()
         .into_iter()
@@ -136,13 +164,31 @@ pub fn exception(answer: Value) -> Result<Exception, ControlError> {
     serde_json::from_value(answer).map_err(|e| ControlError::Answer(e.to_string()))
 }
 
-/// GET `path`, or POST `body` to it, within `timeout`.
-async fn call(
+/// GET `path`, or POST `body` to it, in `lane`: the whole call within the lane's bound.
+async fn call(egress: &Egress, path: String, body: Option<Value>, lane: Lane) -> Result<Value, ControlError> {
+    let timeout = lane.timeout();
+    match tokio::time::timeout(timeout, call_in(egress, path, body, lane)).await {
+        Ok(answer) => answer,
+        Err(_) => Err(ControlError::Timeout(timeout)),
+    }
+}
+
+async fn call_in(
     egress: &Egress,
     path: String,
     body: Option<Value>,
-    timeout: Duration,
+    lane: Lane,
 ) -> Result<Value, ControlError> {
+    let timeout = lane.timeout();
+    let _slot = match lane {
+        Lane::Agent => Some(
+            AGENT
+                .acquire()
+                .await
+                .map_err(|e| ControlError::Interrupted(e.to_string()))?,
+        ),
+        Lane::Watch | Lane::Naming(_) => None,
+    };
     let url = AdminUrl::parse(&egress.admin).map_err(AdminError::from)?;
     let limits = Limits {
         timeout,
@@ -157,4 +203,105 @@ async fn call(
     .await
     .map_err(|e| ControlError::Interrupted(e.to_string()))?;
     Ok(answer?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+    use std::time::Instant;
+
+    use super::*;
+
+    /// A control plane that accepts and never answers (its connections held open).
+    fn silent() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| unreachable!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| unreachable!("{e}"));
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for conn in listener.incoming().take(4096).flatten() {
+                held.push(conn);
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    /// A control plane that answers every request at once with no exception.
+    fn answering() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| unreachable!("{e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| unreachable!("{e}"));
+        std::thread::spawn(move || {
+            for mut conn in listener.incoming().take(64).flatten() {
+                let mut head = [0u8; 4096];
+                let _ = conn.read(&mut head);
+                let _ = conn.write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n[]",
+                );
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    /// Shuts a runtime down without waiting for its blocking threads.
+    struct Background(Option<tokio::runtime::Runtime>);
+
+    impl Drop for Background {
+        fn drop(&mut self) {
+            if let Some(rt) = self.0.take() {
+                rt.shutdown_background();
+            }
+        }
+    }
+
+    fn egress(admin: String) -> Egress {
+        Egress {
+            admin,
+            token: "t".to_owned(),
+            approvals_url: String::new(),
+        }
+    }
+
+    /// As an attacker: an agent floods the server with tool calls whose control-plane calls
+    /// hang. They hold their few slots and wait without a thread; the watch's read still
+    /// gets a thread at once and answers within its bound. (Before, the flood's calls took
+    /// every blocking thread, and the watch's read waited behind them for as long as they
+    /// hung: a revoked tweak kept until its expiry.)
+    #[test]
+    fn a_flood_of_agent_calls_never_delays_the_watch() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(AGENT_SLOTS + 2)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| unreachable!("{e}"));
+        // The flood's threads stay blocked until their own time limit: not waited for.
+        let _shutdown = Background(Some(rt));
+        let rt = _shutdown.0.as_ref().unwrap_or_else(|| unreachable!());
+        rt.block_on(async {
+            let stuck = egress(silent());
+            let flood: Vec<_> = (0..64)
+                .map(|_| {
+                    let stuck = stuck.clone();
+                    tokio::spawn(async move { approved_of(&stuck, "t-1", Lane::Agent).await })
+                })
+                .collect();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let started = Instant::now();
+            let read = approved_of(&egress(answering()), "t-1", Lane::Watch).await;
+            assert_eq!(read.map(|v| v.len()), Ok(0));
+            assert!(started.elapsed() < WATCH_TIMEOUT, "{:?}", started.elapsed());
+            // And a watch read that cannot be answered fails within its bound, thread wait
+            // and all.
+            let started = Instant::now();
+            let stuck_read = approved_of(&stuck, "t-1", Lane::Watch).await;
+            assert!(
+                matches!(stuck_read, Err(ControlError::Timeout(_))),
+                "{stuck_read:?}"
+            );
+            assert!(started.elapsed() < WATCH_TIMEOUT * 2, "{:?}", started.elapsed());
+            for f in flood {
+                f.abort();
+            }
+        });
+    }
 }

@@ -7,9 +7,13 @@
 //! back from the run's own audit log. The command line is a pure function ([`argv`]).
 //!
 //! A run can also be stopped from outside, before its end: the caller hands [`run`] a
-//! future that completes with why ([`Stopped`]: the server's watch over the tweaks the run
-//! holds, `crate::watch`). Then the group gets SIGTERM, and SIGKILL [`STOP_GRACE`] later, so
-//! a command that ignores SIGTERM is gone within about a second too; the report says why.
+//! future that completes when the run must stop ([`Stopping`]: the server's watch over the
+//! tweaks the run holds, `crate::watch`). Then the group gets SIGTERM at once, and SIGKILL
+//! [`STOP_GRACE`] later, so a command that ignores SIGTERM is gone within about a second
+//! too, while why is found out ([`Stopped`]); the report says why, and keeps no more output
+//! than the plain gates allow (`plain_output_bytes`: what a revoked output tweak gave is
+//! not handed over). The whole group is killed when the run's future is dropped too (the
+//! client gone, the server stopping): nothing it started outlives it.
 //!
 //! The command is told its workspace: `SANDGATE_WORKSPACE` (`sandgate run` sets it from the
 //! `WORKSPACE` parameter), and it starts there (`--chdir`) when its policy binds
@@ -42,6 +46,9 @@ pub struct RunSpec<'a> {
     pub workspace: Option<&'a Path>,
     pub limit: Duration,
     pub max_output_bytes: usize,
+    /// Bytes kept of each stream when the run is stopped: the plain gates' cap, without
+    /// the tweaks.
+    pub plain_output_bytes: usize,
     /// The person the server runs as (its OS user): the run's `--subject`.
     pub subject: &'a str,
     /// The client that asked for the run (`mcp:CLIENT`, its stated name): the run's
@@ -165,14 +172,28 @@ pub fn next_job() -> String {
 enum End {
     Exited(Option<std::process::ExitStatus>),
     TimedOut,
-    Stopped(Stopped),
+    Stopped(Stopping),
+}
+
+/// A run that must stop now, and the future that finds out why (it may ask the control
+/// plane): the run is stopped first, never after the asking.
+pub type Stopping = std::pin::Pin<Box<dyn std::future::Future<Output = Stopped> + Send>>;
+
+/// Kills a run's whole process group when dropped: on every way out of [`run`], its
+/// future dropped included.
+struct Group(Option<u32>);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        kill_group(self.0, rustix::process::Signal::KILL);
+    }
 }
 
 /// Runs `spec` and reports; `stop` completing stops it ([`std::future::pending`]: never).
 /// `Err`: the run could not be started at all.
 pub async fn run(
     spec: &RunSpec<'_>,
-    stop: impl std::future::Future<Output = Stopped>,
+    stop: impl std::future::Future<Output = Stopping>,
 ) -> Result<RunReport, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("cannot create a temporary directory: {e}"))?;
     let audit: PathBuf = dir.path().join("audit.jsonl");
@@ -199,6 +220,8 @@ pub async fn run(
         .spawn()
         .map_err(|e| format!("cannot start sandgate run: {e}"))?;
     let pgid = child.id();
+    // Whatever the command left behind in its group goes with it, however this ends.
+    let _group = Group(pgid);
     let stdin = child.stdin.take();
     let input = spec.stdin.to_vec();
     let feed = tokio::spawn(async move {
@@ -219,13 +242,19 @@ pub async fn run(
     let (status, timed_out, stopped) = match end {
         End::Exited(status) => (status, false, None),
         End::TimedOut => (end_group(&mut child, pgid, KILL_GRACE).await, true, None),
-        End::Stopped(why) => (end_group(&mut child, pgid, STOP_GRACE).await, false, Some(why)),
+        End::Stopped(naming) => {
+            let (status, why) = tokio::join!(end_group(&mut child, pgid, STOP_GRACE), naming);
+            (status, false, Some(why))
+        }
     };
-    // Whatever the command left behind in its group goes with it.
     kill_group(pgid, rustix::process::Signal::KILL);
     feed.abort();
-    let (stdout, stdout_bytes) = out.await.unwrap_or_default();
-    let (stderr, stderr_bytes) = err.await.unwrap_or_default();
+    let (mut stdout, stdout_bytes) = out.await.unwrap_or_default();
+    let (mut stderr, stderr_bytes) = err.await.unwrap_or_default();
+    if stopped.is_some() {
+        stdout.truncate(spec.plain_output_bytes);
+        stderr.truncate(spec.plain_output_bytes);
+    }
     let mut stderr = shown(&stderr, stderr_bytes);
     if let Some(why) = &stopped {
         stderr.push_str(&format!("\n[sandgate: {}]", why.message));
@@ -339,6 +368,7 @@ mod tests {
             workspace: None,
             limit: Duration::from_secs(60),
             max_output_bytes: 10,
+            plain_output_bytes: 10,
             subject: "alice",
             agent: "mcp:client",
             task: "agent-7",

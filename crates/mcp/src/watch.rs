@@ -5,16 +5,21 @@
 //!
 //! A periodic check, not a subscription: every [`POLL`] the approved exceptions of the
 //! run's task are read again ([`control::approved_of`], at most [`control::WATCH_TIMEOUT`]
-//! each), the tweaks they grant are computed as at the run's start (within the sandbox's
+//! each, the wait for a thread included), the tweaks they grant are computed as at the run's start (within the sandbox's
 //! bounds), and the run goes on only while they still give all it holds. It fails closed:
 //! while the control plane cannot be read, the tweaks last read are kept, each only until
 //! its own expiry second, which is awaited exactly (not at the next poll). A tweak granted
 //! since may keep a run going; nothing read ever lets a run hold more than it started with.
 //!
-//! The future [`until_ended`] returns completes only when the run must stop, with why
-//! ([`Stopped`]: each tweak it relied on that ended, and its state as the control plane
-//! tells it); the runner stops the run then ([`crate::runner::run`]). Runs that hold no
-//! tweak are not watched.
+//! The future [`until_ended`] returns completes only when the run must stop, with the
+//! future that says why ([`Stopped`]: each tweak it relied on that ended, and its state as
+//! the control plane tells it, asked for at most [`NAMING`]); the runner stops the run at
+//! once and asks meanwhile ([`crate::runner::run`]). Runs that hold no tweak are not
+//! watched.
+//!
+//! The watch's reads never wait behind the agent's: its calls are the control plane's
+//! watch lane ([`control::Lane::Watch`]), bounded as a whole (thread included), where the
+//! agent's tool calls share a few slots of their own.
 
 use std::time::Duration;
 
@@ -22,7 +27,7 @@ use sandgate_policy::Exception;
 
 use crate::config::{Egress, Sandbox};
 use crate::control;
-use crate::runner::{EndedTweak, Stopped};
+use crate::runner::{EndedTweak, Stopped, Stopping};
 use crate::tweaks::{self, Grant, Granted, Holding};
 
 /// How often the control plane is read while a run holds a tweak: with the call's own
@@ -46,15 +51,16 @@ pub struct Watch {
     pub known: Vec<Exception>,
 }
 
-/// Completes when the run must stop: something it holds is no longer granted.
-pub async fn until_ended(w: Watch) -> Stopped {
+/// Completes when the run must stop (something it holds is no longer granted), with the
+/// future that says why.
+pub async fn until_ended(w: Watch) -> Stopping {
     let mut known = w.known.clone();
     let mut unreadable = false;
     loop {
         let now = now_ms();
         let granted = tweaks::granted(&w.sandbox, &known, now / 1000);
         if !w.holding.kept_by(&granted) {
-            return stopped(&w, &granted, now / 1000).await;
+            return Box::pin(async move { stopped(&w, &granted, now / 1000).await });
         }
         // The next second a grant the run relies on expires, awaited exactly.
         let expiry = granted
@@ -72,7 +78,7 @@ pub async fn until_ended(w: Watch) -> Stopped {
             continue;
         }
         let left = expiry.map(|e| e.saturating_sub(POLL));
-        let read = control::approved_of(&w.egress, &w.sandbox.run_task, control::WATCH_TIMEOUT);
+        let read = control::approved_of(&w.egress, &w.sandbox.run_task, control::Lane::Watch);
         tokio::select! {
             r = read => match r {
                 Ok(seen) => {
@@ -142,7 +148,7 @@ async fn state_of(egress: &Egress, g: &Grant, at: i64, left: Duration) -> String
     if left.is_zero() {
         return "ended".to_owned();
     }
-    let shown = control::show(egress, &g.id, left.min(control::WATCH_TIMEOUT))
+    let shown = control::show(egress, &g.id, control::Lane::Naming(left))
         .await
         .and_then(control::exception);
     match shown {

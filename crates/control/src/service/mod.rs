@@ -213,6 +213,31 @@ impl Control {
             .collect())
     }
 
+    /// Exceptions `who` may see that are in `state` now, read by the store's state where
+    /// that is exact: only an approved exception changes state by itself (it expires), so
+    /// every state but `expired` is stored as it is shown. A long history is not read to
+    /// list what is approved.
+    pub async fn list_in(
+        &self,
+        who: &Principal,
+        state: sandgate_policy::ExceptionState,
+    ) -> Result<Vec<Exception>, ControlError> {
+        let now = self.now();
+        let rows = match state {
+            sandgate_policy::ExceptionState::Expired => self.store.list().await?,
+            stored => self.store.list_in(stored).await?,
+        };
+        Ok(rows
+            .into_iter()
+            .filter(|e| visible(who, e))
+            .map(|mut e| {
+                e.state = e.state_at(now);
+                e
+            })
+            .filter(|e| e.state == state)
+            .collect())
+    }
+
     /// One exception, if `who` may see it.
     pub async fn show(&self, who: &Principal, id: &str) -> Result<Exception, ControlError> {
         let mut ex = self

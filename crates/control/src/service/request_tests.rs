@@ -398,3 +398,57 @@ async fn tweaks_are_filed_deduplicated_and_covered_only_by_tweaks_within() {
         "{err}"
     );
 }
+
+/// Listing by state reads the store by state, and says what filtering the whole history
+/// would: every state, with an approved exception past its expiry listed as `expired` and
+/// never as `approved`.
+#[tokio::test]
+async fn listing_by_state_agrees_with_the_whole_history() {
+    let f = fixture(None).await;
+    let mut ids = Vec::new();
+    for host in ["a.example", "b.example", "c.example", "d.example", "e.example"] {
+        let filed = f
+            .control
+            .request(&who("agent"), ask(&[host], &[443]))
+            .await
+            .unwrap();
+        ids.push(filed.exception().id.clone());
+    }
+    let alice = who("alice");
+    for id in &ids[1..4] {
+        f.control.approve(&alice, id, &Default::default()).await.unwrap();
+    }
+    f.control.revoke(&alice, &ids[2], None).await.unwrap();
+    f.control.deny(&alice, &ids[4], None).await.unwrap();
+    // ids[1] and ids[3] are approved for 300 s; past it, expired though stored approved.
+    let states =
+        |all: &[sandgate_policy::Exception]| all.iter().map(|e| (e.id.clone(), e.state)).collect::<Vec<_>>();
+    for at in [0, 301] {
+        f.clock.fetch_add(at, Ordering::Relaxed);
+        let viewer = who("viewer");
+        let all = f.control.list(&viewer).await.unwrap();
+        for state in [
+            ExceptionState::Pending,
+            ExceptionState::Approved,
+            ExceptionState::Denied,
+            ExceptionState::Revoked,
+            ExceptionState::Expired,
+        ] {
+            let wanted: Vec<_> = all.iter().filter(|e| e.state == state).cloned().collect();
+            let listed = f.control.list_in(&viewer, state).await.unwrap();
+            assert_eq!(states(&listed), states(&wanted), "{state} at +{at}s");
+        }
+        let approved = f
+            .control
+            .list_in(&viewer, ExceptionState::Approved)
+            .await
+            .unwrap();
+        let expired = f.control.list_in(&viewer, ExceptionState::Expired).await.unwrap();
+        let (now_approved, now_expired) = if at == 0 { (2, 0) } else { (0, 2) };
+        assert_eq!(
+            (approved.len(), expired.len()),
+            (now_approved, now_expired),
+            "+{at}s"
+        );
+    }
+}

@@ -163,7 +163,7 @@ impl SandgateMcp {
         let id = filed.id.clone();
         // What the task holds already: an approval may cover it, and a tweak may have opened
         // a sandbox's network (or not: then no approval reaches its runs).
-        let seen = control::approved_of(egress, &plan.task, control::CALL_TIMEOUT)
+        let seen = control::approved_of(egress, &plan.task, control::Lane::Agent)
             .await
             .unwrap_or_default();
         let judge = |current: &sandgate_policy::Exception, seen: &[sandgate_policy::Exception]| {
@@ -329,13 +329,13 @@ impl SandgateMcp {
             }
             first = false;
             // The request's own state (pending, denied, ...), and what is approved now.
-            let shown = control::show(egress, &id, control::CALL_TIMEOUT)
+            let shown = control::show(egress, &id, control::Lane::Agent)
                 .await
                 .and_then(control::exception);
             if let Ok(x) = shown {
                 current = x;
             }
-            if let Ok(seen) = control::approved_of(egress, task, control::CALL_TIMEOUT).await {
+            if let Ok(seen) = control::approved_of(egress, task, control::Lane::Agent).await {
                 verdict = judge(&current, &seen);
             }
         }

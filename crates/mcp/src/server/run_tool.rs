@@ -132,6 +132,7 @@ impl SandgateMcp {
             workspace: a.workspace.as_deref(),
             limit: Duration::from_secs(a.seconds),
             max_output_bytes: a.gates.max_output_bytes,
+            plain_output_bytes: sandbox.gates.max_output_bytes,
             subject: &sandgate_sandbox::run::user_subject(),
             agent: &agent_id(&ctx),
             task: &self.config.task,
@@ -223,7 +224,7 @@ impl SandgateMcp {
     ) -> Result<runner::RunReport, String> {
         let egress = match &self.config.egress {
             Some(egress) if !a.holding.is_nothing() => egress.clone(),
-            _ => return runner::run(spec, std::future::pending()).await,
+            _ => return runner::run(spec, std::future::pending::<runner::Stopping>()).await,
         };
         let watch = watch::Watch {
             egress,

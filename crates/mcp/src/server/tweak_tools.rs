@@ -228,7 +228,7 @@ impl SandgateMcp {
         let (Some(egress), Some(_)) = (&self.config.egress, &sandbox.gates.tweaks) else {
             return (Granted::default(), Vec::new());
         };
-        match control::approved_of(egress, &sandbox.run_task, control::CALL_TIMEOUT).await {
+        match control::approved_of(egress, &sandbox.run_task, control::Lane::Agent).await {
             Ok(seen) => (tweaks::granted(sandbox, &seen, now()), seen),
             Err(e) => {
                 tracing::warn!(sandbox = %sandbox.name, error = %e, "tweaks not read; the run gets the plain gates");

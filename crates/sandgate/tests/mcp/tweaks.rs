@@ -550,8 +550,9 @@ fn an_agent_gets_more_output_only_while_a_person_grants_it_within_the_bounds() {
     let admin = f.admin;
     let config = offline_with(
         &f,
-        "{ commands: [ python3 ], max_seconds: 30, max_output_bytes: 4096, tweaks: { max_output_bytes: 65536 } }",
+        "{ commands: [ python3 ], max_seconds: 30, max_output_bytes: 4096, workspaces: [ work ], tweaks: { max_output_bytes: 65536 } }",
     );
+    let work = f.dir.path().join("work").canonicalize().unwrap();
     let mut d = Driver::start(&config, "legacy");
     let shown = |d: &mut Driver| {
         let r = d.run(json!({"sandbox": "offline", "command": ["python3", "-c", "print('x' * 200000)"]}));
@@ -582,6 +583,39 @@ fn an_agent_gets_more_output_only_while_a_person_grants_it_within_the_bounds() {
         json!({"sandbox": "offline", "max_output_bytes": 16384, "ttl_seconds": 300}),
     );
     assert_eq!(shown(&mut d), 16384, "as granted");
+    // As an attacker: a run holding the grant waits for its revocation, then prints as
+    // much as the grant allowed. It is stopped, and what it printed after the revocation is
+    // not handed over beyond the plain cap. (Before, all 16384 bytes came back.)
+    let ready = signal_from_run(&work, "out");
+    let then = "while not os.path.exists(os.environ['SANDGATE_WORKSPACE'] + '/go'): time.sleep(0.01)\n\
+                print('y' * 20000, flush=True)\ntime.sleep(60)";
+    d.send_only(
+        json!({"call": "run", "args": {"sandbox": "offline", "workspace": work,
+        "command": ["python3", "-c", signals_then("out", then)]}}),
+    );
+    ready
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the run began");
+    let (code, _, err) = cli(admin, "tok-alice", &["revoke", &id]);
+    assert_eq!(code, 0, "{err}");
+    std::fs::write(work.join("go"), "").unwrap();
+    let r = d
+        .next_within(Duration::from_secs(20))
+        .expect("the run went on 20 s after its output tweak was revoked");
+    assert!(!r["structured"]["stopped"].is_null(), "{r}");
+    let kept = r["structured"]["stdout"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{r}"));
+    assert!(
+        kept.split('\n').next().unwrap().len() <= 4096,
+        "more than the plain cap after the revocation: {} bytes",
+        kept.len()
+    );
+    let id = granted_id(
+        &mut d,
+        admin,
+        json!({"sandbox": "offline", "max_output_bytes": 16384, "ttl_seconds": 300}),
+    );
     let big = published(
         admin,
         json!({"sandbox": "offline", "max_output_bytes": 10_000_000}),
