@@ -159,7 +159,7 @@ impl Event {
     pub fn stamp(self) -> Stamped {
         Stamped {
             event: self,
-            created_at: jiff::Timestamp::now().to_string(),
+            created_at: crate::stamp::now(),
             made_at: Instant::now(),
         }
     }

@@ -15,8 +15,9 @@
 //! Modules: [`event`] (the typed events as recorded), [`line`] (the one flat JSON line every
 //! kind is written as), `writer` (the thread, its retries and fail-closed health),
 //! `aggregate` (folding allowed traffic per window), `sink` (the file or stdout behind a
-//! lossless buffer, with rotation); and for reading back, [`read`] (the one reader: bounded
-//! lines in, typed entries or typed errors out), [`record`] (what a line holds, by kind) and
+//! lossless buffer, with rotation), `stamp` (the time an event was made, as text); and for
+//! reading back, [`read`] (the one reader: bounded lines in, typed entries or typed errors
+//! out), [`record`] (what a line holds, by kind) and
 //! [`query`] (files, filters and summaries for `sandgate audit` and `policy suggest`), and
 //! [`upstream`] (an upstream proxy's refusal of what this proxy allowed, counted as denied
 //! by every reader that counts requests).
@@ -28,6 +29,7 @@ pub mod query;
 pub mod read;
 pub mod record;
 mod sink;
+mod stamp;
 pub mod upstream;
 mod writer;
 

@@ -28,6 +28,26 @@ const MAX_LABEL_LEN: usize = 63;
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DomainName(String);
 
+/// Appends `n` in decimal.
+fn push_decimal(text: &mut String, n: u32) {
+    let mut digits = [0u8; 10];
+    let mut len = 0;
+    let mut rest = n;
+    loop {
+        if let Some(d) = digits.get_mut(len) {
+            *d = b'0' + (rest % 10) as u8;
+        }
+        len += 1;
+        rest /= 10;
+        if rest == 0 || len == digits.len() {
+            break;
+        }
+    }
+    for d in digits.iter().take(len).rev() {
+        text.push(char::from(*d));
+    }
+}
+
 impl DomainName {
     /// The name as text, lowercase, without a trailing dot.
     pub fn as_str(&self) -> &str {
@@ -91,6 +111,34 @@ impl Host {
                 .ok_or(HostError::NonCanonicalIpv4);
         }
         DomainName::parse(trimmed).map(Host::Name)
+    }
+
+    /// The host as its `Display` writes it, made without `fmt` for a name and an IPv4
+    /// address (a proxy writes a request's host several times per request).
+    pub fn text(&self) -> String {
+        match self {
+            Host::Name(name) => name.as_str().to_owned(),
+            Host::Ip(IpAddr::V4(ip)) => {
+                let mut text = String::with_capacity(21);
+                for (i, octet) in ip.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        text.push('.');
+                    }
+                    push_decimal(&mut text, u32::from(octet));
+                }
+                text
+            }
+            other => other.to_string(),
+        }
+    }
+
+    /// `host:port` as an authority is written (`Display` of the host, a colon, the port),
+    /// made without `fmt`.
+    pub fn authority(&self, port: u16) -> String {
+        let mut text = self.text();
+        text.push(':');
+        push_decimal(&mut text, u32::from(port));
+        text
     }
 
     /// The name, when this host is one.
@@ -248,6 +296,13 @@ mod tests {
         for (input, shown) in cases {
             let host = Host::parse(input).unwrap_or_else(|e| panic!("{input}: {e}"));
             assert_eq!(host.to_string(), *shown, "{input}");
+            assert_eq!(host.text(), *shown, "{input}");
+            for port in [0, 1, 9, 10, 99, 443, 8080, 65535] {
+                assert_eq!(host.authority(port), format!("{host}:{port}"), "{input}");
+            }
+        }
+        for ip in ["0.0.0.0", "255.255.255.255", "10.0.100.9", "1.20.3.199"] {
+            assert_eq!(Host::parse(ip).unwrap().text(), ip);
         }
     }
 

@@ -191,9 +191,9 @@ pub fn parse_http_target(text: &str) -> Result<HttpTarget, TargetError> {
         None => 80,
     };
     let authority = if port == 80 {
-        host.to_string()
+        host.text()
     } else {
-        format!("{host}:{port}")
+        host.authority(port)
     };
     let origin_form = match tail.chars().next() {
         None => "/".to_owned(),

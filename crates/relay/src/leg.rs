@@ -247,20 +247,29 @@ pub enum Leg<'a> {
 impl Leg<'_> {
     /// Waits until a read would not block (data, an end, or an error to report).
     pub async fn readable(&mut self) -> io::Result<()> {
+        poll_fn(|cx| self.poll_readable(cx)).await
+    }
+
+    /// Ready when a read would not block (data, an end, or an error to report). A socket's
+    /// readiness is awaited in the socket's own registration, a stream's data taken into
+    /// its pending bytes: nothing is held per wait (issue 32: a tunnel waiting for its first
+    /// bytes costs what an idle one does).
+    pub fn poll_readable(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self {
-            Leg::Tcp(s) => s.readable().await,
+            Leg::Tcp(s) => s.poll_read_ready(cx),
             Leg::Stream(s) => {
                 while s.pending.is_empty() && !s.ended {
-                    match s.recv.data().await {
-                        Some(Ok(data)) => {
+                    match s.recv.poll_data(cx) {
+                        Poll::Ready(Some(Ok(data))) => {
                             let _ = s.recv.flow_control().release_capacity(data.len());
                             s.pending = data;
                         }
-                        None => s.ended = true,
-                        Some(Err(e)) => return Err(stream_error(e)),
+                        Poll::Ready(None) => s.ended = true,
+                        Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(stream_error(e))),
+                        Poll::Pending => return Poll::Pending,
                     }
                 }
-                Ok(())
+                Poll::Ready(Ok(()))
             }
         }
     }

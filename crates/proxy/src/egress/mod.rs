@@ -349,10 +349,11 @@ impl Egress {
         })
     }
 
-    /// Records the close of a granted request.
-    pub async fn close(&self, grant: Grant, end: End) {
+    /// Records the close of a granted request. (The event is made before the future
+    /// starts, so a caller's future holds the record's small future, never the grant.)
+    pub fn close(&self, grant: Grant, end: End) -> impl Future<Output = ()> + Send + '_ {
         let e = grant.settle(end.sent, end.received, end.status, end.outcome);
-        self.audit.record(e).await;
+        self.audit.record(e)
     }
 
     /// Records a granted request that failed upstream before a response (DNS, connect, a

@@ -237,33 +237,10 @@ pub(super) fn dest_of(target: &Target, access: Access) -> Dest {
     }
 }
 
-/// The host as its `Display` writes it. A name is copied as it is and an IPv4 address
-/// written without `fmt`: each request records its destination twice (decision, close).
+/// The host as its `Display` writes it, without `fmt` (each request records its
+/// destination twice: decision, close).
 fn host_text(host: &sandgate_policy::Host) -> String {
-    match host {
-        sandgate_policy::Host::Name(name) => name.as_str().to_owned(),
-        sandgate_policy::Host::Ip(IpAddr::V4(ip)) => {
-            let mut text = String::with_capacity(15);
-            for (i, octet) in ip.octets().into_iter().enumerate() {
-                if i > 0 {
-                    text.push('.');
-                }
-                push_decimal(&mut text, octet);
-            }
-            text
-        }
-        other => other.to_string(),
-    }
-}
-
-fn push_decimal(text: &mut String, n: u8) {
-    if n >= 100 {
-        text.push(char::from(b'0' + n / 100));
-    }
-    if n >= 10 {
-        text.push(char::from(b'0' + n / 10 % 10));
-    }
-    text.push(char::from(b'0' + n % 10));
+    host.text()
 }
 
 /// Request ids: a per-process prefix and a counter, unique within a run and unlikely to

@@ -23,53 +23,89 @@ impl Egress {
     /// Checks, records, forwards and relays a dialled tunnel; records its close. `early`
     /// holds bytes the client sent behind its request; `status` is what the front end
     /// answered (200 for CONNECT, none for SOCKS5).
-    pub(crate) async fn carry(&self, client: Leg<'_>, dialed: Dialed, early: Vec<u8>, status: Option<u16>) {
-        self.carry_linked(client, dialed, early, status, None).await;
+    pub(crate) fn carry<'a>(
+        &'a self,
+        client: Leg<'a>,
+        dialed: Dialed,
+        early: Vec<u8>,
+        status: Option<u16>,
+    ) -> impl Future<Output = ()> + Send + 'a {
+        self.carry_linked(client, dialed, early, status, None)
     }
 
     /// As [`Egress::carry`], for a client whose end cannot show a reset (a node's stream
     /// bridged through a socket pair): `reset`, a child of the dialled tunnel's stop token
     /// ([`Dialed::stop`]), is cancelled by the bridge when the stream is reset, and the
     /// relay then ends as `client_reset` rather than waiting on a half-closed tunnel.
-    pub(crate) async fn carry_linked(
-        &self,
-        mut client: Leg<'_>,
+    ///
+    /// Every idle tunnel holds this future, so it holds only what the two long waits need:
+    /// the wait for the first bytes (the ends, the dialled tunnel, the deadline; nothing is
+    /// read until there is something to read) and the relay (the ends, the grant, the stop
+    /// token). What happens between them, the check, its record and the bytes read, runs
+    /// boxed and is freed before the relay starts. (A plain function returning an `async`
+    /// block: an `async fn` would hold its arguments twice, once as passed and once as
+    /// moved into its body.)
+    pub(crate) fn carry_linked<'a>(
+        &'a self,
+        mut client: Leg<'a>,
         dialed: Dialed,
         early: Vec<u8>,
         status: Option<u16>,
         reset: Option<tokio_util::sync::CancellationToken>,
-    ) {
-        // The first-bytes wait holds nothing the wait does not need: until the client (or
-        // the server) speaks, the deadline passes or the tunnel is cut, only readiness is
-        // awaited here, in the task's own state, which the relay reuses. The checking state
-        // (boxed, 3.5 KiB) and any buffer are taken once there is something to check.
-        let mut dialed = dialed;
-        let deadline = self.first_bytes_deadline(dialed.target().port);
-        if let Some(deadline) = deadline
-            && early.is_empty()
-        {
-            let stop = dialed.stop().clone();
-            let mut upstream = dialed.stream.leg();
-            tokio::select! {
-                biased;
-                _ = client.readable() => {}
-                _ = upstream.readable() => {}
-                () = tokio::time::sleep_until(deadline) => {}
-                () = stop.cancelled() => {}
+    ) -> impl Future<Output = ()> + Send + 'a {
+        // Boxed until the check consumes it: held inline, its bytes would stay in the
+        // future through the relay, which no longer needs them.
+        let mut dialed = Box::new(dialed);
+        async move {
+            let deadline = self.first_bytes_deadline(dialed.target().port);
+            if let Some(deadline) = deadline
+                && early.is_empty()
+            {
+                let stop = &dialed.stop.0;
+                let upstream = dialed.stream.leg();
+                until_readable(&mut client, upstream, deadline, stop).await;
             }
+            let start = self.start(&mut client, *dialed, early, deadline, status, reset);
+            let Some(mut relaying) = Box::pin(start).await else {
+                return;
+            };
+            let (sent, received, outcome) = relay::tunnel(
+                &mut client,
+                &mut relaying.upstream.leg(),
+                self.limits.tunnel_idle_timeout,
+                &relaying.stop,
+            )
+            .await;
+            let outcome = self.cut_outcome_of(outcome, &relaying.grant);
+            let end = End {
+                sent: relaying.sent + sent,
+                received: relaying.received + received,
+                status,
+                outcome,
+            };
+            self.close(relaying.grant, end).await;
         }
-        // Boxed and finished before the relay starts, so a long-lived tunnel carries none
-        // of the checking state.
-        let checked = Box::pin(self.check_first_bytes(&mut client, dialed, early, deadline)).await;
-        let Some((opened, first, then)) = checked else {
-            return;
-        };
+    }
+
+    /// From the first bytes to the relay: checks them and records the decision, then (when
+    /// the check asks) waits for a late ClientHello or checks a second one after a
+    /// HelloRetryRequest, and forwards what was read. `None`: the tunnel ended here, its
+    /// records written.
+    async fn start(
+        &self,
+        client: &mut Leg<'_>,
+        dialed: Dialed,
+        early: Vec<u8>,
+        deadline: Option<tokio::time::Instant>,
+        status: Option<u16>,
+        reset: Option<tokio_util::sync::CancellationToken>,
+    ) -> Option<Relaying> {
+        let (opened, first, then) = self.check_first_bytes(client, dialed, early, deadline).await?;
         let Opened {
             stream: mut upstream,
             grant,
             ..
         } = opened;
-        let mut upstream = upstream.leg();
         let end = |sent, received, outcome| End {
             sent,
             received,
@@ -77,7 +113,8 @@ impl Egress {
             outcome,
         };
         // What cuts the tunnel: its own token, or the bridge's when the client's stream is reset.
-        let stop = reset.as_ref().unwrap_or(grant.stop()).clone();
+        let stop = reset.unwrap_or_else(|| grant.stop().clone());
+        let mut up = upstream.leg();
         // Relayed after a silent start: the client's first bytes, whenever they come, get
         // the check they would have had.
         let (first, retry_rules) = match then {
@@ -85,8 +122,8 @@ impl Egress {
             Then::CheckRetry(rules) => (first, Some(rules)),
             Then::CheckLate(rules) => {
                 let late = check_late(
-                    &mut client,
-                    &mut upstream,
+                    client,
+                    &mut up,
                     &grant.target,
                     &rules,
                     self.limits.tunnel_idle_timeout,
@@ -99,31 +136,38 @@ impl Egress {
                     Ok((first, hello)) => (first, hello.then_some(rules)),
                     Err(outcome) => {
                         let outcome = self.cut_outcome_of(outcome, &grant);
-                        return self.close(grant, end(0, 0, outcome)).await;
+                        self.close(grant, end(0, 0, outcome)).await;
+                        return None;
                     }
                 }
             }
         };
         let forwarded = first.len() as u64;
-        if forwarded > 0 && upstream.write_all(&first).await.is_err() {
+        if forwarded > 0 && up.write_all(&first).await.is_err() {
             let e = end(0, 0, Outcome::Upstream(UpstreamFailure::Closed));
-            return self.close(grant, e).await;
+            self.close(grant, e).await;
+            return None;
         }
         drop(first);
         // A TLS handshake: a second ClientHello after a HelloRetryRequest is checked too.
         let (mut sent, mut received) = (forwarded, 0);
         if let Some(rules) = retry_rules {
-            let retried = Box::pin(check_retry(&mut client, &mut upstream, &grant.target, &rules)).await;
+            let retried = Box::pin(check_retry(client, &mut up, &grant.target, &rules)).await;
             match retried {
-                Ok((up, down)) => (sent, received) = (sent + up, down),
-                Err((up, down, outcome)) => return self.close(grant, end(sent + up, down, outcome)).await,
+                Ok((more_up, down)) => (sent, received) = (sent + more_up, down),
+                Err((more_up, down, outcome)) => {
+                    self.close(grant, end(sent + more_up, down, outcome)).await;
+                    return None;
+                }
             }
         }
-        let (more_sent, more_received, outcome) =
-            relay::tunnel(&mut client, &mut upstream, self.limits.tunnel_idle_timeout, &stop).await;
-        let outcome = self.cut_outcome_of(outcome, &grant);
-        let e = end(sent + more_sent, received + more_received, outcome);
-        self.close(grant, e).await;
+        Some(Relaying {
+            upstream,
+            grant,
+            stop,
+            sent,
+            received,
+        })
     }
 
     /// What a tunnel cut by a stop token ended as (`Shutdown` from the relay): at the end of
@@ -232,6 +276,41 @@ impl Egress {
             }
         }
     }
+}
+
+/// Waits until either end has something to read (or has ended), `deadline` passes or `stop`
+/// is cancelled: one small future over the ends' own readiness, since every tunnel waiting
+/// for its first bytes holds it.
+async fn until_readable(
+    client: &mut Leg<'_>,
+    mut upstream: Leg<'_>,
+    deadline: tokio::time::Instant,
+    stop: &tokio_util::sync::CancellationToken,
+) {
+    let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
+    let mut stopped = std::pin::pin!(stop.cancelled());
+    std::future::poll_fn(|cx| {
+        if client.poll_readable(cx).is_ready()
+            || upstream.poll_readable(cx).is_ready()
+            || stopped.as_mut().poll(cx).is_ready()
+            || timer.as_mut().poll(cx).is_ready()
+        {
+            return std::task::Poll::Ready(());
+        }
+        std::task::Poll::Pending
+    })
+    .await;
+}
+
+/// A tunnel past its first bytes, to be relayed: what the relay holds for the tunnel's life.
+struct Relaying {
+    upstream: crate::relay::Upstream,
+    grant: super::Grant,
+    /// What cuts the tunnel: its own token, or the bridge's when the client's stream is reset.
+    stop: tokio_util::sync::CancellationToken,
+    /// Bytes already carried (the first bytes, a second ClientHello, the server's answer).
+    sent: u64,
+    received: u64,
 }
 
 /// What a tunnel admitted by its first bytes still needs before the plain relay.

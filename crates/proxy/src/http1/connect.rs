@@ -6,25 +6,34 @@
 
 use sandgate_policy::{Access, parse_connect_target};
 use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 
 use super::ClientConn;
 use crate::egress::{Dialed, Egress, Request};
 use crate::h1::head::RequestHead;
 use crate::refusal::Refusal;
 
-/// Handles a CONNECT request; the client connection ends with it.
+/// A tunnel answered 200 and not yet carried: what its long-lived part holds, for the
+/// caller to hand to [`Egress::carry`] once the request loop's state is gone.
+#[derive(Debug)]
+pub(crate) struct Tunnel {
+    pub stream: TcpStream,
+    pub dialed: Dialed,
+    /// Bytes the client sent behind its CONNECT head (a pipelined ClientHello).
+    pub early: Vec<u8>,
+}
+
+/// Handles a CONNECT request: refused (answered and recorded), intercepted (served here
+/// until it ends), or answered 200 and returned, to be carried by the caller once the
+/// request loop's state is gone.
 pub(crate) async fn handle_connect(
     egress: &std::sync::Arc<Egress>,
     mut client: ClientConn,
     head: RequestHead,
-) {
-    // Boxed and finished before the relay starts, so a long-lived tunnel carries none of
-    // the set-up state (the head, the decision, the vetted addresses).
-    let dialed = Box::pin(open(egress, &mut client, &head.target)).await;
+) -> Option<Tunnel> {
+    let dialed = open(egress, &mut client, &head.target).await;
     drop(head);
-    let Some(dialed) = dialed else {
-        return;
-    };
+    let dialed = dialed?;
     let ClientConn {
         mut stream,
         buf,
@@ -37,7 +46,8 @@ pub(crate) async fn handle_connect(
         .await
         .is_err()
     {
-        return egress.abandon(dialed, Some(200)).await;
+        egress.abandon(dialed, Some(200)).await;
+        return None;
     }
     if dialed.inspects() {
         let client = super::intercept::Client {
@@ -47,17 +57,17 @@ pub(crate) async fn handle_connect(
             identity,
         };
         // Boxed: the interception's state (TLS, hyper) would otherwise enlarge every
-        // CONNECT's task, blind tunnels included.
-        return Box::pin(super::intercept::serve(egress, client, dialed)).await;
+        // CONNECT's set-up.
+        Box::pin(super::intercept::serve(egress, client, dialed)).await;
+        return None;
     }
     // Bytes the client sent early (a ClientHello pipelined behind the head) are the
-    // tunnel's first bytes. The head's buffer (4 KiB) is freed first: held across the
-    // carry, every tunnel kept it for its whole life.
-    let early = buf.to_vec();
-    drop(buf);
-    egress
-        .carry(crate::relay::Leg::Tcp(&stream), dialed, early, Some(200))
-        .await;
+    // tunnel's first bytes; the head's buffer (4 KiB) is freed with the request loop.
+    Some(Tunnel {
+        stream,
+        dialed,
+        early: buf.to_vec(),
+    })
 }
 
 /// Parses, decides and dials the target; answers and records every refusal. `None`: refused.

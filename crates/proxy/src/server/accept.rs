@@ -130,37 +130,36 @@ pub(super) async fn accept_loop(
             egress: egress.clone(),
             _permit: permit,
         };
-        // A child token: see `Egress::droppable`.
-        let dropped = egress.dropped.child_token();
-        // The task's future is as large as its largest front end's, and every HTTP/1
-        // connection (every idle tunnel) pays for it: a node connection's (TLS, HTTP/2) and
-        // a SOCKS5 one's are boxed, so each pays only for its own (issue 32: the task was
-        // 10 KiB, the largest cost of an idle tunnel).
-        let work = async move {
-            let _open = open;
-            match front_end {
-                FrontEnd::Node(node) => {
-                    let serve =
-                        crate::node::serve::serve(egress.clone(), stream, peer, node, streams, tunnels, stop);
-                    Box::pin(serve).await;
-                }
-                FrontEnd::Http1 { require_auth } => {
-                    let client = ClientConn::new(stream, peer, identity);
-                    http1::serve(&egress, client, require_auth, &stop).await;
-                }
-                FrontEnd::Socks5 { require_auth } => {
-                    Box::pin(crate::socks5::serve(
-                        &egress,
-                        stream,
-                        peer,
-                        identity,
-                        require_auth,
-                    ))
-                    .await;
-                }
+        // Each front end's task is a future type of its own, sized for that front end alone:
+        // every HTTP/1 connection (every idle tunnel) pays only for what it needs (issue 32).
+        match front_end {
+            FrontEnd::Http1 { require_auth } => {
+                let client = ClientConn::new(stream, peer, identity);
+                let serve = http1::serve(egress.clone(), client, require_auth, stop, open);
+                tracker.spawn(egress.droppable(serve));
             }
-        };
-        tracker.spawn(work.with_cancellation_token_owned(dropped));
+            FrontEnd::Socks5 { require_auth } => {
+                let work = crate::socks5::serve(egress.clone(), stream, peer, identity, require_auth, open);
+                tracker.spawn(egress.droppable(work));
+            }
+            FrontEnd::Node(node) => {
+                // Boxed: awaited from the block that holds it, it would be held twice.
+                let serve = Box::pin(crate::node::serve::serve(
+                    egress.clone(),
+                    stream,
+                    peer,
+                    node,
+                    streams,
+                    tunnels,
+                    stop,
+                ));
+                let work = async move {
+                    let _open = open;
+                    serve.await;
+                };
+                tracker.spawn(egress.droppable(work));
+            }
+        }
     }
 }
 

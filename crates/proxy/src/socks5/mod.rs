@@ -17,7 +17,7 @@ use sandgate_policy::{Access, AuthError, Identity, Target, parse_connect_target}
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::egress::{Egress, Refused, Request};
+use crate::egress::{Dialed, Egress, Refused, Request};
 use crate::h1::head::HeadError;
 use crate::refusal::Refusal;
 
@@ -56,14 +56,43 @@ enum Say {
 }
 
 /// Serves one SOCKS5 connection: negotiate, log in, read the request, then hand the target
-/// to the core and relay the tunnel.
-pub(crate) async fn serve(
-    egress: &Egress,
+/// to the core and relay the tunnel. `held` (the connection's admission) is kept until the
+/// end. The handshake runs boxed and is freed before the tunnel is carried, so a long-lived
+/// tunnel's task holds only what carrying it needs.
+pub(crate) fn serve<H: Send>(
+    egress: Arc<Egress>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    listener: Arc<Identity>,
+    require_auth: bool,
+    held: H,
+) -> impl Future<Output = ()> + Send {
+    // A plain function returning an `async` block, the handshake boxed before it: an
+    // `async fn` would hold its arguments twice, and the block keeps only what it captures
+    // (this future is every idle tunnel's).
+    let opened = Box::pin(open(egress.clone(), stream, peer, listener, require_auth));
+    async move {
+        let Some((stream, dialed, early)) = opened.await else {
+            return;
+        };
+        egress
+            .carry(crate::relay::Leg::Tcp(&stream), dialed, early, None)
+            .await;
+        drop(held);
+    }
+}
+
+/// The handshake, the core's decision and the dial, and the reply: the tunnel to carry,
+/// with the bytes the client sent behind its request, or `None` when it ended here
+/// (refused and answered, or gone).
+async fn open(
+    egress: Arc<Egress>,
     mut stream: TcpStream,
     peer: SocketAddr,
     listener: Arc<Identity>,
     require_auth: bool,
-) {
+) -> Option<(TcpStream, Dialed, Vec<u8>)> {
+    let egress = &*egress;
     let handshake = tokio::time::timeout(
         egress.limits.head_timeout,
         handshake(egress, &mut stream, &listener, require_auth),
@@ -71,22 +100,22 @@ pub(crate) async fn serve(
     .await;
     let (identity, target, early) = match handshake {
         Ok(Ok(pair)) => pair,
-        Ok(Err(Stop::Gone)) => return,
+        Ok(Err(Stop::Gone)) => return None,
         Ok(Err(Stop::Refuse(refusal, say))) => {
             let pending = egress.begin(peer, listener, None);
             let refused = egress.refuse(pending, None, refusal).await;
             let code = match say {
-                Say::Done => return,
+                Say::Done => return None,
                 Say::Code(code) => code,
                 Say::Classified => refused.classified.socks5_reply(),
             };
             let _ = stream.write_all(&reply(code)).await;
-            return;
+            return None;
         }
         Err(_) => {
             let pending = egress.begin(peer, listener, None);
             let _ = egress.refuse(pending, None, Refusal::HeadTimeout).await;
-            return;
+            return None;
         }
     };
     let request = Request {
@@ -104,14 +133,16 @@ pub(crate) async fn serve(
     };
     let dialed = match dialed {
         Ok(d) => d,
-        Err(refused) => return answer(&mut stream, &refused).await,
+        Err(refused) => {
+            answer(&mut stream, &refused).await;
+            return None;
+        }
     };
     if stream.write_all(&reply(SUCCEEDED)).await.is_err() {
-        return egress.abandon(dialed, None).await;
+        egress.abandon(dialed, None).await;
+        return None;
     }
-    egress
-        .carry(crate::relay::Leg::Tcp(&stream), dialed, early, None)
-        .await;
+    Some((stream, dialed, early))
 }
 
 async fn answer(stream: &mut TcpStream, refused: &Refused) {
