@@ -6,8 +6,9 @@
 //! command and everything it starts, and nothing else runs in between. The init
 //! ([`crate::init`]) does the same three steps in the child it forks for the command
 //! ([`Confinement::command`]), which saves executing the sandgate binary once more on every
-//! run. `sandgate sandbox-enter` ([`enter`]) is the step before bwrap in a run with a cgroup
-//! of its own: it moves itself into the cgroup, then executes bwrap.
+//! run (and where the init's filter is the command's, the child inherits it rather than
+//! loading it again). In a run with a cgroup of its own, the runner's child that becomes
+//! bwrap joins the cgroup between its fork and its execve ([`CgroupJoin`]).
 //!
 //! Fail closed: if the filter cannot be built or loaded, the command does not run (exit
 //! [`EXIT_FILTER`]). When the command cannot be executed, the exit status is a shell's: 127
@@ -33,6 +34,9 @@ pub const EXIT_NOT_EXECUTABLE: i32 = 126;
 pub struct Confinement {
     rlimits: Vec<Rlimit>,
     filter: Filter,
+    /// The filter is loaded in the calling process already ([`Confinement::load_here`]): the
+    /// child inherits it from the fork and does not load it again.
+    inherited: bool,
 }
 
 impl Confinement {
@@ -41,7 +45,17 @@ impl Confinement {
         Ok(Confinement {
             rlimits: crate::limits::parse_rlimits(rlimits)?,
             filter: Filter::compile(options)?,
+            inherited: false,
         })
+    }
+
+    /// Loads the command's filter into the calling process (the init, when its filter and
+    /// the command's are the same), so the command inherits it from the fork and its child
+    /// loads nothing more. Fail closed: an error means the caller must not go on.
+    pub(crate) fn load_here(&mut self) -> Result<(), nix::errno::Errno> {
+        self.filter.load()?;
+        self.inherited = true;
+        Ok(())
     }
 
     /// In the calling process, in this order: every descriptor from 3 up close-on-exec, the
@@ -79,6 +93,9 @@ impl Confinement {
             default_action(signal).map_err(|e| ("cannot reset a signal's handler", e.desc()))?;
         }
         crate::limits::set_rlimits(&self.rlimits).map_err(|e| ("cannot set the run's limits", e.desc()))?;
+        if self.inherited {
+            return Ok(());
+        }
         self.filter
             .load()
             .map_err(|e| ("cannot load the seccomp filter", e.desc()))
@@ -125,6 +142,23 @@ fn default_action(signal: nix::sys::signal::Signal) -> nix::Result<()> {
     unsafe { nix::sys::signal::signal(signal, nix::sys::signal::SigHandler::SigDfl) }.map(|_| ())
 }
 
+/// SIGINT, SIGTERM and SIGHUP ignored (the init without a runtime: the runner signals the
+/// command, and the init stays until the command is gone). The command's child sets them
+/// back to their defaults before its execve ([`Confinement::apply_in_child`]).
+pub(crate) fn ignore_stop_signals() -> nix::Result<()> {
+    use nix::sys::signal::Signal;
+    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        ignore(signal)?;
+    }
+    Ok(())
+}
+
+/// sigaction(2) to ignore `signal`.
+#[expect(unsafe_code, reason = "signal(2) with SIG_IGN installs no handler of ours")]
+fn ignore(signal: nix::sys::signal::Signal) -> nix::Result<()> {
+    unsafe { nix::sys::signal::signal(signal, nix::sys::signal::SigHandler::SigIgn) }.map(|_| ())
+}
+
 /// _exit(2): the child of a fork ends here, without the exit handlers or the buffers it
 /// shares with its parent.
 #[expect(
@@ -154,42 +188,62 @@ pub fn run(options: FilterOptions, rlimits: &[String], command: &[OsString]) -> 
     exit_status_for(&error)
 }
 
-/// `sandgate sandbox-enter --cgroup-procs FILE... -- bwrap ...`: moves itself into each of
-/// the run's cgroups, then executes bwrap; returns only on failure (fail closed: no cgroup,
-/// no sandbox), with the exit status.
-pub fn enter(procs: &[std::path::PathBuf], command: &[std::ffi::OsString]) -> i32 {
-    let pid = std::process::id().to_string();
-    for file in procs {
-        if let Err(e) = join(file, &pid) {
-            eprintln!(
-                "sandgate: cannot enter the run's cgroup {}: {e}; the command was not run",
-                file.display()
-            );
-            return EXIT_FILTER;
-        }
-    }
-    let Some((program, args)) = command.split_first() else {
-        return EXIT_NOT_FOUND;
-    };
-    let error = std::process::Command::new(program).args(args).exec();
-    eprintln!("sandgate: cannot run {}: {error}", program.to_string_lossy());
-    exit_status_for(&error)
+/// The run's cgroups, each one's file opened for writing before bwrap is started, and
+/// joined in the child of the fork that starts it, before its execve ([`CgroupJoin::before_exec`]):
+/// every process of the sandbox is counted from its first fork, and no program runs in
+/// between (this was `sandgate sandbox-enter`, one more execution of the sandgate binary).
+/// The child writes `0`, "the caller": in a cgroup v1 hierarchy (a `tasks` file beside
+/// `cgroup.procs`) into `tasks`, which moves the calling thread without taking the lock that
+/// moving a whole process takes, whose write side waits out an RCU grace period (13 ms on
+/// the project's VM, against 0.4; docs/benchmarks.md); the child of a fork has one thread,
+/// and the execve of bwrap keeps it. In cgroup v2, into `cgroup.procs`.
+#[derive(Debug, Default)]
+pub struct CgroupJoin {
+    files: Vec<std::fs::File>,
 }
 
-/// Moves this process into the cgroup whose `cgroup.procs` is `procs`. In a cgroup v1
-/// hierarchy (a `tasks` file beside it) by writing `0`, "this thread", into `tasks`: the
-/// kernel (6.18 here) then moves the thread without taking the lock that moving a whole
-/// process takes, whose write side waits out an RCU grace period (13 ms on the project's VM,
-/// against 0.4; docs/benchmarks.md). This thread is all the process has that matters:
-/// sandbox-enter starts no thread, and the execve of bwrap that follows leaves only the
-/// calling thread. In cgroup v2, the
-/// process id into `cgroup.procs`.
-fn join(procs: &std::path::Path, pid: &str) -> std::io::Result<()> {
+impl CgroupJoin {
+    /// Opens the file to write for each `cgroup.procs` in `procs` (close-on-exec, as Rust
+    /// opens every file).
+    pub fn open(procs: &[std::path::PathBuf]) -> std::io::Result<CgroupJoin> {
+        let files = procs
+            .iter()
+            .map(|file| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(join_file(file))
+                    .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", file.display())))
+            })
+            .collect::<std::io::Result<_>>()?;
+        Ok(CgroupJoin { files })
+    }
+
+    /// Has `command` join every cgroup in its child, before its execve. Where a write fails
+    /// the spawn fails with its error and nothing is executed (fail closed: no cgroup, no
+    /// sandbox). Only system calls on descriptors opened before the fork, as `pre_exec`
+    /// requires. Nothing to join, nothing is added (the spawn may then take the faster
+    /// `posix_spawn`).
+    pub fn before_exec(self, command: &mut std::process::Command) {
+        if self.files.is_empty() {
+            return;
+        }
+        before_exec(command, move || {
+            for file in &self.files {
+                nix::unistd::write(file, b"0")?;
+            }
+            Ok(())
+        });
+    }
+}
+
+/// The file a process writes `0` into to join the cgroup whose `cgroup.procs` is `procs`:
+/// `tasks` beside it in cgroup v1 (this thread), else `cgroup.procs` (this process).
+fn join_file(procs: &std::path::Path) -> std::path::PathBuf {
     let tasks = procs.with_file_name("tasks");
     if tasks.is_file() {
-        std::fs::write(tasks, "0")
+        tasks
     } else {
-        std::fs::write(procs, pid)
+        procs.to_path_buf()
     }
 }
 
@@ -206,25 +260,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_v1_cgroup_takes_this_thread_and_a_v2_one_the_process() {
+    fn a_v1_cgroup_is_joined_by_its_tasks_and_a_v2_one_by_its_procs() {
         let v1 = tempfile::tempdir().unwrap();
         for file in ["cgroup.procs", "tasks"] {
             std::fs::write(v1.path().join(file), "").unwrap();
         }
-        join(&v1.path().join("cgroup.procs"), "4242").unwrap();
-        assert_eq!(std::fs::read_to_string(v1.path().join("tasks")).unwrap(), "0");
-        assert_eq!(
-            std::fs::read_to_string(v1.path().join("cgroup.procs")).unwrap(),
-            ""
-        );
+        let procs = v1.path().join("cgroup.procs");
+        assert_eq!(join_file(&procs), v1.path().join("tasks"));
         let v2 = tempfile::tempdir().unwrap();
-        std::fs::write(v2.path().join("cgroup.procs"), "").unwrap();
-        join(&v2.path().join("cgroup.procs"), "4242").unwrap();
-        assert_eq!(
-            std::fs::read_to_string(v2.path().join("cgroup.procs")).unwrap(),
-            "4242"
-        );
-        assert!(!v2.path().join("tasks").exists());
+        let procs = v2.path().join("cgroup.procs");
+        std::fs::write(&procs, "").unwrap();
+        assert_eq!(join_file(&procs), procs);
+    }
+
+    /// The child writes `0` into each file before its execve, and a write that fails stops
+    /// the spawn: the program never runs (its marker file is not made).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_child_joins_before_it_executes_and_a_failed_join_runs_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let procs = dir.path().join("cgroup.procs");
+        std::fs::write(&procs, "").unwrap();
+        let join = CgroupJoin::open(std::slice::from_ref(&procs)).unwrap();
+        let mut command = std::process::Command::new("true");
+        join.before_exec(&mut command);
+        assert!(command.status().unwrap().success());
+        assert_eq!(std::fs::read_to_string(&procs).unwrap(), "0");
+        // /dev/full refuses every write (ENOSPC), as a cgroup refuses a process it cannot take.
+        let marker = dir.path().join("ran");
+        let mut join = CgroupJoin::open(&[]).unwrap();
+        join.files
+            .push(std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap());
+        let mut command = std::process::Command::new("touch");
+        command.arg(&marker);
+        join.before_exec(&mut command);
+        let error = command.status().unwrap_err();
+        assert_eq!(error.raw_os_error(), Some(libc::ENOSPC), "{error}");
+        assert!(!marker.exists(), "the program ran");
     }
 
     /// The init's way: the child of the fork sets the rlimits and loads the filter, then the
@@ -274,6 +346,7 @@ mod tests {
         let confinement = Confinement {
             rlimits: Vec::new(),
             filter: Filter::refused_by_the_kernel(),
+            inherited: false,
         };
         let script = format!("touch {}", marker.display());
         let out = confinement

@@ -13,11 +13,14 @@
 //! broken or missing way out, and the message names what is missing. Then it starts the
 //! command: in the child it forks, what `sandbox-exec` does (descriptors, the run's rlimits,
 //! the command's own filter on top of the init's; [`crate::exec::Confinement`]) and the
-//! execve, with no second execution of the sandgate binary in between. It reaps
+//! execve, with no second execution of the sandgate binary in between. Without bridges the
+//! two filters are the same one, compiled once and loaded here, and the command inherits it
+//! from the fork. It reaps
 //! every process that ends inside (orphans come to PID 1) until the command ends, and exits
 //! with its status. It ignores
 //! SIGINT/SIGTERM/SIGHUP itself: the runner signals the command directly, and the init stays
-//! until the command is gone.
+//! until the command is gone. Only the bridges need an async runtime (the current thread's);
+//! without them the init starts none.
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -50,7 +53,7 @@ pub fn run(
         return EXIT_BRIDGE;
     }
     let command_options = crate::seccomp::FilterOptions { allow_unix_sockets };
-    let confinement = match crate::exec::Confinement::new(command_options, rlimits) {
+    let mut confinement = match crate::exec::Confinement::new(command_options, rlimits) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("sandgate: sandbox init: {e}; the command was not run");
@@ -60,9 +63,31 @@ pub fn run(
     let options = crate::seccomp::FilterOptions {
         allow_unix_sockets: allow_unix_sockets || !forwards.is_empty(),
     };
-    if let Err(e) = crate::fds::cloexec_from_3().and_then(|()| crate::seccomp::load(options)) {
+    // Without bridges the init's filter is the command's: compiled once, loaded here, and
+    // inherited by the command's process from the fork.
+    let filtered = crate::fds::cloexec_from_3().and_then(|()| {
+        if options == command_options {
+            confinement
+                .load_here()
+                .map_err(|e| format!("cannot load the seccomp filter: {}", e.desc()))
+        } else {
+            crate::seccomp::load(options)
+        }
+    });
+    if let Err(e) = filtered {
         eprintln!("sandgate: sandbox init: {e}; the command was not run");
         return EXIT_BRIDGE;
+    }
+    if forwards.is_empty() {
+        // Nothing to relay: no runtime, only the command and the reaping.
+        if let Err(e) = crate::exec::ignore_stop_signals() {
+            eprintln!("sandgate: sandbox init: cannot ignore signals ({e}); the command was not run");
+            return EXIT_BRIDGE;
+        }
+        return match start(confinement, command) {
+            Ok(pid) => reap_until(pid),
+            Err(code) => code,
+        };
     }
     let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
         eprintln!("sandgate: sandbox init: cannot start its runtime");
@@ -159,21 +184,29 @@ async fn serve(
             }
         });
     }
+    match start(confinement, command) {
+        Ok(pid) => tokio::task::spawn_blocking(move || reap_until(pid))
+            .await
+            .unwrap_or(EXIT_BRIDGE),
+        Err(code) => code,
+    }
+}
+
+/// Starts the command under its confinement; its pid, or the exit status to end with.
+fn start(confinement: crate::exec::Confinement, command: &[OsString]) -> Result<nix::unistd::Pid, i32> {
     let Some((program, args)) = command.split_first() else {
         eprintln!("sandgate: sandbox init: no command");
-        return EXIT_NO_COMMAND;
+        return Err(EXIT_NO_COMMAND);
     };
-    let child = match confinement.command(program, args).spawn() {
-        Ok(c) => c,
+    match confinement.command(program, args).spawn() {
+        Ok(child) => Ok(nix::unistd::Pid::from_raw(
+            i32::try_from(child.id()).unwrap_or(-1),
+        )),
         Err(e) => {
             eprintln!("sandgate: cannot run {}: {e}", program.to_string_lossy());
-            return crate::exec::exit_status_for(&e);
+            Err(crate::exec::exit_status_for(&e))
         }
-    };
-    let command_pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(-1));
-    tokio::task::spawn_blocking(move || reap_until(command_pid))
-        .await
-        .unwrap_or(EXIT_BRIDGE)
+    }
 }
 
 /// As PID 1, reaps every process that ends in the sandbox (orphans are re-parented here:

@@ -3,7 +3,7 @@
 //! function of it ([`argv`]), the seccomp filter ([`seccomp`]) and the step that loads it
 //! before the command ([`exec`]), the run's limits ([`limits`]) and the descriptors it never
 //! passes on ([`fds`]), the init that runs first (PID 1) in every sandbox with a PID namespace ([`init`]) and the
-//! bridges it talks to ([`bridge`]), and the supervisor that starts the
+//! bridges it talks to ([`bridge`]), the command lines of those internal steps ([`steps`]), and the supervisor that starts the
 //! proxy, the bridges and bwrap ([`run`], with [`state`], [`processes`] and [`summary`]),
 //! and the question asked at the terminal for `--ask` ([`ask`]); what a run says while it
 //! runs ([`live`]) and where its audit log is kept ([`runlog`]); the `EgressPolicy` a
@@ -39,4 +39,5 @@ pub mod runlog;
 pub mod seatbelt;
 pub mod seccomp;
 pub mod state;
+pub mod steps;
 pub mod summary;

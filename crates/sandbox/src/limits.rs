@@ -4,8 +4,9 @@
 //!   `sandgate-RUN` under this process's own cgroup in a hierarchy that has the controller
 //!   (cgroup v1: the controller's own mount; v2: the unified mount, where this cgroup
 //!   delegates the controller to its children) and that this process may write. Its limit
-//!   files are written, and `sandgate sandbox-enter` ([`crate::exec::enter`]) moves itself into it before it executes
-//!   bwrap, so every process of the sandbox is counted from its first fork. Removed after
+//!   files are written, and the child that becomes bwrap moves itself into it before its
+//!   execve ([`crate::exec::CgroupJoin`]), so every process of the sandbox is counted from
+//!   its first fork. Removed after
 //!   the run. Usually root has one; an ordinary user has one under a delegated systemd unit.
 //! - **rlimits** (always, inside the sandbox, just before the command: by the init in the
 //!   child it forks for it, or by `sandbox-exec` where there is no init):
@@ -43,7 +44,8 @@ pub struct Enforcement {
 }
 
 impl RunCgroup {
-    /// The `cgroup.procs` files `sandbox-enter` writes its own pid into.
+    /// The `cgroup.procs` file of each of the run's cgroups ([`crate::exec::CgroupJoin`]
+    /// joins them).
     pub fn procs_files(&self) -> Vec<PathBuf> {
         self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
     }

@@ -23,6 +23,7 @@ use crate::policy::{NetMode, SandboxPolicy};
 use crate::state::{RunState, sweep_stale_state};
 use crate::{env, processes, summary};
 
+mod bwrap;
 mod identity;
 mod load;
 mod proxy;
@@ -30,6 +31,7 @@ mod proxy;
 #[path = "seatbelt/run.rs"]
 mod seatbelt;
 
+use bwrap::bwrap_disables_userns;
 use identity::RunIdentity;
 pub use identity::user_subject;
 use load::protected_files;
@@ -88,39 +90,6 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&path)
         .map(|d| d.join(name))
         .find(|p| p.is_file())
-}
-
-/// Does this bwrap have `--disable-userns` (bubblewrap 0.8.0)? Every bwrap that has it
-/// carries the option's name in its binary (its option parser and usage text), and reading
-/// the file (70 KB) costs a tenth of executing it: found there, yes. Not found (an older
-/// bwrap, or a wrapper in front of the real one), its version says.
-fn bwrap_disables_userns(bwrap: &Path) -> bool {
-    bwrap_names_option(bwrap, b"--disable-userns") || bwrap_version_has_userns(bwrap)
-}
-
-/// Does the file `bwrap` (its first 16 MiB) hold `option`?
-fn bwrap_names_option(bwrap: &Path, option: &[u8]) -> bool {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    std::fs::File::open(bwrap)
-        .and_then(|f| f.take(16 << 20).read_to_end(&mut bytes))
-        .is_ok_and(|_| bytes.windows(option.len()).any(|w| w == option))
-}
-
-/// Does `bwrap --version` say 0.8.0 or later?
-fn bwrap_version_has_userns(bwrap: &Path) -> bool {
-    let Ok(out) = std::process::Command::new(bwrap).arg("--version").output() else {
-        return false;
-    };
-    let text = String::from_utf8_lossy(&out.stdout);
-    let version: Vec<u32> = text
-        .split_whitespace()
-        .last()
-        .unwrap_or_default()
-        .split('.')
-        .map_while(|n| n.parse().ok())
-        .collect();
-    version >= vec![0, 8, 0]
 }
 
 /// Checks that the sandbox can be built here, with a message that says what to do.
@@ -245,11 +214,17 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
     if policy.net == NetMode::All {
         tracing::warn!("net mode all: the sandbox shares the host's network, unfiltered");
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| RunError::Unavailable(e.to_string()))?;
+    // The run's proxy and bridges get two worker threads; a run without them only waits for
+    // bwrap and forwards signals, on this thread (no workers to start and join).
+    let rt = if needs_bridges(&policy) {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    }
+    .map_err(|e| RunError::Unavailable(e.to_string()))?;
     // `net.proxy.upstream: HOST:PORT`: resolved once, now, through the run's resolver.
     let policy = rt.block_on(crate::policy::upstream::resolve(policy))?;
     if !opts.quiet {
@@ -274,15 +249,28 @@ async fn supervise(
     bwrap: PathBuf,
 ) -> Result<i32, RunError> {
     let tmp = std::env::temp_dir();
-    sweep_stale_state(&tmp);
-    let state = RunState::create(&tmp).map_err(|e| {
-        RunError::Unavailable(format!("cannot create the run's state in {}: {e}", tmp.display()))
-    })?;
+    // A run without bridges keeps nothing on the host while it runs: no state directory.
+    let state = if needs_bridges(&policy) {
+        Some(RunState::create(&tmp).map_err(|e| {
+            RunError::Unavailable(format!("cannot create the run's state in {}: {e}", tmp.display()))
+        })?)
+    } else {
+        None
+    };
     let run = identity.run.clone();
     let ids = identity.ids();
-    let (kept, audit_path) = audit_place(&policy, &opts, &state, &run)?;
+    let (kept, audit_path) = match &state {
+        Some(state) => {
+            let (kept, path) = audit_place(&policy, &opts, state, &run)?;
+            (kept, Some(path))
+        }
+        None => {
+            let kept = kept_log(&policy, &opts, &run)?;
+            (kept.clone(), kept)
+        }
+    };
     let sandbox = std::sync::Arc::new(std::sync::OnceLock::new());
-    let proxy = if policy.net.proxied() {
+    let proxy = if let (true, Some(state), Some(audit_path)) = (policy.net.proxied(), &state, &audit_path) {
         let how = ProxyRun {
             sandbox: sandbox.clone(),
             identity,
@@ -292,19 +280,21 @@ async fn supervise(
             follow: opts.follow.clone(),
             kept_log: kept.clone(),
         };
-        Some(start_proxy(&policy, &audit_path, &state, how).await?)
+        Some(start_proxy(&policy, audit_path, state, how).await?)
     } else {
         None
     };
     // Explicitly bridged host loopback ports: the init listens on the same port inside.
-    for port in &policy.loopback_ports {
-        open_bridge(
-            &state,
-            &format!("port-{port}.sock"),
-            SocketAddr::from(([127, 0, 0, 1], *port)),
-            format!("host loopback port {port} (net.loopback_ports)"),
-            None,
-        )?;
+    if let Some(state) = &state {
+        for port in &policy.loopback_ports {
+            open_bridge(
+                state,
+                &format!("port-{port}.sock"),
+                SocketAddr::from(([127, 0, 0, 1], *port)),
+                format!("host loopback port {port} (net.loopback_ports)"),
+                None,
+            )?;
+        }
     }
     let limits = crate::limits::enforce(&run, &policy.limits);
     tracing::debug!("{}", limits.describe());
@@ -313,9 +303,9 @@ async fn supervise(
     }
     let facts = RunFacts {
         sandgate_exe: sandgate_exe.clone(),
-        bridge_dir: needs_bridges(&policy).then(|| state.bridge_dir()),
+        bridge_dir: state.as_ref().map(RunState::bridge_dir),
         dns_files: dns_files(&policy),
-        protected: protected_files(&opts, &policy, Some(&audit_path))?,
+        protected: protected_files(&opts, &policy, audit_path.as_deref())?,
         disable_userns: bwrap_disables_userns(&bwrap),
         new_session: opts.no_terminal,
         rlimits: limits.rlimits.clone(),
@@ -325,21 +315,14 @@ async fn supervise(
     if !policy.unshare_pid {
         processes::become_subreaper();
     }
-    // In a cgroup of the run's own, bwrap is started by `sandbox-enter`, which moves itself
-    // into it first: every process of the sandbox is counted from its first fork.
+    // In a cgroup of the run's own, the child that becomes bwrap joins it before its execve:
+    // every process of the sandbox is counted from its first fork.
     let procs = limits.cgroup.procs_files();
-    let mut cmd = if procs.is_empty() {
-        tokio::process::Command::new(&bwrap)
-    } else {
-        let mut enter = tokio::process::Command::new(&sandgate_exe);
-        enter.arg("sandbox-enter");
-        for file in &procs {
-            enter.arg("--cgroup-procs").arg(file);
-        }
-        enter.arg("--").arg(&bwrap);
-        enter
-    };
+    let join = crate::exec::CgroupJoin::open(&procs)
+        .map_err(|e| RunError::Unavailable(format!("cannot enter the run's cgroup: {e}")))?;
+    let mut cmd = tokio::process::Command::new(&bwrap);
     cmd.args(argv.iter().skip(1)).env_clear().envs(env);
+    join.before_exec(cmd.as_std_mut());
     // --no-terminal: where sandgate's own stdin, stdout or stderr is a terminal, the sandbox
     // gets /dev/null or a pipe instead (relayed here): a descriptor of the terminal would
     // let it read what the person types or change the terminal's modes.
@@ -356,10 +339,20 @@ async fn supervise(
     if err_tty {
         cmd.stderr(std::process::Stdio::piped());
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| RunError::Unavailable(format!("cannot start bwrap: {e}")))?;
+    let mut child = cmd.spawn().map_err(|e| {
+        let inside = if procs.is_empty() {
+            ""
+        } else {
+            " in the run's cgroup"
+        };
+        RunError::Unavailable(format!(
+            "cannot start bwrap{inside}: {e}; the command was not run"
+        ))
+    })?;
     let started = std::time::Instant::now();
+    // The state of runs that were killed is removed while bwrap builds the sandbox, off the
+    // run's path (a directory is removed only once its lock is free, so never this run's).
+    let sweep = tokio::task::spawn_blocking(move || sweep_stale_state(&tmp));
     let bwrap_pid = child.id();
     if let Some(pid) = bwrap_pid.and_then(|p| i32::try_from(p).ok()) {
         let _ = sandbox.set(pid);
@@ -389,15 +382,19 @@ async fn supervise(
         running.stop().await;
     }
     if failed.is_none() {
-        let log = proxied.then(|| summary::AuditPlace {
-            written: &audit_path,
-            kept: kept.as_deref(),
-        });
+        let log = audit_path
+            .as_deref()
+            .filter(|_| proxied)
+            .map(|written| summary::AuditPlace {
+                written,
+                kept: kept.as_deref(),
+            });
         let summary = summary::RunSummary::of(ids, policy.net.name(), Some(code), log);
         summary::at_exit(exit_output(&opts), &summary, proxied);
     }
     drop(state);
     drop(limits);
+    let _ = sweep.await;
     failed.map_or(Ok(code), |why| Err(RunError::Unavailable(why)))
 }
 
@@ -432,6 +429,14 @@ fn audit_place(
     state: &RunState,
     run: &str,
 ) -> Result<(Option<PathBuf>, PathBuf), RunError> {
+    let kept = kept_log(policy, opts, run)?;
+    let audit_path = kept.clone().unwrap_or_else(|| state.audit_path());
+    Ok((kept, audit_path))
+}
+
+/// Where the run's audit log is kept after the run, if anywhere ([`audit_place`]); `--learn`
+/// needs it kept.
+fn kept_log(policy: &SandboxPolicy, opts: &RunOptions, run: &str) -> Result<Option<PathBuf>, RunError> {
     let kept = match (&opts.audit_log, opts.no_audit_log || !policy.net.proxied()) {
         (Some(path), _) => Some(path.clone()),
         (None, true) => None,
@@ -442,8 +447,7 @@ fn audit_place(
             "--learn keeps what it learned in the run's audit log, and there is no state directory to keep it in: pass --audit-log PATH".into(),
         ));
     }
-    let audit_path = kept.clone().unwrap_or_else(|| state.audit_path());
-    Ok((kept, audit_path))
+    Ok(kept)
 }
 
 /// Relays the command's piped stdout and stderr (`--no-terminal`) to sandgate's own.

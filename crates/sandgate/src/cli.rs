@@ -175,13 +175,58 @@ pub enum Command {
         #[arg(last = true, required = true)]
         command: Vec<std::ffi::OsString>,
     },
-    /// (internal) Moves itself into the run's cgroups, then executes bwrap.
-    #[command(hide = true)]
-    SandboxEnter {
-        /// A `cgroup.procs` file to write this process's id into.
-        #[arg(long = "cgroup-procs", value_name = "FILE")]
-        cgroup_procs: Vec<std::path::PathBuf>,
-        #[arg(last = true, required = true)]
-        command: Vec<std::ffi::OsString>,
-    },
+}
+
+/// `sandgate run ...` read with only the `run` command built: clap otherwise builds every
+/// command's flags first, half a millisecond of every run. `None` where that does not parse
+/// (`--help`, a mistake, a global flag before `run`): the whole grammar then reads it, and
+/// reports as it always did.
+pub fn parse_run(args: &[std::ffi::OsString]) -> Option<Cli> {
+    use clap::{Args, FromArgMatches};
+    if args.get(1).is_none_or(|a| a != "run") {
+        return None;
+    }
+    let root = clap::Command::new("sandgate")
+        .arg(
+            clap::Arg::new("log_format")
+                .long("log-format")
+                .global(true)
+                .value_parser(clap::value_parser!(LogFormat))
+                .default_value("text"),
+        )
+        .subcommand(RunArgs::augment_args(clap::Command::new("run")));
+    let matches = root.try_get_matches_from(args).ok()?;
+    Cli::from_arg_matches(&matches).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::Parser;
+
+    /// The `run` fast path reads every command line it accepts as the whole grammar does.
+    #[test]
+    fn run_is_read_as_the_whole_grammar_reads_it() {
+        for line in [
+            "sandgate run -- true",
+            "sandgate run --quiet --no-audit-log --policy p.yaml -- /bin/true -x",
+            "sandgate run --log-format json --net none --allow-domain a.example --limit memory=1G -- sh",
+            "sandgate run --ask --ask-timeout 5 --param A=1 --param B=2 --task t --chdir /tmp -- sh -c x",
+        ] {
+            let args: Vec<std::ffi::OsString> = line.split(' ').map(Into::into).collect();
+            let fast = super::parse_run(&args).unwrap_or_else(|| panic!("not read: {line}"));
+            let full = Cli::try_parse_from(&args).unwrap();
+            assert_eq!(format!("{fast:?}"), format!("{full:?}"), "{line}");
+        }
+        for line in [
+            "sandgate run --help",
+            "sandgate run --bogus -- true",
+            "sandgate run",
+            "sandgate --log-format json run -- true",
+            "sandgate proxy",
+        ] {
+            let args: Vec<std::ffi::OsString> = line.split(' ').map(Into::into).collect();
+            assert!(super::parse_run(&args).is_none(), "{line}");
+        }
+    }
 }

@@ -32,11 +32,19 @@ use std::process::ExitCode;
 use clap::Parser;
 use cli::{Cli, Command};
 use sandgate_proxy::Proxy;
+use sandgate_sandbox::steps::Step;
 
 pub(crate) const EX_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // The sandbox's internal steps start inside every sandbox: read by hand, before clap
+    // builds the whole command tree; anything unusual falls through to clap, which reports it.
+    if let Some(step) = args.get(1..).and_then(sandgate_sandbox::steps::parse) {
+        return exit_code(sandgate_sandbox::steps::run(step));
+    }
+    let parsed = cli::parse_run(&args).map_or_else(|| Cli::try_parse_from(&args), Ok);
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
@@ -57,7 +65,7 @@ fn main() -> ExitCode {
     // close-on-exec before anything that starts one (sandbox-init and -exec do it again).
     if matches!(
         cli.command,
-        Command::Run(_) | Command::Mcp { .. } | Command::Jupyter(_) | Command::SandboxEnter { .. }
+        Command::Run(_) | Command::Mcp { .. } | Command::Jupyter(_)
     ) && let Err(e) = sandgate_sandbox::fds::cloexec_from_3()
     {
         eprintln!("sandgate: {e}; nothing was run");
@@ -89,35 +97,27 @@ fn main() -> ExitCode {
             allow_unix_sockets,
             rlimits,
             command,
-        } => {
-            let parsed: Result<Vec<_>, String> = forwards
-                .iter()
-                .map(|f| sandgate_sandbox::init::parse_forward(f))
-                .collect();
-            match parsed {
-                Ok(forwards) => ExitCode::from(
-                    sandgate_sandbox::init::run(&forwards, allow_unix_sockets, &rlimits, &command)
-                        .clamp(0, 255) as u8,
-                ),
-                Err(e) => {
-                    eprintln!("sandgate: {e}");
-                    ExitCode::from(EX_USAGE)
-                }
-            }
-        }
+        } => exit_code(sandgate_sandbox::steps::run(Step::Init {
+            forwards,
+            allow_unix_sockets,
+            rlimits,
+            command,
+        })),
         Command::SandboxExec {
             allow_unix_sockets,
             rlimits,
             command,
-        } => {
-            let options = sandgate_sandbox::seccomp::FilterOptions { allow_unix_sockets };
-            ExitCode::from(sandgate_sandbox::exec::run(options, &rlimits, &command).clamp(0, 255) as u8)
-        }
-        Command::SandboxEnter {
-            cgroup_procs,
+        } => exit_code(sandgate_sandbox::steps::run(Step::Exec {
+            allow_unix_sockets,
+            rlimits,
             command,
-        } => ExitCode::from(sandgate_sandbox::exec::enter(&cgroup_procs, &command).clamp(0, 255) as u8),
+        })),
     }
+}
+
+/// A step's exit status as the process's (0 to 255).
+fn exit_code(status: i32) -> ExitCode {
+    ExitCode::from(status.clamp(0, 255) as u8)
 }
 
 /// `sandgate mcp`: serve until the client closes stdin; 64 for a bad configuration, 69 when
