@@ -105,7 +105,7 @@ mod tests {
             cases.push((secs, nanos));
         }
         for _ in 0..20_000 {
-            let secs = next() % 253_402_300_799; // up to 9999-12-31T23:59:59Z
+            let secs = next() % 253_402_207_200; // up to jiff's own last instant, 9999-12-30T22:00:00Z
             let nanos = match next() % 4 {
                 0 => 0,
                 1 => (next() % 1000) as u32 * 1_000_000,

@@ -100,7 +100,9 @@ impl Egress {
         status: Option<u16>,
         reset: Option<tokio_util::sync::CancellationToken>,
     ) -> Option<Relaying> {
-        let (opened, first, then) = self.check_first_bytes(client, dialed, early, deadline).await?;
+        // Boxed on its own: the check's state is freed before a late hello is waited for
+        // (up to the idle timeout), so that wait costs what an idle tunnel does.
+        let (opened, first, then) = Box::pin(self.check_first_bytes(client, dialed, early, deadline)).await?;
         let Opened {
             stream: mut upstream,
             grant,
@@ -233,9 +235,11 @@ impl Egress {
         let deadline = deadline.unwrap_or_else(|| tokio::time::Instant::now() + first_bytes.min(idle));
         let stop = dialed.stop().clone();
         let mut upstream = dialed.stream.leg();
+        // A cut wins over first bytes already there: nothing is admitted after it.
         let read = tokio::select! {
-            read = hello::read_first(client, &mut upstream, early, deadline) => Ok(read),
+            biased;
             () = stop.cancelled() => Err(self.cut_by(dialed.decided.expires)),
+            read = hello::read_first(client, &mut upstream, early, deadline) => Ok(read),
         };
         let (first, seen) = match read {
             Ok((first, Seen::Silent)) if idle <= first_bytes => {
@@ -255,6 +259,11 @@ impl Egress {
             }
         };
         match rules.check(dialed.target(), &seen.as_first_bytes()) {
+            Ok(()) if stop.is_cancelled() => {
+                let outcome = self.cut_by(dialed.decided.expires);
+                self.end_unstarted(dialed, None, outcome).await;
+                None
+            }
             Ok(()) => {
                 let name = seen.server_name().map(str::to_owned);
                 let then = match seen {

@@ -74,8 +74,19 @@ pub(crate) async fn read_server_first(upstream: &mut Leg<'_>, limit: Duration) -
 }
 
 /// Judges the client's second flight: leading ChangeCipherSpec records are skipped, and
-/// what follows must be a readable ClientHello. `None` while more bytes are needed.
+/// what follows must be a readable ClientHello. `None` while more bytes are needed, never
+/// past [`MAX_FIRST_BYTES`] (records that claim more, however they are cut, are refused).
 pub(crate) fn examine_second(buf: &[u8]) -> Option<Seen> {
+    if buf.len() >= MAX_FIRST_BYTES {
+        return match examine_second_within(buf) {
+            Some(seen) => Some(seen),
+            None => Some(Seen::Unreadable),
+        };
+    }
+    examine_second_within(buf)
+}
+
+fn examine_second_within(buf: &[u8]) -> Option<Seen> {
     let mut rest = buf;
     while let [0x14, ..] = rest {
         let [_, 0x03, _, hi, lo, ..] = rest else {

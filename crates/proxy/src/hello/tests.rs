@@ -248,3 +248,28 @@ fn a_retry_request_is_told_apart_from_a_server_hello() {
     // Nothing but a ClientHello may follow a retry request.
     assert_eq!(examine_second(b"GET / HTTP/1.1\r\n"), Some(Seen::Unreadable));
 }
+
+/// As an attacker, after a HelloRetryRequest: ChangeCipherSpec records that each claim
+/// 65,534 bytes, streamed so the buffer always ends inside one. The second flight is
+/// refused once it reaches the first-bytes bound, wherever the cut falls; before, it was
+/// "more bytes needed" for ever (a client sent 134 MB into one tunnel in 1.7 s).
+#[test]
+fn a_second_flight_of_endless_change_cipher_specs_is_refused_at_the_bound() {
+    use super::MAX_FIRST_BYTES;
+    use super::retry::examine_second;
+    let mut flood = Vec::new();
+    while flood.len() < 3 * MAX_FIRST_BYTES {
+        flood.extend_from_slice(&[0x14, 0x03, 0x03, 0xff, 0xfe]);
+        flood.extend(std::iter::repeat_n(0x01, 0xfffe));
+    }
+    for cut in [
+        MAX_FIRST_BYTES,
+        MAX_FIRST_BYTES + 1,
+        MAX_FIRST_BYTES + 4095,
+        2 * MAX_FIRST_BYTES,
+    ] {
+        assert_eq!(examine_second(&flood[..cut]), Some(Seen::Unreadable), "{cut}");
+    }
+    // Below the bound, a record still arriving is waited for.
+    assert_eq!(examine_second(&flood[..MAX_FIRST_BYTES - 1]), None);
+}
