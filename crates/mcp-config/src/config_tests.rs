@@ -179,3 +179,28 @@ fn tweak_bounds_are_read_within_the_gates_ceilings() {
         "unknown fields refused"
     );
 }
+
+/// As an attacker, in a sandbox whose runs share the host's PID namespace: a run granted
+/// the network by a tweak starts a daemon in a session of its own, which the stop at the
+/// tweak's end would not reach, and keeps the network. Such a sandbox takes no tweaks.
+#[test]
+fn a_sandbox_without_its_own_pid_namespace_takes_no_tweaks() {
+    let dir = setup(&[("web", "{ mode: all }")]);
+    let policy = dir.path().join("web.yaml");
+    let text = unwrap(std::fs::read_to_string(&policy));
+    let shared = format!("{text}platform:\n  bwrap: {{ unshare: {{ pid: false }} }}\n");
+    unwrap(std::fs::write(&policy, shared));
+    let config = "apiVersion: sandgate.dev/v1\nkind: McpServer\nmetadata: { name: a }\nspec:\n  task: t-1\n  sandboxes:\n    - name: web\n      policy: web.yaml\n      gates: { commands: [ curl ], network: true, tweaks: { max_seconds: 600 } }\n";
+    let Err(ConfigError(errors)) = parse(config, "mcp.yaml", dir.path(), Some(Path::new("/state"))) else {
+        unreachable!("tweaks for a sandbox whose runs share the PID namespace")
+    };
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("gates.tweaks") && e.contains("unshare.pid: false")),
+        "{errors:#?}"
+    );
+    // The same sandbox without tweaks starts.
+    let plain = config.replace(", tweaks: { max_seconds: 600 }", "");
+    unwrap(parse(&plain, "mcp.yaml", dir.path(), Some(Path::new("/state"))));
+}

@@ -23,6 +23,9 @@ pub(super) struct PolicyFacts {
     pub(super) approvals: Approvals,
     pub(super) run_task: String,
     pub(super) start_in_workspace: bool,
+    /// Whether its runs have a PID namespace of their own (`platform.bwrap.unshare.pid`),
+    /// so stopping a run stops everything it started.
+    pub(super) own_pids: bool,
 }
 
 /// The policy's network mode, allowed destinations, limits, the files it names, how
@@ -76,6 +79,7 @@ pub(super) fn read_policy(
         approvals,
         run_task,
         start_in_workspace,
+        own_pids: policy.unshare_pid,
     })
 }
 

@@ -138,6 +138,7 @@ pub(super) fn sandbox(
                 approvals: Approvals::NoNetwork { mode: NetMode::None },
                 run_task: task.to_owned(),
                 start_in_workspace: false,
+                own_pids: true,
             }
         }
     };
@@ -151,6 +152,14 @@ pub(super) fn sandbox(
                 "the policy's net.mode is {}; allow it with `network: true` (or `tweaks: {{ network: true }}`, for runs a person grants it to) or use a policy with net.mode none",
                 net.name()
             ),
+        ));
+    }
+    // A tweak ends by stopping the runs that hold it; without a PID namespace of their own,
+    // what a run started in a session of its own would outlive the stop, and keep it.
+    if tweaks.is_some() && !facts.own_pids {
+        errors.push((
+            format!("{field}.gates.tweaks"),
+            "its policy gives runs no PID namespace of their own (platform.bwrap.unshare.pid: false), so a tweak's end could not stop what a run started; remove `tweaks` or use a policy with a PID namespace".to_owned(),
         ));
     }
     if !errors.is_empty() {
