@@ -202,21 +202,9 @@ fn string(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
 }
 
-/// A decimal integer, without `fmt`.
-fn uint(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        if let Some(d) = digits.get_mut(at) {
-            *d = b'0' + (n % 10) as u8;
-        }
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(digits.get(at..).unwrap_or_default());
+/// A decimal integer, without `fmt` (itoa: what serde_json itself writes integers with).
+fn uint(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 fn ipv4(out: &mut Vec<u8>, ip: Ipv4Addr) {

@@ -167,6 +167,26 @@ impl Exchange {
             ..Exchange::failed(sent, received, Outcome::CredentialLeak)
         }
     }
+
+    /// No response head from `target`: refused as the error says (502, 504).
+    fn no_response(
+        target: &sandgate_policy::Target,
+        error: ResponseError,
+        sent: u64,
+        received: u64,
+    ) -> Exchange {
+        let label = match error {
+            ResponseError::Timeout => Outcome::Upstream(F::ResponseTimeout),
+            _ => Outcome::Upstream(F::Closed),
+        };
+        Exchange {
+            refusal: Some(Refusal::Response {
+                target: target.clone(),
+                error,
+            }),
+            ..Exchange::failed(sent, received, label)
+        }
+    }
 }
 
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
@@ -250,19 +270,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     }
     let response = match head_result {
         Ok((response, _)) => response,
-        Err(error) => {
-            let label = match error {
-                ResponseError::Timeout => Outcome::Upstream(F::ResponseTimeout),
-                _ => Outcome::Upstream(F::Closed),
-            };
-            return Exchange {
-                refusal: Some(Refusal::Response {
-                    target: http.target.clone(),
-                    error,
-                }),
-                ..Exchange::failed(sent, received, label)
-            };
-        }
+        Err(error) => return Exchange::no_response(&http.target, error, sent, received),
     };
     relay_response(
         egress,
@@ -310,19 +318,7 @@ async fn bodiless<S: AsyncRead + AsyncWrite + Unpin>(
     .await;
     let (response, interim) = match response {
         Ok(read) => read,
-        Err(error) => {
-            let label = match error {
-                ResponseError::Timeout => Outcome::Upstream(F::ResponseTimeout),
-                _ => Outcome::Upstream(F::Closed),
-            };
-            return Exchange {
-                refusal: Some(Refusal::Response {
-                    target: http.target.clone(),
-                    error,
-                }),
-                ..Exchange::failed(sent, 0, label)
-            };
-        }
+        Err(error) => return Exchange::no_response(&http.target, error, sent, 0),
     };
     let complete = flushed.is_ok();
     relay_response(egress, client, head, up, response, (sent, interim), complete).await

@@ -78,20 +78,7 @@ fn push_via(out: &mut Vec<u8>, fields: &[Field]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// `n` in decimal.
+/// `n` in decimal, without `fmt` (itoa).
 fn decimal(out: &mut Vec<u8>, n: u16) {
-    let mut digits = [0u8; 5];
-    let mut at = digits.len();
-    let mut n = n;
-    loop {
-        at -= 1;
-        if let Some(d) = digits.get_mut(at) {
-            *d = b'0' + (n % 10) as u8;
-        }
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(digits.get(at..).unwrap_or_default());
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
