@@ -228,13 +228,36 @@ async fn run_target(name: &str, b: &Bench<'_>, results: &mut Results) -> Result<
             .push(value);
     };
     let wants = |scenario: Scenario| args.scenarios.contains(&scenario);
+    let pids = proxy.as_ref().map(RunningProxy::pids).unwrap_or_default();
+    let proxied = proxy.is_some();
     if wants(Scenario::Tunnel) {
-        record("a_up", scenarios::upload(via, s, args.bytes).await?);
-        record("b_down", scenarios::download(via, s, args.bytes).await?);
+        let meter = process::Meter::start(pids.clone(), b.ticks);
+        let up = scenarios::upload(via, s, args.bytes).await?;
+        let down = scenarios::download(via, s, args.bytes).await?;
+        let gib = 2.0 * args.bytes as f64 / f64::from(1u32 << 30);
+        per_unit(
+            &mut record,
+            proxied,
+            ("q_gib_cpu", "q_gib_load"),
+            meter.stop(),
+            gib,
+            1.0,
+        );
+        record("a_up", up);
+        record("b_down", down);
     }
     if wants(Scenario::Http) {
         let secs = Duration::from_secs_f64(args.http_secs);
+        let meter = process::Meter::start(pids.clone(), b.ticks);
         let http = scenarios::http_gets(via, s, args.http_conns, secs).await?;
+        per_unit(
+            &mut record,
+            proxied,
+            ("o_get_cpu", "o_get_load"),
+            meter.stop(),
+            http.requests as f64,
+            1e6,
+        );
         record("c_rps", http.rps);
         record("d_p50", http.p50_us);
         record("e_p99", http.p99_us);
@@ -243,8 +266,21 @@ async fn run_target(name: &str, b: &Bench<'_>, results: &mut Results) -> Result<
     if wants(Scenario::NewTunnels) {
         let secs = Duration::from_secs_f64(args.tunnel_secs);
         let hello = b.hello.clone();
-        let tps = scenarios::new_tunnels(via, s, hello, args.tunnel_conns, secs).await?;
-        record("g_tps", tps);
+        // After a pause for the previous scenario's closes, which would land in the reading.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let meter = process::Meter::start(pids.clone(), b.ticks);
+        let t = scenarios::new_tunnels(via, s, hello, args.tunnel_conns, secs).await?;
+        // The last tunnels' closes and records, still being written when the load stops.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        per_unit(
+            &mut record,
+            proxied,
+            ("p_tunnel_cpu", "p_tunnel_load"),
+            meter.stop(),
+            t.tunnels as f64,
+            1e6,
+        );
+        record("g_tps", t.tps);
     }
     if wants(Scenario::Https) {
         // Before the idle tunnels, whose closes would land in its CPU reading; after a pause
@@ -252,19 +288,43 @@ async fn run_target(name: &str, b: &Bench<'_>, results: &mut Results) -> Result<
         tokio::time::sleep(Duration::from_millis(300)).await;
         https(b, via, proxy.as_ref(), &mut record).await?;
     }
-    if let (true, Some(p)) = (wants(Scenario::Idle), &proxy) {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let before = process::rss_bytes(p.pid());
-        let held = scenarios::hold_tunnels(via, s.echo, args.idle).await?;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let after = process::rss_bytes(p.pid());
-        drop(held);
-        record(
-            "h_idle",
-            after.saturating_sub(before) as f64 / args.idle.max(1) as f64,
-        );
+    drop(proxy);
+    if wants(Scenario::Idle) && name != "direct" {
+        // Each on a proxy of its own, started for it: a proxy that carried the scenarios
+        // above (or the other idle set) would reuse heap it already holds, and show less.
+        for (key, echoed) in [("h_idle", true), ("h_idle_silent", false)] {
+            let Some(p) = start_target(name, b)? else {
+                continue;
+            };
+            let via = Via::Proxy(p.addr);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let before = process::rss_bytes(p.pid());
+            let held = scenarios::hold_tunnels(via, s.echo, args.idle, echoed).await?;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let after = process::rss_bytes(p.pid());
+            drop(held);
+            record(key, after.saturating_sub(before) as f64 / args.idle.max(1) as f64);
+        }
     }
     Ok(())
+}
+
+/// Records what one scenario's units of work cost: the proxy's CPU (`keys.0`, when there is
+/// a proxy) and the load side's (`keys.1`: client and servers; for `direct`, the limit a
+/// proxy is compared with), each `cpu` in seconds times `scale` over `units`.
+fn per_unit(
+    record: &mut impl FnMut(&'static str, f64),
+    proxied: bool,
+    keys: (&'static str, &'static str),
+    cpu: (Duration, Duration),
+    units: f64,
+    scale: f64,
+) {
+    let per = |d: Duration| d.as_secs_f64() * scale / units.max(1e-9);
+    if proxied {
+        record(keys.0, per(cpu.0));
+    }
+    record(keys.1, per(cpu.1));
 }
 
 /// Keep-alive HTTPS GETs, and the CPU the proxy (every process of the target) and the load
@@ -281,23 +341,25 @@ async fn https(
         .and_then(|p| p.intercept_ca_pem.as_deref())
         .unwrap_or(&b.servers.tls.ca_pem);
     let tls = client::tls_config(&[trust])?;
-    let pids = proxy.map(RunningProxy::pids).unwrap_or_default();
-    let proxy_before = process::cpu_time(&pids, b.ticks);
-    let load_before = process::own_cpu_time(b.ticks);
+    let meter = process::Meter::start(proxy.map(RunningProxy::pids).unwrap_or_default(), b.ticks);
     let started = Instant::now();
     let secs = Duration::from_secs_f64(b.args.http_secs);
     let f = scenarios::https_gets(via, b.servers.tls.addr, tls, b.args.http_conns, secs).await?;
     let wall = started.elapsed().as_secs_f64();
-    let proxy_cpu = process::cpu_time(&pids, b.ticks).saturating_sub(proxy_before);
-    let load_cpu = process::own_cpu_time(b.ticks).saturating_sub(load_before);
-    let per_request = |cpu: Duration| cpu.as_secs_f64() * 1e6 / f.requests.max(1) as f64;
+    let (proxy_cpu, load_cpu) = meter.stop();
     record("i_https_rps", f.rps);
     record("j_https_p50", f.p50_us);
     record("k_https_p99", f.p99_us);
     if proxy.is_some() {
-        record("l_https_cpu", per_request(proxy_cpu));
         record("m_https_busy", proxy_cpu.as_secs_f64() / wall * 100.0);
     }
-    record("n_https_load", per_request(load_cpu));
+    per_unit(
+        record,
+        proxy.is_some(),
+        ("l_https_cpu", "n_https_load"),
+        (proxy_cpu, load_cpu),
+        f.requests as f64,
+        1e6,
+    );
     Ok(())
 }

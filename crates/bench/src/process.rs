@@ -71,6 +71,36 @@ pub fn own_cpu_time(ticks_per_sec: u64) -> Duration {
     ticks_to_time(cpu_ticks(std::process::id()), ticks_per_sec)
 }
 
+/// The CPU the proxy under test (`pids` and their children) and the load generator (this
+/// process: client and servers) use over one scenario, read at its start and its end.
+#[derive(Debug)]
+pub struct Meter {
+    pids: Vec<u32>,
+    ticks_per_sec: u64,
+    proxy: Duration,
+    load: Duration,
+}
+
+impl Meter {
+    /// Starts reading: what both have used so far.
+    pub fn start(pids: Vec<u32>, ticks_per_sec: u64) -> Meter {
+        let proxy = cpu_time(&pids, ticks_per_sec);
+        Meter {
+            pids,
+            ticks_per_sec,
+            proxy,
+            load: own_cpu_time(ticks_per_sec),
+        }
+    }
+
+    /// What the proxy and the load used since [`Meter::start`].
+    pub fn stop(&self) -> (Duration, Duration) {
+        let proxy = cpu_time(&self.pids, self.ticks_per_sec).saturating_sub(self.proxy);
+        let load = own_cpu_time(self.ticks_per_sec).saturating_sub(self.load);
+        (proxy, load)
+    }
+}
+
 fn cpu_ticks(pid: u32) -> u64 {
     let f = stat_fields(pid);
     // Fields 14 and 15: utime and stime.

@@ -20,7 +20,25 @@ const METRICS: &[(&str, &str, bool)] = &[
     ("e_p99", "GET p99 (µs)", false),
     ("f_p999", "GET p99.9 (µs)", false),
     ("g_tps", "new tunnels (/s)", true),
-    ("h_idle", "RSS per idle tunnel (bytes)", false),
+    (
+        "h_idle",
+        "RSS per idle tunnel past its first bytes (bytes)",
+        false,
+    ),
+    (
+        "h_idle_silent",
+        "RSS per tunnel waiting for its first bytes (bytes)",
+        false,
+    ),
+];
+
+/// (key of the proxy's CPU, key of the load side's, label) of the CPU table: what one unit
+/// of work costs the proxy, against what the load side alone spends on it without a proxy
+/// (`direct`'s load: the limit).
+const CPU_METRICS: &[(&str, &str, &str)] = &[
+    ("o_get_cpu", "o_get_load", "CPU per keep-alive GET (µs)"),
+    ("p_tunnel_cpu", "p_tunnel_load", "CPU per new tunnel (µs)"),
+    ("q_gib_cpu", "q_gib_load", "CPU per GiB relayed (s)"),
 ];
 
 /// (key, label) of the HTTPS table.
@@ -74,6 +92,10 @@ pub fn print_report(args: &Args, results: &Results, pinned: bool) {
     if suite {
         print_suite(&targets, results);
     }
+    if CPU_METRICS.iter().any(|(key, _, _)| results.contains_key(key)) {
+        println!();
+        print_cpu(&targets, results);
+    }
     if HTTPS_METRICS.iter().any(|(key, _)| results.contains_key(key)) {
         if suite {
             println!();
@@ -82,18 +104,37 @@ pub fn print_report(args: &Args, results: &Results, pinned: bool) {
     }
 }
 
+/// The CPU table: a column a target with the proxy's CPU per unit of work (for `direct`,
+/// the load side's: the limit), then each proxy against that limit. A `sandgate-nopeek`
+/// column is the new tunnel without the ClientHello check.
+fn print_cpu(targets: &[&str], results: &Results) {
+    let proxies: Vec<&str> = targets.iter().copied().filter(|t| *t != "direct").collect();
+    let ratios: Vec<String> = proxies.iter().map(|t| format!("{t} / limit")).collect();
+    print_header(
+        "proxy's CPU per unit (direct: the load side's, the limit)",
+        targets,
+        &ratios,
+    );
+    for (proxy_key, load_key, label) in CPU_METRICS {
+        let med = |key: &str, t: &str| results.get(key)?.get(t).and_then(|v| median(v));
+        let limit = med(load_key, "direct");
+        let of = |t: &str| if t == "direct" { limit } else { med(proxy_key, t) };
+        let mut line = format!("| {label} |");
+        for t in targets {
+            line.push_str(&cell(of(t)));
+        }
+        for t in &proxies {
+            line.push_str(&ratio(of(t), limit));
+        }
+        println!("{line}");
+    }
+}
+
 /// The suite's table: a column a target, sandgate against direct, the best other proxy
 /// against sandgate.
 fn print_suite(targets: &[&str], results: &Results) {
-    let mut header = String::from("| metric |");
-    let mut rule = String::from("|---|");
-    for t in targets {
-        header.push_str(&format!(" {t} |"));
-        rule.push_str("---:|");
-    }
-    header.push_str(" sandgate / direct | best other / sandgate |");
-    rule.push_str("---:|---:|");
-    println!("{header}\n{rule}");
+    let ratios = ["sandgate / direct".to_owned(), "best other / sandgate".to_owned()];
+    print_header("metric", targets, &ratios);
     for (key, label, higher_better) in METRICS {
         let Some(by_target) = results.get(key) else {
             continue;
@@ -121,21 +162,11 @@ fn print_suite(targets: &[&str], results: &Results) {
 fn print_https(targets: &[&str], results: &Results) {
     let proxies: Vec<&str> = targets.iter().copied().filter(|t| *t != "direct").collect();
     let both = targets.contains(&"sandgate") && targets.contains(&"sandgate-intercept");
-    let mut header = String::from("| metric |");
-    let mut rule = String::from("|---|");
-    for t in targets {
-        header.push_str(&format!(" {t} |"));
-        rule.push_str("---:|");
-    }
-    for t in &proxies {
-        header.push_str(&format!(" {t} / direct |"));
-        rule.push_str("---:|");
-    }
+    let mut ratios: Vec<String> = proxies.iter().map(|t| format!("{t} / direct")).collect();
     if both {
-        header.push_str(" sandgate-intercept / sandgate |");
-        rule.push_str("---:|");
+        ratios.push("sandgate-intercept / sandgate".to_owned());
     }
-    println!("{header}\n{rule}");
+    print_header("metric", targets, &ratios);
     for (key, label) in HTTPS_METRICS {
         let Some(by_target) = results.get(key) else {
             continue;
@@ -155,6 +186,17 @@ fn print_https(targets: &[&str], results: &Results) {
     }
 }
 
+/// A table's header and rule: `first`, a column a target, then the ratio columns.
+fn print_header(first: &str, targets: &[&str], ratios: &[String]) {
+    let mut header = format!("| {first} |");
+    let mut rule = String::from("|---|");
+    for column in targets.iter().copied().chain(ratios.iter().map(String::as_str)) {
+        header.push_str(&format!(" {column} |"));
+        rule.push_str("---:|");
+    }
+    println!("{header}\n{rule}");
+}
+
 fn cell(v: Option<f64>) -> String {
     match v {
         Some(v) => format!(" {} |", fmt(v)),
@@ -172,7 +214,9 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
 fn fmt(v: f64) -> String {
     if v >= 100.0 {
         format!("{v:.0}")
-    } else {
+    } else if v >= 10.0 {
         format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
     }
 }

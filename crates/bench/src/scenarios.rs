@@ -161,15 +161,24 @@ pub fn client_hello() -> Result<Vec<u8>, BoxError> {
     Ok(out)
 }
 
-/// New tunnels per second: each opens a tunnel to the echo server, sends `first` (a TLS
-/// ClientHello) and reads it echoed back, closes.
+/// New-tunnel results.
+#[derive(Debug, Clone, Copy)]
+pub struct TunnelFigures {
+    /// Tunnels a second.
+    pub tps: f64,
+    /// Tunnels opened, used and closed.
+    pub tunnels: u64,
+}
+
+/// New tunnels: each opens a tunnel to the echo server, sends `first` (a TLS ClientHello)
+/// and reads it echoed back, closes.
 pub async fn new_tunnels(
     via: Via,
     s: &Servers,
     first: Arc<[u8]>,
     conns: usize,
     duration: Duration,
-) -> Result<f64, BoxError> {
+) -> Result<TunnelFigures, BoxError> {
     let stop = Arc::new(AtomicBool::new(false));
     let echo = s.echo;
     let mut tasks = Vec::with_capacity(conns);
@@ -195,15 +204,20 @@ pub async fn new_tunnels(
     for t in tasks {
         total += t.await??;
     }
-    Ok(total as f64 / started.elapsed().as_secs_f64())
+    Ok(TunnelFigures {
+        tps: total as f64 / started.elapsed().as_secs_f64(),
+        tunnels: total,
+    })
 }
 
-/// Opens `n` tunnels to the echo server (one echo each, so every tunnel has carried data) and
-/// returns them, to be held idle while the proxy's memory is measured.
+/// Opens `n` tunnels to the echo server and returns them, to be held idle while the proxy's
+/// memory is measured: with `echoed`, each past its first bytes (one byte echoed, so every
+/// tunnel has carried data); without, each silent, as the proxy waits for its first bytes.
 pub async fn hold_tunnels(
     via: Via,
     echo: SocketAddr,
     n: usize,
+    echoed: bool,
 ) -> Result<Vec<tokio::net::TcpStream>, BoxError> {
     let mut held = Vec::with_capacity(n);
     for batch in 0..n.div_ceil(200) {
@@ -212,9 +226,11 @@ pub async fn hold_tunnels(
         for _ in 0..count {
             tasks.push(tokio::spawn(async move {
                 let mut stream = open(via, echo).await?;
-                stream.write_all(b"x").await?;
-                let mut back = [0u8; 1];
-                stream.read_exact(&mut back).await?;
+                if echoed {
+                    stream.write_all(b"x").await?;
+                    let mut back = [0u8; 1];
+                    stream.read_exact(&mut back).await?;
+                }
                 Ok::<_, BoxError>(stream)
             }));
         }

@@ -46,7 +46,8 @@ fn smoke_run_produces_every_figure() {
         "keep-alive GETs",
         "GET p99 ",
         "new tunnels",
-        "RSS per idle tunnel",
+        "RSS per idle tunnel past",
+        "RSS per tunnel waiting",
     ] {
         let cell = figure(&stdout, metric, 2);
         assert!(
@@ -62,6 +63,21 @@ fn smoke_run_produces_every_figure() {
     ] {
         for (column, target) in [(2, "sandgate"), (3, "sandgate-intercept")] {
             let cell = figure(&stdout, metric, column);
+            assert!(
+                cell.parse::<f64>().is_ok(),
+                "{metric}: no {target} figure: {cell:?}"
+            );
+        }
+    }
+    // What each unit of work costs: the limit (direct's load side) and the proxy's.
+    let cpu = [
+        "CPU per keep-alive GET",
+        "CPU per new tunnel",
+        "CPU per GiB relayed",
+    ];
+    for metric in cpu {
+        let cells = [(1, "direct"), (2, "sandgate")].map(|(c, t)| (figure(&stdout, metric, c), t));
+        for (cell, target) in cells {
             assert!(
                 cell.parse::<f64>().is_ok(),
                 "{metric}: no {target} figure: {cell:?}"
