@@ -309,22 +309,42 @@ async fn run_target(name: &str, b: &Bench<'_>, results: &mut Results) -> Result<
     Ok(())
 }
 
-/// Records what one scenario's units of work cost: the proxy's CPU (`keys.0`, when there is
-/// a proxy) and the load side's (`keys.1`: client and servers; for `direct`, the limit a
-/// proxy is compared with), each `cpu` in seconds times `scale` over `units`.
+/// Records what one scenario's units of work cost, each in seconds times `scale` over
+/// `units`: the proxy's CPU (`keys.0`, when there is a proxy) and of it the kernel's (the
+/// key with `_sys` after it), and the load side's (`keys.1`: client and servers; for
+/// `direct`, the limit a proxy is compared with) and of it the kernel's.
 fn per_unit(
     record: &mut impl FnMut(&'static str, f64),
     proxied: bool,
     keys: (&'static str, &'static str),
-    cpu: (Duration, Duration),
+    used: process::Used,
     units: f64,
     scale: f64,
 ) {
     let per = |d: Duration| d.as_secs_f64() * scale / units.max(1e-9);
+    let (proxy_sys, load_sys) = (system_key(keys.0), system_key(keys.1));
     if proxied {
-        record(keys.0, per(cpu.0));
+        record(keys.0, per(used.proxy.total()));
+        record(proxy_sys, per(used.proxy.system));
     }
-    record(keys.1, per(cpu.1));
+    record(keys.1, per(used.load.total()));
+    record(load_sys, per(used.load.system));
+}
+
+/// The key of the kernel's part of a CPU figure (the report's rows name the same keys).
+fn system_key(key: &'static str) -> &'static str {
+    report::CPU_METRICS
+        .iter()
+        .find_map(|m| {
+            if m.proxy == key {
+                Some(m.proxy_sys)
+            } else if m.load == key {
+                Some(m.load_sys)
+            } else {
+                None
+            }
+        })
+        .unwrap_or(key)
 }
 
 /// Keep-alive HTTPS GETs, and the CPU the proxy (every process of the target) and the load
@@ -346,18 +366,18 @@ async fn https(
     let secs = Duration::from_secs_f64(b.args.http_secs);
     let f = scenarios::https_gets(via, b.servers.tls.addr, tls, b.args.http_conns, secs).await?;
     let wall = started.elapsed().as_secs_f64();
-    let (proxy_cpu, load_cpu) = meter.stop();
+    let used = meter.stop();
     record("i_https_rps", f.rps);
     record("j_https_p50", f.p50_us);
     record("k_https_p99", f.p99_us);
     if proxy.is_some() {
-        record("m_https_busy", proxy_cpu.as_secs_f64() / wall * 100.0);
+        record("m_https_busy", used.proxy.total().as_secs_f64() / wall * 100.0);
     }
     per_unit(
         record,
         proxy.is_some(),
         ("l_https_cpu", "n_https_load"),
-        (proxy_cpu, load_cpu),
+        used,
         f.requests as f64,
         1e6,
     );

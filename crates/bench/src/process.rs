@@ -58,17 +58,49 @@ pub fn clock_ticks() -> u64 {
         .unwrap_or(100)
 }
 
-/// CPU time (user and system, every thread) `pids` and their direct children have used,
-/// to a resolution of one clock tick (10 ms at 100 ticks a second).
-pub fn cpu_time(pids: &[u32], ticks_per_sec: u64) -> Duration {
-    let ticks = pids.iter().flat_map(|&p| with_children(p)).map(cpu_ticks).sum();
-    ticks_to_time(ticks, ticks_per_sec)
+/// CPU time used, user and system (the kernel's work on the process's behalf) apart.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cpu {
+    pub user: Duration,
+    pub system: Duration,
+}
+
+impl Cpu {
+    /// User and system together.
+    pub fn total(self) -> Duration {
+        self.user + self.system
+    }
+
+    fn since(self, earlier: Cpu) -> Cpu {
+        Cpu {
+            user: self.user.saturating_sub(earlier.user),
+            system: self.system.saturating_sub(earlier.system),
+        }
+    }
+
+    fn of_ticks((user, system): (u64, u64), ticks_per_sec: u64) -> Cpu {
+        Cpu {
+            user: ticks_to_time(user, ticks_per_sec),
+            system: ticks_to_time(system, ticks_per_sec),
+        }
+    }
+}
+
+/// CPU time (every thread) `pids` and their direct children have used, to a resolution of
+/// one clock tick (10 ms at 100 ticks a second).
+pub fn cpu_time(pids: &[u32], ticks_per_sec: u64) -> Cpu {
+    let ticks = pids
+        .iter()
+        .flat_map(|&p| with_children(p))
+        .map(cpu_ticks)
+        .fold((0, 0), |(u, s), (du, ds)| (u + du, s + ds));
+    Cpu::of_ticks(ticks, ticks_per_sec)
 }
 
 /// The same for this process alone (the load generator and its servers; its children are
 /// the proxies under test).
-pub fn own_cpu_time(ticks_per_sec: u64) -> Duration {
-    ticks_to_time(cpu_ticks(std::process::id()), ticks_per_sec)
+pub fn own_cpu_time(ticks_per_sec: u64) -> Cpu {
+    Cpu::of_ticks(cpu_ticks(std::process::id()), ticks_per_sec)
 }
 
 /// The CPU the proxy under test (`pids` and their children) and the load generator (this
@@ -77,8 +109,15 @@ pub fn own_cpu_time(ticks_per_sec: u64) -> Duration {
 pub struct Meter {
     pids: Vec<u32>,
     ticks_per_sec: u64,
-    proxy: Duration,
-    load: Duration,
+    proxy: Cpu,
+    load: Cpu,
+}
+
+/// What a [`Meter`] read: the proxy's CPU and the load side's.
+#[derive(Debug, Clone, Copy)]
+pub struct Used {
+    pub proxy: Cpu,
+    pub load: Cpu,
 }
 
 impl Meter {
@@ -94,18 +133,19 @@ impl Meter {
     }
 
     /// What the proxy and the load used since [`Meter::start`].
-    pub fn stop(&self) -> (Duration, Duration) {
-        let proxy = cpu_time(&self.pids, self.ticks_per_sec).saturating_sub(self.proxy);
-        let load = own_cpu_time(self.ticks_per_sec).saturating_sub(self.load);
-        (proxy, load)
+    pub fn stop(&self) -> Used {
+        Used {
+            proxy: cpu_time(&self.pids, self.ticks_per_sec).since(self.proxy),
+            load: own_cpu_time(self.ticks_per_sec).since(self.load),
+        }
     }
 }
 
-fn cpu_ticks(pid: u32) -> u64 {
+/// utime and stime (fields 14 and 15), in clock ticks.
+fn cpu_ticks(pid: u32) -> (u64, u64) {
     let f = stat_fields(pid);
-    // Fields 14 and 15: utime and stime.
     let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    field(11) + field(12)
+    (field(11), field(12))
 }
 
 fn ticks_to_time(ticks: u64, ticks_per_sec: u64) -> Duration {

@@ -32,13 +32,53 @@ const METRICS: &[(&str, &str, bool)] = &[
     ),
 ];
 
-/// (key of the proxy's CPU, key of the load side's, label) of the CPU table: what one unit
-/// of work costs the proxy, against what the load side alone spends on it without a proxy
-/// (`direct`'s load: the limit).
-const CPU_METRICS: &[(&str, &str, &str)] = &[
-    ("o_get_cpu", "o_get_load", "CPU per keep-alive GET (µs)"),
-    ("p_tunnel_cpu", "p_tunnel_load", "CPU per new tunnel (µs)"),
-    ("q_gib_cpu", "q_gib_load", "CPU per GiB relayed (s)"),
+/// One row pair of the CPU table: what one unit of work costs the proxy, against what the
+/// load side alone spends on it without a proxy (`direct`'s load: the limit), each with the
+/// kernel's part on a row of its own.
+#[derive(Debug)]
+pub struct CpuMetric {
+    pub proxy: &'static str,
+    pub proxy_sys: &'static str,
+    pub load: &'static str,
+    pub load_sys: &'static str,
+    /// Empty for the HTTPS scenario's, which its own table shows.
+    label: &'static str,
+}
+
+const fn cpu_metric(keys: [&'static str; 4], label: &'static str) -> CpuMetric {
+    let [proxy, proxy_sys, load, load_sys] = keys;
+    CpuMetric {
+        proxy,
+        proxy_sys,
+        load,
+        load_sys,
+        label,
+    }
+}
+
+/// The CPU table's rows, and the HTTPS scenario's keys.
+pub const CPU_METRICS: &[CpuMetric] = &[
+    cpu_metric(
+        ["o_get_cpu", "o_get_sys", "o_get_load", "o_get_load_sys"],
+        "CPU per keep-alive GET (µs)",
+    ),
+    cpu_metric(
+        [
+            "p_tunnel_cpu",
+            "p_tunnel_sys",
+            "p_tunnel_load",
+            "p_tunnel_load_sys",
+        ],
+        "CPU per new tunnel (µs)",
+    ),
+    cpu_metric(
+        ["q_gib_cpu", "q_gib_sys", "q_gib_load", "q_gib_load_sys"],
+        "CPU per GiB relayed (s)",
+    ),
+    cpu_metric(
+        ["l_https_cpu", "l_https_sys", "n_https_load", "n_https_load_sys"],
+        "",
+    ),
 ];
 
 /// (key, label) of the HTTPS table.
@@ -92,7 +132,10 @@ pub fn print_report(args: &Args, results: &Results, pinned: bool) {
     if suite {
         print_suite(&targets, results);
     }
-    if CPU_METRICS.iter().any(|(key, _, _)| results.contains_key(key)) {
+    if CPU_METRICS
+        .iter()
+        .any(|m| !m.label.is_empty() && results.contains_key(m.proxy))
+    {
         println!();
         print_cpu(&targets, results);
     }
@@ -115,7 +158,13 @@ fn print_cpu(targets: &[&str], results: &Results) {
         targets,
         &ratios,
     );
-    for (proxy_key, load_key, label) in CPU_METRICS {
+    let rows = CPU_METRICS.iter().filter(|m| !m.label.is_empty()).flat_map(|m| {
+        [
+            (m.proxy, m.load, m.label),
+            (m.proxy_sys, m.load_sys, "of which in the kernel"),
+        ]
+    });
+    for (proxy_key, load_key, label) in rows {
         let med = |key: &str, t: &str| results.get(key)?.get(t).and_then(|v| median(v));
         let limit = med(load_key, "direct");
         let of = |t: &str| if t == "direct" { limit } else { med(proxy_key, t) };
