@@ -2,7 +2,8 @@
 //! sandboxed code holds a placeholder; the proxy writes the secret into that header of
 //! requests to that host only, where it sees them (an intercepted `https://` request), and
 //! refuses a request that carries a placeholder anywhere else (another host, another
-//! header, the path or query, plain HTTP) as an attempted leak; and, for a credential that
+//! header, the path or query, plain HTTP; literally or percent-encoded, as an origin that
+//! decodes would read it) as an attempted leak; and, for a credential that
 //! asks for it (`inspect_body`), a request body to another host that carries it
 //! ([`BodyScan`], as the body streams).
 //!
@@ -180,16 +181,22 @@ impl BoundSecrets {
             origin: c.origin.clone(),
             where_,
         };
-        if let Some(c) = self.list.iter().find(|c| target.contains(&c.placeholder)) {
+        let placeholder = |c: &&Credential| carries(target.as_bytes(), c.placeholder.as_bytes());
+        if let Some(c) = self.list.iter().find(placeholder) {
             return Err(leak(c, "in the request's path or query".to_owned()));
         }
         let mut swap = Vec::new();
         for (name, value) in fields {
             for c in &self.list {
+                let here = c.host == *host && name.eq_ignore_ascii_case(&c.header);
                 if !contains(value, c.placeholder.as_bytes()) {
+                    // Encoded, it is swapped nowhere, and is only a placeholder in its own
+                    // header; anywhere else an origin may decode it (a cookie).
+                    if !here && carries(value, c.placeholder.as_bytes()) {
+                        return Err(leak(c, format!("in the {name} header to {host}, encoded")));
+                    }
                     continue;
                 }
-                let here = c.host == *host && name.eq_ignore_ascii_case(&c.header);
                 if !here {
                     return Err(leak(c, format!("in the {name} header to {host}")));
                 }
@@ -271,6 +278,62 @@ impl BodyScan {
         }
         Ok(())
     }
+}
+
+/// How many times a path, query or header value is percent-decoded in search of a
+/// placeholder: an origin, and a framework behind it, may each decode once.
+const DECODE_ROUNDS: usize = 3;
+
+/// Whether `text` carries `needle` literally, or once `%XX` (either case) is decoded, once
+/// or again up to [`DECODE_ROUNDS`] times (`%255F` is `%5F`, then `_`). A placeholder is
+/// only ASCII letters, digits, `_` and `-`, so no other spelling (`+` for a space) can
+/// make one.
+fn carries(text: &[u8], needle: &[u8]) -> bool {
+    if contains(text, needle) {
+        return true;
+    }
+    let mut current = text.to_vec();
+    for _ in 0..DECODE_ROUNDS {
+        if !current.contains(&b'%') {
+            return false;
+        }
+        let next = percent_decode(&current);
+        if next == current {
+            return false;
+        }
+        if contains(&next, needle) {
+            return true;
+        }
+        current = next;
+    }
+    false
+}
+
+/// `text` with each `%XX` of two hex digits replaced by its byte; anything else kept.
+fn percent_decode(text: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    let mut i = 0;
+    while let Some(&b) = text.get(i) {
+        let byte = match (b, text.get(i + 1..i + 3)) {
+            (b'%', Some(&[hi, lo])) => hex(hi).zip(hex(lo)).map(|(h, l)| h << 4 | l),
+            _ => None,
+        };
+        match byte {
+            Some(byte) => {
+                out.push(byte);
+                i += 3;
+            }
+            None => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+fn hex(digit: u8) -> Option<u8> {
+    char::from(digit).to_digit(16).and_then(|d| u8::try_from(d).ok())
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

@@ -149,3 +149,33 @@ fn a_placeholder_in_a_body_to_another_host_is_found_across_any_chunking() {
         assert!(clean.feed(chunk).is_ok());
     }
 }
+
+/// A placeholder percent-encoded in the path or the query (any case of the hex digits, or
+/// encoded twice) is the placeholder to an origin that decodes it: a leak, as the literal
+/// one is. So is one encoded in a header other than its own (a cookie an origin decodes).
+#[test]
+fn a_placeholder_percent_encoded_anywhere_else_is_a_leak() {
+    for target in [
+        "/v1?k=SANDGATE%5FEXAMPLE",
+        "/v1?k=SANDGATE%5fEXAMPLE",
+        "/v1?k=%53%41%4e%44%47%41%54%45%5f%45%58%41%4d%50%4c%45",
+        "/v1?k=SANDGATE%255FEXAMPLE",
+        "/v1/SANDGATE%5FEXAMPLE/x",
+        "/v1/SANDGATE_EXAMPLE/x",
+    ] {
+        for host in ["api.example", "other.example"] {
+            let leak = check(host, true, target, &[]);
+            assert!(
+                leak.as_ref().is_err_and(|l| l.where_.contains("path or query")),
+                "{target} to {host}: {leak:?}"
+            );
+        }
+    }
+    let cookie = check("other.example", true, "/", &[("Cookie", "k=SANDGATE%5FEXAMPLE")]);
+    assert!(cookie.unwrap_err().where_.contains("Cookie"));
+    // Near misses are not the placeholder.
+    assert_eq!(
+        check("other.example", true, "/v1?k=SANDGATE%5EXAMPLE%", &[]),
+        Ok(Carried::Nothing)
+    );
+}

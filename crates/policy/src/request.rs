@@ -9,10 +9,12 @@
 //! A pattern and a request's path are compared segment by segment, after both are brought to
 //! one spelling ([`CanonicalPath`]): the query is cut off, each segment percent-decoded, and
 //! every spelling a server might read as another path is refused rather than guessed at: an
-//! encoded `/` or `\`, a raw `\`, a `.` or `..` segment (however encoded, or followed by `;`
-//! as Tomcat reads `..;`), an empty segment (`//`, except a trailing slash), a control
-//! character, invalid percent-encoding or UTF-8, and the compatibility forms of `.`, `/` and
-//! `\` (a fullwidth `．`) that a server normalising Unicode would turn into them. Matching is
+//! encoded `/` or `\`, a raw `\`, an encoded `?` or `#` (or a raw `#`: an origin that decodes
+//! before it splits off the query ends the path there), a `.` or `..` segment (however
+//! encoded, or followed by `;` as Tomcat reads `..;`), an empty segment (`//`, except a
+//! trailing slash), a control character, invalid percent-encoding or UTF-8, and the
+//! compatibility forms of `.`, `/`, `\`, `?` and `#` (a fullwidth `．`) that a server
+//! normalising Unicode would turn into them. Matching is
 //! case-sensitive, as paths are (RFC 3986): a rule for `/myorg/` does not admit `/MyOrg/`,
 //! even where the server would read both as one, which refuses more and never less.
 //!
@@ -326,10 +328,12 @@ pub enum PathError {
     Control,
     #[error("the path is not UTF-8 once decoded")]
     Utf8,
-    #[error("the path has a character a server may read as `.`, `/` or `\\`")]
+    #[error("the path has a character a server may read as `.`, `/`, `\\`, `?` or `#`")]
     Lookalike,
     #[error("the path has a `;` (path parameters, which servers drop)")]
     Parameter,
+    #[error("the path has an encoded `?` or `#`, or a raw `#`")]
+    Delimiter,
 }
 
 impl PathError {
@@ -342,8 +346,9 @@ impl PathError {
             PathError::Encoding => "invalid percent-encoding",
             PathError::Control => "a control character",
             PathError::Utf8 => "not UTF-8 once decoded",
-            PathError::Lookalike => "a character a server may read as `.`, `/` or `\\`",
+            PathError::Lookalike => "a character a server may read as `.`, `/`, `\\`, `?` or `#`",
             PathError::Parameter => "a `;` (path parameters) is never matched",
+            PathError::Delimiter => "an encoded `?` or `#`, or a `#`, is never matched",
         }
     }
 }
@@ -371,13 +376,17 @@ impl CanonicalPath {
     }
 }
 
-/// Every code point whose compatibility form (NFKC) contains `.`, `/` or `\` (Unicode 15, as
-/// Python's `unicodedata` lists them): a server that normalises Unicode would read a segment
-/// of them as a dot segment or split it. Sorted, for a binary search.
+/// Every code point whose compatibility form (NFKC) contains `.`, `/`, `\`, `?` or `#` (as
+/// Python's `unicodedata` lists them; Unicode 14 and 15 list the same): a server that normalises
+/// Unicode would read a segment of them as a dot segment, split it, or end the path at it.
+/// Sorted, for a binary search.
 const LOOKALIKES: &[char] = &[
     '\u{2024}',
     '\u{2025}',
     '\u{2026}',
+    '\u{2047}',
+    '\u{2048}',
+    '\u{2049}',
     '\u{2100}',
     '\u{2101}',
     '\u{2105}',
@@ -405,12 +414,17 @@ const LOOKALIKES: &[char] = &[
     '\u{33C2}',
     '\u{33C7}',
     '\u{33D8}',
+    '\u{FE16}',
     '\u{FE19}',
     '\u{FE30}',
     '\u{FE52}',
+    '\u{FE56}',
+    '\u{FE5F}',
     '\u{FE68}',
+    '\u{FF03}',
     '\u{FF0E}',
     '\u{FF0F}',
+    '\u{FF1F}',
     '\u{FF3C}',
     '\u{1F100}',
 ];
@@ -443,6 +457,12 @@ fn decode_segment(seg: &str) -> Result<String, PathError> {
     }
     if out.iter().any(|&b| b < 0x20 || b == 0x7f) {
         return Err(PathError::Control);
+    }
+    // A `?` or `#` inside a segment came encoded (`%3F`) or, for `#`, raw: an origin that
+    // decodes before it splits off the query (CVE-2024-38474) ends the path there, so
+    // `/files/secret.key%3F.tar.gz` is `/files/secret.key` to it.
+    if out.iter().any(|&b| b == b'?' || b == b'#') {
+        return Err(PathError::Delimiter);
     }
     let text = String::from_utf8(out).map_err(|_| PathError::Utf8)?;
     // C1 controls (U+0080 to U+009F), which some servers strip as whitespace.

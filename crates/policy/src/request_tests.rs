@@ -386,3 +386,43 @@ fn within_proves_what_it_can_and_refuses_the_rest() {
     assert!(!within("/org/", "/org/*"));
     assert!(within("/org/", "/org/**"));
 }
+
+/// An origin that decodes the path before it splits off the query (CVE-2024-38474) reads
+/// `secret.key%3F.tar.gz` as `secret.key` with a query: the rule `/files/*.tar.gz` must not
+/// admit it, in any case of the hex digits, nor a `#` that ends the path the same way, nor
+/// a compatibility form of either that a server normalising Unicode turns into one.
+#[test]
+fn an_encoded_query_or_fragment_delimiter_is_refused() {
+    let rule = pat("/files/*.tar.gz");
+    for p in [
+        "/files/secret.key%3F.tar.gz",
+        "/files/secret.key%3f.tar.gz",
+        "/files/secret.key%23.tar.gz",
+        "/files/secret.key#.tar.gz",
+        "/files/%3F/x.tar.gz",
+        "/files/secret.key%EF%BC%9F.tar.gz",
+        "/files/secret.key%EF%BC%83.tar.gz",
+        "/files/secret.key\u{FE16}.tar.gz",
+        "/files/secret.key\u{2047}.tar.gz",
+        "/files/secret.key\u{FE5F}.tar.gz",
+    ] {
+        let parsed = CanonicalPath::parse(p);
+        assert!(
+            parsed
+                .as_ref()
+                .is_err_and(|e| *e == PathError::Delimiter || *e == PathError::Lookalike),
+            "{p}: {parsed:?} (matched by the rule: {})",
+            parsed.as_ref().is_ok_and(|c| rule.matches(c))
+        );
+    }
+    assert_eq!(CanonicalPath::parse("/files/a%3Fb"), Err(PathError::Delimiter));
+    assert_eq!(CanonicalPath::parse("/files/a%23b"), Err(PathError::Delimiter));
+    assert_eq!(
+        CanonicalPath::parse("/files/a\u{FF1F}b"),
+        Err(PathError::Lookalike)
+    );
+    // A real query is still only the query, and a pattern cannot name either character.
+    assert!(rule.matches(&path("/files/x.tar.gz?a=%3F%23")));
+    assert!(PathPattern::parse("/files/%3F").is_err());
+    assert!(PathPattern::parse("/files/%23").is_err());
+}

@@ -21,6 +21,7 @@ use std::process::ExitCode;
 use crate::EX_USAGE;
 use crate::cli::ExplainArgs;
 
+mod below_host;
 mod remedy;
 mod report;
 mod request;

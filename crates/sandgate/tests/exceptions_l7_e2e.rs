@@ -18,6 +18,10 @@
 )]
 
 mod common;
+/// Tests of their own files, on this file's fixture.
+mod exceptions_l7 {
+    mod expiry;
+}
 
 /// The fixtures of `l7/` (its `mod.rs` would bring the plain-HTTP tests along).
 #[allow(dead_code, reason = "these tests use part of the fixtures")]

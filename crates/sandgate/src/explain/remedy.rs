@@ -10,7 +10,7 @@
 use sandgate_policy::Access;
 use sandgate_policy::Verdict;
 use sandgate_policy::addr::classify;
-use sandgate_proxy::audit::record::{CloseRecord, DecisionRecord, Destination};
+use sandgate_proxy::audit::record::{CloseRecord, DecisionRecord, Destination, Requester};
 use sandgate_proxy::audit::{Outcome, UpstreamFailure};
 
 /// Exit status: the request was allowed (and not refused further up).
@@ -43,22 +43,29 @@ pub(super) struct Remedy {
 }
 
 impl Request<'_> {
-    fn dest(&self) -> Option<&Destination> {
+    pub(super) fn dest(&self) -> Option<&Destination> {
         self.decision
             .and_then(|d| d.dest.as_ref())
             .or_else(|| self.close.and_then(|c| c.dest.as_ref()))
     }
 
-    fn task(&self) -> Option<&str> {
+    pub(super) fn task(&self) -> Option<&str> {
         self.decision
             .and_then(|d| d.requester.task_id.as_deref())
             .or_else(|| self.close.and_then(|c| c.requester.task_id.as_deref()))
     }
 
-    fn project(&self) -> Option<&str> {
+    pub(super) fn project(&self) -> Option<&str> {
         self.decision
             .and_then(|d| d.requester.project_id.as_deref())
             .or_else(|| self.close.and_then(|c| c.requester.project_id.as_deref()))
+    }
+
+    /// Who made it and, for a request the proxy read, its method and path.
+    pub(super) fn requester(&self) -> Option<&Requester> {
+        self.decision
+            .map(|d| &d.requester)
+            .or_else(|| self.close.map(|c| &c.requester))
     }
 }
 
@@ -152,7 +159,9 @@ fn denied(request: Request<'_>, d: &DecisionRecord) -> Remedy {
             ],
         ),
         "sni_mismatch" | "sni_missing" | "not_tls" => tunnel(code, d, &dest),
-        other => refused(other, refusal_meaning(other, d), refusal_fixes(other)),
+        // Below the host: the entry's methods and paths, interception, credentials.
+        other => super::below_host::remedy(other, request, d)
+            .unwrap_or_else(|| refused(other, refusal_meaning(other, d), refusal_fixes(other))),
     }
 }
 

@@ -131,3 +131,65 @@ fn a_learned_pass_says_what_would_allow_it_for_real() {
     assert!(r.meaning.contains("would deny it: not_allowlisted"), "{r:?}");
     assert!(r.fixes[1].contains("--allow a.test;"), "{r:?}");
 }
+
+#[test]
+fn refusals_below_the_host_say_what_to_widen_and_never_that_nothing_would() {
+    let d = record(
+        json!({"event": "decision", "decision": "deny", "reason_code": "request_not_allowed",
+        "rule": "allow:ro.test:443 (/p/policy.yaml:7)", "scheme": "https", "destination_host": "ro.test",
+        "destination_port": 443, "method": "POST", "path": "/a/b", "task_id": "t-1"}),
+    );
+    let r = of(Some(&d), None);
+    assert_eq!(
+        (r.summary.as_str(), r.exit),
+        ("method or path not allowed", EXIT_REFUSED)
+    );
+    assert!(
+        r.meaning
+            .contains("none of the entries for ro.test:443 allows POST /a/b"),
+        "{r:?}"
+    );
+    assert!(
+        r.fixes[0].starts_with("widen allow:ro.test:443 (/p/policy.yaml:7)"),
+        "{r:?}"
+    );
+    assert!(
+        r.fixes[1].ends_with("methods: [POST]\n      paths: [\"/a/b\"]"),
+        "{r:?}"
+    );
+    assert!(
+        r.fixes[2].contains("--task t-1 --host ro.test --port 443 --method POST --path \"/a/b\""),
+        "{r:?}"
+    );
+    let d = record(
+        json!({"event": "decision", "decision": "deny", "reason_code": "inspection_required",
+        "scheme": "connect", "destination_host": "git.test", "destination_port": 443}),
+    );
+    let r = of(Some(&d), None);
+    assert_eq!(r.summary, "tunnel needs interception");
+    assert!(r.fixes[0].contains("--intercept-ca-cert FILE"), "{r:?}");
+    let d = record(
+        json!({"event": "decision", "decision": "deny", "reason_code": "credential_leak",
+        "rule": "credential:/p/policy.yaml:12", "scheme": "https", "destination_host": "evil.test",
+        "destination_port": 443, "method": "GET", "path": "/"}),
+    );
+    let r = of(Some(&d), None);
+    assert!(
+        r.meaning.contains("placeholder of credential:/p/policy.yaml:12"),
+        "{r:?}"
+    );
+    for code in ["request_not_allowed", "inspection_required", "credential_leak"] {
+        let d = record(
+            json!({"event": "decision", "decision": "deny", "reason_code": code,
+            "scheme": "connect", "destination_host": "a.test", "destination_port": 443}),
+        );
+        let r = of(Some(&d), None);
+        assert!(
+            !r.meaning.contains("not one this proxy serves")
+                && r.fixes
+                    .iter()
+                    .all(|f| !f.contains("no policy setting lets it through")),
+            "{code}: {r:?}"
+        );
+    }
+}

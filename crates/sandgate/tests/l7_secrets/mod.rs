@@ -6,6 +6,7 @@
 //! `sandgate run`), [`start`] (the secret's variable unset) and [`tunnels`] (report-only
 //! interception, SOCKS5 and a central's node streams).
 
+mod hostile;
 mod leaks;
 mod sandboxed;
 mod start;

@@ -1,5 +1,6 @@
 //! The bodies of an intercepted tunnel: a counting body that sends its exchange's close
-//! when it ends, a request body searched for placeholders bound elsewhere, the client's
+//! when it ends (and hands its upstream connection back), a request body without its
+//! trailers, a request body searched for placeholders bound elsewhere, the client's
 //! socket with the bytes it sent behind its CONNECT first, its TLS side watched for the
 //! idle timeout, and a refused request's body read and dropped (bounded) so its client reads
 //! the refusal.
@@ -15,6 +16,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+use super::upstreams::Lease;
 use crate::audit::event::Outcome;
 use crate::egress::{End, Grant};
 
@@ -26,6 +28,9 @@ pub(super) struct Done {
     pub(super) closes: mpsc::UnboundedSender<(Grant, End)>,
     /// Where the request body's search left a leak it found after the response began.
     pub(super) leaked: Arc<std::sync::Mutex<Option<sandgate_policy::Leak>>>,
+    /// The upstream connection the exchange used: handed back for the tunnel's next
+    /// requests once the response was read whole, closed otherwise.
+    pub(super) lease: Option<Lease>,
 }
 
 /// A body that counts its bytes and, for a response, sends its exchange's close when it
@@ -38,10 +43,15 @@ pub(super) struct Counted<B> {
 
 impl<B> Counted<B> {
     pub(super) fn finish(&mut self, outcome: Outcome) {
-        if let Some(done) = self.done.take() {
+        if let Some(mut done) = self.done.take() {
             // The request's body was cut on a placeholder while the response streamed.
             let leaked = done.leaked.lock().is_ok_and(|l| l.is_some());
             let outcome = if leaked { Outcome::CredentialLeak } else { outcome };
+            if let Some(lease) = done.lease.take()
+                && outcome == Outcome::Ok
+            {
+                lease.release();
+            }
             let end = End {
                 sent: done.sent.load(Ordering::Relaxed),
                 received: self.bytes.load(Ordering::Relaxed),
@@ -131,6 +141,40 @@ where
             return Poll::Ready(Some(Err(text.into())));
         }
         Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A request body without its trailers: a trailer section the client sends (HTTP/2, or
+/// HTTP/1.1 chunked) is read and dropped, never forwarded, so no field the placeholder
+/// check and the rules never saw (a placeholder in a trailer) reaches the origin.
+pub(super) struct Untrailed<B> {
+    pub(super) inner: B,
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for Untrailed<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        // Trailers are a body's last frame; a body that sent more after them is polled on,
+        // each trailer frame dropped, until it ends or waits.
+        loop {
+            match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => {}
+                polled => return polled,
+            }
+        }
     }
 
     fn is_end_stream(&self) -> bool {

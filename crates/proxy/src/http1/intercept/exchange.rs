@@ -1,6 +1,8 @@
 //! One request inside an intercepted tunnel: decided and recorded by the core, its
-//! placeholders checked and its bound secrets written in, forwarded on the tunnel's upstream
-//! connection (opened again when the origin closes it), its close owed by its response body.
+//! placeholders checked and its bound secrets written in, forwarded on an upstream
+//! connection of its own for as long as its response lasts (`upstreams.rs`: one kept idle,
+//! the CONNECT's, or a new one the core dials and vets), its trailers dropped, its close
+//! owed by its response body.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -14,9 +16,10 @@ use hyper::header::{HOST, HeaderMap, HeaderValue};
 use hyper::{Request as HttpRequest, Response};
 use hyper_util::rt::TokioIo;
 use sandgate_policy::{Access, Host, Identity, Target, TargetError};
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::mpsc;
 
-use super::body::{Counted, Done, Scanned, discarding};
+use super::body::{Counted, Done, Scanned, Untrailed, discarding};
+use super::upstreams::{Lease, Upstreams};
 use super::{ReqBody, ResBody, Sender};
 use crate::egress::{Egress, End, Grant, Refused, Request};
 use crate::inspect::Interceptor;
@@ -24,7 +27,8 @@ use crate::refusal::{Refusal, ResponseError};
 use crate::relay::Upstream;
 
 /// HTTP/2 streams a client may have open at once in one intercepted tunnel (their requests
-/// take turns on the upstream's one HTTP/1.1 connection).
+/// go upstream in parallel on up to `upstreams::MAX_UPSTREAMS` HTTP/1.1 connections; the
+/// rest wait for one, for at most the response timeout).
 pub(super) const MAX_STREAMS: u32 = 32;
 
 /// What each request of a tunnel shares.
@@ -35,16 +39,9 @@ pub(super) struct Exchanges {
     pub(super) peer: SocketAddr,
     pub(super) identity: Arc<Identity>,
     pub(super) interceptor: Arc<Interceptor>,
-    /// The connection requests go upstream on, one at a time.
-    pub(super) upstream: Mutex<Upstreams>,
+    /// The connections requests go upstream on, one request at a time on each.
+    pub(super) upstreams: Arc<Upstreams>,
     pub(super) closes: mpsc::UnboundedSender<(Grant, End)>,
-}
-
-/// The tunnel's upstream: the connection its CONNECT opened, until the first request takes
-/// it, and the HTTP/1.1 connection on it (another opened when the origin closes one).
-pub(super) struct Upstreams {
-    pub(super) spare: Option<Upstream>,
-    pub(super) sender: Option<Sender>,
 }
 
 impl Exchanges {
@@ -71,12 +68,11 @@ impl Exchanges {
             Ok(judged) => judged,
             Err(refused) => return Ok(discarding(req, refused, self.egress.limits.head_timeout)),
         };
-        let mut upstream = self.upstream.lock().await;
-        let grant = match self.sender_for(decided, &mut upstream).await {
-            Ok(grant) => grant,
+        let (grant, lease) = match self.connection_for(decided).await {
+            Ok(leased) => leased,
             Err(response) => return Ok(discarding(req, response, self.egress.limits.head_timeout)),
         };
-        Ok(self.forward(req, grant, &mut upstream, &path, swap).await)
+        Ok(self.forward(req, grant, lease, &path, swap).await)
     }
 
     /// The core's decision on a request, and the secrets to write into it; a refusal comes
@@ -127,19 +123,25 @@ impl Exchanges {
         }
     }
 
-    /// The grant of an allowed request, with a live connection upstream in `up`: the one in
-    /// use, the CONNECT's own, or (the origin closed the last) a new one the core opens,
-    /// vetted again. Refusals and failures come back as the response to give.
-    async fn sender_for(
+    /// The grant of an allowed request, with a connection upstream of its own: an idle one
+    /// still open and ready, the CONNECT's own, or a new one the core opens, vetted again.
+    /// Past [`upstreams::MAX_UPSTREAMS`](super::upstreams::MAX_UPSTREAMS) busy ones it waits
+    /// for one, for at most the response timeout, then fails as a timeout (504). Refusals
+    /// and failures come back as the response to give.
+    async fn connection_for(
         &self,
         decided: crate::egress::Decided,
-        up: &mut Upstreams,
-    ) -> Result<Grant, Response<ResBody>> {
-        if up.sender.as_ref().is_some_and(|s| !s.is_closed()) {
-            return Ok(decided.reuse(&self.egress, self.addr).await);
+    ) -> Result<(Grant, Lease), Response<ResBody>> {
+        let within = self.egress.limits.response_timeout;
+        let Some(turn) = self.upstreams.turn(within).await else {
+            let grant = decided.reuse(&self.egress, self.addr).await;
+            return Err(self.fail(grant, ResponseError::Timeout, 0).await);
+        };
+        if let Some(sender) = turn.idle().await {
+            let grant = decided.reuse(&self.egress, self.addr).await;
+            return Ok((grant, turn.lease(sender)));
         }
-        up.sender = None;
-        let (grant, stream) = match up.spare.take() {
+        let (grant, stream) = match turn.spare() {
             Some(stream) => (decided.reuse(&self.egress, self.addr).await, stream),
             None => match decided.open(&self.egress).await {
                 Ok(opened) => (opened.grant, opened.stream),
@@ -147,10 +149,7 @@ impl Exchanges {
             },
         };
         match self.connect(stream).await {
-            Ok(sender) => {
-                up.sender = Some(sender);
-                Ok(grant)
-            }
+            Ok(sender) => Ok((grant, turn.lease(sender))),
             Err(why) => Err(self.fail(grant, ResponseError::Tls(why), 0).await),
         }
     }
@@ -183,7 +182,7 @@ impl Exchanges {
         &self,
         req: HttpRequest<Incoming>,
         grant: Grant,
-        up: &mut Upstreams,
+        mut lease: Lease,
         path: &str,
         swap: Vec<(String, sandgate_policy::Secret)>,
     ) -> Response<ResBody> {
@@ -194,6 +193,8 @@ impl Exchanges {
         parts.uri = uri;
         parts.version = hyper::Version::HTTP_11;
         end_to_end(&mut parts.headers);
+        // Trailers are dropped (the body below), so none is announced.
+        parts.headers.remove(hyper::header::TRAILER);
         if let Ok(host) = HeaderValue::from_str(&authority(&self.target)) {
             parts.headers.insert(HOST, host);
         }
@@ -209,7 +210,7 @@ impl Exchanges {
         }
         let sent = Arc::new(AtomicU64::new(0));
         let body = Counted {
-            inner: body,
+            inner: Untrailed { inner: body },
             bytes: sent.clone(),
             done: None,
         };
@@ -225,20 +226,21 @@ impl Exchanges {
             None => body.map_err(Into::into).boxed_unsync(),
         };
         let leaked = || found.lock().ok().and_then(|mut slot| slot.take());
-        let Some(sender) = up.sender.as_mut() else {
+        let within = self.egress.limits.response_timeout;
+        let Some(sender) = lease.sender() else {
             return self.fail(grant, ResponseError::Closed, 0).await;
         };
-        if sender.ready().await.is_err() {
-            up.sender = None;
-            return self.fail(grant, ResponseError::Closed, 0).await;
+        match tokio::time::timeout(within, sender.ready()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return self.fail(grant, ResponseError::Closed, 0).await,
+            Err(_) => return self.fail(grant, ResponseError::Timeout, 0).await,
         }
         // The response head within the response timeout; a stalled origin fails this
         // request, not the tunnel's next ones.
         let send = sender.send_request(HttpRequest::from_parts(parts, body));
-        let answer = match tokio::time::timeout(self.egress.limits.response_timeout, send).await {
+        let answer = match tokio::time::timeout(within, send).await {
             Ok(answer) => answer,
             Err(_) => {
-                up.sender = None;
                 return self
                     .fail(grant, ResponseError::Timeout, sent.load(Ordering::Relaxed))
                     .await;
@@ -247,8 +249,8 @@ impl Exchanges {
         let response = match answer {
             Ok(response) => response,
             Err(_) if let Some(leak) = leaked() => {
-                // The origin may keep what came before the placeholder: its connection goes.
-                up.sender = None;
+                // The origin may keep what came before the placeholder: its connection goes
+                // with the lease, dropped unreleased.
                 tracing::warn!(%leak, "a request body carried a placeholder; cut");
                 let refused = self
                     .egress
@@ -281,6 +283,7 @@ impl Exchanges {
                 status,
                 closes: self.closes.clone(),
                 leaked: found.clone(),
+                lease: Some(lease),
             }),
         };
         // A response with no body (HEAD, 204, 304) is whole already: hyper never polls it.

@@ -7,14 +7,15 @@
 //! refused); the upstream's TLS starts here, verified against the system's roots. Each
 //! request inside (HTTP/2 or HTTP/1.1, as the client's ALPN chose; HTTP/2 streams in tasks of
 //! their own) is then one call into the core, like a plain-HTTP request, with
-//! its method and path: decided, recorded (`scheme: https`), forwarded on the tunnel's
-//! upstream connection (HTTP/1.1, one request at a time), and closed with its status and
-//! bytes. A request whose `Host`, absolute URI or `:authority` names another host than the
+//! its method and path: decided, recorded (`scheme: https`), forwarded on an upstream
+//! HTTP/1.1 connection of its own while its response lasts (parallel streams on parallel
+//! connections, `upstreams.rs`), its trailers dropped, and closed with its status and bytes. A request whose `Host`, absolute URI or `:authority` names another host than the
 //! tunnel's is refused (400, `host_mismatch`). A tunnel that moves no byte either way for the
 //! tunnel idle timeout ends (`idle_timeout`), HTTP/2 or not, as a blind tunnel does.
 
 mod body;
 mod exchange;
+mod upstreams;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,10 +26,11 @@ use http_body_util::combinators::UnsyncBoxBody;
 use hyper_util::rt::TokioIo;
 use sandgate_policy::{Host, Identity, Target};
 use tokio::net::TcpStream;
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::mpsc;
 
 use self::body::{Prefixed, Watched};
-use self::exchange::{Exchanges, MAX_STREAMS, Upstreams};
+use self::exchange::{Exchanges, MAX_STREAMS};
+use self::upstreams::Upstreams;
 use crate::audit::event::Outcome;
 use crate::egress::{Dialed, Egress, End, Grant, Opened};
 use crate::inspect::Interceptor;
@@ -143,10 +145,7 @@ impl Tunnel<'_> {
             peer,
             identity,
             interceptor: self.interceptor.clone(),
-            upstream: Mutex::new(Upstreams {
-                spare: Some(upstream),
-                sender: None,
-            }),
+            upstreams: Upstreams::new(upstream),
             closes,
         });
         // HTTP/1.1 or HTTP/2, as the client's ALPN chose; HTTP/2 streams run in tasks of
