@@ -204,3 +204,26 @@ fn a_sandbox_without_its_own_pid_namespace_takes_no_tweaks() {
     let plain = config.replace(", tweaks: { max_seconds: 600 }", "");
     unwrap(parse(&plain, "mcp.yaml", dir.path(), Some(Path::new("/state"))));
 }
+
+/// Runs at once with workspaces: once refused (one run could swap a directory of another's
+/// workspace path for a symlink between its check and its bind), now allowed, since
+/// `sandgate run` binds only what it opened at the canonical path the gates checked
+/// (crates/sandbox `run/sources.rs`; the attack itself in tests/sandbox_escape_e2e.rs).
+#[test]
+fn runs_at_once_may_take_workspaces() {
+    let dir = setup(&[("offline", "{ mode: none }")]);
+    let work = dir.path().join("work");
+    unwrap(std::fs::create_dir(&work));
+    let text = config_text(false, &["offline"])
+        .replace(
+            "  task: t-1\n",
+            "  task: t-1\n  max_concurrent_runs: 2\n  audit_log: /state/mcp.jsonl\n",
+        )
+        .replace(
+            "network: true }",
+            &format!("network: true, workspaces: [ \"{}\" ] }}", work.display()),
+        );
+    let config = unwrap(parse(&text, "mcp.yaml", dir.path(), None));
+    assert_eq!(config.max_concurrent_runs, 2);
+    assert_eq!(config.sandboxes[0].gates.all_workspaces().count(), 1);
+}

@@ -17,7 +17,11 @@
 //!
 //! The command is told its workspace: `SANDGATE_WORKSPACE` (`sandgate run` sets it from the
 //! `WORKSPACE` parameter), and it starts there (`--chdir`) when its policy binds
-//! `${WORKSPACE}` and sets no `fs.cwd` of its own.
+//! `${WORKSPACE}` and sets no `fs.cwd` of its own. The workspace is passed as the canonical
+//! path the gates checked (a fresh one canonical too): `sandgate run` refuses a workspace
+//! that no longer names itself, and binds what it opened and checked, so a component of the
+//! path swapped for a symlink after the check (by a concurrent run that can write a parent
+//! directory) makes the run refused rather than bind somewhere else.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
@@ -35,8 +39,8 @@ const KILL_GRACE: Duration = Duration::from_secs(2);
 /// How long a stopped run gets between SIGTERM and SIGKILL: what it was let do has ended.
 pub const STOP_GRACE: Duration = Duration::from_millis(500);
 
-/// What to run. The policy sees `${WORKSPACE}`: the workspace named (checked by the
-/// gates), or a fresh empty directory of the run's own.
+/// What to run. The policy sees `${WORKSPACE}`: the workspace named (canonical, as the
+/// gates checked it), or a fresh empty directory of the run's own.
 #[derive(Debug, Clone)]
 pub struct RunSpec<'a> {
     pub sandgate: &'a Path,
@@ -142,7 +146,8 @@ pub fn argv(spec: &RunSpec<'_>, audit: &Path, workspace: &Path) -> Vec<OsString>
         a.push(value.into());
     }
     a.push("--param".into());
-    a.push(format!("WORKSPACE={}", workspace.display()).into());
+    let param = sandgate_sandbox::run::WORKSPACE_PARAM;
+    a.push(format!("{param}={}", workspace.display()).into());
     if spec.start_in_workspace {
         a.push("--chdir".into());
         a.push(workspace.into());
@@ -200,11 +205,12 @@ pub async fn run(
     // Without a workspace named, each run gets a fresh empty one of its own: runs share
     // nothing unless the agent names the same allowed directory.
     let scratch = dir.path().join("workspace");
+    // Canonical either way: `sandgate run` refuses a workspace that does not name itself.
     let workspace = match spec.workspace {
         Some(ws) => ws.to_path_buf(),
         None => {
             std::fs::create_dir(&scratch).map_err(|e| format!("cannot create the run's workspace: {e}"))?;
-            scratch
+            std::fs::canonicalize(&scratch).map_err(|e| format!("cannot resolve the run's workspace: {e}"))?
         }
     };
     let mut cmd = tokio::process::Command::new(spec.sandgate);

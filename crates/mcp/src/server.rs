@@ -94,10 +94,36 @@ pub struct SandboxList {
     pub sandboxes: Vec<SandboxInfo>,
 }
 
+/// How many runs go at once: `max_concurrent_runs`, except one at a time where a sandbox
+/// takes workspaces and the bwrap found has no `--bind-fd`. Such a bwrap mounts a workspace
+/// by its path as it finds it when it starts, so a concurrent run that can write a parent of
+/// another's workspace could swap a directory of that path for a symlink after the check
+/// and have a directory outside the gates bound; with `--bind-fd` what is bound is what was
+/// opened and checked (docs/sandbox.md, "Bind sources are opened once").
+fn runs_at_once(config: &Config) -> usize {
+    let takes_workspaces = config
+        .sandboxes
+        .iter()
+        .any(|s| s.gates.all_workspaces().next().is_some());
+    if config.max_concurrent_runs <= 1 || !takes_workspaces {
+        return config.max_concurrent_runs;
+    }
+    let binds_fds = sandgate_sandbox::host::find_bwrap()
+        .is_some_and(|b| sandgate_sandbox::run::bwrap_options(&b).bind_fd);
+    if binds_fds {
+        return config.max_concurrent_runs;
+    }
+    eprintln!(
+        "sandgate mcp: warning: bwrap has no --bind-fd (bubblewrap 0.10.0, or a distribution's backport), so runs that take workspaces go one at a time (max_concurrent_runs {} not used)",
+        config.max_concurrent_runs
+    );
+    1
+}
+
 impl SandgateMcp {
     pub fn new(config: Config, audit: ToolAudit, sandgate: PathBuf) -> SandgateMcp {
         SandgateMcp {
-            runs: Arc::new(tokio::sync::Semaphore::new(config.max_concurrent_runs)),
+            runs: Arc::new(tokio::sync::Semaphore::new(runs_at_once(&config))),
             waits: Arc::new(tokio::sync::Semaphore::new(egress_tools::MAX_WAITING)),
             protect: config.own_files.iter().map(|f| f.path.clone()).collect(),
             config: Arc::new(config),

@@ -8,6 +8,10 @@
 //! thing; `sandbox-init` and `sandbox-exec` again inside the sandbox, right before the
 //! command. On Linux with `close_range(2)`; elsewhere (macOS, under the seatbelt backend)
 //! and on older kernels one descriptor at a time, as the system lists them ([`OPEN_FDS`]).
+//!
+//! The one way a descriptor reaches bwrap on purpose is [`inherit_in_child`]: a bind source
+//! `sandgate run` opened ([`crate::run`]'s `sources`), close-on-exec until the child of the
+//! fork that becomes bwrap clears the flag, so no other program started meanwhile gets it.
 
 /// `CLOSE_RANGE_CLOEXEC` (linux/close_range.h, Linux 5.11).
 #[cfg(target_os = "linux")]
@@ -66,6 +70,30 @@ pub(crate) fn close_range_cloexec() -> bool {
     done == 0
 }
 
+/// Clears close-on-exec on `fds` in the child of `command`'s fork, just before its execve,
+/// and nowhere else: the parent's descriptors stay close-on-exec, so a program another
+/// thread starts meanwhile inherits none of them.
+pub(crate) fn inherit_in_child(command: &mut std::process::Command, fds: Vec<std::os::fd::RawFd>) {
+    let clear = move || {
+        for &fd in &fds {
+            // fcntl(F_SETFD, 0) on a descriptor number the parent holds open until the
+            // spawn returns: async-signal-safe, no pointers, no allocation.
+            #[expect(unsafe_code, reason = "fcntl on a raw descriptor number; see above")]
+            let done = unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+            if done < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    };
+    // Between fork and execve the closure only makes the system calls above on a vector
+    // made before the fork, as `pre_exec` requires.
+    #[expect(unsafe_code, reason = "pre_exec with an async-signal-safe closure; see above")]
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(command, clear);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::fd::AsRawFd;
@@ -80,6 +108,26 @@ mod tests {
         fcntl(&file, FcntlArg::F_SETFD(FdFlag::empty())).unwrap();
         assert!(file.as_raw_fd() >= 3);
         super::each_by_name().unwrap();
+        let flags = FdFlag::from_bits_truncate(fcntl(&file, FcntlArg::F_GETFD).unwrap());
+        assert!(flags.contains(FdFlag::FD_CLOEXEC));
+    }
+
+    #[test]
+    fn a_descriptor_handed_on_reaches_the_child_and_stays_close_on_exec_here() {
+        let file = tempfile::tempfile().unwrap();
+        let fd = file.as_raw_fd();
+        let ours = std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap();
+        let seen = |hand_on: bool| {
+            let mut cmd = std::process::Command::new("readlink");
+            cmd.arg(format!("/proc/self/fd/{fd}"));
+            if hand_on {
+                super::inherit_in_child(&mut cmd, vec![fd]);
+            }
+            let out = cmd.output().unwrap();
+            String::from_utf8_lossy(&out.stdout).trim_end().to_owned()
+        };
+        assert_eq!(seen(true), ours.to_string_lossy());
+        assert_ne!(seen(false), ours.to_string_lossy());
         let flags = FdFlag::from_bits_truncate(fcntl(&file, FcntlArg::F_GETFD).unwrap());
         assert!(flags.contains(FdFlag::FD_CLOEXEC));
     }

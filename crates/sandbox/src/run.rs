@@ -27,17 +27,19 @@ mod bwrap;
 mod identity;
 mod load;
 mod proxy;
+mod sources;
 // The macOS backend's run, kept with the rest of it in seatbelt/ (a part of the runner).
 #[path = "seatbelt/run.rs"]
 mod seatbelt;
 
-use bwrap::bwrap_disables_userns;
+pub use bwrap::{BwrapOptions, bwrap_options};
 use identity::RunIdentity;
 pub use identity::user_subject;
 use load::protected_files;
 pub use load::{load_policy, path_param};
 pub use proxy::{Follow, FollowRequest, Following};
 use proxy::{ProxyRun, open_bridge, start_proxy};
+pub use sources::WORKSPACE_PARAM;
 
 /// How `sandgate run` was asked to run.
 #[derive(Debug, Clone, Default)]
@@ -127,6 +129,7 @@ fn dns_files(policy: &SandboxPolicy) -> Vec<(PathBuf, PathBuf)> {
 /// Runs the command; returns its exit status (128+N for a signal).
 pub fn run(opts: RunOptions) -> Result<i32, RunError> {
     let policy = load_policy(&opts)?;
+    sources::check_workspace(&policy, &opts.params)?;
     let identity = RunIdentity::of(&opts, policy.central.as_ref())?;
     let host_env: Vec<(String, String)> = std::env::vars().collect();
     let (mut env, withheld) = env::environment(&policy, &host_env);
@@ -187,7 +190,7 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
             bridge_dir: Some("/tmp/sandgate-run-XXXXXXXXXX/bridge".into()),
             dns_files: dns_files(&policy),
             protected: protected_files(&opts, &policy, opts.audit_log.as_deref())?,
-            disable_userns: find_in_path("bwrap").is_some_and(|b| bwrap_disables_userns(&b)),
+            disable_userns: find_in_path("bwrap").is_some_and(|b| bwrap_options(&b).disable_userns),
             new_session: opts.no_terminal,
             rlimits: crate::limits::rlimits(&policy.limits, &crate::limits::RunCgroup::default()),
             command: opts.command,
@@ -248,7 +251,8 @@ async fn supervise(
     sandgate_exe: PathBuf,
     bwrap: PathBuf,
 ) -> Result<i32, RunError> {
-    let tmp = std::env::temp_dir();
+    // Canonical: the bridge directory is a bind source, opened and checked ([`sources`]).
+    let tmp = std::fs::canonicalize(std::env::temp_dir()).unwrap_or_else(|_| std::env::temp_dir());
     // A run without bridges keeps nothing on the host while it runs: no state directory.
     let state = if needs_bridges(&policy) {
         Some(RunState::create(&tmp).map_err(|e| {
@@ -301,17 +305,29 @@ async fn supervise(
     for what in &limits.unenforced {
         eprintln!("sandgate: warning: limit not enforced here: {what}");
     }
+    let options = bwrap_options(&bwrap);
     let facts = RunFacts {
         sandgate_exe: sandgate_exe.clone(),
         bridge_dir: state.as_ref().map(RunState::bridge_dir),
         dns_files: dns_files(&policy),
         protected: protected_files(&opts, &policy, audit_path.as_deref())?,
-        disable_userns: bwrap_disables_userns(&bwrap),
+        disable_userns: options.disable_userns,
         new_session: opts.no_terminal,
         rlimits: limits.rlimits.clone(),
         command: opts.command.clone(),
     };
-    let argv = bwrap_argv(&policy, &facts);
+    // Each bind source opened once and checked, handed to bwrap as a descriptor. A bwrap
+    // without `--bind-fd` (before 0.10.0, no backport) mounts the paths as they are when it
+    // reads them; `sandgate mcp` then runs one command at a time where workspaces are taken.
+    let (argv, sources) = if options.bind_fd {
+        sources::open(bwrap_argv(&policy, &facts))?
+    } else {
+        tracing::debug!(
+            "{} has no --bind-fd: bind sources passed as paths",
+            bwrap.display()
+        );
+        (bwrap_argv(&policy, &facts), sources::Sources::default())
+    };
     if !policy.unshare_pid {
         processes::become_subreaper();
     }
@@ -323,6 +339,7 @@ async fn supervise(
     let mut cmd = tokio::process::Command::new(&bwrap);
     cmd.args(argv.iter().skip(1)).env_clear().envs(env);
     join.before_exec(cmd.as_std_mut());
+    crate::fds::inherit_in_child(cmd.as_std_mut(), sources.raw());
     // --no-terminal: where sandgate's own stdin, stdout or stderr is a terminal, the sandbox
     // gets /dev/null or a pipe instead (relayed here): a descriptor of the terminal would
     // let it read what the person types or change the terminal's modes.
@@ -349,6 +366,7 @@ async fn supervise(
             "cannot start bwrap{inside}: {e}; the command was not run"
         ))
     })?;
+    drop(sources);
     let started = std::time::Instant::now();
     // The state of runs that were killed is removed while bwrap builds the sandbox, off the
     // run's path (a directory is removed only once its lock is free, so never this run's).

@@ -61,7 +61,13 @@ pub fn run(json: bool) -> ExitCode {
     let bwrap = host::find_bwrap();
     let version = bwrap.as_deref().and_then(host::bwrap_version);
     let checks = vec![
-        bwrap_check(bwrap.as_deref(), version.as_deref()),
+        bwrap_check(
+            bwrap.as_deref(),
+            version.as_deref(),
+            bwrap
+                .as_deref()
+                .is_some_and(|b| sandgate_sandbox::run::bwrap_options(b).bind_fd),
+        ),
         userns_check(bwrap.as_deref(), &exe),
         seccomp_check(&exe),
         cgroup_check(),
@@ -86,7 +92,8 @@ fn dotted(version: &[u32]) -> String {
     version.iter().map(u32::to_string).collect::<Vec<_>>().join(".")
 }
 
-fn bwrap_check(bwrap: Option<&Path>, version: Option<&[u32]>) -> Check {
+/// `binds_fds`: the bwrap found has `--bind-fd`, without which no run starts.
+fn bwrap_check(bwrap: Option<&Path>, version: Option<&[u32]>, binds_fds: bool) -> Check {
     let Some(bwrap) = bwrap else {
         return Check::new(
             "bwrap",
@@ -95,6 +102,18 @@ fn bwrap_check(bwrap: Option<&Path>, version: Option<&[u32]>) -> Check {
             Some("sandgate run cannot work: it builds every sandbox with bwrap (apt-get install -y bubblewrap, dnf install bubblewrap)".into()),
         );
     };
+    if !binds_fds {
+        let found = version.map_or_else(
+            || "bubblewrap".to_owned(),
+            |v| format!("bubblewrap {}", dotted(v)),
+        );
+        return Check::new(
+            "bwrap",
+            Status::Warn,
+            format!("{found} at {} has no --bind-fd", bwrap.display()),
+            Some("sandgate run passes bind sources as paths, which bwrap resolves again when it mounts them, and sandgate mcp runs commands that take workspaces one at a time; with --bind-fd (bubblewrap 0.10.0, or a distribution's 2024 backport) each is a descriptor opened and checked".into()),
+        );
+    }
     match version {
         Some(v) if v >= [0, 8, 0].as_slice() => Check::new(
             "bwrap",

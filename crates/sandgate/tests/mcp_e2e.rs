@@ -348,7 +348,7 @@ fn the_agent_cannot_reach_the_protocol_stream_or_escape_the_workspace() {
         "command": ["python3", "-c", format!("open({:?} + '/PWNED', 'w')", outside.display().to_string())]}));
     assert!(r["text"].as_str().unwrap().contains("gate `workspaces`"), "{r}");
     assert!(!outside.join("PWNED").exists());
-    // Two runs at once: the second is refused (one run at a time while workspaces exist).
+    // Two runs at once: the second is refused (`max_concurrent_runs` is 1 by default).
     let slow = json!({"call": "run", "args": {"sandbox": "offline", "command": ["python3", "-c", "import time; time.sleep(2)"]}});
     let both = d.send(json!({"parallel": [slow, slow]}));
     let errors: Vec<&Value> = both["results"]
@@ -815,6 +815,39 @@ fn a_bad_configuration_is_refused_naming_each_field() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Runs at once may take workspaces (once refused at start, since one run could swap a
+/// directory of another's workspace path for a symlink between its check and its bind;
+/// `sandgate run` now binds only what it opened at the canonical path checked, the attack
+/// itself is in sandbox_escape_e2e.rs). Each run overlaps the other and writes its own.
+#[test]
+fn two_runs_at_once_each_write_their_own_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    for ws in ["work/a", "work/b"] {
+        std::fs::create_dir_all(dir.path().join(ws)).unwrap();
+    }
+    sandbox_policy(dir.path(), "offline", "net:\n  mode: none\n");
+    let config = write_config(
+        dir.path(),
+        "  task: t-1\n  audit_log: audit.jsonl\n  max_concurrent_runs: 2\n  sandboxes:\n\
+         \x20   - name: offline\n      policy: offline.yaml\n\
+         \x20     gates: { commands: [ python3 ], max_seconds: 20, workspaces: [ work ] }\n",
+    );
+    let mut d = Driver::start(&config, "legacy");
+    let write = |name: &str| {
+        let ws = dir.path().join("work").join(name);
+        json!({"call": "run", "args": {"sandbox": "offline", "workspace": ws, "command": ["python3", "-c",
+            "import os, time; open(os.environ['SANDGATE_WORKSPACE'] + '/note', 'w').write('mine'); time.sleep(1); print('ok')"]}})
+    };
+    let both = d.send(json!({"parallel": [write("a"), write("b")]}));
+    for r in both["results"].as_array().unwrap() {
+        assert_eq!(r["structured"]["stdout"], "ok\n", "{both}");
+    }
+    for name in ["a", "b"] {
+        let note = dir.path().join("work").join(name).join("note");
+        assert_eq!(std::fs::read_to_string(note).unwrap(), "mine");
+    }
 }
 
 /// The server (and so every sandbox it starts) as an ordinary user, the client as root.

@@ -319,6 +319,64 @@ fn an_ordinary_user_runs_a_proxied_sandbox() {
     assert!(stdout.ends_with("200"), "{stdout}\n{stderr}");
 }
 
+/// The run's state directory is made under TMPDIR, and its bridge directory is a bind
+/// source, opened and compared with its canonical path before bwrap gets it: a TMPDIR
+/// reached through a symlink must still give a working sandbox.
+#[test]
+fn a_tmpdir_reached_through_a_symlink_still_binds_the_bridges() {
+    let dir = tempfile::tempdir().unwrap();
+    let (real, link) = (dir.path().join("real"), dir.path().join("link"));
+    std::fs::create_dir(&real).unwrap();
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let policy = write_policy(
+        dir.path(),
+        "net:\n  mode: allowlist\n  allow_domains: [ a.example ]\n",
+    );
+    let out = sandbox_support::run_command(&policy, &["--no-audit-log"], &["ls", "/run/sandgate"])
+        .env("TMPDIR", &link)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("proxy.sock"), "{stdout}\n{stderr}");
+}
+
+/// A bwrap without `--bind-fd` (before 0.10.0, with no backport: here a wrapper in front of
+/// the real one, whose file names no option and whose version is the real one's, 0.8) still
+/// runs the command, its bind sources given as paths, and a bound directory is written.
+#[test]
+fn a_bwrap_without_bind_fd_is_given_the_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = std::process::Command::new("sh")
+        .args(["-c", "command -v bwrap"])
+        .output()
+        .unwrap();
+    let real = String::from_utf8_lossy(&real.stdout).trim().to_owned();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let wrapper = bin.join("bwrap");
+    std::fs::write(&wrapper, format!("#!/bin/sh\nexec {real} \"$@\"\n")).unwrap();
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let policy = write_policy(
+        dir.path(),
+        &format!("  write_paths: [ {} ]\nnet:\n  mode: none\n", work.display()),
+    );
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let script = format!("echo written > {}/out", work.display());
+    let out = sandbox_support::run_command(&policy, &["--no-audit-log"], &["sh", "-c", &script])
+        .env("PATH", &path)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let written = std::fs::read_to_string(work.join("out")).unwrap_or_default();
+    assert_eq!(written, "written\n", "{stdout}\n{stderr}");
+}
+
 #[test]
 fn loopback_mode_bridges_only_the_listed_host_ports() {
     let rt = runtime();
@@ -479,5 +537,5 @@ fn proxy_mode_chains_the_sandbox_through_an_upstream_proxy() {
 /// they already run unprivileged, the suite itself is that run.
 #[test]
 fn the_sandbox_suite_passes_as_an_ordinary_user() {
-    common::rerun_as_nobody("sandbox_e2e", "the_sandbox_suite_passes_as_an_ordinary_user", 10);
+    common::rerun_as_nobody("sandbox_e2e", "the_sandbox_suite_passes_as_an_ordinary_user", 11);
 }

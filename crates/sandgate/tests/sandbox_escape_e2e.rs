@@ -1,8 +1,9 @@
 //! The sandbox half of the second hostile review (issue 28), as the attacker would try it,
 //! with the real bubblewrap: taking over PID 1 through /proc/1/mem, descriptors the caller
 //! left open, VSOCK and the other socket families, nested user namespaces, a fork bomb, a
-//! memory fill, a tmpfs fill and a CPU burner, and the terminal of a `--no-terminal` run.
-//! Each test also runs as `nobody` (the last test reruns this binary so).
+//! memory fill, a tmpfs fill and a CPU burner, the terminal of a `--no-terminal` run, and a
+//! workspace whose parent became a symlink after it was checked. Each test also runs as
+//! `nobody` (the last test reruns this binary so).
 
 #![allow(
     clippy::unwrap_used,
@@ -458,12 +459,65 @@ fn earlier_runs_logs_cannot_be_erased_or_planted_from_a_writable_home() {
     );
 }
 
+/// The escape an earlier hostile review found in `sandgate mcp`: the server checks the
+/// workspace an agent names (under an allowed root), then starts `sandgate run` with its
+/// canonical path as `WORKSPACE`; a concurrent run that can write a parent directory swaps
+/// a component for a symlink before the run binds it. Made deterministic here: the swap is
+/// done before `sandgate run` starts, with the path that was checked. Before the fix the
+/// run bound the directory the symlink led to, writable, and the command wrote there.
+#[test]
+fn a_workspace_whose_parent_became_a_symlink_after_its_check_is_not_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(dir.path()).unwrap();
+    for d in ["allowed/ws", "outside/ws"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    let policy = write_policy(&root, "  write_paths: [ \"${WORKSPACE}\" ]\n");
+    let checked = root.join("allowed/ws");
+    let param = format!("WORKSPACE={}", checked.display());
+    let write = |name: &str| {
+        run(
+            &policy,
+            &["--param", &param],
+            &[
+                "sh",
+                "-c",
+                &format!("echo x > \"$SANDGATE_WORKSPACE/{name}\" && echo wrote"),
+            ],
+        )
+    };
+    // The workspace as checked: bound (through the descriptor sandgate opened), writable.
+    let out = write("mine");
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert!(checked.join("mine").exists());
+    // The swap: `allowed` moved aside, a symlink to `outside` in its place.
+    std::fs::rename(root.join("allowed"), root.join("allowed.old")).unwrap();
+    std::os::unix::fs::symlink(root.join("outside"), root.join("allowed")).unwrap();
+    let out = write("pwned");
+    let (stdout, stderr) = text(&out);
+    assert!(
+        !root.join("outside/ws/pwned").exists(),
+        "the command wrote outside the checked workspace:\n{stdout}\n{stderr}"
+    );
+    assert_eq!(out.status.code(), Some(64), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "the workspace {} (WORKSPACE) is not canonical: {} resolves to {}",
+            checked.display(),
+            checked.display(),
+            root.join("outside/ws").display()
+        )),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("wrote"), "{stdout}");
+}
+
 /// This whole binary again as `nobody` when the tests run as root.
 #[test]
 fn the_escape_suite_passes_as_an_ordinary_user() {
     common::rerun_as_nobody(
         "sandbox_escape_e2e",
         "the_escape_suite_passes_as_an_ordinary_user",
-        7,
+        8,
     );
 }

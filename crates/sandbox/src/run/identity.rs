@@ -67,7 +67,7 @@ impl RunIdentity {
             job,
             subject,
             agent,
-            workspace: opts.params.get("WORKSPACE").cloned(),
+            workspace: opts.params.get(super::WORKSPACE_PARAM).cloned(),
         })
     }
 
