@@ -2,8 +2,8 @@
 //! sandboxed code holds a placeholder; the proxy writes the secret into that header of
 //! requests to that host only, where it sees them (an intercepted `https://` request), and
 //! refuses a request that carries a placeholder anywhere else (another host, another
-//! header, the path or query, plain HTTP; literally or percent-encoded, as an origin that
-//! decodes would read it) as an attempted leak; and, for a credential that
+//! header, a header's name, the method, the path or query, plain HTTP; literally or
+//! percent-encoded, as an origin that decodes would read it) as an attempted leak; and, for a credential that
 //! asks for it (`inspect_body`), a request body to another host that carries it
 //! ([`BodyScan`], as the body streams).
 //!
@@ -12,6 +12,8 @@
 
 use std::fmt;
 use std::sync::Arc;
+
+use aho_corasick::AhoCorasick;
 
 use crate::host::Host;
 
@@ -89,6 +91,8 @@ pub enum CredentialError {
     Host,
     #[error("placeholder {0:?} is given twice")]
     Duplicate(String),
+    #[error("the placeholders cannot be searched for together: {0}")]
+    Search(String),
 }
 
 /// One secret bound to a host and a header.
@@ -143,15 +147,31 @@ pub struct Leak {
     pub where_: String,
 }
 
-/// Every credential in force.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Every credential in force, and the search for all their placeholders at once.
+#[derive(Debug, Clone, Default)]
 pub struct BoundSecrets {
     list: Vec<Credential>,
+    /// `None` when the list is empty.
+    search: Option<Arc<Placeholders>>,
 }
 
+impl PartialEq for BoundSecrets {
+    fn eq(&self, other: &Self) -> bool {
+        self.list == other.list
+    }
+}
+
+impl Eq for BoundSecrets {}
+
 impl BoundSecrets {
-    pub fn new(list: Vec<Credential>) -> BoundSecrets {
-        BoundSecrets { list }
+    /// The credentials, with the search for their placeholders built once; an error only
+    /// when the placeholders are too many to search for together.
+    pub fn new(list: Vec<Credential>) -> Result<BoundSecrets, CredentialError> {
+        let search = match list.is_empty() {
+            true => None,
+            false => Some(Arc::new(Placeholders::build(&list)?)),
+        };
+        Ok(BoundSecrets { list, search })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -164,35 +184,46 @@ impl BoundSecrets {
     }
 
     /// Checks a request to `host` (`seen`: whether the proxy can write into it, an
-    /// intercepted `https://` request; plain HTTP is never given a secret) with its
-    /// request-target (`/path?query`) and header fields (`(name, value)`).
+    /// intercepted `https://` request; plain HTTP is never given a secret) with its method,
+    /// request-target (`/path?query`) and header fields (`(name, value)`). The method and
+    /// each field's name must hold no placeholder (in any case); the target and values
+    /// none literally or percent-decoded, but for the bound header to the bound host. Each
+    /// text is searched once for every placeholder, and decoded only if it holds a `%`.
     pub fn check<'a>(
         &self,
         host: &Host,
         seen: bool,
+        method: &str,
         target: &str,
         fields: impl Iterator<Item = (&'a str, &'a [u8])>,
     ) -> Result<Carried, Leak> {
-        if self.list.is_empty() {
+        let Some(search) = self.search.as_deref() else {
             return Ok(Carried::Nothing);
-        }
+        };
         let leak = |c: &Credential, where_: String| Leak {
             host: c.host.to_string(),
             origin: c.origin.clone(),
             where_,
         };
-        let placeholder = |c: &&Credential| carries(target.as_bytes(), c.placeholder.as_bytes());
-        if let Some(c) = self.list.iter().find(placeholder) {
+        if let Some(c) = self.first(&search.named(method.as_bytes())) {
+            return Err(leak(c, format!("as the method of a request to {host}")));
+        }
+        let (literal, encoded) = search.written(target.as_bytes());
+        if let Some(c) = self.first(&literal).or_else(|| self.first(&encoded)) {
             return Err(leak(c, "in the request's path or query".to_owned()));
         }
         let mut swap = Vec::new();
         for (name, value) in fields {
-            for c in &self.list {
+            if let Some(c) = self.first(&search.named(name.as_bytes())) {
+                return Err(leak(c, format!("as the name of a header ({name}) to {host}")));
+            }
+            let (literal, encoded) = search.written(value);
+            for (c, (literal, encoded)) in self.list.iter().zip(literal.iter().zip(&encoded)) {
                 let here = c.host == *host && name.eq_ignore_ascii_case(&c.header);
-                if !contains(value, c.placeholder.as_bytes()) {
+                if !literal {
                     // Encoded, it is swapped nowhere, and is only a placeholder in its own
                     // header; anywhere else an origin may decode it (a cookie).
-                    if !here && carries(value, c.placeholder.as_bytes()) {
+                    if !here && *encoded {
                         return Err(leak(c, format!("in the {name} header to {host}, encoded")));
                     }
                     continue;
@@ -214,6 +245,11 @@ impl BoundSecrets {
             false => Carried::Swap(swap),
         })
     }
+
+    /// The first credential, in the list's order, that `hits` marks.
+    fn first(&self, hits: &[bool]) -> Option<&Credential> {
+        self.list.iter().zip(hits).find(|(_, hit)| **hit).map(|(c, _)| c)
+    }
 }
 
 impl BoundSecrets {
@@ -221,16 +257,24 @@ impl BoundSecrets {
     /// that ask for it (`inspect_body`) and are bound to another host; `None` when there is
     /// none to look for.
     pub fn body_scan(&self, host: &Host) -> Option<BodyScan> {
-        let watched: Vec<Credential> = self
+        let search = self.search.clone()?;
+        let watched: Vec<bool> = self
             .list
             .iter()
-            .filter(|c| c.inspect_body && c.host != *host)
-            .cloned()
+            .map(|c| c.inspect_body && c.host != *host)
             .collect();
-        let longest = watched.iter().map(|c| c.placeholder.len()).max()?;
+        let longest = self
+            .list
+            .iter()
+            .zip(&watched)
+            .filter(|(_, w)| **w)
+            .map(|(c, _)| c.placeholder.len())
+            .max()?;
         Some(BodyScan {
             host: host.to_string(),
+            list: self.list.clone(),
             watched,
+            search,
             tail: Vec::with_capacity(longest.saturating_sub(1)),
             keep: longest.saturating_sub(1),
         })
@@ -240,11 +284,15 @@ impl BoundSecrets {
 /// A request body searched as it streams, chunk by chunk: a placeholder split across two
 /// chunks is found too (the last bytes of each chunk are kept, one fewer than the longest
 /// placeholder), and the chunk that completes it is the one refused, so the whole
-/// placeholder never goes on.
+/// placeholder never goes on. The placeholder is matched as written: a body is not decoded
+/// (`SANDGATE%5FEXAMPLE` in a form passes).
 #[derive(Debug, Clone)]
 pub struct BodyScan {
     host: String,
-    watched: Vec<Credential>,
+    list: Vec<Credential>,
+    /// Which of `list` are searched for.
+    watched: Vec<bool>,
+    search: Arc<Placeholders>,
     tail: Vec<u8>,
     keep: usize,
 }
@@ -256,10 +304,15 @@ impl BodyScan {
         let mut joined = Vec::with_capacity(self.tail.len() + seam.len());
         joined.extend_from_slice(&self.tail);
         joined.extend_from_slice(seam);
-        if let Some(c) = self.watched.iter().find(|c| {
-            let needle = c.placeholder.as_bytes();
-            contains(chunk, needle) || contains(&joined, needle)
-        }) {
+        let mut hits = vec![false; self.list.len()];
+        self.search.exact(chunk, &mut hits);
+        self.search.exact(&joined, &mut hits);
+        let found = self
+            .list
+            .iter()
+            .zip(hits.iter().zip(&self.watched))
+            .find(|(_, (hit, watched))| **hit && **watched);
+        if let Some((c, _)) = found {
             return Err(Leak {
                 host: c.host.to_string(),
                 origin: c.origin.clone(),
@@ -284,29 +337,84 @@ impl BodyScan {
 /// placeholder: an origin, and a framework behind it, may each decode once.
 const DECODE_ROUNDS: usize = 3;
 
-/// Whether `text` carries `needle` literally, or once `%XX` (either case) is decoded, once
-/// or again up to [`DECODE_ROUNDS`] times (`%255F` is `%5F`, then `_`). A placeholder is
-/// only ASCII letters, digits, `_` and `-`, so no other spelling (`+` for a space) can
-/// make one.
-fn carries(text: &[u8], needle: &[u8]) -> bool {
-    if contains(text, needle) {
-        return true;
+/// Every placeholder, searched for at once (Aho-Corasick): one pass over a text finds each
+/// placeholder it holds, however many there are and however the text is made, where a
+/// search per placeholder costs a pass each.
+#[derive(Debug)]
+struct Placeholders {
+    /// As written: in values, the target and bodies.
+    exact: AhoCorasick,
+    /// In any ASCII case: in header names (HTTP/2 writes them lowercase) and the method.
+    caseless: AhoCorasick,
+}
+
+impl Placeholders {
+    fn build(list: &[Credential]) -> Result<Placeholders, CredentialError> {
+        let patterns: Vec<&str> = list.iter().map(|c| c.placeholder.as_str()).collect();
+        let build = |caseless: bool| {
+            AhoCorasick::builder()
+                .ascii_case_insensitive(caseless)
+                .build(&patterns)
+                .map_err(|e| CredentialError::Search(e.to_string()))
+        };
+        Ok(Placeholders {
+            exact: build(false)?,
+            caseless: build(true)?,
+        })
     }
-    let mut current = text.to_vec();
-    for _ in 0..DECODE_ROUNDS {
-        if !current.contains(&b'%') {
-            return false;
-        }
-        let next = percent_decode(&current);
-        if next == current {
-            return false;
-        }
-        if contains(&next, needle) {
-            return true;
-        }
-        current = next;
+
+    /// Which placeholders a name (a header's, the method) holds, in any case.
+    fn named(&self, name: &[u8]) -> Vec<bool> {
+        let mut hits = vec![false; self.caseless.patterns_len()];
+        mark(&self.caseless, name, &mut hits);
+        hits
     }
-    false
+
+    /// Marks in `hits` the placeholders `text` holds as written.
+    fn exact(&self, text: &[u8], hits: &mut [bool]) {
+        mark(&self.exact, text, hits);
+    }
+
+    /// Which placeholders a value (or the target) holds literally, and which only once
+    /// `%XX` (either case) is decoded, once or again up to [`DECODE_ROUNDS`] times (`%255F`
+    /// is `%5F`, then `_`). A placeholder is only ASCII letters, digits, `_` and `-`, so no
+    /// other spelling (`+` for a space) can make one. Decoded only if it holds a `%`.
+    fn written(&self, text: &[u8]) -> (Vec<bool>, Vec<bool>) {
+        let mut literal = vec![false; self.exact.patterns_len()];
+        let mut encoded = literal.clone();
+        self.exact(text, &mut literal);
+        let mut current = std::borrow::Cow::Borrowed(text);
+        for _ in 0..DECODE_ROUNDS {
+            if !current.contains(&b'%') {
+                break;
+            }
+            let next = percent_decode(&current);
+            if next == *current {
+                break;
+            }
+            self.exact(&next, &mut encoded);
+            current = std::borrow::Cow::Owned(next);
+        }
+        (literal, encoded)
+    }
+}
+
+/// Marks in `hits` each pattern of `automaton` found in `text`, overlapping ones included
+/// (a placeholder that is part of another's is found too). A search that cannot run marks
+/// every pattern: the request is refused rather than let through unread.
+fn mark(automaton: &AhoCorasick, text: &[u8], hits: &mut [bool]) {
+    #[cfg(test)]
+    tests::SEARCHED.with(|n| n.set(n.get() + text.len()));
+    match automaton.try_find_overlapping_iter(text) {
+        Ok(found) => {
+            for m in found {
+                if let Some(hit) = hits.get_mut(m.pattern().as_usize()) {
+                    *hit = true;
+                }
+            }
+        }
+        Err(_) => hits.fill(true),
+    }
 }
 
 /// `text` with each `%XX` of two hex digits replaced by its byte; anything else kept.
@@ -334,10 +442,6 @@ fn percent_decode(text: &[u8]) -> Vec<u8> {
 
 fn hex(digit: u8) -> Option<u8> {
     char::from(digit).to_digit(16).and_then(|d| u8::try_from(d).ok())
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 #[cfg(test)]

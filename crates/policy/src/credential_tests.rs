@@ -1,4 +1,11 @@
+use std::cell::Cell;
+
 use super::*;
+
+thread_local! {
+    /// Bytes handed to the placeholder search on this thread (see [`mark`]).
+    pub(super) static SEARCHED: Cell<usize> = const { Cell::new(0) };
+}
 
 fn secrets() -> BoundSecrets {
     BoundSecrets::new(vec![Credential {
@@ -9,12 +16,14 @@ fn secrets() -> BoundSecrets {
         inspect_body: false,
         origin: Arc::from("p.yaml:9"),
     }])
+    .unwrap()
 }
 
 fn check(host: &str, seen: bool, target: &str, fields: &[(&str, &str)]) -> Result<Carried, Leak> {
     secrets().check(
         &Host::parse(host).unwrap(),
         seen,
+        "GET",
         target,
         fields.iter().map(|(n, v)| (*n, v.as_bytes())),
     )
@@ -111,6 +120,7 @@ fn watched() -> BoundSecrets {
         c("api.example", "SANDGATE_EXAMPLE", true),
         c("other.example", "SANDGATE_NOT_WATCHED", false),
     ])
+    .unwrap()
 }
 
 /// A body to another host is searched for the placeholders that ask for it, however the
@@ -178,4 +188,110 @@ fn a_placeholder_percent_encoded_anywhere_else_is_a_leak() {
         check("other.example", true, "/v1?k=SANDGATE%5EXAMPLE%", &[]),
         Ok(Carried::Nothing)
     );
+}
+
+/// A header named with the placeholder, in any case, to its own host or another, over TLS
+/// or plain HTTP: an origin sees the name as readily as a value.
+#[test]
+fn a_placeholder_as_a_header_name_is_a_leak() {
+    for (host, seen, name) in [
+        ("other.example", true, "SANDGATE_EXAMPLE"),
+        ("other.example", false, "sandgate_example"),
+        ("api.example", true, "X-Sandgate_Example-Key"),
+    ] {
+        let leak = check(host, seen, "/", &[(name, "1")]);
+        assert!(
+            leak.as_ref().is_err_and(|l| l.where_.contains("name")),
+            "{host} {name}: {leak:?}"
+        );
+    }
+}
+
+/// A method token that is the placeholder, in any case: an entry without `methods` lets
+/// any token through, and an origin may log or echo it.
+#[test]
+fn a_placeholder_as_the_method_is_a_leak() {
+    let host = Host::parse("other.example").unwrap();
+    for method in ["SANDGATE_EXAMPLE", "sandgate_example", "XSANDGATE_EXAMPLEX"] {
+        let leak = secrets().check(&host, false, method, "/", std::iter::empty());
+        assert!(
+            leak.as_ref().is_err_and(|l| l.where_.contains("method")),
+            "{method}: {leak:?}"
+        );
+    }
+    let get = secrets().check(&host, false, "GET", "/", std::iter::empty());
+    assert_eq!(get, Ok(Carried::Nothing));
+}
+
+/// A placeholder that is part of another's is found inside it (each is searched for in the
+/// same pass, overlaps included): the longer one, sent in its own header, carries the
+/// shorter one there, which is a leak as it was before the search was shared.
+#[test]
+fn overlapping_placeholders_are_each_found() {
+    let c = |placeholder: &str, header: &str, secret: &str| Credential {
+        host: Host::parse("api.example").unwrap(),
+        header: header.into(),
+        value: ValueTemplate::parse("${env:KEY}").unwrap().fill(secret),
+        placeholder: placeholder.into(),
+        inspect_body: false,
+        origin: Arc::from("p.yaml:9"),
+    };
+    let secrets = BoundSecrets::new(vec![
+        c("SANDGATE_EXAMPLE_LONG", "x-long", "sk-long"),
+        c("SANDGATE_EXAMPLE", "x-short", "sk-short"),
+    ])
+    .unwrap();
+    let host = Host::parse("api.example").unwrap();
+    let fields = [("X-Long", "SANDGATE_EXAMPLE_LONG")];
+    let fields = fields.iter().map(|(n, v)| (*n, v.as_bytes()));
+    let leak = secrets.check(&host, true, "GET", "/", fields).unwrap_err();
+    assert!(leak.where_.contains("X-Long"), "the short one is in it: {leak}");
+}
+
+/// The work of a check grows with the request, not with the number of credentials times
+/// the request: each name and value is searched once for every placeholder (the target and
+/// values up to [`DECODE_ROUNDS`] more times once decoded, only when they hold a `%`). A
+/// 400 KB head of near-placeholders against 32 credentials is searched about once.
+#[test]
+fn a_check_searches_each_text_once_for_every_placeholder() {
+    let credentials: Vec<Credential> = (0..32)
+        .map(|n| Credential {
+            host: Host::parse(&format!("h{n}.example")).unwrap(),
+            header: "authorization".into(),
+            value: ValueTemplate::parse("${env:KEY}").unwrap().fill("sk-real"),
+            placeholder: format!("SANDGATE_{}_{n:03}", "A".repeat(100)),
+            inspect_body: true,
+            origin: Arc::from("p.yaml:9"),
+        })
+        .collect();
+    let secrets = BoundSecrets::new(credentials).unwrap();
+    let near = format!("SANDGATE_{}_99", "A".repeat(100)).repeat(40);
+    let encoded = format!("%53{}", &near[1..]);
+    let values: Vec<String> = (0..100)
+        .map(|n| if n % 2 == 0 { near.clone() } else { encoded.clone() })
+        .collect();
+    let fields: Vec<(String, &[u8])> = values
+        .iter()
+        .enumerate()
+        .map(|(n, v)| (format!("X-Near-{n}"), v.as_bytes()))
+        .collect();
+    let head: usize = fields.iter().map(|(n, v)| n.len() + v.len()).sum();
+    assert!(head > 400_000, "{head}");
+    SEARCHED.with(|n| n.set(0));
+    let host = Host::parse("elsewhere.example").unwrap();
+    let iter = fields.iter().map(|(n, v)| (n.as_str(), *v));
+    assert_eq!(secrets.check(&host, true, "GET", "/", iter), Ok(Carried::Nothing));
+    let searched = SEARCHED.with(Cell::get);
+    // The encoded half once more, decoded (a single round: it decodes to no further `%`).
+    let bound = head + head / 2 + 1_000;
+    assert!(
+        searched <= bound,
+        "searched {searched} bytes of a {head}-byte head (bound {bound})"
+    );
+    // A body chunk is searched once too, with the seam.
+    SEARCHED.with(|n| n.set(0));
+    let mut scan = secrets.body_scan(&host).unwrap();
+    scan.feed(near.as_bytes()).unwrap();
+    let searched = SEARCHED.with(Cell::get);
+    assert!(searched <= 2 * near.len(), "{searched}");
 }

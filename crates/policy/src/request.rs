@@ -376,11 +376,13 @@ impl CanonicalPath {
     }
 }
 
-/// Every code point whose compatibility form (NFKC) contains `.`, `/`, `\`, `?` or `#` (as
-/// Python's `unicodedata` lists them; Unicode 14 and 15 list the same): a server that normalises
-/// Unicode would read a segment of them as a dot segment, split it, or end the path at it.
-/// Sorted, for a binary search.
+/// Every code point whose compatibility form (NFKC) contains `.`, `/`, `\`, `?`, `#`, `%`
+/// or `;` (as Python's `unicodedata` lists them, for Unicode 14): a server
+/// that normalises Unicode would read a segment of them as a dot segment, split it, end the
+/// path at it, decode it again (`％3F` is `%3F`, then `?`) or drop what follows as path
+/// parameters. Sorted, for a binary search.
 const LOOKALIKES: &[char] = &[
+    '\u{037E}',
     '\u{2024}',
     '\u{2025}',
     '\u{2026}',
@@ -414,16 +416,21 @@ const LOOKALIKES: &[char] = &[
     '\u{33C2}',
     '\u{33C7}',
     '\u{33D8}',
+    '\u{FE14}',
     '\u{FE16}',
     '\u{FE19}',
     '\u{FE30}',
     '\u{FE52}',
+    '\u{FE54}',
     '\u{FE56}',
     '\u{FE5F}',
     '\u{FE68}',
+    '\u{FE6A}',
     '\u{FF03}',
+    '\u{FF05}',
     '\u{FF0E}',
     '\u{FF0F}',
+    '\u{FF1B}',
     '\u{FF1F}',
     '\u{FF3C}',
     '\u{1F100}',

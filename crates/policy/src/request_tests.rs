@@ -426,3 +426,34 @@ fn an_encoded_query_or_fragment_delimiter_is_refused() {
     assert!(PathPattern::parse("/files/%3F").is_err());
     assert!(PathPattern::parse("/files/%23").is_err());
 }
+
+/// Every code point whose NFKC form holds `%` or `;` is a look-alike too: `％3F` is `%3F`,
+/// then `?`, to a server that normalises before it decodes (the fullwidth `％`, U+FF05, in
+/// `/files/secret.key％3F.tar.gz`), and `；` starts path parameters.
+#[test]
+fn percent_and_semicolon_lookalikes_are_refused() {
+    for c in [
+        '\u{FF05}', '\u{FE6A}', '\u{037E}', '\u{FE14}', '\u{FE54}', '\u{FF1B}',
+    ] {
+        let mut utf8 = [0; 4];
+        let encoded: String = c
+            .encode_utf8(&mut utf8)
+            .bytes()
+            .map(|b| format!("%{b:02X}"))
+            .collect();
+        let p = format!("/files/secret.key{encoded}3F.tar.gz");
+        assert_eq!(
+            CanonicalPath::parse(&p),
+            Err(PathError::Lookalike),
+            "U+{:04X}",
+            c as u32
+        );
+        assert_eq!(
+            LOOKALIKES.binary_search(&c).map(|_| ()),
+            Ok(()),
+            "U+{:04X}",
+            c as u32
+        );
+    }
+    assert_eq!(LOOKALIKES.len(), 52, "Python's unicodedata lists 52 (Unicode 14)");
+}

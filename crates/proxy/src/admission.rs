@@ -32,10 +32,20 @@
 //! The counts live under one lock per listener and one for the proxy, taken in that order
 //! and held from the check to the take, so two connections racing for the last free slots
 //! cannot both see the reserve free.
+//!
+//! A connection may need more upstream sockets than its own: an intercepted tunnel opens
+//! one per HTTP/2 stream in flight (`http1/intercept/`). Each takes a slot of its own,
+//! charged to the connection's client address on its listener by the same rule
+//! ([`Standing::admit_within`]), so the descriptors [`FDS_PER_CONNECTION`] counts still
+//! bound what the proxy holds; that one waits a while for a slot to free, where a new
+//! connection is answered at once.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
 
 use crate::config::Limits;
 use crate::refusal::LimitKind;
@@ -167,6 +177,8 @@ fn decide(share: Share, held: usize, listener: &Pool, proxy: &Pool) -> Result<Sl
 pub(crate) struct Admission {
     proxy: Arc<Mutex<Pool>>,
     share: Share,
+    /// Woken whenever a slot is given back, for who waits for one ([`Standing`]).
+    freed: Arc<Notify>,
 }
 
 /// One listener's pool and what each client address holds of it.
@@ -187,6 +199,16 @@ pub(crate) struct Permit {
     share: usize,
     listener: Arc<Mutex<ListenerCounts>>,
     proxy: Arc<Mutex<Pool>>,
+    freed: Arc<Notify>,
+}
+
+/// What one admitted connection was admitted as (its client address on its listener),
+/// to admit the further upstream connections it opens on the same terms.
+#[derive(Debug, Clone)]
+pub(crate) struct Standing {
+    admission: Arc<Admission>,
+    listener: ListenerSlots,
+    ip: IpAddr,
 }
 
 /// Counts stay right even if a holder panicked: nothing here leaves them half-changed.
@@ -201,6 +223,7 @@ impl Admission {
         Admission {
             proxy: Arc::new(Mutex::new(Pool::new(cap, cap, share.size()))),
             share,
+            freed: Arc::new(Notify::new()),
         }
     }
 
@@ -230,7 +253,39 @@ impl Admission {
             share: self.share.size(),
             listener: listener.0.clone(),
             proxy: self.proxy.clone(),
+            freed: self.freed.clone(),
         })
+    }
+
+    /// The standing of a connection admitted from `ip` on `listener`.
+    pub fn standing(self: &Arc<Self>, listener: &ListenerSlots, ip: IpAddr) -> Standing {
+        Standing {
+            admission: self.clone(),
+            listener: listener.clone(),
+            ip,
+        }
+    }
+}
+
+impl Standing {
+    /// Admits one more connection for this client on its listener, by the rule that admits
+    /// connections; while none is free, waits for a slot to be given back, for at most
+    /// `within`, then says which limit is full.
+    pub async fn admit_within(&self, within: Duration) -> Result<Permit, LimitKind> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            // Registered before the check, so a slot given back between the two wakes it.
+            let freed = self.admission.freed.notified();
+            let mut freed = std::pin::pin!(freed);
+            freed.as_mut().enable();
+            let kind = match self.admission.admit(&self.listener, self.ip) {
+                Ok(permit) => return Ok(permit),
+                Err(kind) => kind,
+            };
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return Err(kind);
+            }
+        }
     }
 }
 
@@ -253,6 +308,7 @@ impl Drop for Permit {
         // Not nested in the listener's lock: for a moment the proxy counts one slot more,
         // which only ever refuses, never admits, too much.
         lock(&self.proxy).give_back(borrowed);
+        self.freed.notify_waiters();
     }
 }
 

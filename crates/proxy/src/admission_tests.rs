@@ -275,3 +275,32 @@ fn no_reachable_state_lets_fewer_addresses_lock_out_a_newcomer_than_fixed_shares
     // With a hard cap nothing is ever borrowed: fixed shares exactly.
     assert_eq!(walk(&limits(12, None, Some(3)), 1, &[0, 0, 0, 0]).1, 0);
 }
+
+/// A connection's further connections (an intercepted tunnel's upstreams) count as its
+/// client's: they stop at its share, wait for a slot given back, and give up at the
+/// deadline with the limit that stayed full.
+#[tokio::test(start_paused = true)]
+async fn a_standing_admits_by_the_same_rule_and_waits_for_a_slot() {
+    let l = limits(8, None, Some(2));
+    let adm = Arc::new(Admission::new(&l));
+    let slots = Admission::listener(&l, 1);
+    let ip: IpAddr = "10.0.0.1".parse().unwrap();
+    let first = adm.admit(&slots, ip).unwrap();
+    let standing = adm.standing(&slots, ip);
+    let second = standing.admit_within(Duration::ZERO).await.unwrap();
+    assert_eq!(slots.held_by(ip), 2);
+    let waited = standing.admit_within(Duration::from_secs(2)).await;
+    assert_eq!(waited.err(), Some(LimitKind::Client), "past the client's cap");
+    // A slot given back while one waits is the waiter's.
+    let waiter = tokio::spawn({
+        let standing = standing.clone();
+        async move { standing.admit_within(Duration::from_secs(2)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(second);
+    let third = waiter.await.unwrap();
+    assert!(third.is_ok(), "{third:?}");
+    assert_eq!(slots.held_by(ip), 2);
+    drop((first, third));
+    assert_eq!(slots.held_by(ip), 0);
+}

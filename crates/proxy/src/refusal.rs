@@ -129,6 +129,9 @@ pub enum LimitKind {
     Proxy,
     Listener,
     Client,
+    /// An intercepted tunnel's upstream connections: each of its requests in flight has one,
+    /// at most eight at once (`http1/intercept/`).
+    Tunnel,
 }
 
 impl LimitKind {
@@ -137,6 +140,7 @@ impl LimitKind {
             LimitKind::Proxy => "proxy",
             LimitKind::Listener => "listener",
             LimitKind::Client => "client",
+            LimitKind::Tunnel => "tunnel",
         }
     }
 }

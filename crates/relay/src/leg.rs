@@ -298,11 +298,14 @@ impl Leg<'_> {
             Leg::Stream(s) => send(&mut s.send, Bytes::copy_from_slice(data)).await,
         }
     }
+}
 
-    /// The socket, where this end is one.
-    pub(crate) fn tcp(&self) -> Option<&TcpStream> {
+impl<'s> Leg<'s> {
+    /// The socket, where this end is one, borrowed for as long as the end borrows it (not
+    /// only while the end is looked at).
+    pub(crate) fn tcp(&self) -> Option<&'s TcpStream> {
         match self {
-            Leg::Tcp(s) => Some(s),
+            Leg::Tcp(s) => Some(*s),
             Leg::Stream(_) => None,
         }
     }

@@ -20,6 +20,7 @@ use std::io;
 use std::time::Duration;
 
 use tokio::net::TcpStream;
+use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 
 use sandgate_audit::event::Outcome;
@@ -35,37 +36,51 @@ pub(crate) use copy::relay_streams;
 pub use leg::{Leg, NodeStream, StreamSlot, Upstream};
 
 /// Relays `client` and `upstream` until both directions end, one fails, the tunnel idles
-/// out, or `stop` cuts it. Returns bytes client-to-upstream, upstream-to-client, and the
-/// outcome (`ok`, `client_reset`, `upstream_reset`, `idle_timeout`, `shutdown`,
+/// out, or `stop` cuts it. Returns bytes client-to-upstream, upstream-to-client (each
+/// counted on from `carried`, what the caller already moved each way), and the outcome
+/// (`ok`, `client_reset`, `upstream_reset`, `idle_timeout`, `shutdown`,
 /// `proxy_out_of_descriptors`).
-pub async fn tunnel(
-    client: &mut Leg<'_>,
-    upstream: &mut Leg<'_>,
+///
+/// Every idle tunnel holds this future, so it is the socket relay's own future and nothing
+/// around it: a plain function choosing the relay, not an `async fn` (which would hold its
+/// arguments once more beside the relay's), and `upstream` taken whole so the caller keeps
+/// no end of its own beside it.
+pub fn tunnel<'a>(
+    client: &'a mut Leg<'_>,
+    mut upstream: Leg<'a>,
     idle: Duration,
-    stop: &CancellationToken,
-) -> (u64, u64, Outcome) {
+    stop: &'a CancellationToken,
+    carried: (u64, u64),
+) -> impl Future<Output = (u64, u64, Outcome)> + Send + 'a {
     match (client.tcp(), upstream.tcp()) {
-        (Some(client), Some(upstream)) => sockets(client, upstream, idle, stop).await,
+        (Some(client), Some(upstream)) => Either::Left(sockets(client, upstream, idle, stop, carried)),
         // Boxed: the frame relay's state would otherwise enlarge every tunnel's future,
         // spliced ones included.
-        _ => Box::pin(leg::relay(client, upstream, idle, stop)).await,
+        _ => Either::Right(Box::pin(async move {
+            let (sent, received, outcome) = leg::relay(client, &mut upstream, idle, stop).await;
+            (carried.0 + sent, carried.1 + received, outcome)
+        })),
     }
 }
 
 /// Relays two sockets.
-async fn sockets(
-    client: &TcpStream,
-    upstream: &TcpStream,
+fn sockets<'a>(
+    client: &'a TcpStream,
+    upstream: &'a TcpStream,
     idle: Duration,
-    stop: &CancellationToken,
-) -> (u64, u64, Outcome) {
+    stop: &'a CancellationToken,
+    carried: (u64, u64),
+) -> impl Future<Output = (u64, u64, Outcome)> + Send + 'a {
     #[cfg(target_os = "linux")]
     {
-        splice::relay(client, upstream, idle, stop).await
+        splice::relay(client, upstream, idle, stop, carried)
     }
     #[cfg(not(target_os = "linux"))]
     {
-        copy::copy_relay(client, upstream, idle, stop).await
+        async move {
+            let (sent, received, outcome) = copy::copy_relay(client, upstream, idle, stop).await;
+            (carried.0 + sent, carried.1 + received, outcome)
+        }
     }
 }
 

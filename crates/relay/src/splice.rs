@@ -67,16 +67,27 @@ fn give_pipe(pipe: (OwnedFd, OwnedFd)) {
 }
 
 /// One direction of the tunnel.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Direction {
     pipe: Option<(OwnedFd, OwnedFd)>,
-    /// Bytes in the pipe not yet written to the destination.
-    pending: usize,
+    /// Bytes in the pipe not yet written to the destination (at most [`CHUNK`]; 32 bits,
+    /// since every idle tunnel holds two of these).
+    pending: u32,
     moved: u64,
     done: bool,
 }
 
 impl Direction {
+    /// A direction that already moved `moved` bytes (before the relay took over).
+    fn carried(moved: u64) -> Direction {
+        Direction {
+            pipe: None,
+            pending: 0,
+            moved,
+            done: false,
+        }
+    }
+
     /// Moves what is available; `Ready(Ok)` at end of stream (after half-closing `dst`).
     /// Sets `*active` when any byte moved.
     fn poll(
@@ -93,10 +104,10 @@ impl Direction {
                 };
                 ready!(dst.poll_write_ready(cx)).map_err(|e| (Fault::Dst, e))?;
                 match dst.try_io(Interest::WRITABLE, || {
-                    splice(pipe_r, None, dst, None, self.pending, flags()).map_err(io::Error::from)
+                    splice(pipe_r, None, dst, None, self.pending as usize, flags()).map_err(io::Error::from)
                 }) {
                     Ok(n) => {
-                        self.pending = self.pending.saturating_sub(n);
+                        self.pending = self.pending.saturating_sub(count(n));
                         *active = true;
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -125,7 +136,7 @@ impl Direction {
                     return Poll::Ready(Ok(()));
                 }
                 Ok(n) => {
-                    self.pending = n;
+                    self.pending = count(n);
                     self.moved += n as u64;
                     *active = true;
                 }
@@ -154,6 +165,11 @@ impl Drop for Direction {
     }
 }
 
+/// A splice's count as a pipe's fill (a splice moves at most [`CHUNK`] bytes).
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
 fn outcome(fault: Fault, src_is_client: bool) -> Outcome {
     match (fault, src_is_client) {
         (Fault::Src, true) | (Fault::Dst, false) => Outcome::ClientReset,
@@ -163,43 +179,55 @@ fn outcome(fault: Fault, src_is_client: bool) -> Outcome {
 }
 
 /// Relays until both directions end, one fails, the tunnel idles out, or shutdown cuts it.
-/// Returns bytes client-to-upstream, bytes upstream-to-client, and the outcome.
-pub(super) async fn relay(
-    client: &TcpStream,
-    upstream: &TcpStream,
+/// Returns bytes client-to-upstream, bytes upstream-to-client (counted on from `carried`),
+/// and the outcome.
+///
+/// A plain function returning an `async` block (an `async fn` would hold its arguments
+/// twice), whose one poll function owns both directions: every idle tunnel holds this.
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn would hold its arguments twice, in every idle tunnel"
+)]
+pub(super) fn relay<'a>(
+    client: &'a TcpStream,
+    upstream: &'a TcpStream,
     idle: Duration,
-    hard_stop: &CancellationToken,
-) -> (u64, u64, Outcome) {
-    let mut up = Direction::default();
-    let mut down = Direction::default();
-    let mut timer = pin!(tokio::time::sleep(idle));
-    let mut stop = pin!(hard_stop.cancelled());
-    let outcome = std::future::poll_fn(|cx| {
-        let mut active = false;
-        if !up.done
-            && let Poll::Ready(Err((fault, _))) = up.poll(cx, client, upstream, &mut active)
-        {
-            return Poll::Ready(outcome(fault, true));
-        }
-        if !down.done
-            && let Poll::Ready(Err((fault, _))) = down.poll(cx, upstream, client, &mut active)
-        {
-            return Poll::Ready(outcome(fault, false));
-        }
-        if up.done && down.done {
-            return Poll::Ready(Outcome::Ok);
-        }
-        if stop.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Outcome::Shutdown);
-        }
-        if active {
-            timer.as_mut().reset(tokio::time::Instant::now() + idle);
-        }
-        match timer.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Outcome::IdleTimeout),
-            Poll::Pending => Poll::Pending,
-        }
-    })
-    .await;
-    (up.moved, down.moved, outcome)
+    hard_stop: &'a CancellationToken,
+    carried: (u64, u64),
+) -> impl Future<Output = (u64, u64, Outcome)> + Send + 'a {
+    async move {
+        let mut timer = pin!(tokio::time::sleep(idle));
+        let mut stop = pin!(hard_stop.cancelled());
+        let mut up = Direction::carried(carried.0);
+        let mut down = Direction::carried(carried.1);
+        // Borrowed, not copied into the poll function beside this block's own.
+        let idle = &idle;
+        std::future::poll_fn(move |cx| {
+            let mut active = false;
+            if !up.done
+                && let Poll::Ready(Err((fault, _))) = up.poll(cx, client, upstream, &mut active)
+            {
+                return Poll::Ready((up.moved, down.moved, outcome(fault, true)));
+            }
+            if !down.done
+                && let Poll::Ready(Err((fault, _))) = down.poll(cx, upstream, client, &mut active)
+            {
+                return Poll::Ready((up.moved, down.moved, outcome(fault, false)));
+            }
+            if up.done && down.done {
+                return Poll::Ready((up.moved, down.moved, Outcome::Ok));
+            }
+            if stop.as_mut().poll(cx).is_ready() {
+                return Poll::Ready((up.moved, down.moved, Outcome::Shutdown));
+            }
+            if active {
+                timer.as_mut().reset(tokio::time::Instant::now() + *idle);
+            }
+            match timer.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready((up.moved, down.moved, Outcome::IdleTimeout)),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await
+    }
 }

@@ -52,9 +52,10 @@ async fn the_tunnel_relay_copies_both_ways_and_passes_half_closes_on() {
     scenario(|c, o| async move {
         super::tunnel(
             &mut Leg::Tcp(&c),
-            &mut Leg::Tcp(&o),
+            Leg::Tcp(&o),
             Duration::from_secs(30),
             &CancellationToken::new(),
+            (0, 0),
         )
         .await
     })
@@ -76,9 +77,10 @@ async fn a_tunnel_that_moves_nothing_is_closed_at_the_idle_timeout() {
     let started = std::time::Instant::now();
     let (_, _, outcome) = super::tunnel(
         &mut Leg::Tcp(&client_near),
-        &mut Leg::Tcp(&origin_near),
+        Leg::Tcp(&origin_near),
         Duration::from_millis(150),
         &CancellationToken::new(),
+        (0, 0),
     )
     .await;
     assert_eq!(outcome, super::Outcome::IdleTimeout);

@@ -21,6 +21,7 @@ mod common;
 /// Tests of their own files, on this file's fixture.
 mod exceptions_l7 {
     mod expiry;
+    mod revocation;
 }
 
 /// The fixtures of `l7/` (its `mod.rs` would bring the plain-HTTP tests along).

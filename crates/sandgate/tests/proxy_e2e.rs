@@ -389,9 +389,10 @@ fn request_bodies_are_forwarded_verbatim() {
     let allow = format!("body.test:{}", origin.port());
     let p = proxy(&dns, &["--allow", &allow]);
     let port = origin.port();
+    // (A request's chunk extensions and trailers are refused: l7_secrets/unread.rs.)
     let chunked = format!(
         "POST http://body.test:{port}/c HTTP/1.1\r\nHost: body.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n\
-         5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n"
+         5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
     );
     let reply = raw(p.addr, chunked.as_bytes());
     assert_eq!(status_of(&reply), 200, "{reply}");

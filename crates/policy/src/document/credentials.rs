@@ -187,10 +187,17 @@ pub fn resolve(
             }),
         }
     }
-    match errors.is_empty() {
-        true => Ok(BoundSecrets::new(list)),
-        false => Err(DocErrors(errors)),
+    if !errors.is_empty() {
+        return Err(DocErrors(errors));
     }
+    BoundSecrets::new(list).map_err(|e| {
+        DocErrors(vec![DocError {
+            file: String::new(),
+            line: 0,
+            field: "credentials".to_owned(),
+            message: e.to_string(),
+        }])
+    })
 }
 
 #[cfg(test)]

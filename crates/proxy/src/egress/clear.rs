@@ -56,19 +56,20 @@ impl Egress {
         }
     }
 
-    /// What a request to `target` carries of the credentials' placeholders: nothing, the
+    /// What a request to `target` (its method and origin-form target, and its fields)
+    /// carries of the credentials' placeholders: nothing, the
     /// headers to set to their secrets (`seen`: an intercepted request, which alone may be
     /// given one), or a placeholder where it does not belong.
     pub(crate) fn carried<'a>(
         &self,
         target: &Target,
         seen: bool,
-        origin_form: &str,
+        (method, origin_form): (&str, &str),
         fields: impl Iterator<Item = (&'a str, &'a [u8])>,
     ) -> Result<sandgate_policy::Carried, sandgate_policy::Leak> {
         self.rules()
             .secrets()
-            .check(&target.host, seen, origin_form, fields)
+            .check(&target.host, seen, method, origin_form, fields)
     }
 
     /// The search of a request body to `target` for placeholders bound elsewhere (the

@@ -138,8 +138,12 @@ impl Egress {
     /// `work`, ended by dropping it once [`Egress::dropped`] is cancelled: each request state
     /// it holds then records what it still owes from its `Drop` (`states.rs`), into the
     /// audit log, since the writer drains only after. A combinator, not an async block: a
-    /// block that awaits a future it captured would hold it twice (every idle tunnel's
-    /// task twice its size).
+    /// block that awaits a future it captured would hold it twice.
+    ///
+    /// A tunnel's front end wraps only its set-up in this, and [`Egress::carry`] the work
+    /// around the tunnel's two long waits (the check of its first bytes, its close record):
+    /// those waits end by themselves when the grant's stop token is cancelled, at the hard
+    /// stop at the latest, so an idle tunnel holds no token of its own (issue 32).
     pub(crate) fn droppable<F: std::future::Future>(
         &self,
         work: F,
@@ -450,7 +454,7 @@ impl Egress {
             party,
             stop,
             cuttable: cut.is_some(),
-            cut,
+            cut: cut.map(Box::new),
             expires: d.expires,
             target: d.target,
             access: d.access,

@@ -121,7 +121,8 @@ pub(crate) struct Grant {
     /// expires.
     pub(super) stop: CancellationToken,
     /// Registered where a revocation or the expiry can cut it; removed when the grant ends.
-    pub(super) cut: Option<CutGuard>,
+    /// Boxed: few grants have one, and every idle tunnel holds its grant.
+    pub(super) cut: Option<Box<CutGuard>>,
     /// A revocation or the expiry can end it early (whoever holds the registration now).
     pub(super) cuttable: bool,
     /// The second the deciding entry expires.
@@ -151,7 +152,7 @@ impl Grant {
     /// connection): the token it cancels and the guard that keeps it registered.
     pub fn keep_cut(&mut self) -> Option<(CancellationToken, CutGuard)> {
         let guard = self.cut.take()?;
-        Some((self.stop.clone(), guard))
+        Some((self.stop.clone(), *guard))
     }
 
     /// The close event for `end`; the grant owes nothing after.

@@ -39,10 +39,13 @@ impl Egress {
     /// relay then ends as `client_reset` rather than waiting on a half-closed tunnel.
     ///
     /// Every idle tunnel holds this future, so it holds only what the two long waits need:
-    /// the wait for the first bytes (the ends, the dialled tunnel, the deadline; nothing is
-    /// read until there is something to read) and the relay (the ends, the grant, the stop
-    /// token). What happens between them, the check, its record and the bytes read, runs
-    /// boxed and is freed before the relay starts. (A plain function returning an `async`
+    /// the wait for the first bytes (the ends, the boxed dialled tunnel, the deadline;
+    /// nothing is read until there is something to read) and the relay (the ends, the
+    /// grant, the stop token, the relay's own state). What happens between them, the check,
+    /// its record and the bytes read, runs boxed and is freed before the relay starts.
+    /// Both long waits end when the stop token is cancelled (at the hard stop at the
+    /// latest), so only the work around them is made droppable ([`Egress::droppable`]): an
+    /// idle tunnel holds no token of its own. (A plain function returning an `async`
     /// block: an `async fn` would hold its arguments twice, once as passed and once as
     /// moved into its body.)
     pub(crate) fn carry_linked<'a>(
@@ -55,35 +58,37 @@ impl Egress {
     ) -> impl Future<Output = ()> + Send + 'a {
         // Boxed until the check consumes it: held inline, its bytes would stay in the
         // future through the relay, which no longer needs them.
-        let mut dialed = Box::new(dialed);
+        let mut unstarted = Box::new(Unstarted { dialed, early, reset });
         async move {
-            let deadline = self.first_bytes_deadline(dialed.target().port);
+            let deadline = self.first_bytes_deadline(unstarted.dialed.target().port);
             if let Some(deadline) = deadline
-                && early.is_empty()
+                && unstarted.early.is_empty()
             {
-                let stop = &dialed.stop.0;
-                let upstream = dialed.stream.leg();
+                let stop = &unstarted.dialed.stop.0;
+                let upstream = unstarted.dialed.stream.leg();
                 until_readable(&mut client, upstream, deadline, stop).await;
             }
-            let start = self.start(&mut client, *dialed, early, deadline, status, reset);
-            let Some(mut relaying) = Box::pin(start).await else {
+            // Unboxed by a call, so the box is freed now rather than when this block ends.
+            let start = self.start(&mut client, unbox(unstarted), deadline, status);
+            let Some(Some(mut relaying)) = self.droppable(Box::pin(start)).await else {
                 return;
             };
             let (sent, received, outcome) = relay::tunnel(
                 &mut client,
-                &mut relaying.upstream.leg(),
+                relaying.upstream.leg(),
                 self.limits.tunnel_idle_timeout,
                 &relaying.stop,
+                relaying.carried,
             )
             .await;
             let outcome = self.cut_outcome_of(outcome, &relaying.grant);
             let end = End {
-                sent: relaying.sent + sent,
-                received: relaying.received + received,
+                sent,
+                received,
                 status,
                 outcome,
             };
-            self.close(relaying.grant, end).await;
+            self.droppable(self.close(relaying.grant, end)).await;
         }
     }
 
@@ -94,12 +99,11 @@ impl Egress {
     async fn start(
         &self,
         client: &mut Leg<'_>,
-        dialed: Dialed,
-        early: Vec<u8>,
+        unstarted: Unstarted,
         deadline: Option<tokio::time::Instant>,
         status: Option<u16>,
-        reset: Option<tokio_util::sync::CancellationToken>,
     ) -> Option<Relaying> {
+        let Unstarted { dialed, early, reset } = unstarted;
         // Boxed on its own: the check's state is freed before a late hello is waited for
         // (up to the idle timeout), so that wait costs what an idle tunnel does.
         let (opened, first, then) = Box::pin(self.check_first_bytes(client, dialed, early, deadline)).await?;
@@ -167,8 +171,7 @@ impl Egress {
             upstream,
             grant,
             stop,
-            sent,
-            received,
+            carried: (sent, received),
         })
     }
 
@@ -311,15 +314,32 @@ async fn until_readable(
     .await;
 }
 
+/// A dialled tunnel before its first bytes were read: boxed while the tunnel waits for
+/// them, since nothing of it is needed through the relay.
+struct Unstarted {
+    dialed: Dialed,
+    /// Bytes the client sent behind its request.
+    early: Vec<u8>,
+    /// The bridge's token, cancelled when a node's stream is reset.
+    reset: Option<tokio_util::sync::CancellationToken>,
+}
+
+/// What `boxed` holds, the box freed on return (moving out of a box in place would keep
+/// its memory until the enclosing scope ends: through the relay).
+#[expect(clippy::boxed_local, reason = "taking the box is the point: it is freed here")]
+fn unbox<T>(boxed: Box<T>) -> T {
+    *boxed
+}
+
 /// A tunnel past its first bytes, to be relayed: what the relay holds for the tunnel's life.
 struct Relaying {
     upstream: crate::relay::Upstream,
     grant: super::Grant,
     /// What cuts the tunnel: its own token, or the bridge's when the client's stream is reset.
     stop: tokio_util::sync::CancellationToken,
-    /// Bytes already carried (the first bytes, a second ClientHello, the server's answer).
-    sent: u64,
-    received: u64,
+    /// Bytes already carried each way (the first bytes, a second ClientHello, the server's
+    /// answer), counted on by the relay.
+    carried: (u64, u64),
 }
 
 /// What a tunnel admitted by its first bytes still needs before the plain relay.

@@ -4,7 +4,9 @@
 //! message ends so that the next message on a kept-alive connection starts in the right place.
 //! [`ChunkedScanner`] finds that end without copying or changing a byte. It is strict where
 //! leniency enables smuggling: CRLF only (no bare LF), hex sizes of at most 15 digits, and
-//! bounded chunk extensions and trailers. Pure: no I/O.
+//! bounded chunk extensions and trailers. A request's body ([`ChunkedScanner::for_request`])
+//! may carry neither: they would reach the origin unread by the placeholder search, and
+//! real clients send neither. Pure: no I/O.
 
 /// How the end of a message body is found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +54,12 @@ pub enum ChunkError {
     BadLineEnding,
     #[error("trailer section too large")]
     TrailersTooLarge,
+    /// A request's chunk extension (`5;name=value`): refused, not relayed unread.
+    #[error("a request's chunk extensions are refused")]
+    Extension,
+    /// A request's trailer section: refused, not relayed unread.
+    #[error("a request's trailer section is refused (its fields belong in the head)")]
+    Trailers,
 }
 
 /// Incremental scanner over a chunked body.
@@ -59,6 +67,8 @@ pub enum ChunkError {
 pub struct ChunkedScanner {
     state: State,
     trailer_bytes: usize,
+    /// A request's body: chunk extensions and a trailer section are refused.
+    request: bool,
 }
 
 impl Default for ChunkedScanner {
@@ -66,13 +76,24 @@ impl Default for ChunkedScanner {
         ChunkedScanner {
             state: State::Size { value: 0, digits: 0 },
             trailer_bytes: 0,
+            request: false,
         }
     }
 }
 
 impl ChunkedScanner {
+    /// A scanner for a response's body: extensions and trailers pass, bounded.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A scanner for a request's body, which refuses chunk extensions
+    /// ([`ChunkError::Extension`]) and a trailer section ([`ChunkError::Trailers`]).
+    pub fn for_request() -> Self {
+        ChunkedScanner {
+            request: true,
+            ..Self::default()
+        }
     }
 
     /// True once the last chunk and the trailer section have been seen.
@@ -125,6 +146,7 @@ impl ChunkedScanner {
                 }
                 _ if digits == 0 => return Err(ChunkError::BadSize),
                 b'\r' => State::SizeLf { value },
+                b';' | b' ' | b'\t' if self.request => return Err(ChunkError::Extension),
                 b';' | b' ' | b'\t' => State::Extension { len: 1, value },
                 _ => return Err(ChunkError::BadSize),
             },
@@ -144,6 +166,7 @@ impl ChunkedScanner {
             State::TrailerStart => match byte {
                 b'\r' => State::FinalLf,
                 b'\n' | 0 => return Err(ChunkError::BadLineEnding),
+                _ if self.request => return Err(ChunkError::Trailers),
                 _ => self.trailer_byte()?,
             },
             State::TrailerLine => match byte {
@@ -227,5 +250,22 @@ mod tests {
         let mut long_trailer = b"0\r\n".to_vec();
         long_trailer.extend(std::iter::repeat_n(b'x', MAX_TRAILERS + 1));
         assert_eq!(scan_all(&long_trailer), Err(ChunkError::TrailersTooLarge));
+    }
+
+    #[test]
+    fn a_requests_extensions_and_trailers_are_refused() {
+        let request = |input: &[u8]| {
+            let mut s = ChunkedScanner::for_request();
+            s.feed(input).map(|used| (used, s.is_done()))
+        };
+        assert_eq!(request(b"5\r\nhello\r\n0\r\n\r\nNEXT"), Ok((15, true)));
+        for ext in [&b"5;x=SANDGATE_EXAMPLE\r\n"[..], b"5 ;x\r\n", b"0;x\r\n\r\n"] {
+            assert_eq!(request(ext), Err(ChunkError::Extension), "{ext:?}");
+        }
+        let trailer = b"5\r\nhello\r\n0\r\nSANDGATE_EXAMPLE: 1\r\n\r\n";
+        assert_eq!(request(trailer), Err(ChunkError::Trailers));
+        // A response's pass, as before.
+        assert_eq!(scan_all(trailer), Ok((trailer.len(), true)));
+        assert_eq!(scan_all(b"0;x\r\n\r\n"), Ok((7, true)));
     }
 }

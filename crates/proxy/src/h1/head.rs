@@ -82,6 +82,10 @@ pub enum HeadError {
     MissingHost,
     #[error("CONNECT request with a body")]
     ConnectBody,
+    /// A request body's chunked framing, refused as it streamed (a request's chunk
+    /// extensions and trailer section included).
+    #[error("bad chunked request body: {0}")]
+    Chunked(crate::h1::framing::ChunkError),
 }
 
 impl HeadError {
@@ -93,7 +97,8 @@ impl HeadError {
             HeadError::LengthAndChunked
             | HeadError::BadContentLength
             | HeadError::BadTransferEncoding
-            | HeadError::ConnectBody => "ambiguous_framing",
+            | HeadError::ConnectBody
+            | HeadError::Chunked(_) => "ambiguous_framing",
             HeadError::DuplicateHost => "duplicate_host",
             HeadError::BadHost => "bad_host_field",
             HeadError::MissingHost => "missing_host",

@@ -1,7 +1,8 @@
 //! Message bodies relayed verbatim: exactly as many bytes as the framing says (a length,
 //! the chunked encoding found by [`ChunkedScanner`] without decoding it, or until close),
 //! with an idle timeout, and nothing beyond the body's end consumed; a request body
-//! searched for placeholders bound elsewhere on the way, when a credential asks for it.
+//! searched for placeholders bound elsewhere on the way, when a credential asks for it,
+//! and refused if chunked with extensions or trailers, which that search does not read.
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -37,11 +38,13 @@ pub(crate) enum RelayError {
 /// unchanged, and stops exactly at its end, flushed (a TLS stream keeps what it could not
 /// send yet until flushed). Returns the bytes copied. A read or a write that makes no
 /// progress for `idle` ends it: a peer that stops reading holds nothing for longer.
+/// `scanner` finds a chunked body's end: [`ChunkedScanner::for_request`] for a request's.
 pub(crate) async fn relay_body<R, W>(
     src: &mut R,
     buf: &mut BytesMut,
     dst: &mut W,
     kind: BodyKind,
+    mut scanner: ChunkedScanner,
     idle: std::time::Duration,
     mut scan: Option<&mut sandgate_policy::BodyScan>,
 ) -> Result<u64, RelayError>
@@ -55,7 +58,6 @@ where
         BodyKind::Length(n) => n,
         BodyKind::Chunked | BodyKind::UntilClose => u64::MAX,
     };
-    let mut scanner = ChunkedScanner::new();
     loop {
         if buf.is_empty() {
             buf.reserve(RELAY_CHUNK);

@@ -39,6 +39,7 @@ pub(crate) async fn handle_connect(
         buf,
         peer,
         identity,
+        standing,
         ..
     } = client;
     if stream
@@ -55,6 +56,7 @@ pub(crate) async fn handle_connect(
             early: buf.to_vec(),
             peer,
             identity,
+            standing,
         };
         // Boxed: the interception's state (TLS, hyper) would otherwise enlarge every
         // CONNECT's set-up.
@@ -62,7 +64,8 @@ pub(crate) async fn handle_connect(
         return None;
     }
     // Bytes the client sent early (a ClientHello pipelined behind the head) are the
-    // tunnel's first bytes; the head's buffer (4 KiB) is freed with the request loop.
+    // tunnel's first bytes; the head's buffer (1 KiB for a connection's first request,
+    // 4 KiB after) is freed with the request loop.
     Some(Tunnel {
         stream,
         dialed,

@@ -18,7 +18,7 @@ use super::rewrite::{request_head_bytes, response_head_bytes};
 use super::{ClientConn, Next};
 use crate::audit::event::{Outcome, UpstreamFailure as F};
 use crate::egress::{Egress, End, Request};
-use crate::h1::framing::BodyKind;
+use crate::h1::framing::{BodyKind, ChunkedScanner};
 use crate::h1::head::{RequestHead, ResponseHead, parse_response_head};
 use crate::refusal::{Refusal, ResponseError};
 
@@ -69,7 +69,7 @@ pub(crate) async fn handle_http<S: AsyncRead + AsyncWrite + Unpin>(
     }
     // A credential's placeholder is never sent in the clear, nor to another host.
     let fields = head.fields.iter().map(|f| (f.name.as_str(), f.value.as_slice()));
-    if let Err(leak) = egress.carried(&http.target, false, &http.origin_form, fields) {
+    if let Err(leak) = egress.carried(&http.target, false, (&head.method, &http.origin_form), fields) {
         let refused = decided.refuse(egress, Refusal::CredentialLeak(leak)).await;
         client.reply(&refused).await;
         return Next::Close;
@@ -168,6 +168,15 @@ impl Exchange {
         }
     }
 
+    /// The request body's chunked framing was refused (a request's chunk extensions or
+    /// trailers among it): cut, and answered 400.
+    fn bad_body(error: crate::h1::framing::ChunkError, sent: u64, received: u64) -> Exchange {
+        Exchange {
+            refusal: Some(Refusal::Head(crate::h1::head::HeadError::Chunked(error))),
+            ..Exchange::failed(sent, received, Outcome::ClientFailure)
+        }
+    }
+
     /// No response head from `target`: refused as the error says (502, 504).
     fn no_response(
         target: &sandgate_policy::Target,
@@ -224,6 +233,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
             &mut client.buf,
             &mut up_write,
             head.body,
+            ChunkedScanner::for_request(),
             limits.body_idle_timeout,
             scan.as_mut(),
         )
@@ -246,6 +256,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
         tokio::select! {
             body = &mut request_body => match body {
                 Err(RelayError::Leak(leak)) => return Exchange::leaked(leak, sent, 0),
+                Err(RelayError::Framing(e)) => return Exchange::bad_body(e, sent, 0),
                 body => (body, response_head.await),
             },
             head = &mut response_head => (request_body.await, head),
@@ -261,7 +272,8 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     received += interim;
     match &body_result {
         Ok(n) => sent += n,
-        Err(RelayError::Source(_) | RelayError::Truncated | RelayError::Framing(_)) => {
+        Err(RelayError::Framing(e)) => return Exchange::bad_body(*e, sent, received),
+        Err(RelayError::Source(_) | RelayError::Truncated) => {
             return Exchange::failed(sent, received, Outcome::ClientFailure);
         }
         Err(RelayError::Dest(_) | RelayError::Idle | RelayError::Stalled) => {}
@@ -303,6 +315,7 @@ async fn bodiless<S: AsyncRead + AsyncWrite + Unpin>(
         &mut client.buf,
         &mut up.stream,
         BodyKind::Empty,
+        ChunkedScanner::new(),
         limits.body_idle_timeout,
         None,
     )
@@ -358,6 +371,7 @@ async fn relay_response<S: AsyncRead + AsyncWrite + Unpin>(
         &mut up.buf,
         &mut client.stream,
         body,
+        ChunkedScanner::new(),
         egress.limits.body_idle_timeout,
         None,
     )

@@ -126,21 +126,25 @@ pub(super) async fn accept_loop(
         };
         egress.metrics.connections.inc();
         egress.metrics.connections_active.inc();
-        let open = Open {
+        // Boxed: every idle tunnel's task holds it, and a pointer costs its task less than
+        // the admission held inline would (issue 32).
+        let open = Box::new(Open {
             egress: egress.clone(),
             _permit: permit,
-        };
+        });
         // Each front end's task is a future type of its own, sized for that front end alone:
         // every HTTP/1 connection (every idle tunnel) pays only for what it needs (issue 32).
+        // A client front end makes its own work droppable, all of it but a tunnel's long
+        // waits, which end at the tunnel's stop token ([`Egress::droppable`]).
         match front_end {
             FrontEnd::Http1 { require_auth } => {
-                let client = ClientConn::new(stream, peer, identity);
-                let serve = http1::serve(egress.clone(), client, require_auth, stop, open);
-                tracker.spawn(egress.droppable(serve));
+                let mut client = ClientConn::new(stream, peer, identity);
+                client.standing = Some(Arc::new(gate.admission.standing(&gate.slots, peer.ip())));
+                tracker.spawn(http1::serve(egress.clone(), client, require_auth, stop, open));
             }
             FrontEnd::Socks5 { require_auth } => {
                 let work = crate::socks5::serve(egress.clone(), stream, peer, identity, require_auth, open);
-                tracker.spawn(egress.droppable(work));
+                tracker.spawn(work);
             }
             FrontEnd::Node(node) => {
                 // Boxed: awaited from the block that holds it, it would be held twice.

@@ -58,7 +58,8 @@ enum Say {
 /// Serves one SOCKS5 connection: negotiate, log in, read the request, then hand the target
 /// to the core and relay the tunnel. `held` (the connection's admission) is kept until the
 /// end. The handshake runs boxed and is freed before the tunnel is carried, so a long-lived
-/// tunnel's task holds only what carrying it needs.
+/// tunnel's task holds only what carrying it needs. The handshake is droppable
+/// ([`Egress::droppable`]); the tunnel's own waits end at its stop token.
 pub(crate) fn serve<H: Send>(
     egress: Arc<Egress>,
     stream: TcpStream,
@@ -72,7 +73,7 @@ pub(crate) fn serve<H: Send>(
     // (this future is every idle tunnel's).
     let opened = Box::pin(open(egress.clone(), stream, peer, listener, require_auth));
     async move {
-        let Some((stream, dialed, early)) = opened.await else {
+        let Some((stream, dialed, early)) = egress.droppable(opened).await.flatten() else {
             return;
         };
         egress

@@ -6,15 +6,15 @@
 //! trailer section never reaches the origin (a raw origin here shows every byte it got);
 //! and a response the client does not read holds up no other stream of its tunnel.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use sandgate_testkit::dns::Zone;
 use sandgate_testkit::tls::TestCa;
 use serde_json::Value;
 
-use super::{PLACEHOLDER, SECRET_VAR, credential, holding, secret, secrets_policy};
+use super::{PLACEHOLDER, SECRET_VAR, ScriptOrigin, credential, holding, secret, secrets_policy};
 use crate::common::python;
 use crate::common::sandgate_bin;
 use crate::common::world::World;
@@ -213,41 +213,6 @@ while True:
     threading.Thread(target=serve, args=(n, conn), daemon=True).start()
 "#;
 
-/// The raw origin, running; killed when dropped.
-struct RawOrigin {
-    child: Child,
-    port: u16,
-}
-
-impl RawOrigin {
-    fn start(ca: &TestCa, dir: &Path) -> RawOrigin {
-        let cert = pem_file(dir, "leaf.pem", &ca.leaf_pem);
-        let key = pem_file(dir, "leaf-key.pem", &ca.leaf_key_pem);
-        let mut child = Command::new(python())
-            .args(["-c", RAW_ORIGIN])
-            .args([&cert, &key, dir])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("raw origin: {line:?}"));
-        RawOrigin { child, port }
-    }
-}
-
-impl Drop for RawOrigin {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Everything the raw origin in `dir` received, each connection's bytes in turn.
 fn received(dir: &Path) -> String {
     let mut all = String::new();
@@ -311,7 +276,7 @@ fn a_requests_trailers_never_reach_the_origin() {
     let w = World::new();
     let ca = TestCa::new(&["up.test"]);
     let dir = tempfile::tempdir().unwrap();
-    let origin = RawOrigin::start(&ca, dir.path());
+    let origin = ScriptOrigin::tls(RAW_ORIGIN, &ca, dir.path());
     let port = origin.port;
     let dns = w.dns(Zone::new().with("up.test", &["127.0.0.1"]));
     let roots = pem_file(dir.path(), "roots.pem", &ca.ca_pem);
@@ -495,8 +460,9 @@ fn a_response_the_client_does_not_read_holds_up_no_other_stream() {
 }
 
 /// Parallel upstream connections are bounded: 8 streams the client never reads hold 8
-/// connections, and a ninth waits for one for the response timeout (2 s here), then gets
-/// 504; the origin saw 8 handshakes and 8 requests.
+/// connections, and a ninth waits for one for the response timeout (2 s here), then is
+/// refused 503 `connection_limit:tunnel`, a deny on record and no allow (nothing went
+/// upstream for it); the origin saw 8 handshakes and 8 requests.
 #[test]
 fn a_tunnels_parallel_upstream_connections_are_bounded() {
     let w = World::new();
@@ -526,10 +492,22 @@ fn a_tunnels_parallel_upstream_connections_are_bounded() {
     }
     assert_eq!(
         (&result["b"][0]["status"], &result["b"][0]["ended"]),
-        (&504.into(), &true.into()),
+        (&503.into(), &true.into()),
         "{result}"
     );
     let waited = result["b_seconds"].as_f64().unwrap();
     assert!((1.9..7.0).contains(&waited), "{result}");
     assert_eq!((origin.handshakes(), origin.requests().len()), (8, 8), "{result}");
+    let ninth = decision(&i.proxy.audit_path, "par.test", "GET", "/ninth");
+    assert_eq!(
+        (&ninth["decision"], &ninth["reason_code"], &ninth["status"]),
+        (&"deny".into(), &"connection_limit:tunnel".into(), &503.into()),
+        "{ninth:#}"
+    );
+    let events = crate::common::read_audit(&i.proxy.audit_path);
+    let of_ninth = events
+        .iter()
+        .filter(|e| e["request_id"] == ninth["request_id"])
+        .count();
+    assert_eq!(of_ninth, 1, "one record, the deny: {events:#?}");
 }

@@ -3,18 +3,22 @@
 //! that holds it in its environment and writes its stdout and a trace-level log where the
 //! test can search them, and the search itself over every file a proxy or a run wrote. The
 //! tests are in [`leaks`] (a placeholder where it does not belong), [`sandboxed`] (inside
-//! `sandgate run`), [`start`] (the secret's variable unset) and [`tunnels`] (report-only
-//! interception, SOCKS5 and a central's node streams).
+//! `sandgate run`), [`start`] (the secret's variable unset), [`tunnels`] (report-only
+//! interception, SOCKS5 and a central's node streams) and [`unread`] (where the search did
+//! not look: a request's chunk extensions and trailers, a header's name, the method).
 
 mod hostile;
 mod leaks;
 mod sandboxed;
 mod start;
 mod tunnels;
+mod unread;
+mod upstreams;
 
 use std::hash::{BuildHasher, Hasher};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, ChildStdout, Command, Stdio};
 
 use sandgate_testkit::dns::DnsServer;
 
@@ -116,4 +120,44 @@ pub fn containing(files: &[PathBuf], needle: &str) -> Vec<PathBuf> {
 pub fn contains(haystack: &[u8], needle: &str) -> bool {
     let needle = needle.as_bytes();
     haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// A Python origin a test writes (`script`, run with `args`), running; killed when dropped.
+/// Its first line on stdout is the port it listens on; the rest is the script's to say
+/// (`lines`).
+pub struct ScriptOrigin {
+    child: Child,
+    pub lines: BufReader<ChildStdout>,
+    pub port: u16,
+}
+
+impl ScriptOrigin {
+    pub fn start(script: &str, args: &[&std::ffi::OsStr]) -> ScriptOrigin {
+        let mut child = Command::new(crate::common::python())
+            .args(["-c", script])
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        lines.read_line(&mut line).unwrap();
+        let port = line.trim().parse().unwrap_or_else(|_| panic!("origin: {line:?}"));
+        ScriptOrigin { child, lines, port }
+    }
+
+    /// The same over TLS: the script is given the test CA's leaf for 127.0.0.1 and its key
+    /// (written into `dir`), then `dir`.
+    pub fn tls(script: &str, ca: &sandgate_testkit::tls::TestCa, dir: &Path) -> ScriptOrigin {
+        let cert = crate::l7_tls::pem_file(dir, "leaf.pem", &ca.leaf_pem);
+        let key = crate::l7_tls::pem_file(dir, "leaf-key.pem", &ca.leaf_key_pem);
+        ScriptOrigin::start(script, &[cert.as_os_str(), key.as_os_str(), dir.as_os_str()])
+    }
+}
+
+impl Drop for ScriptOrigin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

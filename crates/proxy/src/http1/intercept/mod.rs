@@ -6,15 +6,21 @@
 //! with a leaf the CA issued for the tunnel's host (a client naming another in its SNI is
 //! refused); the upstream's TLS starts here, verified against the system's roots. Each
 //! request inside (HTTP/2 or HTTP/1.1, as the client's ALPN chose; HTTP/2 streams in tasks of
-//! their own) is then one call into the core, like a plain-HTTP request, with
-//! its method and path: decided, recorded (`scheme: https`), forwarded on an upstream
-//! HTTP/1.1 connection of its own while its response lasts (parallel streams on parallel
-//! connections, `upstreams.rs`), its trailers dropped, and closed with its status and bytes. A request whose `Host`, absolute URI or `:authority` names another host than the
-//! tunnel's is refused (400, `host_mismatch`). A tunnel that moves no byte either way for the
-//! tunnel idle timeout ends (`idle_timeout`), HTTP/2 or not, as a blind tunnel does.
+//! their own) is then one call into the core, like a plain-HTTP request, with its method
+//! and path: decided, recorded (`scheme: https`), forwarded on an upstream HTTP/1.1
+//! connection of its own while its exchange lasts (parallel streams on parallel
+//! connections, each past the CONNECT's own admitted against the connection limits as the
+//! client's connection was, `upstreams.rs`), its trailers dropped, cut when the rule that
+//! allowed it is revoked or expires, and closed with its status and bytes once its request
+//! and response bodies have both ended. A request whose `Host`, absolute URI or
+//! `:authority` names another host than the tunnel's is refused (400, `host_mismatch`). A
+//! tunnel that moves no byte either way for the tunnel idle timeout ends (`idle_timeout`),
+//! HTTP/2 or not, as a blind tunnel does.
 
 mod body;
 mod exchange;
+mod fields;
+mod socket;
 mod upstreams;
 
 use std::net::SocketAddr;
@@ -28,8 +34,8 @@ use sandgate_policy::{Host, Identity, Target};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use self::body::{Prefixed, Watched};
 use self::exchange::{Exchanges, MAX_STREAMS};
+use self::socket::{Prefixed, Watched};
 use self::upstreams::Upstreams;
 use crate::audit::event::Outcome;
 use crate::egress::{Dialed, Egress, End, Grant, Opened};
@@ -37,7 +43,8 @@ use crate::inspect::Interceptor;
 use crate::refusal::Refusal;
 use crate::relay::Upstream;
 
-type ResBody = UnsyncBoxBody<Bytes, hyper::Error>;
+/// A response body on its way to the client (it may fail on a cut).
+type ResBody = UnsyncBoxBody<Bytes, body::BoxError>;
 /// A request body on its way upstream (it may fail on a placeholder it carries).
 type ReqBody = UnsyncBoxBody<Bytes, body::BoxError>;
 type Sender = hyper::client::conn::http1::SendRequest<ReqBody>;
@@ -49,6 +56,9 @@ pub(crate) struct Client {
     pub early: Vec<u8>,
     pub peer: SocketAddr,
     pub identity: Arc<Identity>,
+    /// What the client's connection was admitted as: the tunnel's further upstream
+    /// connections are admitted the same way (`None`: it opens none).
+    pub standing: Option<Arc<crate::admission::Standing>>,
 }
 
 /// Serves an intercepted tunnel until it ends, or its grant is cut; records its decision
@@ -95,11 +105,17 @@ pub(crate) async fn serve(egress: &Arc<Egress>, client: Client, dialed: Dialed) 
         addr,
         totals: &totals,
     };
-    let peer = (client.peer, client.identity);
+    let peer = (client.peer, client.identity, client.standing);
+    let (closes, mut closed) = mpsc::unbounded_channel::<(Grant, End)>();
     let outcome = tokio::select! {
-        outcome = Box::pin(tunnel.run(tls, peer, stream)) => outcome,
+        outcome = Box::pin(tunnel.run(tls, peer, stream, closes, &mut closed)) => outcome,
         () = stop.cancelled() => egress.cut_outcome(&grant),
     };
+    // The exchanges still owing their closes record them here: HTTP/2 streams still
+    // running in tasks of their own, and those of a cut tunnel, dropped with it just now.
+    while let Ok(Some((grant, end))) = tokio::time::timeout(DRAIN, closed.recv()).await {
+        tunnel.record(grant, end).await;
+    }
     let end = End {
         sent: totals.sent.load(Ordering::Relaxed),
         received: totals.received.load(Ordering::Relaxed),
@@ -124,20 +140,24 @@ struct Tunnel<'a> {
     totals: &'a Totals,
 }
 
-/// How long, once the client's connection has ended, the exchanges still running (HTTP/2
-/// streams in tasks of their own) have to record their closes here; a later one records
-/// its own as its grant drops.
+/// How long, once the client's connection has ended or the tunnel was cut, the exchanges
+/// still running (HTTP/2 streams in tasks of their own) have to record their closes here; a later one records
+/// its own in a task of its own.
 const DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Tunnel<'_> {
+    /// Serves the tunnel's requests until the client's connection ends or goes idle,
+    /// recording the closes `closed` brings meanwhile (`closes`: where the exchanges send
+    /// them).
     async fn run(
-        self,
+        &self,
         tls: ClientTls,
-        (peer, identity): (SocketAddr, Arc<Identity>),
+        (peer, identity, standing): Peer,
         upstream: Upstream,
+        closes: mpsc::UnboundedSender<(Grant, End)>,
+        closed: &mut mpsc::UnboundedReceiver<(Grant, End)>,
     ) -> Outcome {
         let limits = &self.egress.limits;
-        let (closes, mut closed) = mpsc::unbounded_channel::<(Grant, End)>();
         let exchanges = Arc::new(Exchanges {
             egress: self.egress.clone(),
             target: self.target.clone(),
@@ -145,7 +165,7 @@ impl Tunnel<'_> {
             peer,
             identity,
             interceptor: self.interceptor.clone(),
-            upstreams: Upstreams::new(upstream),
+            upstreams: Upstreams::new(upstream, standing),
             closes,
         });
         // HTTP/1.1 or HTTP/2, as the client's ALPN chose; HTTP/2 streams run in tasks of
@@ -174,7 +194,7 @@ impl Tunnel<'_> {
         };
         let idle = limits.tunnel_idle_timeout;
         let mut serve = Box::pin(builder.serve_connection(TokioIo::new(watched), service));
-        // Each exchange's close is recorded as its response body ends.
+        // Each exchange's close is recorded once its request and response bodies have ended.
         let served = loop {
             let quiet_from = since + std::time::Duration::from_millis(last.load(Ordering::Relaxed));
             tokio::select! {
@@ -190,11 +210,8 @@ impl Tunnel<'_> {
             }
         };
         // The service (and its sender of closes) goes with the connection; streams still
-        // running hold the rest.
+        // running hold the rest, and record their closes once this returns.
         drop(serve);
-        while let Ok(Some((grant, end))) = tokio::time::timeout(DRAIN, closed.recv()).await {
-            self.record(grant, end).await;
-        }
         let Some(served) = served else {
             return Outcome::IdleTimeout;
         };
@@ -218,6 +235,9 @@ impl Tunnel<'_> {
 }
 
 type ClientTls = tokio_rustls::server::TlsStream<Prefixed>;
+
+/// The client's address, identity and admission, as its tunnel's requests need them.
+type Peer = (SocketAddr, Arc<Identity>, Option<Arc<crate::admission::Standing>>);
 
 /// Does the client's SNI name the tunnel's host? (Names compare without case and without a
 /// trailing dot; an IP address is never a valid SNI, so a client naming one was not asked.)
