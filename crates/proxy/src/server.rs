@@ -186,6 +186,13 @@ impl Proxy {
             .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Records each request's path with its query string (`--audit-query`).
+    pub fn set_record_query(&self, on: bool) {
+        self.egress
+            .record_query
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Adds routes (the control plane's API) to the admin listener. Without an admin
     /// listener they are not served.
     pub fn mount_admin(&mut self, routes: axum::Router) {

@@ -54,6 +54,8 @@ pub struct RunOptions {
     /// `--learn`: the run's proxy lets what the policy denies pass, recorded as
     /// `report_only` (the address guard still refuses).
     pub learn: bool,
+    /// `--audit-query`: the run's proxy records each request's path with its query string.
+    pub audit_query: bool,
     pub print_argv: bool,
     /// `seatbelt`: print the macOS profile instead of running.
     pub print_profile: Option<String>,
@@ -280,6 +282,7 @@ async fn supervise(
             identity,
             ask: opts.ask,
             learn: opts.learn,
+            audit_query: opts.audit_query,
             live: !opts.quiet,
             follow: opts.follow.clone(),
             kept_log: kept.clone(),

@@ -225,6 +225,7 @@ fn run_sandbox(args: cli::RunArgs) -> ExitCode {
         audit_log: args.audit_log,
         no_audit_log: args.no_audit_log,
         learn: args.learn,
+        audit_query: args.audit_query,
         print_argv: args.print_argv,
         print_profile: args.print_profile,
         quiet: args.quiet,
@@ -305,6 +306,7 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
             }
         };
         proxy.set_build_info(env!("CARGO_PKG_VERSION"), cli::COMMIT);
+        proxy.set_record_query(args.audit_query);
         if args.report_only {
             proxy.set_report_only(true);
             tracing::warn!(

@@ -30,7 +30,7 @@ pub(crate) struct Request<'a> {
     pub node: Option<Arc<str>>,
     pub method: Cow<'static, str>,
     /// A plain-HTTP request's origin-form target (`/path?query`): the path is decided and
-    /// recorded (without the query).
+    /// recorded (without the query, unless [`Egress::record_query`] is on).
     pub path: Option<&'a str>,
     /// Where it asks to go and how, or why the destination could not be read.
     pub dest: Result<(Target, Access), Refusal>,
@@ -49,7 +49,11 @@ impl Egress {
             dest,
         } = request;
         let mut pending = self.begin_via(peer, identity, Some(method), node);
-        pending.party.path = path.map(|p| Arc::from(p.split_once('?').map_or(p, |(p, _)| p)));
+        let whole = self.record_query.load(std::sync::atomic::Ordering::Relaxed);
+        pending.party.path = path.map(|p| match p.split_once('?') {
+            Some((path, _)) if !whole => Arc::from(path),
+            _ => Arc::from(p),
+        });
         match dest {
             Err(refusal) => Err(self.refuse(pending, None, refusal).await),
             Ok((target, access)) => self.decide(pending, &target, access).await,

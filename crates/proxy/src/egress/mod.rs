@@ -104,6 +104,9 @@ pub(crate) struct Egress {
     /// `report_only` with what the policy would have said; the address guard, address deny
     /// entries and tunnel checks still refuse.
     pub report_only: std::sync::atomic::AtomicBool,
+    /// A request's `path` is recorded with its query string (`--audit-query`); without it,
+    /// the query (which may carry tokens) is left out of the audit.
+    pub record_query: std::sync::atomic::AtomicBool,
     pub metrics: Arc<Metrics>,
 }
 
@@ -131,6 +134,7 @@ impl Egress {
             asker: std::sync::OnceLock::new(),
             interceptor: std::sync::OnceLock::new(),
             report_only: std::sync::atomic::AtomicBool::new(false),
+            record_query: std::sync::atomic::AtomicBool::new(false),
             metrics,
         }
     }

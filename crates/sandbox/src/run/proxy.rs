@@ -25,6 +25,8 @@ pub(super) struct ProxyRun {
     pub(super) identity: super::RunIdentity,
     pub(super) ask: Option<std::time::Duration>,
     pub(super) learn: bool,
+    /// `--audit-query`: paths recorded with their query strings.
+    pub(super) audit_query: bool,
     /// Print each deny on stderr as it happens.
     pub(super) live: bool,
     /// bwrap's pid once it runs: `--ask` holds the sandbox still while it asks.
@@ -113,6 +115,7 @@ pub(super) async fn start_proxy(
         )));
     }
     proxy.set_report_only(how.learn);
+    proxy.set_record_query(how.audit_query);
     if policy.intercepts() {
         intercept(&proxy, state, &how.identity)?;
     }

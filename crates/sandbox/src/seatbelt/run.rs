@@ -99,6 +99,7 @@ pub(super) async fn supervise(
                 identity,
                 ask: None,
                 learn: opts.learn,
+                audit_query: opts.audit_query,
                 live: !opts.quiet,
                 follow: opts.follow.clone(),
                 kept_log: kept.clone(),

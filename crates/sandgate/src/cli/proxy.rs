@@ -211,6 +211,10 @@ pub struct ProxyArgs {
     /// address guard, address deny entries and tunnel checks still refuse
     #[arg(long)]
     pub report_only: bool,
+    /// Record each plain-HTTP and intercepted request's path with its query string (left
+    /// out by default: a query may carry tokens)
+    #[arg(long)]
+    pub audit_query: bool,
 }
 
 /// `sandgate explain` flags.

@@ -34,6 +34,10 @@ pub struct RunArgs {
     /// turns them into an EgressPolicy for net.egress_policy
     #[arg(long, conflicts_with_all = ["ask", "no_audit_log"])]
     pub learn: bool,
+    /// Record each plain-HTTP and intercepted request's path with its query string in the
+    /// run's audit log (left out by default: a query may carry tokens)
+    #[arg(long)]
+    pub audit_query: bool,
     /// Print the sandbox's command line and exit: bwrap's, or sandbox-exec's where the
     /// seatbelt backend runs (macOS).
     #[arg(long)]

@@ -11,6 +11,7 @@ pub mod entries;
 pub mod git_origin;
 pub mod wire;
 
+mod query;
 mod read_only;
 mod sandboxed;
 mod spelling;

@@ -17,7 +17,7 @@ use crate::common::world::World;
 use crate::common::{python, sandgate_bin};
 use crate::l7::decisions::decision;
 use crate::l7::{egress_policy, entry};
-use crate::l7_tls::{close_of, https_conn, inside, intercepting_with, pem_file};
+use crate::l7_tls::{Intercepting, close_of, https_conn, inside, intercepting_with, pem_file};
 
 /// An HTTP/2 client (Python's h2) through a CONNECT from 127.0.0.1: one GET stream for each
 /// of `PATHS`, none read past its first window, until each has its status (or 20 s); then,
@@ -207,7 +207,8 @@ while True:
 
 /// An HTTP/2 client (Python's h2) through a CONNECT: `N` POST streams to `/upload/I`, each
 /// announcing 100 bytes and sending one, the rest never; waits until each has its status
-/// (or 20 s) and prints them, in order, as JSON.
+/// (or 20 s) and prints them, in order, as JSON; then holds the connection open for the
+/// seconds of its sixth argument, if given.
 const DRIPPING: &str = r#"
 import json, socket, ssl, sys, time
 import h2.config, h2.connection, h2.events
@@ -248,16 +249,21 @@ while len(status) < len(streams) and time.monotonic() < deadline:
             status[ev.stream_id] = int(dict(ev.headers)[":status"])
     t.sendall(c.data_to_send())
 print(json.dumps([status.get(x) for x in streams]), flush=True)
+time.sleep(float(sys.argv[6]) if len(sys.argv) > 6 else 0)
 t.close()
 "#;
 
-/// Nine uploads that drip, to an origin that answers each at once and reads on: eight hold
-/// the tunnel's eight upstream connections while their bodies are still going up (their
-/// 401s came back at once), and the ninth, finding every one busy for the 2 s response
-/// timeout, is refused 503 `connection_limit:tunnel`, where before it was given a ninth
-/// connection. The origin saw eight.
-#[test]
-fn an_upload_still_going_up_after_an_early_answer_keeps_its_connection() {
+/// The early-answering origin (`drip.test`, POSTs to `/upload/*` allowed) behind a proxy
+/// that intercepts its tunnels, started with `limits`; every part kept alive.
+struct Drip {
+    dir: tempfile::TempDir,
+    origin: ScriptOrigin,
+    i: Intercepting,
+    _dns: sandgate_testkit::dns::DnsServer,
+    _world: World,
+}
+
+fn drip(limits: &[&str]) -> Drip {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new(&["drip.test"]);
     let origin = ScriptOrigin::tls(EARLY_ORIGIN, &ca, dir.path());
@@ -266,8 +272,30 @@ fn an_upload_still_going_up_after_an_early_answer_keeps_its_connection() {
     let roots = pem_file(dir.path(), "roots.pem", &ca.ca_pem);
     let rule = ["methods: [POST]", "paths: [\"/upload/*\"]"];
     let (policy, _) = egress_policy(dir.path(), &entry("drip.test", origin.port, &rule));
-    let limits = ["--response-timeout", "2"];
-    let i = intercepting_with(Command::new(sandgate_bin()), &dns, &policy, &roots, &limits);
+    let i = intercepting_with(Command::new(sandgate_bin()), &dns, &policy, &roots, limits);
+    Drip {
+        dir,
+        origin,
+        i,
+        _dns: dns,
+        _world: w,
+    }
+}
+
+/// Nine uploads that drip, to an origin that answers each at once and reads on: eight hold
+/// the tunnel's eight upstream connections while their bodies are still going up (their
+/// 401s came back at once), and the ninth, finding every one busy for the 2 s response
+/// timeout, is refused 503 `connection_limit:tunnel`, where before it was given a ninth
+/// connection. The origin saw eight.
+#[test]
+fn an_upload_still_going_up_after_an_early_answer_keeps_its_connection() {
+    let Drip {
+        dir,
+        origin,
+        i,
+        _dns,
+        _world,
+    } = drip(&["--response-timeout", "2"]);
     let out = Command::new("timeout")
         .args(["-k", "5", "60"])
         .arg(python())
@@ -351,6 +379,63 @@ fn a_placeholder_found_after_an_early_answer_is_on_record() {
     assert_eq!(
         (&closed["outcome"], &closed["status"]),
         (&"credential_leak".into(), &401.into()),
+        "{closed:#}"
+    );
+}
+
+/// An upload that stalls after its early answer, from a client that stays connected: its
+/// request body is never going to end, and its upstream connection's task holds it. The
+/// exchange must still end within the body idle timeout (1 s here): its close written
+/// (`client_reset`, the 401 it got), its connection closed. Before, nothing ended it until
+/// the client went away: no close, the connection, its turn and its slot held.
+#[test]
+fn an_upload_stalled_after_an_early_answer_ends_within_the_body_idle_timeout() {
+    use std::io::BufRead as _;
+    let Drip {
+        dir: _dir,
+        origin,
+        i,
+        _dns,
+        _world,
+    } = drip(&["--body-idle-timeout", "1"]);
+    // Python itself (no `timeout` in front), so that killing it ends it: it exits by
+    // itself 30 s after its answer at the latest.
+    let mut client = Command::new(python())
+        .args(["-c", DRIPPING, &i.proxy.addr.port().to_string(), "drip.test"])
+        .arg(origin.port.to_string())
+        .arg(&i.ca_file)
+        .args(["1", "30"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(client.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "[401]", "the upload's early answer");
+    let audit = &i.proxy.audit_path;
+    let decided = decision(audit, "drip.test", "POST", "/upload/0");
+    let id = decided["request_id"].clone();
+    // Bounded: the close is due 1 s after the answer; the client holds on for 30.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let closed = loop {
+        let found = crate::common::read_audit(audit)
+            .into_iter()
+            .find(|e| e["event"] == "close" && e["request_id"] == id);
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no close 10 s after the answer while the client holds its stalled upload"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let _ = client.kill();
+    let _ = client.wait();
+    assert_eq!(
+        (&closed["outcome"], &closed["status"]),
+        (&"client_reset".into(), &401.into()),
         "{closed:#}"
     );
 }

@@ -157,12 +157,53 @@ fn lock(owed: &Owed) -> MutexGuard<'_, Done> {
 
 /// Notes that `side` of the exchange `owed` ended as `how`, and settles the exchange when
 /// it is over (outside the lock: a connection closed drops its request body, which notes
-/// its own end here).
+/// its own end here). A response that ended whole while the request body still streams
+/// (an origin that answered early) starts the request body's watch ([`watch_request`]).
 pub(super) fn end(owed: &Owed, side: Side, how: Ended) {
-    let settled = lock(owed).ended(side, how);
+    let (settled, watch) = {
+        let mut done = lock(owed);
+        let settled = done.ended(side, how);
+        let waits = side == Side::Response && how == Ended::Whole && settled.is_none();
+        let watch = done
+            .grant
+            .as_ref()
+            .filter(|_| waits)
+            .map(|grant| (grant.stop().clone(), done.egress.limits.body_idle_timeout));
+        (settled, watch)
+    };
     if let Some(settled) = settled {
         settled.send();
     }
+    if let Some((stop, idle)) = watch {
+        watch_request(Arc::downgrade(owed), stop, idle);
+    }
+}
+
+/// After a whole response, the request body of its exchange may take at most `idle` (the
+/// body idle timeout) to end, and none past its grant's stop (a revocation, an expiry, the
+/// shutdown). Its upstream connection's task holds it, and the origin that answered may
+/// have stopped reading: then the body is never polled again, and nothing else would end
+/// the exchange (the connection, its turn and its slot held, its close never written).
+/// Past either, the request body is failed here: the exchange settles, its connection is
+/// closed (its task aborted, the body dropped with it) and its close written.
+fn watch_request(
+    owed: std::sync::Weak<Mutex<Done>>,
+    stop: tokio_util::sync::CancellationToken,
+    idle: std::time::Duration,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        tokio::select! {
+            () = tokio::time::sleep(idle) => {}
+            () = stop.cancelled() => {}
+        }
+        // Gone or settled already: the body ended in time.
+        if let Some(owed) = owed.upgrade() {
+            end(&owed, Side::Request, Ended::Failed);
+        }
+    });
 }
 
 /// Puts the grant and the connection of an exchange whose response head came into its
