@@ -335,8 +335,15 @@ async fn read_request_head<S: AsyncRead + Unpin>(
     stop: &CancellationToken,
 ) -> Result<Option<RequestHead>, Refusal> {
     let deadline = tokio::time::Instant::now() + limits.head_timeout;
+    // Where the bytes not yet looked at begin: a head ends with a line end, so it is parsed
+    // again only once one came (or the limit is reached), not on every read: a head sent a
+    // byte at a time is parsed once a line, not once a byte (a 16 KiB one, 130 MB scanned).
+    let mut unseen = 0;
     loop {
-        if !client.buf.is_empty() {
+        let fresh = client.buf.get(unseen..).unwrap_or_default();
+        if fresh.contains(&b'\n') || (!fresh.is_empty() && client.buf.len() >= limits.max_head_bytes) {
+            #[cfg(test)]
+            tests::PARSES.with(|n| n.set(n.get() + 1));
             // Parsed within the limit only: a head over it is refused however the reads
             // fell (whole in one large read too), and bytes behind a head are not looked at.
             let window = client.buf.get(..limits.max_head_bytes).unwrap_or(&client.buf);
@@ -360,6 +367,7 @@ async fn read_request_head<S: AsyncRead + Unpin>(
             _ => 4096,
         };
         client.buf.reserve(room);
+        unseen = client.buf.len();
         let cut = client.cut.as_ref().map(|(t, _)| t.clone()).unwrap_or_default();
         let read = tokio::select! {
             _ = stop.cancelled(), if idle => return Ok(None),
@@ -379,6 +387,54 @@ async fn read_request_head<S: AsyncRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// Heads parsed by [`read_request_head`] on this thread.
+        pub(super) static PARSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// A head sent a byte at a time, as a client trying to make the proxy work would: it is
+    /// read whole, and parsed once a line (at most), not once a byte (7,000 times here;
+    /// with a 16 KiB head, 130 MB of scanning for one connection).
+    #[test]
+    fn a_head_sent_a_byte_at_a_time_is_parsed_once_a_line() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let filler = "x".repeat(150);
+        let mut head = String::from("GET http://example.test/ HTTP/1.1\r\nHost: example.test\r\n");
+        for i in 0..40 {
+            head.push_str(&format!("X-Field-{i}: {filler}\r\n"));
+        }
+        head.push_str("\r\n");
+        let lines = head.matches('\n').count();
+        let parsed = rt.block_on(async {
+            let (ours, mut theirs) = tokio::io::duplex(64);
+            let sender = async move {
+                for byte in head.as_bytes() {
+                    theirs.write_all(std::slice::from_ref(byte)).await.unwrap();
+                    theirs.flush().await.unwrap();
+                    tokio::task::yield_now().await;
+                }
+                theirs
+            };
+            let mut client = ClientConn::new(
+                ours,
+                "127.0.0.1:1".parse().unwrap(),
+                Arc::new(Identity::default()),
+            );
+            let limits = Limits::default();
+            let stop = CancellationToken::new();
+            PARSES.with(|n| n.set(0));
+            let (read, _theirs) = tokio::join!(read_request_head(&mut client, &limits, &stop), sender);
+            read
+        });
+        let head = parsed.unwrap().expect("the head, read whole");
+        assert_eq!(head.method, "GET");
+        let parses = PARSES.with(std::cell::Cell::get);
+        assert!(parses <= lines, "{parses} parses for a head of {lines} lines");
+    }
 
     /// The size of the future `f` returns, without making one.
     fn future_size<A, B, C, D, E, F, Fut>(_: F) -> usize
