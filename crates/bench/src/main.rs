@@ -235,14 +235,7 @@ async fn run_target(name: &str, b: &Bench<'_>, results: &mut Results) -> Result<
         let up = scenarios::upload(via, s, args.bytes).await?;
         let down = scenarios::download(via, s, args.bytes).await?;
         let gib = 2.0 * args.bytes as f64 / f64::from(1u32 << 30);
-        per_unit(
-            &mut record,
-            proxied,
-            ("q_gib_cpu", "q_gib_load"),
-            meter.stop(),
-            gib,
-            1.0,
-        );
+        per_unit(&mut record, proxied, &report::GIB_CPU, meter.stop(), gib, 1.0);
         record("a_up", up);
         record("b_down", down);
     }
@@ -253,7 +246,7 @@ async fn run_target(name: &str, b: &Bench<'_>, results: &mut Results) -> Result<
         per_unit(
             &mut record,
             proxied,
-            ("o_get_cpu", "o_get_load"),
+            &report::GET_CPU,
             meter.stop(),
             http.requests as f64,
             1e6,
@@ -275,7 +268,7 @@ async fn run_target(name: &str, b: &Bench<'_>, results: &mut Results) -> Result<
         per_unit(
             &mut record,
             proxied,
-            ("p_tunnel_cpu", "p_tunnel_load"),
+            &report::TUNNEL_CPU,
             meter.stop(),
             t.tunnels as f64,
             1e6,
@@ -310,41 +303,24 @@ async fn run_target(name: &str, b: &Bench<'_>, results: &mut Results) -> Result<
 }
 
 /// Records what one scenario's units of work cost, each in seconds times `scale` over
-/// `units`: the proxy's CPU (`keys.0`, when there is a proxy) and of it the kernel's (the
-/// key with `_sys` after it), and the load side's (`keys.1`: client and servers; for
-/// `direct`, the limit a proxy is compared with) and of it the kernel's.
+/// `units`: the proxy's CPU (when there is a proxy) and of it the kernel's, and the load
+/// side's (client and servers; for `direct`, the limit a proxy is compared with) and of it
+/// the kernel's, under `metric`'s keys.
 fn per_unit(
     record: &mut impl FnMut(&'static str, f64),
     proxied: bool,
-    keys: (&'static str, &'static str),
+    metric: &report::CpuMetric,
     used: process::Used,
     units: f64,
     scale: f64,
 ) {
     let per = |d: Duration| d.as_secs_f64() * scale / units.max(1e-9);
-    let (proxy_sys, load_sys) = (system_key(keys.0), system_key(keys.1));
     if proxied {
-        record(keys.0, per(used.proxy.total()));
-        record(proxy_sys, per(used.proxy.system));
+        record(metric.proxy, per(used.proxy.total()));
+        record(metric.proxy_sys, per(used.proxy.system));
     }
-    record(keys.1, per(used.load.total()));
-    record(load_sys, per(used.load.system));
-}
-
-/// The key of the kernel's part of a CPU figure (the report's rows name the same keys).
-fn system_key(key: &'static str) -> &'static str {
-    report::CPU_METRICS
-        .iter()
-        .find_map(|m| {
-            if m.proxy == key {
-                Some(m.proxy_sys)
-            } else if m.load == key {
-                Some(m.load_sys)
-            } else {
-                None
-            }
-        })
-        .unwrap_or(key)
+    record(metric.load, per(used.load.total()));
+    record(metric.load_sys, per(used.load.system));
 }
 
 /// Keep-alive HTTPS GETs, and the CPU the proxy (every process of the target) and the load
@@ -376,7 +352,7 @@ async fn https(
     per_unit(
         record,
         proxy.is_some(),
-        ("l_https_cpu", "n_https_load"),
+        &report::HTTPS_CPU,
         used,
         f.requests as f64,
         1e6,

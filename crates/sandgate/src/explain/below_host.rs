@@ -62,13 +62,9 @@ fn not_allowed(request: Request<'_>, d: &DecisionRecord) -> (&'static str, Strin
             "or an entry of its own for just this request:\n    - host: {host}\n      ports: [{port}]\n      methods: [{method}]\n      paths: [\"{path}\"]"
         ),
     ];
-    if let Some(task) = request.task() {
-        let project = request
-            .project()
-            .map(|p| format!(" --project {p}"))
-            .unwrap_or_default();
+    if let Some(flags) = request.task_flags() {
         fixes.push(format!(
-            "or for a while, below the host, where approvals apply: sandgate exceptions request --task {task}{project} \
+            "or for a while, below the host, where approvals apply: sandgate exceptions request {flags} \
              --host {host} --port {port} --method {method} --path \"{path}\" --ttl 900 --reason \"...\""
         ));
     }

@@ -55,6 +55,16 @@ impl Request<'_> {
             .or_else(|| self.close.and_then(|c| c.requester.task_id.as_deref()))
     }
 
+    /// `--task T` (and ` --project P`) for `sandgate exceptions request` on behalf of the
+    /// request's requester; `None` when it had no task.
+    pub(super) fn task_flags(&self) -> Option<String> {
+        let task = self.task()?;
+        Some(match self.project() {
+            Some(project) => format!("--task {task} --project {project}"),
+            None => format!("--task {task}"),
+        })
+    }
+
     pub(super) fn project(&self) -> Option<&str> {
         self.decision
             .and_then(|d| d.requester.project_id.as_deref())
@@ -318,14 +328,10 @@ fn allow_entry(request: Request<'_>) -> Vec<String> {
         ),
         format!("or a flag: sandgate proxy --allow {pattern}; sandgate run --allow-domain {pattern}"),
     ];
-    if let Some(task) = request.task() {
-        let project = request
-            .project()
-            .map(|p| format!(" --project {p}"))
-            .unwrap_or_default();
+    if let Some(flags) = request.task_flags() {
         fixes.push(format!(
             "or for a while, where approvals apply (a proxy with the exceptions API, or one that follows it): \
-             sandgate exceptions request --task {task}{project} --host {} --port {} --ttl 3600 --reason \"...\"",
+             sandgate exceptions request {flags} --host {} --port {} --ttl 3600 --reason \"...\"",
             dest.host, dest.port
         ));
     }
