@@ -48,8 +48,9 @@ pub const DNS_FILES: [&str; 5] = [
 /// The facts of one run that the policy does not hold.
 #[derive(Debug, Clone)]
 pub struct RunFacts {
-    /// The sandgate binary, bound read-only at [`INIT_PATH`].
-    pub sandgate_exe: PathBuf,
+    /// The program bound read-only at [`INIT_PATH`] and executed first inside:
+    /// `sandgate-init`, or `sandgate` where that is not installed ([`crate::run::init_binary`]).
+    pub init_exe: PathBuf,
     /// The host directory holding the bridge sockets (proxied modes, loopback ports).
     pub bridge_dir: Option<PathBuf>,
     /// `net.mode: all`: the host's DNS files that exist, as (canonical source, place inside).
@@ -205,7 +206,7 @@ fn mounts(argv: &mut Vec<OsString>, policy: &SandboxPolicy, facts: &RunFacts) {
     if let (true, Some(dir)) = (needs_bridges(policy), &facts.bridge_dir) {
         bind(argv, "--ro-bind", dir, Path::new(BRIDGE_DIR));
     }
-    bind(argv, "--ro-bind", &facts.sandgate_exe, Path::new(INIT_PATH));
+    bind(argv, "--ro-bind", &facts.init_exe, Path::new(INIT_PATH));
     // An alias is needed only where the host's own symlink is not already visible through a
     // bind (under `/`, or under another bound path).
     let bound: Vec<&Path> = policy

@@ -9,7 +9,7 @@ fn policy(text: &str) -> SandboxPolicy {
 
 fn facts() -> RunFacts {
     RunFacts {
-        sandgate_exe: "/opt/sandgate".into(),
+        init_exe: "/opt/sandgate".into(),
         bridge_dir: Some("/tmp/sg-1/bridge".into()),
         dns_files: vec![("/run/resolv/stub.conf".into(), "/etc/resolv.conf".into())],
         protected: Vec::new(),

@@ -143,10 +143,18 @@ fn make_cgroup(run: &str, limits: &Limits, cgroup: &mut RunCgroup) {
     ) else {
         return;
     };
-    for hierarchy in hierarchies(&mountinfo, &own) {
-        sweep(&hierarchy.own);
-    }
     let wanted: [(&'static str, Option<u64>); 2] = [("pids", limits.processes), ("memory", limits.memory)];
+    // Only where a run's cgroup can be (a hierarchy with one of the two controllers): on
+    // cgroup v1 the others are eight more directories to list on every run.
+    for hierarchy in hierarchies(&mountinfo, &own) {
+        if hierarchy
+            .controllers
+            .iter()
+            .any(|h| wanted.iter().any(|(c, _)| h == c))
+        {
+            sweep(&hierarchy.own);
+        }
+    }
     for hierarchy in hierarchies(&mountinfo, &own) {
         let here: Vec<(&'static str, u64)> = wanted
             .iter()

@@ -25,6 +25,7 @@ use crate::{env, processes, summary};
 
 mod bwrap;
 mod identity;
+mod init_binary;
 mod load;
 mod proxy;
 mod sources;
@@ -35,6 +36,7 @@ mod seatbelt;
 pub use bwrap::{BwrapOptions, bwrap_options};
 use identity::RunIdentity;
 pub use identity::user_subject;
+pub use init_binary::{INIT_BINARY, init_binary};
 use load::protected_files;
 pub use load::{load_policy, path_param};
 pub use proxy::{Follow, FollowRequest, Following};
@@ -188,7 +190,7 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
             return Ok(0);
         }
         let facts = RunFacts {
-            sandgate_exe,
+            init_exe: init_binary(&sandgate_exe),
             bridge_dir: Some("/tmp/sandgate-run-XXXXXXXXXX/bridge".into()),
             dns_files: dns_files(&policy),
             protected: protected_files(&opts, &policy, opts.audit_log.as_deref())?,
@@ -310,7 +312,7 @@ async fn supervise(
     }
     let options = bwrap_options(&bwrap);
     let facts = RunFacts {
-        sandgate_exe: sandgate_exe.clone(),
+        init_exe: init_binary(&sandgate_exe),
         bridge_dir: state.as_ref().map(RunState::bridge_dir),
         dns_files: dns_files(&policy),
         protected: protected_files(&opts, &policy, audit_path.as_deref())?,

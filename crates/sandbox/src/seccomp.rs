@@ -22,7 +22,7 @@
 mod filter;
 
 #[cfg(target_os = "linux")]
-pub use filter::{SeccompError, programs};
+pub use filter::{SeccompError, program};
 
 /// What the policy may relax in the filter.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -35,16 +35,14 @@ pub struct FilterOptions {
 /// a filter compiled before a fork can be loaded in the child ([`crate::exec::Confinement`]).
 pub struct Filter {
     #[cfg(target_os = "linux")]
-    programs: Vec<seccompiler::BpfProgram>,
+    program: seccompiler::BpfProgram,
 }
 
 impl Filter {
     /// A filter the kernel refuses to load (an empty program), to test failing closed.
     #[cfg(all(test, target_os = "linux"))]
     pub(crate) fn refused_by_the_kernel() -> Filter {
-        Filter {
-            programs: vec![Vec::new()],
-        }
+        Filter { program: Vec::new() }
     }
 }
 
@@ -61,7 +59,7 @@ impl Filter {
         #[cfg(target_os = "linux")]
         {
             Ok(Filter {
-                programs: programs(options).map_err(|e| e.to_string())?,
+                program: program(options).map_err(|e| e.to_string())?,
             })
         }
         #[cfg(not(target_os = "linux"))]
@@ -80,7 +78,7 @@ impl Filter {
     pub fn load(&self) -> Result<(), nix::errno::Errno> {
         #[cfg(target_os = "linux")]
         {
-            filter::load(&self.programs)
+            filter::load(&self.program)
         }
         #[cfg(not(target_os = "linux"))]
         {

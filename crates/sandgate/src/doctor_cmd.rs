@@ -196,8 +196,14 @@ fn seccomp_check(exe: &Path) -> Check {
         }
         _ => "the Seccomp field of /proc/self/status is missing",
     };
-    match host::try_seccomp(exe) {
-        Ok(()) => Check::new("seccomp", Status::Ok, format!("the sandbox's filter loads; {mode}"), None),
+    let init = sandgate_sandbox::run::init_binary(exe);
+    match host::try_seccomp(&init) {
+        Ok(()) => Check::new(
+            "seccomp",
+            Status::Ok,
+            format!("the sandbox's filter loads (in {}); {mode}", init.display()),
+            None,
+        ),
         Err(said) => Check::new(
             "seccomp",
             Status::Fail,

@@ -1,5 +1,6 @@
-//! The seccomp filter itself, Linux's own: the BPF programs compiled with seccompiler
-//! (rust-vmm) and the guard in front of them ([`programs`]), and loading them ([`load`]).
+//! The seccomp filter itself, Linux's own: one BPF program made of three compiled with
+//! seccompiler (rust-vmm) and the guard in front of them ([`program`]), and loading it
+//! ([`load`]).
 //! What the filter denies and why is [`super`]'s module documentation.
 //!
 //! Two kernel details shape the BPF beyond what seccompiler emits:
@@ -7,7 +8,7 @@
 //!   (`SECCOMP_RET_KILL_PROCESS`), so 32-bit (i386) system calls of a 64-bit process never
 //!   run; but the x32 ABI reports `AUDIT_ARCH_X86_64` with bit 30 set in the system call
 //!   number, which seccompiler does not handle (rust-vmm/seccompiler issue 74). A guard of our
-//!   own in front of each program denies every such number.
+//!   own in front of the program denies every such number.
 //! - `ioctl` requests and socket arguments are compared on their low 32 bits
 //!   ([`SeccompCmpArgLen::Dword`]): the kernel truncates them to `unsigned int`, so a 64-bit
 //!   comparison could be dodged by setting high bits (Flatpak's CVE-2019-10063).
@@ -43,39 +44,69 @@ const SOCK_TYPE_MASK: u64 = 0xf;
 /// resolver use), the only netlink protocol left open.
 const NETLINK_ROUTE: u64 = 0;
 
-/// The filters, in the order they are loaded. Three programs because seccompiler gives one
-/// action per filter: system calls that fail with `EPERM`; socket families that fail with
-/// `EAFNOSUPPORT` (glibc and language runtimes treat that as "family not available" and fall
-/// back, as they would on a kernel without it); and `clone3`, which fails with `ENOSYS`
-/// (its flags sit in memory a filter cannot read, so it cannot be checked for
-/// `CLONE_NEWUSER`; glibc and language runtimes then fall back to `clone`, which can).
-pub fn programs(options: FilterOptions) -> Result<Vec<BpfProgram>, SeccompError> {
+/// The filter as one program. Three parts because seccompiler gives one action per filter:
+/// `clone3`, which fails with `ENOSYS` (its flags sit in memory a filter cannot read, so it
+/// cannot be checked for `CLONE_NEWUSER`; glibc and language runtimes then fall back to
+/// `clone`, which can); socket families that fail with `EAFNOSUPPORT` (glibc and language
+/// runtimes treat that as "family not available" and fall back, as they would on a kernel
+/// without it); and system calls that fail with `EPERM`. They are chained ([`chain`]) into
+/// one program behind the x32 guard, so the kernel compiles and runs one filter, not three
+/// (each filter loaded is a JIT compile at start-up and a program run on every system call).
+pub fn program(options: FilterOptions) -> Result<BpfProgram, SeccompError> {
+    Ok(with_x32_guard(chain(parts(options)?)))
+}
+
+/// The three parts, each a whole seccompiler program, in the order [`chain`] runs them.
+/// Where a call matches in two, the first decides, as the last loaded of three separate
+/// filters would (the kernel keeps the most recent filter's answer among equal actions).
+fn parts(options: FilterOptions) -> Result<Vec<BpfProgram>, SeccompError> {
     let arch = TargetArch::try_from(std::env::consts::ARCH)
         .map_err(|_| SeccompError::Architecture(std::env::consts::ARCH))?;
     let filter =
         |rules, e| SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(errno(e)), arch);
-    let eperm = filter(eperm_rules()?, libc::EPERM)?;
-    let families = filter(socket_rules(options)?, libc::EAFNOSUPPORT)?;
     let enosys = filter(BTreeMap::from([(libc::SYS_clone3, Vec::new())]), libc::ENOSYS)?;
+    let families = filter(socket_rules(options)?, libc::EAFNOSUPPORT)?;
+    let eperm = filter(eperm_rules()?, libc::EPERM)?;
     Ok(vec![
-        with_x32_guard(BpfProgram::try_from(eperm)?),
-        with_x32_guard(BpfProgram::try_from(families)?),
-        with_x32_guard(BpfProgram::try_from(enosys)?),
+        BpfProgram::try_from(enosys)?,
+        BpfProgram::try_from(families)?,
+        BpfProgram::try_from(eperm)?,
     ])
 }
 
-/// [`super::Filter::load`] on Linux: each program in order, allocating nothing (it may run
-/// in the child of a fork).
-pub(super) fn load(programs: &[BpfProgram]) -> Result<(), nix::errno::Errno> {
-    for program in programs {
-        seccompiler::apply_filter(program).map_err(|e| match e {
-            seccompiler::Error::Prctl(e) | seccompiler::Error::Seccomp(e) => {
-                nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EINVAL))
+/// Joins whole programs into one: in every part but the last, each "allow" return becomes
+/// a jump to the next part's first instruction (one instruction for one, so no other jump
+/// moves). A part that denies, or kills on another architecture, ends the program there.
+fn chain(parts: Vec<BpfProgram>) -> BpfProgram {
+    let last = parts.len().saturating_sub(1);
+    let mut joined = Vec::with_capacity(parts.iter().map(Vec::len).sum());
+    for (n, part) in parts.into_iter().enumerate() {
+        let len = part.len();
+        joined.extend(part.into_iter().enumerate().map(|(i, insn)| {
+            if n < last && insn.code == RET_K && insn.k == libc::SECCOMP_RET_ALLOW {
+                // To the first instruction past this part: `len - i - 1` ahead.
+                sock_filter {
+                    code: JMP_JA,
+                    jt: 0,
+                    jf: 0,
+                    k: u32::try_from(len - i - 1).unwrap_or(u32::MAX),
+                }
+            } else {
+                insn
             }
-            _ => nix::errno::Errno::EINVAL,
-        })?;
+        }));
     }
-    Ok(())
+    joined
+}
+
+/// [`super::Filter::load`] on Linux, allocating nothing (it may run in the child of a fork).
+pub(super) fn load(program: &[sock_filter]) -> Result<(), nix::errno::Errno> {
+    seccompiler::apply_filter(program).map_err(|e| match e {
+        seccompiler::Error::Prctl(e) | seccompiler::Error::Seccomp(e) => {
+            nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EINVAL))
+        }
+        _ => nix::errno::Errno::EINVAL,
+    })
 }
 
 fn errno(e: i32) -> u32 {
@@ -227,11 +258,12 @@ const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
 /// arch/x86/include/uapi/asm/unistd.h: `__X32_SYSCALL_BIT`.
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 // linux/bpf_common.h opcodes: BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K,
-// BPF_JMP|BPF_JSET|BPF_K, BPF_RET|BPF_K.
+// BPF_JMP|BPF_JSET|BPF_K, BPF_RET|BPF_K, BPF_JMP|BPF_JA.
 const LD_W_ABS: u16 = 0x20;
 const JMP_JEQ_K: u16 = 0x15;
 const JMP_JSET_K: u16 = 0x45;
 const RET_K: u16 = 0x06;
+const JMP_JA: u16 = 0x05;
 
 fn insn(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
     sock_filter { code, jt, jf, k }

@@ -59,14 +59,24 @@ fn run_one(program: &[sock_filter], c: &Call) -> u32 {
     }
 }
 
-/// The kernel's verdict over all loaded filters: the most restrictive action wins
-/// (SECCOMP_RET_ACTION_FULL compared as signed).
+/// The verdict of the one program the sandbox loads.
 fn verdict(options: FilterOptions, c: &Call) -> u32 {
-    programs(options)
-        .unwrap()
+    run_one(&program(options).unwrap(), c)
+}
+
+/// The kernel's verdict had the parts been loaded as separate filters, each behind the
+/// guard: the most restrictive action wins (SECCOMP_RET_ACTION_FULL compared as signed) and,
+/// among equal actions, the most recently loaded filter's (the kernel walks from the newest
+/// and replaces only on a strictly more restrictive one).
+fn separate_verdict(guarded: &[BpfProgram], c: &Call) -> u32 {
+    guarded
         .iter()
+        .rev() // the kernel walks from the newest
         .map(|p| run_one(p, c))
-        .min_by_key(|r| (r & 0xffff_0000) as i32)
+        .fold(None, |best: Option<u32>, r| match best {
+            Some(b) if (r & 0xffff_0000) as i32 >= (b & 0xffff_0000) as i32 => Some(b),
+            _ => Some(r),
+        })
         .unwrap()
 }
 
@@ -270,4 +280,62 @@ fn x32_numbers_are_denied_and_other_architectures_are_killed() {
     let mut i386 = call(libc::SYS_getpid, &[]);
     i386.arch = 3 | 0x4000_0000; // AUDIT_ARCH_I386
     assert_eq!(verdict(default(), &i386), libc::SECCOMP_RET_KILL_PROCESS);
+}
+
+#[test]
+fn the_chained_program_answers_as_its_parts_loaded_one_by_one_would() {
+    // Every system call number the kernel has (and a few past it), with arguments that
+    // reach every rule: socket families and types, ioctl requests, clone and unshare flags,
+    // personality values; under both options and three architecture words.
+    let words: [u64; 12] = [
+        0,
+        1,
+        2,
+        8,
+        10,
+        16,
+        40,
+        libc::TIOCSTI,
+        libc::CLONE_NEWUSER as u64,
+        0xffff_ffff,
+        0x1_0000_0000 | libc::TIOCSTI,
+        u64::MAX,
+    ];
+    let mut compared = 0;
+    for options in [
+        default(),
+        FilterOptions {
+            allow_unix_sockets: true,
+        },
+    ] {
+        let joined = program(options).unwrap();
+        let guarded: Vec<BpfProgram> = parts(options).unwrap().into_iter().map(with_x32_guard).collect();
+        for nr in 0..480i64 {
+            for arch in [AUDIT_ARCH_X86_64, 3 | 0x4000_0000] {
+                for nr in [nr, X32_SYSCALL_BIT as i64 | nr] {
+                    for (a, b) in words.iter().zip(words.iter().rev()) {
+                        let mut c = call(nr, &[*a, *b, *a, *b]);
+                        c.arch = arch;
+                        assert_eq!(
+                            run_one(&joined, &c),
+                            separate_verdict(&guarded, &c),
+                            "nr {nr:#x}, arch {arch:#x}, args {a:#x} {b:#x}, {options:?}"
+                        );
+                        compared += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(compared > 40_000);
+    // And it is one program, its jumps all inside it (the kernel refuses any other).
+    let joined = program(default()).unwrap();
+    for (i, insn) in joined.iter().enumerate() {
+        if insn.code == JMP_JA {
+            assert!(
+                i + 1 + (insn.k as usize) < joined.len(),
+                "a jump past the end at {i}"
+            );
+        }
+    }
 }

@@ -288,13 +288,18 @@ pub fn place_binary(from: impl AsRef<std::path::Path>, to: &std::path::Path) {
 }
 
 /// A command that runs sandgate as user `nobody` when the tests run as root (else as the
-/// tests' user), from a copy of the binary in a directory that user can read (kept while
+/// tests' user), from a copy of the binary (and `sandgate-init` beside it, as installed) in
+/// a directory that user can read (kept while
 /// the directory lives), and in that directory.
 pub fn unprivileged_sandgate() -> (Command, tempfile::TempDir) {
     use std::os::unix::fs::PermissionsExt;
     let bin_dir = tempfile::tempdir().expect("tempdir");
     let bin = bin_dir.path().join("sandgate");
     place_binary(env!("CARGO_BIN_EXE_sandgate"), &bin);
+    place_binary(
+        env!("CARGO_BIN_EXE_sandgate-init"),
+        &bin_dir.path().join("sandgate-init"),
+    );
     std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let mut cmd = if is_root() {
         let mut c = Command::new("setpriv");
@@ -411,6 +416,11 @@ fn as_nobody(binary: &str, args: &[&str], min_passed: usize) {
     let bin = dir.path().join("sandgate");
     place_binary(std::env::current_exe().expect("test binary"), &tests);
     place_binary(sandgate_bin(), &bin);
+    // Installed as built: the sandbox's small init beside the binary.
+    place_binary(
+        env!("CARGO_BIN_EXE_sandgate-init"),
+        &dir.path().join("sandgate-init"),
+    );
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .arg(&tests)

@@ -1,0 +1,137 @@
+//! The sandbox's first program: `sandgate-init` where it is installed beside `sandgate`,
+//! else `sandgate` itself; in every net mode either way PID 1 is under the filter, not
+//! dumpable, and cannot be rewritten from inside. An init from another build refuses to run
+//! anything.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::disallowed_methods,
+    reason = "integration tests: a failed setup step should fail loudly, and the shared test helpers connect to loopback fixtures"
+)]
+
+mod common;
+mod sandbox_support;
+
+use std::process::{Command, Stdio};
+
+use sandbox_support::{state_home, text, write_policy};
+
+/// Inside: the size of the program at /run/sandgate-init, PID 1's command line and filter
+/// mode, and whether that program or PID 1's memory opens for writing.
+const INSIDE: &str = r#"
+import os
+print("size", os.stat("/run/sandgate-init").st_size)
+print("pid1", open("/proc/1/cmdline", "rb").read().split(b"\0")[1].decode())
+status = open("/proc/1/status").read()
+print("seccomp", [l.split()[1] for l in status.splitlines() if l.startswith("Seccomp:")][0])
+for path in ("/run/sandgate-init", "/proc/1/mem"):
+    try:
+        os.close(os.open(path, os.O_RDWR))
+        print("OPENED", path)
+    except OSError as e:
+        print("refused", path, e.errno)
+"#;
+
+/// Runs [`INSIDE`] with `sandgate` in every net mode that starts an init differently
+/// (none; all; allowlist, whose init holds the proxy's bridges); returns each stdout.
+fn inside_with(sandgate: &std::path::Path) -> Vec<(String, String)> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut shown = Vec::new();
+    for net in ["none", "all", "allowlist\n  allow_domains: [ a.example ]"] {
+        let policy = write_policy(dir.path(), &format!("net:\n  mode: {net}\n"));
+        let out = Command::new(sandgate)
+            .args(["run", "--quiet", "--policy"])
+            .arg(&policy)
+            .args(["--", "python3", "-c", INSIDE])
+            .env("XDG_STATE_HOME", state_home())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{net}: {stdout}\n{stderr}");
+        shown.push((net.to_owned(), stdout));
+    }
+    shown
+}
+
+fn size(path: impl AsRef<std::path::Path>) -> u64 {
+    std::fs::metadata(path).unwrap().len()
+}
+
+/// The `sandgate-init` beside the binary under test (placed there as installed when the
+/// tests rerun as `nobody`).
+fn small_init() -> std::path::PathBuf {
+    std::path::Path::new(&common::sandgate_bin()).with_file_name("sandgate-init")
+}
+
+fn assert_confined(net: &str, stdout: &str, first: u64) {
+    assert!(
+        stdout.contains(&format!("size {first}\n")),
+        "{net}: another init ran:\n{stdout}"
+    );
+    assert!(stdout.contains("pid1 sandbox-init"), "{net}: {stdout}");
+    assert!(
+        stdout.contains("seccomp 2"),
+        "{net}: PID 1 is not filtered:\n{stdout}"
+    );
+    assert!(!stdout.contains("OPENED"), "{net}: {stdout}");
+    // ETXTBSY (it runs) or EROFS (a read-only bind): either way not for writing.
+    assert!(stdout.contains("refused /run/sandgate-init "), "{net}: {stdout}");
+    assert!(stdout.contains("refused /proc/1/mem 13"), "{net}: {stdout}");
+}
+
+/// Installed as built: `sandgate-init` beside `sandgate` is the program that runs first.
+#[test]
+fn the_small_init_beside_sandgate_is_pid_1_and_confined_in_every_mode() {
+    let small = size(small_init());
+    assert!(small < size(common::sandgate_bin()) / 2);
+    for (net, stdout) in inside_with(common::sandgate_bin().as_ref()) {
+        assert_confined(&net, &stdout, small);
+    }
+}
+
+/// `sandgate` copied alone (no `sandgate-init` beside it) runs its own steps, as confined.
+#[test]
+fn sandgate_alone_is_its_own_init_and_as_confined() {
+    let dir = tempfile::tempdir().unwrap();
+    let alone = dir.path().join("sandgate");
+    common::place_binary(common::sandgate_bin(), &alone);
+    let whole = size(common::sandgate_bin());
+    for (net, stdout) in inside_with(&alone) {
+        assert_confined(&net, &stdout, whole);
+    }
+}
+
+/// A command line the init does not read (one from a `sandgate` of another build, say)
+/// runs nothing: usage status and a message that names the cause.
+#[test]
+fn the_small_init_runs_nothing_from_a_command_line_it_does_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let witness = dir.path().join("ran");
+    for args in [
+        vec!["sandbox-init", "--future-flag", "--", "touch"],
+        vec!["sandbox-init", "touch"],
+        vec!["proxy"],
+        vec![],
+    ] {
+        let out = Command::new(small_init())
+            .args(&args)
+            .args(args.last().filter(|a| **a == "touch").map(|_| &witness))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {stdout}\n{stderr}");
+        assert!(stderr.contains("same build"), "{args:?}: {stderr}");
+        assert!(!witness.exists(), "{args:?}: the command ran");
+    }
+}
+
+/// Each test again as `nobody`, with both binaries placed as they are installed.
+#[test]
+fn the_init_tests_pass_as_an_ordinary_user() {
+    common::rerun_as_nobody("init_binary_e2e", "the_init_tests_pass_as_an_ordinary_user", 3);
+}
