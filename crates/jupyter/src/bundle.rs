@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! bin/sandgate                              this binary (hard link, or a copy)
+//! bin/sandgate-init                         the sandbox's small init, where installed beside it
 //! env/                                      the carried Python environment (`--python-env copy`)
 //! jupyter/config/jupyter_server_config.py   Jupyter Server's only configuration
 //! jupyter/data/                             Jupyter Server's data directory

@@ -162,6 +162,17 @@ pub fn compose(opts: &ComposeOptions) -> Result<Composed, JupyterError> {
     let layout = Layout::new(&root);
     skeleton(&layout, &profiles)?;
     link(&opts.sandgate, &layout.sandgate())?;
+    // The sandbox's small init beside it, where this sandgate has one it trusts: the
+    // bundle's runs then start as quickly as the installed ones.
+    let init = sandgate_sandbox::run::init_binary(&opts.sandgate);
+    if init != opts.sandgate {
+        link(
+            &init,
+            &layout
+                .sandgate()
+                .with_file_name(sandgate_sandbox::run::INIT_BINARY),
+        )?;
+    }
     let (bundle_python, facts, outside) = match opts.python_env {
         PythonEnv::External => (
             BundlePython::External(facts.executable.clone()),
@@ -308,8 +319,8 @@ fn skeleton(layout: &Layout, profiles: &[Profile]) -> Result<(), JupyterError> {
     Ok(())
 }
 
-/// `bin/sandgate`: a hard link to this binary, or a copy where a link cannot be made
-/// (another file system). Never a symbolic link: the bundle must not depend on where it
+/// `bin/sandgate` (and `bin/sandgate-init`): a hard link to the binary, or a copy where a
+/// link cannot be made (another file system). Never a symbolic link: the bundle must not depend on where it
 /// was composed.
 fn link(sandgate: &Path, dest: &Path) -> Result<(), JupyterError> {
     if std::fs::hard_link(sandgate, dest).is_ok() {

@@ -139,7 +139,12 @@ pub fn bwrap_argv(policy: &SandboxPolicy, facts: &RunFacts) -> Vec<OsString> {
     // The init starts the command itself, confined as `sandbox-exec` would ([`crate::init`]).
     push(
         &mut argv,
-        &[INIT_PATH, if init { "sandbox-init" } else { "sandbox-exec" }],
+        &[
+            INIT_PATH,
+            if init { "sandbox-init" } else { "sandbox-exec" },
+            "--build",
+            crate::steps::BUILD,
+        ],
     );
     if policy.allow_unix_sockets {
         push(&mut argv, &["--allow-unix-sockets"]);

@@ -20,9 +20,17 @@ fn facts() -> RunFacts {
     }
 }
 
+/// The command line as one string, this build's identity written `BUILD`.
 fn joined(v: &[OsString]) -> String {
     v.iter()
         .map(|s| s.to_string_lossy().into_owned())
+        .map(|s| {
+            if s == crate::steps::BUILD {
+                "BUILD".into()
+            } else {
+                s
+            }
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -56,7 +64,7 @@ fn allowlist_mode_routes_through_the_init_and_the_bridge() {
         "{s}"
     );
     assert!(s.ends_with(
-        "-- /run/sandgate-init sandbox-init --rlimit nproc=512 --forward 127.0.0.1:3128=/run/sandgate/proxy.sock --forward 127.0.0.1:1080=/run/sandgate/socks.sock -- curl https://a.example/"
+        "-- /run/sandgate-init sandbox-init --build BUILD --rlimit nproc=512 --forward 127.0.0.1:3128=/run/sandgate/proxy.sock --forward 127.0.0.1:1080=/run/sandgate/socks.sock -- curl https://a.example/"
     ), "{s}");
 }
 
@@ -68,7 +76,7 @@ fn the_socks5_port_has_its_own_forward_in_the_proxied_modes() {
     let s = joined(&bwrap_argv(&ports, &facts()));
     assert!(
         s.contains(
-            "sandbox-init --rlimit nproc=512 --forward 127.0.0.1:8080=/run/sandgate/proxy.sock --forward 127.0.0.1:9050=/run/sandgate/socks.sock --forward 127.0.0.1:5432=/run/sandgate/port-5432.sock --"
+            "sandbox-init --build BUILD --rlimit nproc=512 --forward 127.0.0.1:8080=/run/sandgate/proxy.sock --forward 127.0.0.1:9050=/run/sandgate/socks.sock --forward 127.0.0.1:5432=/run/sandgate/port-5432.sock --"
         ),
         "{s}"
     );
@@ -79,7 +87,7 @@ fn the_socks5_port_has_its_own_forward_in_the_proxied_modes() {
     let s = joined(&bwrap_argv(&chained, &facts()));
     assert!(
         s.contains(
-            "sandbox-init --rlimit nproc=512 --forward 127.0.0.1:3128=/run/sandgate/proxy.sock --forward 127.0.0.1:1080=/run/sandgate/socks.sock -- "
+            "sandbox-init --build BUILD --rlimit nproc=512 --forward 127.0.0.1:3128=/run/sandgate/proxy.sock --forward 127.0.0.1:1080=/run/sandgate/socks.sock -- "
         ),
         "{s}"
     );
@@ -100,7 +108,9 @@ fn none_and_all_modes_start_the_command_through_the_init_which_confines_it() {
         "{s}"
     );
     assert!(
-        s.ends_with("-- /run/sandgate-init sandbox-init --rlimit nproc=512 -- curl https://a.example/"),
+        s.ends_with(
+            "-- /run/sandgate-init sandbox-init --build BUILD --rlimit nproc=512 -- curl https://a.example/"
+        ),
         "{s}"
     );
     // Without a PID namespace (`pid: false`, net all only) there is no PID 1 to be.
@@ -114,7 +124,9 @@ fn none_and_all_modes_start_the_command_through_the_init_which_confines_it() {
     );
     // The filter step is then the command's first.
     assert!(
-        nopid.ends_with("-- /run/sandgate-init sandbox-exec --rlimit nproc=512 -- curl https://a.example/"),
+        nopid.ends_with(
+            "-- /run/sandgate-init sandbox-exec --build BUILD --rlimit nproc=512 -- curl https://a.example/"
+        ),
         "{nopid}"
     );
     assert!(
@@ -149,7 +161,9 @@ fn unix_sockets_opt_in_reaches_the_filter_step() {
         &facts(),
     ));
     assert!(
-        s.ends_with("sandbox-init --allow-unix-sockets --rlimit nproc=512 -- curl https://a.example/"),
+        s.ends_with(
+            "sandbox-init --build BUILD --allow-unix-sockets --rlimit nproc=512 -- curl https://a.example/"
+        ),
         "{s}"
     );
 }
@@ -165,7 +179,7 @@ fn loopback_ports_are_forwarded_by_the_init() {
         "{s}"
     );
     assert!(
-        s.ends_with("sandbox-init --rlimit nproc=512 --forward 127.0.0.1:5432=/run/sandgate/port-5432.sock -- curl https://a.example/"),
+        s.ends_with("sandbox-init --build BUILD --rlimit nproc=512 --forward 127.0.0.1:5432=/run/sandgate/port-5432.sock -- curl https://a.example/"),
         "{s}"
     );
 }
@@ -372,7 +386,9 @@ fn the_start_directory_is_given_to_bwrap() {
     let mut p = policy("fs:\n  read_paths: [ /usr ]\n  write_paths: [ /srv/p ]\n  cwd: /srv/p\n");
     let s = joined(&bwrap_argv(&p, &facts()));
     assert!(
-        s.contains("--remount-ro / --chdir /srv/p --as-pid-1 -- /run/sandgate-init sandbox-init"),
+        s.contains(
+            "--remount-ro / --chdir /srv/p --as-pid-1 -- /run/sandgate-init sandbox-init --build BUILD"
+        ),
         "{s}"
     );
     p.cwd = None;

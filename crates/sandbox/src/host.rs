@@ -91,11 +91,21 @@ pub fn try_sandbox(bwrap: &Path, unshare_net: bool) -> Result<(), String> {
     probe(&mut cmd)
 }
 
-/// Loads the sandbox's seccomp filter around `true` in `sandgate sandbox-exec`, the path a
-/// run without an init takes (a run with one loads the same filter in the child its init
-/// forks, on top of the init's own).
-pub fn try_seccomp(sandgate_exe: &Path) -> Result<(), String> {
-    probe(Command::new(sandgate_exe).args(["sandbox-exec", "--", "true"]))
+/// Loads the sandbox's seccomp filter in `sandbox-exec` of `init` (the program a run starts
+/// first inside, [`crate::run::init_binary`]), the path a run without an init takes (a run
+/// with one loads the same filter in the init), around a shell that succeeds only if it
+/// runs under a filter (`Seccomp: 2` in its status): a step that exits 0 without loading
+/// one does not pass.
+pub fn try_seccomp(init: &Path) -> Result<(), String> {
+    probe(Command::new(init).args([
+        "sandbox-exec",
+        "--build",
+        crate::steps::BUILD,
+        "--",
+        "/bin/sh",
+        "-c",
+        "while read -r k v; do [ \"$k\" = Seccomp: ] && [ \"$v\" = 2 ] && exit 0; done < /proc/self/status; echo 'no seccomp filter in place' >&2; exit 1",
+    ]))
 }
 
 /// Why bwrap could not set a sandbox up, from its message.

@@ -4,8 +4,9 @@
 //! its whole command tree (half a millisecond; docs/benchmarks.md, "Sandbox start-up").
 //!
 //! [`parse`] accepts exactly what the hidden clap commands accept in the forms the runner
-//! writes (`--forward ADDR=SOCKET`, `--allow-unix-sockets`, `--rlimit NAME=VALUE`, each
-//! value also as `--flag=VALUE`; then `--` and a command of at least one word). Anything else
+//! writes (`--build ID` first, this build's [`BUILD`]; then `--forward ADDR=SOCKET`,
+//! `--allow-unix-sockets`, `--rlimit NAME=VALUE`, each value also as `--flag=VALUE`; then
+//! `--` and a command of at least one word). Anything else
 //! (no `--`, an unknown or repeated flag, `--help`, a value that is not UTF-8) is not
 //! recognised, and the binary hands the command line to clap, which reports it as before.
 
@@ -13,6 +14,24 @@ use std::ffi::{OsStr, OsString};
 
 /// Exit status for a command line that does not parse (sysexits' EX_USAGE, as the binary's).
 pub const EXIT_USAGE: i32 = 64;
+
+/// This build's identity (a hash of the sources the init is built from: `build.rs`). The
+/// runner writes it as `--build ID`, first after the step's name, and a step runs only
+/// under its own: a `sandgate-init` left from another build (an upgrade that replaced only
+/// `sandgate`) refuses to run anything rather than hold the sandbox with another filter.
+pub const BUILD: &str = env!("SANDGATE_STEPS_BUILD");
+
+/// Why a step started with `build` (its `--build`, if any) must not run; `None` when it is
+/// this build's.
+pub fn other_build(build: Option<&str>) -> Option<String> {
+    match build {
+        Some(b) if b == BUILD => None,
+        said => Some(format!(
+            "this sandbox step is from another build than the sandgate that started it (it was given build {}, it is {BUILD}); install sandgate and sandgate-init from one build",
+            said.unwrap_or("none")
+        )),
+    }
+}
 
 /// One internal step, as its command line asks for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +67,10 @@ pub fn parse(args: &[OsString]) -> Option<Step> {
     let mut rlimits = Vec::new();
     let mut allow_unix_sockets = false;
     let mut words = rest.iter();
+    // `--build ID`, first, and this build's: anything else goes to clap, which refuses it.
+    if words.next()?.to_str()? != "--build" || value_of(words.next()?)? != BUILD {
+        return None;
+    }
     while let Some(word) = words.next() {
         let word = word.to_str()?;
         if word == "--" {
@@ -134,13 +157,16 @@ pub fn run(step: Step) -> i32 {
 mod tests {
     use super::*;
 
+    /// The words of `line`, `BUILD` standing for this build's identity.
     fn words(line: &str) -> Vec<OsString> {
-        line.split(' ').map(OsString::from).collect()
+        line.split(' ')
+            .map(|w| OsString::from(if w == "BUILD" { super::BUILD } else { w }))
+            .collect()
     }
 
     #[test]
     fn the_runners_command_lines_are_read() {
-        let line = "sandbox-init --allow-unix-sockets --rlimit nproc=512 --rlimit=nofile=64 \
+        let line = "sandbox-init --build BUILD --allow-unix-sockets --rlimit nproc=512 --rlimit=nofile=64 \
                     --forward 127.0.0.1:3128=/run/sandgate/proxy.sock -- sh -c true";
         assert_eq!(
             parse(&words(line)),
@@ -152,7 +178,9 @@ mod tests {
             })
         );
         assert_eq!(
-            parse(&words("sandbox-exec --rlimit cpu=5 -- /bin/true --rlimit x")),
+            parse(&words(
+                "sandbox-exec --build BUILD --rlimit cpu=5 -- /bin/true --rlimit x"
+            )),
             Some(Step::Exec {
                 allow_unix_sockets: false,
                 rlimits: vec!["cpu=5".into()],
@@ -168,6 +196,13 @@ mod tests {
             "sandbox-init",
             "sandbox-init --",
             "sandbox-init /bin/true",
+            "sandbox-init -- true",
+            "sandbox-init --rlimit nproc=1 -- true",
+            "sandbox-init --build -- true",
+            "sandbox-init --build 0123456789abcdef -- true",
+            "sandbox-init --rlimit nproc=1 --build BUILD -- true",
+            "sandbox-init --build BUILD --build BUILD -- true",
+            "sandbox-exec --build BUILD",
             "sandbox-init --help",
             "sandbox-init --allow-unix-sockets --allow-unix-sockets -- true",
             "sandbox-init --rlimit",
@@ -187,19 +222,22 @@ mod tests {
     #[test]
     fn a_value_that_is_not_utf8_is_left_to_clap() {
         use std::os::unix::ffi::OsStringExt;
-        let mut args = words("sandbox-init --rlimit");
+        let mut args = words("sandbox-init --build BUILD --rlimit");
         args.push(OsString::from_vec(vec![0xff]));
         args.extend(words("-- true"));
         assert_eq!(parse(&args), None);
         // The command's own words may be anything.
-        let mut args = words("sandbox-init --");
+        let mut args = words("sandbox-init --build BUILD --");
         args.push(OsString::from_vec(vec![0xff]));
         assert!(parse(&args).is_some());
     }
 
     #[test]
     fn a_bad_forward_is_a_usage_error_and_runs_nothing() {
-        let step = parse(&words("sandbox-init --forward nonsense -- /bin/true")).unwrap();
+        let step = parse(&words(
+            "sandbox-init --build BUILD --forward nonsense -- /bin/true",
+        ))
+        .unwrap();
         assert_eq!(run(step), EXIT_USAGE);
     }
 }

@@ -150,6 +150,9 @@ pub enum Command {
     /// there are any.
     #[command(hide = true)]
     SandboxInit {
+        /// The build of the sandgate that wrote this command line: it must be this one's.
+        #[arg(long)]
+        build: Option<String>,
         /// ADDR=SOCKET: listen on ADDR inside, relay to SOCKET.
         #[arg(long = "forward", value_name = "ADDR=SOCKET")]
         forwards: Vec<String>,
@@ -166,6 +169,9 @@ pub enum Command {
     /// there is no init, which does the same for the command it starts).
     #[command(hide = true)]
     SandboxExec {
+        /// The build of the sandgate that wrote this command line: it must be this one's.
+        #[arg(long)]
+        build: Option<String>,
         /// Let the command create AF_UNIX sockets (platform.seccomp.allow_unix_sockets).
         #[arg(long)]
         allow_unix_sockets: bool,

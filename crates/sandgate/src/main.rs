@@ -92,7 +92,14 @@ fn main() -> ExitCode {
         Command::Pki(cmd) => pki_cmd::run(cmd),
         Command::Completions { shell } => manual_cmd::completions(shell),
         Command::Man { dir } => manual_cmd::man(&dir),
+        Command::SandboxInit { build, .. } | Command::SandboxExec { build, .. }
+            if let Some(why) = sandgate_sandbox::steps::other_build(build.as_deref()) =>
+        {
+            eprintln!("sandgate: {why}");
+            ExitCode::from(EX_USAGE)
+        }
         Command::SandboxInit {
+            build: _,
             forwards,
             allow_unix_sockets,
             rlimits,
@@ -104,6 +111,7 @@ fn main() -> ExitCode {
             command,
         })),
         Command::SandboxExec {
+            build: _,
             allow_unix_sockets,
             rlimits,
             command,

@@ -105,18 +105,100 @@ fn sandgate_alone_is_its_own_init_and_as_confined() {
     }
 }
 
-/// A command line the init does not read (one from a `sandgate` of another build, say)
-/// runs nothing: usage status and a message that names the cause.
+/// A command line the init does not read (one from a `sandgate` of another build: another
+/// `--build`, or none) runs nothing: usage status and a message that names the cause. The
+/// same from `sandgate` itself, which reads the steps through clap when its fast path does
+/// not. With this build's identity the same step runs.
+#[test]
+fn an_init_of_another_build_runs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let witness = dir.path().join("ran");
+    let build = sandgate_sandbox::steps::BUILD;
+    for args in [
+        vec!["sandbox-init", "--build", "0123456789abcdef", "--", "touch"],
+        vec!["sandbox-exec", "--build", "0123456789abcdef", "--", "touch"],
+        vec!["sandbox-init", "--", "touch"],
+        vec!["sandbox-exec", "--rlimit", "nproc=512", "--", "touch"],
+        vec!["sandbox-init", "--build", build, "--future-flag", "--", "touch"],
+        vec!["sandbox-init", "--build", build, "touch"],
+    ] {
+        for program in [small_init(), common::sandgate_bin().into()] {
+            let out = Command::new(&program)
+                .args(&args)
+                .arg(&witness)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            let (stdout, stderr) = text(&out);
+            assert_eq!(out.status.code(), Some(64), "{args:?}: {stdout}\n{stderr}");
+            assert!(!witness.exists(), "{program:?} {args:?}: the command ran");
+            if program == small_init() || args.contains(&"0123456789abcdef") {
+                assert!(
+                    stderr.contains("same build") || stderr.contains("one build"),
+                    "{args:?}: {stderr}"
+                );
+            }
+        }
+    }
+    let out = Command::new(small_init())
+        .args(["sandbox-exec", "--build", build, "--", "touch"])
+        .arg(&witness)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success() && witness.exists(), "{:?}", text(&out));
+}
+
+/// An attacker, another user, plants a `sandgate-init` (one that runs the command with no
+/// filter) beside a `sandgate` in a shared sticky directory, or makes the victim's own
+/// init writable to others: the run does not use it, and its PID 1 is filtered.
+#[test]
+fn a_planted_or_writable_init_is_not_run() {
+    use std::os::unix::fs::PermissionsExt;
+    if !common::is_root() {
+        return; // chown to another user needs root; the unit tests cover the modes
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let sandgate = shared.join("sandgate");
+    common::place_binary(common::sandgate_bin(), &sandgate);
+    let plant = shared.join("sandgate-init");
+    std::fs::write(
+        &plant,
+        "#!/bin/sh\nwhile [ \"$1\" != -- ]; do shift; done; shift; echo PLANTED; exec \"$@\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&plant, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&plant, Some(4242), Some(4242)).unwrap();
+    let whole = size(&sandgate);
+    for (net, stdout) in inside_with(&sandgate) {
+        assert!(
+            !stdout.contains("PLANTED"),
+            "{net}: the planted init ran:\n{stdout}"
+        );
+        assert_confined(&net, &stdout, whole);
+    }
+    // The victim's own init, in a directory only it writes, but writable by others.
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&plant, Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(&plant, std::fs::Permissions::from_mode(0o757)).unwrap();
+    for (net, stdout) in inside_with(&sandgate) {
+        assert!(
+            !stdout.contains("PLANTED"),
+            "{net}: the writable init ran:\n{stdout}"
+        );
+        assert_confined(&net, &stdout, whole);
+    }
+}
+
+/// A command line the init does not read at all runs nothing either.
 #[test]
 fn the_small_init_runs_nothing_from_a_command_line_it_does_not_read() {
     let dir = tempfile::tempdir().unwrap();
     let witness = dir.path().join("ran");
-    for args in [
-        vec!["sandbox-init", "--future-flag", "--", "touch"],
-        vec!["sandbox-init", "touch"],
-        vec!["proxy"],
-        vec![],
-    ] {
+    for args in [vec!["proxy"], vec![]] {
         let out = Command::new(small_init())
             .args(&args)
             .args(args.last().filter(|a| **a == "touch").map(|_| &witness))

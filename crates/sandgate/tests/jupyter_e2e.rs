@@ -233,6 +233,7 @@ fn compose_writes_a_relocatable_bundle_and_refuses_bad_input() {
     );
     for f in [
         "bin/sandgate",
+        "bin/sandgate-init",
         "jupyter/config/jupyter_server_config.py",
         "kernels/python3-low/kernel.json",
         "kernels/python3-high/kernel.json",

@@ -437,6 +437,7 @@ fn the_command_does_not_start_without_the_socks5_bridge() {
     let init = |socks: &std::path::Path| {
         Command::new(common::sandgate_bin())
             .arg("sandbox-init")
+            .args(["--build", sandgate_sandbox::steps::BUILD])
             .arg(format!("--forward=127.0.0.1:0={}", http.display()))
             .arg(format!("--forward=127.0.0.1:0={}", socks.display()))
             .args(["--", "touch"])

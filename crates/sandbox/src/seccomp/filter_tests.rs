@@ -65,13 +65,14 @@ fn verdict(options: FilterOptions, c: &Call) -> u32 {
 }
 
 /// The kernel's verdict had the parts been loaded as separate filters, each behind the
-/// guard: the most restrictive action wins (SECCOMP_RET_ACTION_FULL compared as signed) and,
-/// among equal actions, the most recently loaded filter's (the kernel walks from the newest
-/// and replaces only on a strictly more restrictive one).
+/// guard, in the order they used to be (the EPERM part first, the clone3 part last): the
+/// most restrictive action wins (SECCOMP_RET_ACTION_FULL compared as signed) and, among
+/// equal actions, the most recently loaded filter's (the kernel walks from the newest and
+/// replaces only on a strictly more restrictive one). `guarded` is in [`parts`]' order,
+/// which is newest first.
 fn separate_verdict(guarded: &[BpfProgram], c: &Call) -> u32 {
     guarded
         .iter()
-        .rev() // the kernel walks from the newest
         .map(|p| run_one(p, c))
         .fold(None, |best: Option<u32>, r| match best {
             Some(b) if (r & 0xffff_0000) as i32 >= (b & 0xffff_0000) as i32 => Some(b),
@@ -328,6 +329,23 @@ fn the_chained_program_answers_as_its_parts_loaded_one_by_one_would() {
         }
     }
     assert!(compared > 40_000);
+    // Chaining equals separate filters only while every part answers allow, errno, or the
+    // architecture check's kill: a later part's stronger action (a kill, a trap) would be
+    // cut short by an earlier part's errno.
+    let actions = [
+        libc::SECCOMP_RET_ALLOW,
+        libc::SECCOMP_RET_ERRNO,
+        libc::SECCOMP_RET_KILL_PROCESS,
+    ];
+    for part in parts(default()).unwrap() {
+        for insn in part.iter().filter(|i| i.code == RET_K) {
+            assert!(
+                actions.contains(&(insn.k & 0xffff_0000)),
+                "a part returns {:#x}",
+                insn.k
+            );
+        }
+    }
     // And it is one program, its jumps all inside it (the kernel refuses any other).
     let joined = program(default()).unwrap();
     for (i, insn) in joined.iter().enumerate() {

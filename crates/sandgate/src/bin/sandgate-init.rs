@@ -12,10 +12,12 @@ fn main() -> ExitCode {
     match args.get(1..).and_then(sandgate_sandbox::steps::parse) {
         Some(step) => ExitCode::from(sandgate_sandbox::steps::run(step).clamp(0, 255) as u8),
         None => {
-            // `sandgate run` writes these command lines; one this build does not read came
-            // from a `sandgate` of another build, or from a person.
+            // `sandgate run` writes these command lines, with its build first (`--build`);
+            // one this build does not read came from a `sandgate` of another build, or from
+            // a person.
             eprintln!(
-                "sandgate-init: not a command line this build reads; it is started by `sandgate run`, and must come from the same build as the sandgate beside it"
+                "sandgate-init: not a command line this build reads (its build is {}); it is started by `sandgate run`, and must come from the same build as the sandgate beside it",
+                sandgate_sandbox::steps::BUILD
             );
             ExitCode::from(sandgate_sandbox::steps::EXIT_USAGE as u8)
         }
