@@ -1,6 +1,6 @@
 //! The sandbox steps' build identity (`SANDGATE_STEPS_BUILD`): a hash of the sources that
-//! make the sandbox's init (this crate and the workspace crates it is built from, their
-//! manifests, and Cargo.lock). `sandgate run` passes it on the init's command line and the
+//! make the sandbox's init (the `.rs` files of this crate and of the workspace crates it is
+//! built from, but not their unit tests' `*_tests.rs`; their manifests; Cargo.lock). `sandgate run` passes it on the init's command line and the
 //! init refuses another (`crate::steps`), so a `sandgate-init` left from another build (an
 //! upgrade that replaced only `sandgate`, a `cargo run` that rebuilt only `sandgate`) runs
 //! nothing instead of holding the sandbox with another filter.
@@ -27,6 +27,14 @@ fn main() {
         println!("cargo:rerun-if-changed={}", root.display());
         let mut files = Vec::new();
         collect(root, &mut files);
+        // What goes into the binary: sources and manifests, not unit tests (`*_tests.rs`)
+        // or an editor's files beside them.
+        files.retain(|f| {
+            let name = f.file_name().unwrap_or_default().to_string_lossy();
+            (name.ends_with(".rs") && !name.ends_with("_tests.rs"))
+                || name == "Cargo.toml"
+                || name == "Cargo.lock"
+        });
         files.sort();
         for file in files {
             hasher.write(

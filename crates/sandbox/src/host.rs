@@ -94,9 +94,11 @@ pub fn try_sandbox(bwrap: &Path, unshare_net: bool) -> Result<(), String> {
 /// Loads the sandbox's seccomp filter in `sandbox-exec` of `init` (the program a run starts
 /// first inside, [`crate::run::init_binary`]), the path a run without an init takes (a run
 /// with one loads the same filter in the init), around a shell that succeeds only if it
-/// runs under a filter (`Seccomp: 2` in its status): a step that exits 0 without loading
-/// one does not pass.
+/// runs under one filter more than this process (`Seccomp_filters:`, Linux 5.9; before it,
+/// `Seccomp: 2` where this process has none): a step that exits 0 without loading one does
+/// not pass, even where a container engine's filter is already in place.
 pub fn try_seccomp(init: &Path) -> Result<(), String> {
+    let ours = own_status("Seccomp_filters:").unwrap_or_default();
     probe(Command::new(init).args([
         "sandbox-exec",
         "--build",
@@ -104,8 +106,34 @@ pub fn try_seccomp(init: &Path) -> Result<(), String> {
         "--",
         "/bin/sh",
         "-c",
-        "while read -r k v; do [ \"$k\" = Seccomp: ] && [ \"$v\" = 2 ] && exit 0; done < /proc/self/status; echo 'no seccomp filter in place' >&2; exit 1",
+        SECCOMP_PROBE,
+        "sh",
+        &ours,
     ]))
+}
+
+/// The shell [`try_seccomp`] runs: with `$1` the prober's own filter count (empty where the
+/// kernel does not report one), exit 0 only under more filters than that, or (no count)
+/// under a filter at all when the prober is under none.
+const SECCOMP_PROBE: &str = r#"mode=; count=
+while read -r k v; do
+  case $k in Seccomp:) mode=$v ;; Seccomp_filters:) count=$v ;; esac
+done < /proc/self/status
+if [ -n "$1" ] && [ -n "$count" ]; then [ "$count" -gt "$1" ] && exit 0
+elif [ "$mode" = 2 ]; then exit 0; fi
+echo "no seccomp filter of the sandbox's in place (mode $mode, filters ${count:-?}, the prober's ${1:-?})" >&2
+exit 1"#;
+
+/// The value of this process's `/proc/self/status` field `name` (with its colon).
+fn own_status(name: &str) -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    Some(
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))?
+            .trim()
+            .to_owned(),
+    )
 }
 
 /// Why bwrap could not set a sandbox up, from its message.
@@ -250,6 +278,29 @@ pub fn kernel_tls() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The probe's shell, run here (under no filter of the sandbox's): it fails for this
+    /// process's own count and for no count at all, and passes only for a count below the
+    /// one it finds (what one more filter gives).
+    #[test]
+    fn the_seccomp_probe_passes_only_under_one_filter_more() {
+        let ours = own_status("Seccomp_filters:").unwrap_or_default();
+        let run = |count: &str| {
+            Command::new("/bin/sh")
+                .args(["-c", SECCOMP_PROBE, "sh", count])
+                .stderr(Stdio::null())
+                .status()
+                .unwrap()
+                .success()
+        };
+        assert!(!run(&ours), "passed under this process's own filters");
+        if own_status("Seccomp:").as_deref() == Some("0") {
+            assert!(!run(""), "passed with no filter at all");
+        }
+        if let Ok(n) = ours.parse::<i64>() {
+            assert!(run(&(n - 1).to_string()), "the count is not compared");
+        }
+    }
 
     #[test]
     fn bwraps_setup_messages_are_recognised() {

@@ -36,7 +36,7 @@ mod seatbelt;
 pub use bwrap::{BwrapOptions, bwrap_options};
 use identity::RunIdentity;
 pub use identity::user_subject;
-pub use init_binary::{INIT_BINARY, init_binary};
+pub use init_binary::{INIT_BINARY, init_binary, init_not_used};
 use load::protected_files;
 pub use load::{load_policy, path_param};
 pub use proxy::{Follow, FollowRequest, Following};

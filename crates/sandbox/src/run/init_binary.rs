@@ -18,32 +18,62 @@ use std::path::{Path, PathBuf};
 pub const INIT_BINARY: &str = "sandgate-init";
 
 /// The program bound into the sandbox at [`crate::argv::INIT_PATH`]: `sandgate-init` in
-/// `sandgate_exe`'s directory where [`trusted`] accepts it, else `sandgate_exe`.
+/// `sandgate_exe`'s directory where [`untrusted`] finds nothing against it, else
+/// `sandgate_exe`.
 pub fn init_binary(sandgate_exe: &Path) -> PathBuf {
     let beside = sandgate_exe.with_file_name(INIT_BINARY);
-    if trusted(sandgate_exe, &beside) {
+    if untrusted(sandgate_exe, &beside).is_none() {
         beside
     } else {
         sandgate_exe.to_path_buf()
     }
 }
 
-/// `init` may stand in for `sandgate_exe` when: both paths are absolute (a relative one
-/// would be looked up in the working directory); the directory holding them belongs to
-/// root or to `sandgate`'s owner and no one else may write it (so no one else can create,
-/// rename or replace an entry in it, sticky bit or not); `init` is a regular file, not a
-/// link, of that same owner or root, that no one else may write; and this process may
-/// execute it (its effective user, as bwrap will).
-fn trusted(sandgate_exe: &Path, init: &Path) -> bool {
+/// Why the `sandgate-init` beside `sandgate_exe` is not used, where one is there (for
+/// `sandgate doctor`); `None` when it is used or there is none.
+pub fn init_not_used(sandgate_exe: &Path) -> Option<String> {
+    let beside = sandgate_exe.with_file_name(INIT_BINARY);
+    std::fs::symlink_metadata(&beside).ok()?;
+    untrusted(sandgate_exe, &beside).map(|why| format!("{} is not used: {why}", beside.display()))
+}
+
+/// What stops `init` standing in for `sandgate_exe`, if anything. It may when: both paths
+/// are absolute (a relative one would be looked up in the working directory); the directory
+/// holding them belongs to root or to `sandgate`'s owner and no one else may write it (so no
+/// one else can create, rename or replace an entry in it, sticky bit or not); every
+/// directory above it belongs to root or that owner and no one else may write it, or is
+/// sticky (so no one else can rename a directory on the way and put another in its place
+/// between this check and bwrap's mount); `init` is a regular file, not a link, of that same
+/// owner or root, that no one else may write; and this process may execute it.
+fn untrusted(sandgate_exe: &Path, init: &Path) -> Option<&'static str> {
     let (Some(dir), Ok(exe)) = (sandgate_exe.parent(), std::fs::metadata(sandgate_exe)) else {
-        return false;
+        return Some("sandgate's own path is unknown");
     };
+    if !sandgate_exe.is_absolute() {
+        return Some("sandgate's own path is not absolute");
+    }
     let owners = |uid: u32| uid == 0 || uid == exe.uid();
     let private = |meta: &std::fs::Metadata| owners(meta.uid()) && meta.mode() & 0o022 == 0;
-    sandgate_exe.is_absolute()
-        && std::fs::metadata(dir).is_ok_and(|d| d.is_dir() && private(&d))
-        && std::fs::symlink_metadata(init).is_ok_and(|f| f.file_type().is_file() && private(&f))
-        && rustix::fs::access(init, rustix::fs::Access::EXEC_OK).is_ok()
+    if !std::fs::metadata(dir).is_ok_and(|d| d.is_dir() && private(&d)) {
+        return Some("its directory belongs to another user or others may write it");
+    }
+    let sticky = |meta: &std::fs::Metadata| owners(meta.uid()) && meta.mode() & 0o1000 != 0;
+    if !dir
+        .ancestors()
+        .skip(1)
+        .all(|above| std::fs::metadata(above).is_ok_and(|d| private(&d) || sticky(&d)))
+    {
+        return Some(
+            "a directory above it belongs to another user, or others may write it and it is not sticky",
+        );
+    }
+    if !std::fs::symlink_metadata(init).is_ok_and(|f| f.file_type().is_file() && private(&f)) {
+        return Some("it is not a regular file of sandgate's owner or root that only its owner may write");
+    }
+    if rustix::fs::access(init, rustix::fs::Access::EXEC_OK).is_err() {
+        return Some("this user may not execute it");
+    }
+    None
 }
 
 #[cfg(test)]
@@ -112,5 +142,28 @@ mod tests {
         mode(dir.path(), 0o755);
         mode(&init, 0o755);
         assert_eq!(init_binary(&exe), init);
+    }
+
+    /// A directory above that others may write and that is not sticky lets them rename the
+    /// binaries' directory away and put their own in its place between the check and the
+    /// mount (a race a reviewer won 10 times in 40): not taken. Sticky, they cannot.
+    #[test]
+    fn an_init_under_a_directory_others_could_rename_is_not_taken() {
+        let top = tempfile::tempdir().unwrap();
+        let bin = top.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        mode(&bin, 0o755);
+        let exe = bin.join("sandgate");
+        std::fs::write(&exe, b"").unwrap();
+        let init = bin.join(INIT_BINARY);
+        std::fs::write(&init, b"").unwrap();
+        mode(&init, 0o755);
+        mode(top.path(), 0o777);
+        assert_eq!(init_binary(&exe), exe, "a parent others may write");
+        assert!(init_not_used(&exe).is_some_and(|why| why.contains("above")));
+        mode(top.path(), 0o1777);
+        assert_eq!(init_binary(&exe), init, "a sticky parent");
+        assert_eq!(init_not_used(&exe), None);
+        mode(top.path(), 0o755);
     }
 }

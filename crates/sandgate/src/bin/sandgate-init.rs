@@ -9,12 +9,26 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    match args.get(1..).and_then(sandgate_sandbox::steps::parse) {
-        Some(step) => ExitCode::from(sandgate_sandbox::steps::run(step).clamp(0, 255) as u8),
+    if let Some(step) = args.get(1..).and_then(sandgate_sandbox::steps::parse) {
+        return ExitCode::from(sandgate_sandbox::steps::run(step).clamp(0, 255) as u8);
+    }
+    // `sandgate run` writes these command lines, its build first (`--build`): one of another
+    // build means this file was left from another install or build; anything else came from
+    // a person. Either way nothing runs.
+    let theirs = args
+        .iter()
+        .skip_while(|a| *a != "--build")
+        .nth(1)
+        .map(|b| b.to_string_lossy().into_owned());
+    match theirs.filter(|b| b != sandgate_sandbox::steps::BUILD) {
+        Some(theirs) => {
+            eprintln!(
+                "sandgate-init: this is build {}, the sandgate that started it is build {theirs}: install or build both from one build (`cargo build -p sandgate` builds both; `cargo run` only sandgate), or remove sandgate-init and sandgate is its own init; nothing was run",
+                sandgate_sandbox::steps::BUILD
+            );
+            ExitCode::from(70)
+        }
         None => {
-            // `sandgate run` writes these command lines, with its build first (`--build`);
-            // one this build does not read came from a `sandgate` of another build, or from
-            // a person.
             eprintln!(
                 "sandgate-init: not a command line this build reads (its build is {}); it is started by `sandgate run`, and must come from the same build as the sandgate beside it",
                 sandgate_sandbox::steps::BUILD
