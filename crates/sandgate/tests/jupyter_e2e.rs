@@ -456,6 +456,7 @@ r["env"] = sorted(os.environ)
 r["home_dir"] = os.path.expanduser("~")
 r["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
 r["pid1"] = open("/proc/1/cmdline", "rb").read().split(b"\0")[1].decode()
+r["init_size"] = os.stat("/run/sandgate-init").st_size
 try:
     os.open("/proc/1/mem", os.O_RDWR)
     r["pid1_mem"] = "opened"
@@ -473,6 +474,12 @@ print(json.dumps(r))
     // Issue 28, finding 1, through a Jupyter kernel: PID 1 is sandgate's filtered init,
     // its memory closed to the kernel, and every process inside shows the filter.
     assert_eq!(r["pid1"], "sandbox-init", "{r}");
+    // The bundle's runs start its own small init, not the whole sandgate.
+    assert_eq!(
+        r["init_size"],
+        std::fs::metadata(real.join("bin/sandgate-init")).unwrap().len(),
+        "{r}"
+    );
     assert_eq!(r["pid1_mem"], 13, "{r}");
     assert_eq!(r["seccomp"], json!(["2"]), "{r}");
     assert_ne!(r["connect"], "ok", "{r}");
