@@ -1,7 +1,8 @@
 //! The sandbox steps' build identity (`SANDGATE_STEPS_BUILD`): a hash of the sources that
 //! make the sandbox's init (the `.rs` files of this crate and of the workspace crates it is
-//! built from, but not their unit tests' `*_tests.rs`; their manifests; Cargo.lock). `sandgate run` passes it on the init's command line and the
-//! init refuses another (`crate::steps`), so a `sandgate-init` left from another build (an
+//! built from, but not their unit tests' `*_tests.rs`; their manifests; Cargo.lock).
+//! `sandgate run` passes it on the init's command line and the init refuses another
+//! (`crate::steps`), so a `sandgate-init` left from another build (an
 //! upgrade that replaced only `sandgate`, a `cargo run` that rebuilt only `sandgate`) runs
 //! nothing instead of holding the sandbox with another filter.
 //!

@@ -320,8 +320,8 @@ fn skeleton(layout: &Layout, profiles: &[Profile]) -> Result<(), JupyterError> {
 }
 
 /// `bin/sandgate` (and `bin/sandgate-init`): a hard link to the binary, or a copy where a
-/// link cannot be made (another file system). Never a symbolic link: the bundle must not depend on where it
-/// was composed.
+/// link cannot be made (another file system). Never a symbolic link: the bundle must not
+/// depend on where it was composed.
 fn link(sandgate: &Path, dest: &Path) -> Result<(), JupyterError> {
     if std::fs::hard_link(sandgate, dest).is_ok() {
         return Ok(());

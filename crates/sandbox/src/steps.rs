@@ -6,9 +6,9 @@
 //! [`parse`] accepts exactly what the hidden clap commands accept in the forms the runner
 //! writes (`--build ID` first, this build's [`BUILD`]; then `--forward ADDR=SOCKET`,
 //! `--allow-unix-sockets`, `--rlimit NAME=VALUE`, each value also as `--flag=VALUE`; then
-//! `--` and a command of at least one word). Anything else
-//! (no `--`, an unknown or repeated flag, `--help`, a value that is not UTF-8) is not
-//! recognised, and the binary hands the command line to clap, which reports it as before.
+//! `--` and a command of at least one word). Anything else (no `--`, another build, an
+//! unknown or repeated flag, `--help`, a value that is not UTF-8) is not recognised, and the
+//! binary hands the command line to clap, which reports it as before.
 
 use std::ffi::{OsStr, OsString};
 

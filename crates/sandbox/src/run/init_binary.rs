@@ -8,7 +8,7 @@
 //!
 //! It loads the sandbox's filter into PID 1, so it is trusted exactly as `sandgate` is, and
 //! no more: only where nobody but `sandgate`'s owner (or root) could have put it there or
-//! could change it ([`trusted`]). A file another user created in a shared directory (a
+//! could change it ([`untrusted`]). A file another user created in a shared directory (a
 //! sticky `/tmp`) is never run.
 
 use std::os::unix::fs::MetadataExt;
