@@ -210,13 +210,7 @@ pub fn read_sysctl(name: &str) -> Option<String> {
 /// The `Seccomp:` field of /proc/self/status: 0 none, 1 strict, 2 filter (this process is
 /// already under one, e.g. a container engine's).
 pub fn seccomp_mode() -> Option<u8> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Seccomp:"))?
-        .trim()
-        .parse()
-        .ok()
+    own_status("Seccomp:")?.parse().ok()
 }
 
 /// Landlock's ABI version (`landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)`),

@@ -27,7 +27,7 @@ pub fn other_build(build: Option<&str>) -> Option<String> {
     match build {
         Some(b) if b == BUILD => None,
         said => Some(format!(
-            "this sandbox step is from another build than the sandgate that started it (it was given build {}, it is {BUILD}); install sandgate and sandgate-init from one build",
+            "this is build {BUILD}, the sandgate that started it is build {}: install or build both from one build (`cargo build -p sandgate` builds both; `cargo run` only sandgate), or remove sandgate-init and sandgate is its own init; nothing was run",
             said.unwrap_or("none")
         )),
     }

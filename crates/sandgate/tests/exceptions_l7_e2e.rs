@@ -154,6 +154,31 @@ impl Fixture {
         (status, v)
     }
 
+    /// Asks for GET on `paths` of tls.test for `reason`, and has alice approve it with
+    /// `approval` (the approval's JSON body): the exception's id.
+    fn approved_get(&self, reason: &str, paths: &[&str], approval: &str) -> String {
+        let (status, asked) = self.ask(&json!({
+            "task_id": "t-1",
+            "requested_hosts": ["tls.test"],
+            "requested_ports": [self.tls],
+            "ttl_seconds": 900,
+            "reason": reason,
+            "methods": ["GET"],
+            "paths": paths,
+        }));
+        assert_eq!(status, 201, "{asked}");
+        let id = asked["id"].as_str().unwrap().to_owned();
+        let (status, approved) = api(
+            self.admin,
+            "POST",
+            &format!("/v1/exceptions/{id}/approve"),
+            Some("tok-alice"),
+            Some(approval),
+        );
+        assert_eq!(status, 200, "{approved}");
+        id
+    }
+
     fn web(&self, path: &str) -> String {
         format!("http://web.test:{}{path}", self.web)
     }

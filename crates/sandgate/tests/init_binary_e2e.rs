@@ -83,6 +83,11 @@ fn assert_confined(net: &str, stdout: &str, first: u64) {
     assert!(stdout.contains("refused /proc/1/mem 13"), "{net}: {stdout}");
 }
 
+/// A `sandgate-init` that loads no filter: it skips to the command after `--`, says so and
+/// runs it (what an attacker would plant).
+const UNFILTERED_INIT: &[u8] =
+    b"#!/bin/sh\nwhile [ \"$1\" != -- ]; do shift; done; shift; echo PLANTED; exec \"$@\"\n";
+
 /// Both binaries placed as installed, in a directory only their owner writes (whatever the
 /// build directory's modes under the tester's umask); `init` replaces `sandgate-init`.
 fn installed(init: Option<&[u8]>) -> (tempfile::TempDir, std::path::PathBuf) {
@@ -149,8 +154,7 @@ fn a_run_with_an_init_of_another_build_runs_nothing_and_says_why() {
 /// loading any filter: the seccomp check fails (before, it passed whatever exited 0).
 #[test]
 fn doctor_fails_an_init_that_loads_no_filter() {
-    let script = b"#!/bin/sh\nwhile [ \"$1\" != -- ]; do shift; done; shift; exec \"$@\"\n";
-    let (_dir, sandgate) = installed(Some(script));
+    let (_dir, sandgate) = installed(Some(UNFILTERED_INIT));
     let out = Command::new(&sandgate)
         .arg("doctor")
         .stdin(Stdio::null())
@@ -236,19 +240,11 @@ fn a_planted_or_writable_init_is_not_run() {
     if !common::is_root() {
         return; // chown to another user needs root; the unit tests cover the modes
     }
-    let dir = tempfile::tempdir().unwrap();
-    let shared = dir.path().join("shared");
-    std::fs::create_dir(&shared).unwrap();
-    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
-    let sandgate = shared.join("sandgate");
-    common::place_binary(common::sandgate_bin(), &sandgate);
+    // The plant, made by another user in a shared sticky directory beside the victim's.
+    let (dir, sandgate) = installed(Some(UNFILTERED_INIT));
+    let shared = dir.path();
+    std::fs::set_permissions(shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
     let plant = shared.join("sandgate-init");
-    std::fs::write(
-        &plant,
-        "#!/bin/sh\nwhile [ \"$1\" != -- ]; do shift; done; shift; echo PLANTED; exec \"$@\"\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&plant, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::os::unix::fs::chown(&plant, Some(4242), Some(4242)).unwrap();
     let whole = size(&sandgate);
     for (net, stdout) in inside_with(&sandgate) {
@@ -259,7 +255,7 @@ fn a_planted_or_writable_init_is_not_run() {
         assert_confined(&net, &stdout, whole);
     }
     // The victim's own init, in a directory only it writes, but writable by others.
-    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(shared, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::os::unix::fs::chown(&plant, Some(0), Some(0)).unwrap();
     std::fs::set_permissions(&plant, std::fs::Permissions::from_mode(0o757)).unwrap();
     for (net, stdout) in inside_with(&sandgate) {

@@ -20,12 +20,9 @@ fn main() -> ExitCode {
         .skip_while(|a| *a != "--build")
         .nth(1)
         .map(|b| b.to_string_lossy().into_owned());
-    match theirs.filter(|b| b != sandgate_sandbox::steps::BUILD) {
-        Some(theirs) => {
-            eprintln!(
-                "sandgate-init: this is build {}, the sandgate that started it is build {theirs}: install or build both from one build (`cargo build -p sandgate` builds both; `cargo run` only sandgate), or remove sandgate-init and sandgate is its own init; nothing was run",
-                sandgate_sandbox::steps::BUILD
-            );
+    match theirs.and_then(|b| sandgate_sandbox::steps::other_build(Some(&b))) {
+        Some(why) => {
+            eprintln!("sandgate-init: {why}");
             ExitCode::from(70)
         }
         None => {

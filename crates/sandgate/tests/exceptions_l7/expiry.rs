@@ -9,34 +9,14 @@ use std::panic::AssertUnwindSafe;
 
 use serde_json::{Value, json};
 
-use crate::common::control::api;
 use crate::l7::decisions::events_once;
 use crate::l7_tls::{https_conn, inside};
 
 #[test]
 fn a_below_host_exceptions_expiry_ends_an_intercepted_tunnel_already_open() {
     let f = crate::fixture();
-    let ask = json!({
-        "task_id": "t-1",
-        "requested_hosts": ["tls.test"],
-        "requested_ports": [f.tls],
-        "ttl_seconds": 900,
-        "reason": "read the docs",
-        "methods": ["GET"],
-        "paths": ["/docs/**"],
-    });
-    let (status, asked) = f.ask(&ask);
-    assert_eq!(status, 201, "{asked}");
-    let id = asked["id"].as_str().unwrap().to_owned();
     // The shortest grant: the approval narrows the time to 2 s.
-    let (status, approved) = api(
-        f.admin,
-        "POST",
-        &format!("/v1/exceptions/{id}/approve"),
-        Some("tok-alice"),
-        Some(r#"{"ttl_seconds":2}"#),
-    );
-    assert_eq!(status, 200, "{approved}");
+    let id = f.approved_get("read the docs", &["/docs/**"], r#"{"ttl_seconds":2}"#);
 
     let host = format!("tls.test:{}", f.tls);
     let mut conn = https_conn(f.task, "tls.test", f.tls, &f.i.ca_pem);

@@ -7,7 +7,7 @@
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::common::control::api;
 use crate::l7::decisions::decision;
@@ -19,21 +19,7 @@ const LENGTH: usize = 200_000_000;
 #[test]
 fn a_below_host_exceptions_revocation_cuts_a_response_in_flight() {
     let f = crate::fixture();
-    let ask = json!({
-        "task_id": "t-1",
-        "requested_hosts": ["tls.test"],
-        "requested_ports": [f.tls],
-        "ttl_seconds": 900,
-        "reason": "fetch the archive",
-        "methods": ["GET"],
-        "paths": ["/bytes/**"],
-    });
-    let (status, asked) = f.ask(&ask);
-    assert_eq!(status, 201, "{asked}");
-    let id = asked["id"].as_str().unwrap().to_owned();
-    let approve = format!("/v1/exceptions/{id}/approve");
-    let (status, approved) = api(f.admin, "POST", &approve, Some("tok-alice"), Some("{}"));
-    assert_eq!(status, 200, "{approved}");
+    let id = f.approved_get("fetch the archive", &["/bytes/**"], "{}");
 
     let host = format!("tls.test:{}", f.tls);
     let mut tls = tls_through(f.task, &host, "tls.test", &f.i.ca_pem).unwrap();
