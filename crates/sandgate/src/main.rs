@@ -34,6 +34,11 @@ use cli::{Cli, Command};
 use sandgate_proxy::Proxy;
 use sandgate_sandbox::steps::Step;
 
+/// mimalloc for `sandgate proxy`, the system's allocator for every other command, chosen
+/// before the first allocation (crates/alloc).
+#[global_allocator]
+static ALLOCATOR: sandgate_alloc::ByCommand = sandgate_alloc::ByCommand;
+
 pub(crate) const EX_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
@@ -298,6 +303,7 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
         policy,
         warnings,
     } = setup;
+    tracing::debug!(allocator = sandgate_alloc::chosen(), "allocator");
     for w in &warnings {
         tracing::warn!("{w}");
     }

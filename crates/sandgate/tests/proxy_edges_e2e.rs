@@ -1,6 +1,6 @@
 //! End-to-end tests of `sandgate proxy` at its edges: the loop guard, private and reserved
 //! answers and connect timeouts in private network namespaces, SIGTERM, bad flags, an
-//! ordinary user, resets, idle tunnels and the connection cap, chaining. Real curl and
+//! ordinary user, the allocator, resets, idle tunnels and the connection cap, chaining. Real curl and
 //! Python clients, our own DNS server.
 
 #![allow(
@@ -171,6 +171,46 @@ fn bad_flags_exit_64_naming_the_value() {
         assert_eq!(out.status.code(), Some(64), "{args:?}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
+
+/// The proxy runs on mimalloc (crates/alloc), chosen before its first allocation, whether or
+/// not the global option comes before the command word.
+#[test]
+fn the_proxy_runs_on_mimalloc() {
+    use std::io::BufRead;
+    for global in [&[][..], &["--log-format", "json"][..]] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sandgate"))
+            .args(global)
+            .args(["proxy", "--listen", "127.0.0.1:0", "--audit-log"])
+            .arg(dir.path().join("audit.jsonl"))
+            .current_dir(dir.path())
+            .env("SANDGATE_LOG", "debug")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut seen = Vec::new();
+        // Up to the first "listening" line (the allocator is logged before it), or the end.
+        for line in std::io::BufReader::new(child.stderr.take().unwrap())
+            .lines()
+            .map_while(Result::ok)
+        {
+            let done = line.contains("listening");
+            seen.push(line);
+            if done {
+                break;
+            }
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(
+            seen.iter()
+                .any(|l| l.contains("allocator") && l.contains("mimalloc")),
+            "{global:?}: {seen:#?}"
+        );
     }
 }
 
