@@ -2,30 +2,42 @@
 //! (glibc's) for every other command. Chosen once, before the first allocation, and never
 //! changed, so every block is freed by the allocator that made it.
 //!
-//! Why two: the proxy is a long-running server making a few small allocations per request and
-//! holding a few per tunnel. There mimalloc costs less CPU per request than glibc (about an
-//! eighth less per keep-alive GET in docs/benchmarks.md) and no alignment padding for tokio's
-//! 128-byte-aligned socket registrations, which glibc pads by over-allocating: with the two
-//! options below, 1.9 KB per idle tunnel against glibc's 2.4. Every other command (`run`,
-//! `sandbox-init`, `mcp`, `jupyter`, `doctor`...) is short or light, and there mimalloc's
-//! start (0.2 to 0.3 ms per process even with eager commit off) would be paid on every
-//! sandboxed command. `sandgate-init`, the sandbox's PID 1, is a binary of its own and keeps
-//! the system's.
+//! Why mimalloc for the proxy, a long-running server making a few small allocations per
+//! request and holding a few per tunnel: it gives tokio's 128-byte-aligned socket
+//! registrations their own pages, where glibc pads each aligned block by over-allocating
+//! (with the two options below, 1.9-2.0 KB per idle tunnel against glibc's 2.4), and in the
+//! interleaved runs of docs/benchmarks.md it cost less CPU per keep-alive GET and per new
+//! tunnel, and carried more through a central. Why the system's for the rest: `run`,
+//! `sandbox-init`, `mcp`, `jupyter`, `doctor` allocate little, and mimalloc's arena (1 GiB
+//! reserved, committed as used) is not worth setting up for them. mimalloc's own start (its C
+//! constructor: a few system calls and a 2.3 MiB page map reserved) runs in every process of
+//! this binary all the same, about 0.1 ms; `MIMALLOC_*` variables act on it (`MIMALLOC_VERBOSE`
+//! prints its option table to stderr, in text, whatever `--log-format` says). `sandgate-init`,
+//! the sandbox's PID 1, is a binary of its own and does not link mimalloc at all.
 //!
-//! The two options, set before mimalloc's first allocation:
+//! No secure mode (`MI_SECURE`: guard pages, encoded free lists, a double-free check, about a
+//! tenth slower): every block here is Rust's, from code where the proxy and policy crates
+//! forbid `unsafe`; the C code linked in (ring, SQLite) allocates through glibc's `malloc`,
+//! which mimalloc does not replace, and keeps glibc's own checks.
+//!
+//! The two options, set before mimalloc's first allocation (they win over `MIMALLOC_*`):
 //! - `arena_eager_commit = 0`: an arena's memory is committed as it is used. On Linux with
-//!   overcommit mimalloc commits its first 1 GiB arena at once, which cost 7 MiB of RSS at the
-//!   proxy's start and 0.6 ms per process;
+//!   overcommit mimalloc commits its first 1 GiB arena at once, which cost 8 MiB of RSS at the
+//!   proxy's start;
 //! - `purge_delay = 0`: memory freed back to the arena (a burst of tunnel set-ups) is returned
-//!   to the kernel at once instead of after 1 s. An idle proxy runs no allocator code that would
-//!   purge later, so with the delay the burst's memory stayed resident.
+//!   to the kernel at once instead of after 1 s. mimalloc purges only when it next allocates or
+//!   frees, so with a delay an idle proxy kept the burst's memory resident.
+//!
+//! `SANDGATE_ALLOCATOR=system` in the proxy's environment keeps glibc's allocator (for a heap
+//! profiler such as heaptrack, or glibc's `GLIBC_TUNABLES`).
 //!
 //! The choice is made by a constructor in `.init_array`, which glibc calls before `main` with
-//! `argc` and `argv` (a glibc extension; elsewhere, musl or macOS, no constructor is installed
-//! and the system allocator serves every command). It chooses mimalloc only if no allocation
-//! has been made yet; an allocation before it (none is made today) fixes the system's. The
-//! command word is read as clap reads it: the first argument that is not an option, past the
-//! one global option that takes a value (`--log-format FORMAT`).
+//! `argc`, `argv` and the environment (a glibc extension; elsewhere, musl or macOS, no
+//! constructor is installed and the system allocator serves every command). It chooses
+//! mimalloc only if no allocation has been made yet; an allocation before it (none is made
+//! today) fixes the system's. The command word is found as clap finds it for a command line
+//! that runs the proxy: the first argument, past the one global option (`--log-format FORMAT`
+//! or `--log-format=FORMAT`); anything else first (`--help`, `--`) is not the proxy.
 //!
 //! Not here: the proxy's own memory limits (crates/proxy's connection and tunnel limits).
 
@@ -60,8 +72,8 @@ pub fn chosen() -> &'static str {
     }
 }
 
-/// Whether this command line runs the proxy: its first argument that is not an option (past
-/// `--log-format`'s value) is `proxy`.
+/// Whether this command line runs the proxy: its first argument, past `--log-format` and its
+/// value, is `proxy`.
 pub fn runs_proxy<'a>(args: impl IntoIterator<Item = &'a [u8]>) -> bool {
     let mut args = args.into_iter().skip(1);
     while let Some(arg) = args.next() {
@@ -134,8 +146,20 @@ unsafe impl GlobalAlloc for ByCommand {
     }
 }
 
+/// Whether the environment asks for the system's allocator (`SANDGATE_ALLOCATOR=system`).
+pub fn system_asked<'a>(environment: impl IntoIterator<Item = &'a [u8]>) -> bool {
+    environment
+        .into_iter()
+        .any(|var| var == b"SANDGATE_ALLOCATOR=system")
+}
+
+/// A constructor's signature under glibc: `argc`, `argv` and `envp`, as `main` gets them.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+type Constructor =
+    unsafe extern "C" fn(std::ffi::c_int, *const *const std::ffi::c_char, *const *const std::ffi::c_char);
+
 /// Run by glibc before `main` (and before constructors without a priority), with the
-/// process's `argc` and `argv`, as the standard library's own argument capture is.
+/// process's `argc`, `argv` and `envp`, as the standard library's own argument capture is.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[expect(
     unsafe_code,
@@ -144,33 +168,46 @@ unsafe impl GlobalAlloc for ByCommand {
 )]
 #[used]
 #[unsafe(link_section = ".init_array.00099")]
-static CHOOSE: extern "C" fn(
-    std::ffi::c_int,
-    *const *const std::ffi::c_char,
-    *const *const std::ffi::c_char,
-) = choose;
+static CHOOSE: Constructor = choose;
 
+/// Chooses mimalloc for the proxy's command line, unless the environment asks for the
+/// system's or something was allocated already.
+///
+/// # Safety
+///
+/// `argv` must hold `argc` pointers to NUL-terminated strings, and `envp` be null or a
+/// null-terminated array of them, all living for the call: what glibc passes to a constructor.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[expect(
     unsafe_code,
-    reason = "reads the argv glibc passes to .init_array functions (argc \
-    NUL-terminated strings, as for main) and calls mimalloc's option setter before any \
-    allocation"
+    reason = "reads the argv and envp glibc passes to .init_array functions and calls \
+    mimalloc's option setter before any allocation"
 )]
-extern "C" fn choose(
+unsafe extern "C" fn choose(
     argc: std::ffi::c_int,
     argv: *const *const std::ffi::c_char,
-    _envp: *const *const std::ffi::c_char,
+    envp: *const *const std::ffi::c_char,
 ) {
     if argv.is_null() {
         return;
     }
     let count = usize::try_from(argc).unwrap_or(0);
-    // SAFETY: glibc passes main's argc and argv: `count` valid pointers to NUL-terminated
-    // strings that live as long as the process. Nothing here allocates.
+    // SAFETY: `count` valid pointers to NUL-terminated strings (this function's contract).
+    // Nothing here allocates.
     let args = (0..count).map(|i| unsafe { std::ffi::CStr::from_ptr(*argv.add(i)) }.to_bytes());
     if !runs_proxy(args) {
         return;
+    }
+    if !envp.is_null() {
+        // SAFETY: a null-terminated array of NUL-terminated strings (this function's
+        // contract), read up to its null.
+        let environment = (0..)
+            .map(|i| unsafe { *envp.add(i) })
+            .take_while(|var| !var.is_null())
+            .map(|var| unsafe { std::ffi::CStr::from_ptr(var) }.to_bytes());
+        if system_asked(environment) {
+            return;
+        }
     }
     // Only if nothing was allocated yet: a block the system's allocator made must not reach
     // mimalloc's free.
@@ -203,6 +240,8 @@ mod tests {
         // A sandboxed command named proxy, an option before the command, a near name, none.
         assert!(!proxy(&["sandgate", "run", "--", "proxy"]));
         assert!(!proxy(&["sandgate", "--help", "proxy"]));
+        assert!(!proxy(&["sandgate", "--", "proxy"]));
+        assert!(!proxy(&["sandgate", "help", "proxy"]));
         assert!(!proxy(&["sandgate", "--log-format", "proxy"]));
         assert!(!proxy(&["sandgate", "proxyx"]));
         assert!(!proxy(&["sandgate", "check-config"]));
@@ -210,16 +249,32 @@ mod tests {
         assert!(!proxy(&[]));
     }
 
-    /// A block the system's allocator made must never reach mimalloc's free: once anything is
-    /// allocated (this test binary's harness has), the constructor keeps the system's even for
-    /// the proxy's command line.
+    /// A block the system's allocator made must never reach mimalloc's free: once the first
+    /// allocation has been served (here, the call `ByCommand` makes on each one; it is not
+    /// this test binary's allocator), the constructor keeps the system's even for the proxy's
+    /// command line.
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[test]
     fn after_the_first_allocation_the_choice_is_fixed() {
         let _ = mimalloc();
         let args = [c"sandgate".as_ptr(), c"proxy".as_ptr()];
-        choose(2, args.as_ptr(), std::ptr::null());
+        // SAFETY: two NUL-terminated strings, no environment.
+        #[expect(unsafe_code, reason = "calls the constructor as glibc would")]
+        unsafe {
+            choose(2, args.as_ptr(), std::ptr::null())
+        };
         assert_eq!(chosen(), "system");
+    }
+
+    #[test]
+    fn the_environment_can_keep_the_systems_allocator() {
+        let env = |vars: &[&str]| system_asked(vars.iter().map(|v| v.as_bytes()));
+        assert!(env(&["PATH=/usr/bin", "SANDGATE_ALLOCATOR=system"]));
+        assert!(!env(&[
+            "SANDGATE_ALLOCATOR=mimalloc",
+            "SANDGATE_ALLOCATOR_X=system"
+        ]));
+        assert!(!env(&[]));
     }
 
     /// The option numbers are mimalloc's: a child of this test binary, started with the two

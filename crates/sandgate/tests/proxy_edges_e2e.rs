@@ -175,43 +175,85 @@ fn bad_flags_exit_64_naming_the_value() {
 }
 
 /// The proxy runs on mimalloc (crates/alloc), chosen before its first allocation, whether or
-/// not the global option comes before the command word.
+/// not the global option comes before the command word, with its two options set over the
+/// environment's; `SANDGATE_ALLOCATOR=system` keeps glibc's, and so does any other command.
+/// mimalloc's verbose output says when it reserves its arena, which it does only once used.
 #[test]
-fn the_proxy_runs_on_mimalloc() {
-    use std::io::BufRead;
-    for global in [&[][..], &["--log-format", "json"][..]] {
-        let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sandgate"))
-            .args(global)
-            .args(["proxy", "--listen", "127.0.0.1:0", "--audit-log"])
-            .arg(dir.path().join("audit.jsonl"))
-            .current_dir(dir.path())
-            .env("SANDGATE_LOG", "debug")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut seen = Vec::new();
-        // Up to the first "listening" line (the allocator is logged before it), or the end.
-        for line in std::io::BufReader::new(child.stderr.take().unwrap())
-            .lines()
-            .map_while(Result::ok)
-        {
-            let done = line.contains("listening");
-            seen.push(line);
-            if done {
-                break;
-            }
-        }
-        child.kill().unwrap();
-        child.wait().unwrap();
+fn the_proxy_alone_runs_on_mimalloc() {
+    let cases: [(&[&str], Option<&str>, &str); 3] = [
+        (&[], None, "mimalloc"),
+        (&["--log-format", "json"], None, "mimalloc"),
+        (&[], Some("system"), "system"),
+    ];
+    for (global, asked, allocator) in cases {
+        let (seen, verbose) = proxy_start(global, asked);
         assert!(
             seen.iter()
-                .any(|l| l.contains("allocator") && l.contains("mimalloc")),
-            "{global:?}: {seen:#?}"
+                .any(|l| l.contains("allocator") && l.contains(allocator)),
+            "{global:?} {asked:?}: {seen:#?}"
         );
+        let used = verbose.contains("mimalloc: reserved");
+        assert_eq!(used, allocator == "mimalloc", "{global:?} {asked:?}: {verbose}");
+        if used {
+            for option in ["option 'purge_delay': 0", "option 'arena_eager_commit': 0"] {
+                assert!(verbose.contains(option), "{option}: {verbose}");
+            }
+        }
     }
+    let other = Command::new(env!("CARGO_BIN_EXE_sandgate"))
+        .arg("presets")
+        .env("MIMALLOC_VERBOSE", "1")
+        .output()
+        .unwrap();
+    assert!(other.status.success());
+    let verbose = String::from_utf8_lossy(&other.stderr);
+    assert!(!verbose.contains("mimalloc: reserved"), "{verbose}");
+}
+
+/// A proxy started with `global` options first and `SANDGATE_ALLOCATOR` as `asked`, mimalloc
+/// verbose and the two options set otherwise in its environment: its log up to the first
+/// "listening" line, and mimalloc's verbose lines.
+fn proxy_start(global: &[&str], asked: Option<&str>) -> (Vec<String>, String) {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sandgate"));
+    command
+        .args(global)
+        .args(["proxy", "--listen", "127.0.0.1:0", "--audit-log"])
+        .arg(dir.path().join("audit.jsonl"))
+        .current_dir(dir.path())
+        .env("SANDGATE_LOG", "debug")
+        .env("MIMALLOC_VERBOSE", "1")
+        .env("MIMALLOC_PURGE_DELAY", "500")
+        .env("MIMALLOC_ARENA_EAGER_COMMIT", "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    if let Some(asked) = asked {
+        command.env("SANDGATE_ALLOCATOR", asked);
+    }
+    let mut child = command.spawn().unwrap();
+    let mut seen = Vec::new();
+    // Up to the first "listening" line (the allocator is logged before it), or the end.
+    for line in std::io::BufReader::new(child.stderr.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+    {
+        let done = line.contains("listening");
+        seen.push(line);
+        if done {
+            break;
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let verbose = seen
+        .iter()
+        .filter(|l| l.starts_with("mimalloc") || l.starts_with("option"))
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("\n");
+    (seen, verbose)
 }
 
 #[test]
