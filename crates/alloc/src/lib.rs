@@ -5,20 +5,25 @@
 //! Why mimalloc for the proxy, a long-running server making a few small allocations per
 //! request and holding a few per tunnel: it gives tokio's 128-byte-aligned socket
 //! registrations their own pages, where glibc pads each aligned block by over-allocating
-//! (with the two options below, 1.9-2.0 KB per idle tunnel against glibc's 2.4), and in the
-//! interleaved runs of docs/benchmarks.md it cost less CPU per keep-alive GET and per new
-//! tunnel, and carried more through a central. Why the system's for the rest: `run`,
-//! `sandbox-init`, `mcp`, `jupyter`, `doctor` allocate little, and mimalloc's arena (1 GiB
-//! reserved, committed as used) is not worth setting up for them. mimalloc's own start (its C
-//! constructor: a few system calls and a 2.3 MiB page map reserved) runs in every process of
-//! this binary all the same, about 0.1 ms; `MIMALLOC_*` variables act on it (`MIMALLOC_VERBOSE`
-//! prints its option table to stderr, in text, whatever `--log-format` says). `sandgate-init`,
-//! the sandbox's PID 1, is a binary of its own and does not link mimalloc at all.
+//! (with the two options below, 1.9-2.0 KB per idle tunnel against glibc's 2.4); in the
+//! interleaved runs of docs/benchmarks.md a new tunnel cost a tenth less CPU (a GET, no
+//! difference within the noise) and a central carried more. Why the system's for every other
+//! command: their start counts (`run` and `sandbox-init` are paid on every sandboxed command),
+//! and mimalloc's arena (1 GiB reserved, committed as used) would be set up for each. So the
+//! proxies that `run`, `mcp` and `jupyter` start inside their own process stay on glibc's, at
+//! its 2.4 KB per tunnel. mimalloc's own start (its C constructor: a few system calls and a
+//! 2.3 MiB page map reserved) runs in every process of this binary all the same, about
+//! 0.1 ms; `MIMALLOC_*` variables act on it in every command (`MIMALLOC_VERBOSE` prints its
+//! option table to stderr, in text, whatever `--log-format` says; `MIMALLOC_RESERVE_OS_MEMORY`
+//! reserves that memory). `sandgate-init`, the sandbox's PID 1, is a binary of its own and
+//! does not link mimalloc at all.
 //!
 //! No secure mode (`MI_SECURE`: guard pages, encoded free lists, a double-free check, about a
-//! tenth slower): every block here is Rust's, from code where the proxy and policy crates
-//! forbid `unsafe`; the C code linked in (ring, SQLite) allocates through glibc's `malloc`,
-//! which mimalloc does not replace, and keeps glibc's own checks.
+//! tenth slower). The proxy's blocks lose glibc's own heap checks (the tcache's double-free
+//! key, safe-linking), which catch some corruption by unsafe code after the fact; the unsafe
+//! code here is in dependencies (tokio, bytes, h2, rustls, hickory), the proxy and policy
+//! crates forbid it. The C code linked in (ring, SQLite) allocates through glibc's `malloc`,
+//! which mimalloc does not replace, and keeps those checks.
 //!
 //! The two options, set before mimalloc's first allocation (they win over `MIMALLOC_*`):
 //! - `arena_eager_commit = 0`: an arena's memory is committed as it is used. On Linux with
@@ -28,8 +33,9 @@
 //!   to the kernel at once instead of after 1 s. mimalloc purges only when it next allocates or
 //!   frees, so with a delay an idle proxy kept the burst's memory resident.
 //!
-//! `SANDGATE_ALLOCATOR=system` in the proxy's environment keeps glibc's allocator (for a heap
-//! profiler such as heaptrack, or glibc's `GLIBC_TUNABLES`).
+//! `sandgate proxy --allocator system` (or `SANDGATE_ALLOCATOR=system`) keeps glibc's allocator
+//! for the proxy too: for a heap profiler such as heaptrack, or glibc's `GLIBC_TUNABLES`. clap
+//! refuses any other name than `mimalloc` and `system` (exit 64).
 //!
 //! The choice is made by a constructor in `.init_array`, which glibc calls before `main` with
 //! `argc`, `argv` and the environment (a glibc extension; elsewhere, musl or macOS, no
@@ -37,7 +43,9 @@
 //! mimalloc only if no allocation has been made yet; an allocation before it (none is made
 //! today) fixes the system's. The command word is found as clap finds it for a command line
 //! that runs the proxy: the first argument, past the one global option (`--log-format FORMAT`
-//! or `--log-format=FORMAT`); anything else first (`--help`, `--`) is not the proxy.
+//! or `--log-format=FORMAT`); anything else first (`--help`, `--`) is not the proxy. The flag
+//! wins over the variable, and an empty value means the default, as the binary's parser reads
+//! them.
 //!
 //! Not here: the proxy's own memory limits (crates/proxy's connection and tunnel limits).
 
@@ -61,7 +69,9 @@ static CHOSEN: AtomicU8 = AtomicU8::new(UNDECIDED);
 /// mimalloc's option numbers (`mi_option_e` in mimalloc 3's `mimalloc.h`; the Rust binding
 /// names neither). The unit test below checks each against the environment variable mimalloc
 /// reads for it.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// Which allocator serves this process: `"mimalloc"` or `"system"` (the proxy logs it).
@@ -72,20 +82,52 @@ pub fn chosen() -> &'static str {
     }
 }
 
-/// Whether this command line runs the proxy: its first argument, past `--log-format` and its
-/// value, is `proxy`.
-pub fn runs_proxy<'a>(args: impl IntoIterator<Item = &'a [u8]>) -> bool {
+/// What a command line asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Asked<'a> {
+    /// Not the proxy: the system's allocator.
+    Other,
+    /// The proxy, with the value of its `--allocator` flag if given.
+    Proxy(Option<&'a [u8]>),
+}
+
+/// Reads a command line: is it the proxy (its first argument past `--log-format` and its
+/// value is `proxy`), and what does its `--allocator` flag say.
+pub fn asked<'a>(args: impl IntoIterator<Item = &'a [u8]>) -> Asked<'a> {
     let mut args = args.into_iter().skip(1);
-    while let Some(arg) = args.next() {
-        if arg == b"--log-format" {
-            args.next();
-        } else if arg.starts_with(b"--log-format=") {
-            continue;
-        } else {
-            return arg == b"proxy";
+    loop {
+        match args.next() {
+            Some(b"--log-format") => {
+                args.next();
+            }
+            Some(arg) if arg.starts_with(b"--log-format=") => {}
+            Some(b"proxy") => break,
+            _ => return Asked::Other,
         }
     }
-    false
+    while let Some(arg) = args.next() {
+        if arg == b"--allocator" {
+            return Asked::Proxy(args.next());
+        }
+        if let Some(value) = arg.strip_prefix(b"--allocator=") {
+            return Asked::Proxy(Some(value));
+        }
+    }
+    Asked::Proxy(None)
+}
+
+/// `SANDGATE_ALLOCATOR`'s value in `environment` (its first entry, as `getenv` reads it).
+pub fn from_environment<'a>(environment: impl IntoIterator<Item = &'a [u8]>) -> Option<&'a [u8]> {
+    environment
+        .into_iter()
+        .find_map(|var| var.strip_prefix(b"SANDGATE_ALLOCATOR="))
+}
+
+/// Whether mimalloc serves the proxy: unless its flag or, without the flag, the environment
+/// says `system` (clap refuses any other name than `mimalloc` and `system`, and reads an
+/// empty value as the default, as the binary's `--allocator` parser does).
+pub fn wants_mimalloc(flag: Option<&[u8]>, environment: Option<&[u8]>) -> bool {
+    flag.or(environment) != Some(b"system")
 }
 
 #[inline]
@@ -146,21 +188,15 @@ unsafe impl GlobalAlloc for ByCommand {
     }
 }
 
-/// Whether the environment asks for the system's allocator (`SANDGATE_ALLOCATOR=system`).
-pub fn system_asked<'a>(environment: impl IntoIterator<Item = &'a [u8]>) -> bool {
-    environment
-        .into_iter()
-        .any(|var| var == b"SANDGATE_ALLOCATOR=system")
-}
-
 /// A constructor's signature under glibc: `argc`, `argv` and `envp`, as `main` gets them.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[cfg(all(target_os = "linux", target_env = "gnu", not(test)))]
 type Constructor =
     unsafe extern "C" fn(std::ffi::c_int, *const *const std::ffi::c_char, *const *const std::ffi::c_char);
 
 /// Run by glibc before `main` (and before constructors without a priority), with the
 /// process's `argc`, `argv` and `envp`, as the standard library's own argument capture is.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
+/// Not in this crate's unit-test binary, whose own command line could name `proxy`.
+#[cfg(all(target_os = "linux", target_env = "gnu", not(test)))]
 #[expect(
     unsafe_code,
     reason = "a constructor must be placed in .init_array by hand, and the \
@@ -195,19 +231,23 @@ unsafe extern "C" fn choose(
     // SAFETY: `count` valid pointers to NUL-terminated strings (this function's contract).
     // Nothing here allocates.
     let args = (0..count).map(|i| unsafe { std::ffi::CStr::from_ptr(*argv.add(i)) }.to_bytes());
-    if !runs_proxy(args) {
+    let Asked::Proxy(flag) = asked(args) else {
         return;
-    }
-    if !envp.is_null() {
+    };
+    let environment = if envp.is_null() {
+        None
+    } else {
         // SAFETY: a null-terminated array of NUL-terminated strings (this function's
         // contract), read up to its null.
-        let environment = (0..)
-            .map(|i| unsafe { *envp.add(i) })
-            .take_while(|var| !var.is_null())
-            .map(|var| unsafe { std::ffi::CStr::from_ptr(var) }.to_bytes());
-        if system_asked(environment) {
-            return;
-        }
+        from_environment(
+            (0..)
+                .map(|i| unsafe { *envp.add(i) })
+                .take_while(|var| !var.is_null())
+                .map(|var| unsafe { std::ffi::CStr::from_ptr(var) }.to_bytes()),
+        )
+    };
+    if !wants_mimalloc(flag, environment) {
+        return;
     }
     // Only if nothing was allocated yet: a block the system's allocator made must not reach
     // mimalloc's free.
@@ -228,7 +268,7 @@ mod tests {
     use super::*;
 
     fn proxy(args: &[&str]) -> bool {
-        runs_proxy(args.iter().map(|a| a.as_bytes()))
+        asked(args.iter().map(|a| a.as_bytes())) != Asked::Other
     }
 
     #[test]
@@ -249,6 +289,41 @@ mod tests {
         assert!(!proxy(&[]));
     }
 
+    #[test]
+    fn the_flag_then_the_environment_can_keep_the_systems_allocator() {
+        let flag = |args: &[&'static str]| match asked(args.iter().map(|a| a.as_bytes())) {
+            Asked::Proxy(flag) => flag.map(|v| String::from_utf8_lossy(v).into_owned()),
+            Asked::Other => panic!("{args:?} is the proxy"),
+        };
+        assert_eq!(
+            flag(&["sandgate", "proxy", "--allocator", "system"]).as_deref(),
+            Some("system")
+        );
+        assert_eq!(
+            flag(&["sandgate", "proxy", "--allocator=system"]).as_deref(),
+            Some("system")
+        );
+        assert_eq!(flag(&["sandgate", "proxy", "--allocator"]), None);
+        assert_eq!(flag(&["sandgate", "proxy", "--listen", "127.0.0.1:0"]), None);
+        let env = |vars: &[&'static str]| from_environment(vars.iter().map(|v| v.as_bytes()));
+        assert_eq!(
+            env(&["PATH=/usr/bin", "SANDGATE_ALLOCATOR=system"]),
+            Some(&b"system"[..])
+        );
+        assert_eq!(env(&["SANDGATE_ALLOCATOR_X=system"]), None);
+        assert_eq!(
+            env(&["SANDGATE_ALLOCATOR=", "SANDGATE_ALLOCATOR=system"]),
+            Some(&b""[..])
+        );
+        assert!(wants_mimalloc(None, None));
+        assert!(wants_mimalloc(None, Some(b"")));
+        assert!(wants_mimalloc(Some(b""), Some(b"system")));
+        assert!(wants_mimalloc(None, Some(b"mimalloc")));
+        assert!(!wants_mimalloc(None, Some(b"system")));
+        assert!(!wants_mimalloc(Some(b"system"), Some(b"mimalloc")));
+        assert!(wants_mimalloc(Some(b"mimalloc"), Some(b"system")));
+    }
+
     /// A block the system's allocator made must never reach mimalloc's free: once the first
     /// allocation has been served (here, the call `ByCommand` makes on each one; it is not
     /// this test binary's allocator), the constructor keeps the system's even for the proxy's
@@ -266,19 +341,9 @@ mod tests {
         assert_eq!(chosen(), "system");
     }
 
-    #[test]
-    fn the_environment_can_keep_the_systems_allocator() {
-        let env = |vars: &[&str]| system_asked(vars.iter().map(|v| v.as_bytes()));
-        assert!(env(&["PATH=/usr/bin", "SANDGATE_ALLOCATOR=system"]));
-        assert!(!env(&[
-            "SANDGATE_ALLOCATOR=mimalloc",
-            "SANDGATE_ALLOCATOR_X=system"
-        ]));
-        assert!(!env(&[]));
-    }
-
     /// The option numbers are mimalloc's: a child of this test binary, started with the two
     /// environment variables mimalloc reads at its start, reads the options by our numbers.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[test]
     fn the_option_numbers_are_mimallocs() {
         const PROBE: &str = "SANDGATE_ALLOC_OPTION_PROBE";

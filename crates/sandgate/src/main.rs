@@ -303,7 +303,7 @@ fn run_proxy(args: &cli::ProxyArgs) -> ExitCode {
         policy,
         warnings,
     } = setup;
-    tracing::debug!(allocator = sandgate_alloc::chosen(), "allocator");
+    tracing::debug!(allocator = sandgate_alloc::chosen(), asked = %args.allocator, "allocator");
     for w in &warnings {
         tracing::warn!("{w}");
     }

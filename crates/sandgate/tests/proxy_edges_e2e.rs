@@ -176,44 +176,81 @@ fn bad_flags_exit_64_naming_the_value() {
 
 /// The proxy runs on mimalloc (crates/alloc), chosen before its first allocation, whether or
 /// not the global option comes before the command word, with its two options set over the
-/// environment's; `SANDGATE_ALLOCATOR=system` keeps glibc's, and so does any other command.
-/// mimalloc's verbose output says when it reserves its arena, which it does only once used.
+/// environment's; `--allocator system` or `SANDGATE_ALLOCATOR=system` keeps glibc's (the flag
+/// winning over the variable), and so does any other command. mimalloc's verbose output says
+/// when it reserves its arena, which it does only once used, and what its options are.
 #[test]
 fn the_proxy_alone_runs_on_mimalloc() {
-    let cases: [(&[&str], Option<&str>, &str); 3] = [
-        (&[], None, "mimalloc"),
-        (&["--log-format", "json"], None, "mimalloc"),
-        (&[], Some("system"), "system"),
+    // Options before the command word, flags after it, SANDGATE_ALLOCATOR, the allocator.
+    let cases: [Case; 6] = [
+        (&[], &[], None, "mimalloc"),
+        (&["--log-format", "json"], &[], None, "mimalloc"),
+        (&[], &[], Some("system"), "system"),
+        (&[], &["--allocator", "system"], None, "system"),
+        (&[], &["--allocator=mimalloc"], Some("system"), "mimalloc"),
+        (&[], &[], Some(""), "mimalloc"),
     ];
-    for (global, asked, allocator) in cases {
-        let (seen, verbose) = proxy_start(global, asked);
+    for (global, flags, variable, allocator) in cases {
+        let (seen, verbose) = proxy_start(global, flags, variable);
+        let case = format!("{global:?} {flags:?} {variable:?}");
         assert!(
             seen.iter()
                 .any(|l| l.contains("allocator") && l.contains(allocator)),
-            "{global:?} {asked:?}: {seen:#?}"
+            "{case}: {seen:#?}"
         );
         let used = verbose.contains("mimalloc: reserved");
-        assert_eq!(used, allocator == "mimalloc", "{global:?} {asked:?}: {verbose}");
+        assert_eq!(used, allocator == "mimalloc", "{case}: {verbose}");
+        // Set over the environment's 500 and 1 where mimalloc serves; left alone elsewhere.
+        let delay = if used {
+            "option 'purge_delay': 0"
+        } else {
+            "option 'purge_delay': 500"
+        };
+        assert!(verbose.contains(delay), "{case}: {verbose}");
         if used {
-            for option in ["option 'purge_delay': 0", "option 'arena_eager_commit': 0"] {
-                assert!(verbose.contains(option), "{option}: {verbose}");
-            }
+            assert!(
+                verbose.contains("option 'arena_eager_commit': 0"),
+                "{case}: {verbose}"
+            );
         }
     }
     let other = Command::new(env!("CARGO_BIN_EXE_sandgate"))
         .arg("presets")
+        .env_remove("SANDGATE_ALLOCATOR")
         .env("MIMALLOC_VERBOSE", "1")
         .output()
         .unwrap();
     assert!(other.status.success());
     let verbose = String::from_utf8_lossy(&other.stderr);
     assert!(!verbose.contains("mimalloc: reserved"), "{verbose}");
+    // A name clap does not know is refused, naming the variable.
+    let bad = Command::new(env!("CARGO_BIN_EXE_sandgate"))
+        .args(["proxy", "--listen", "127.0.0.1:0"])
+        .env("SANDGATE_ALLOCATOR", "glibc")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("glibc") && stderr.contains("--allocator"),
+        "{stderr}"
+    );
 }
 
-/// A proxy started with `global` options first and `SANDGATE_ALLOCATOR` as `asked`, mimalloc
-/// verbose and the two options set otherwise in its environment: its log up to the first
-/// "listening" line, and mimalloc's verbose lines.
-fn proxy_start(global: &[&str], asked: Option<&str>) -> (Vec<String>, String) {
+/// One start of the proxy: options before the command word, flags after it,
+/// `SANDGATE_ALLOCATOR` (unset if `None`), and the allocator it must run on.
+type Case = (
+    &'static [&'static str],
+    &'static [&'static str],
+    Option<&'static str>,
+    &'static str,
+);
+
+/// A proxy started with `global` options first, `flags` after the command word and
+/// `SANDGATE_ALLOCATOR` as `variable` (unset if `None`), mimalloc verbose and its two options
+/// set otherwise in the environment: its log up to the first "listening" line, and
+/// mimalloc's verbose lines.
+fn proxy_start(global: &[&str], flags: &[&str], variable: Option<&str>) -> (Vec<String>, String) {
     use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let mut command = Command::new(env!("CARGO_BIN_EXE_sandgate"));
@@ -221,16 +258,18 @@ fn proxy_start(global: &[&str], asked: Option<&str>) -> (Vec<String>, String) {
         .args(global)
         .args(["proxy", "--listen", "127.0.0.1:0", "--audit-log"])
         .arg(dir.path().join("audit.jsonl"))
+        .args(flags)
         .current_dir(dir.path())
         .env("SANDGATE_LOG", "debug")
         .env("MIMALLOC_VERBOSE", "1")
         .env("MIMALLOC_PURGE_DELAY", "500")
         .env("MIMALLOC_ARENA_EAGER_COMMIT", "1")
+        .env_remove("SANDGATE_ALLOCATOR")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
-    if let Some(asked) = asked {
-        command.env("SANDGATE_ALLOCATOR", asked);
+    if let Some(variable) = variable {
+        command.env("SANDGATE_ALLOCATOR", variable);
     }
     let mut child = command.spawn().unwrap();
     let mut seen = Vec::new();

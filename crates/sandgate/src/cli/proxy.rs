@@ -85,6 +85,17 @@ pub struct ProxyArgs {
     /// 127.0.0.1:9090 for its health check)]
     #[arg(long, value_name = "ADDR")]
     pub admin_listen: Option<String>,
+    /// The proxy's memory allocator: mimalloc, or system (glibc's: for a heap profiler, or
+    /// GLIBC_TUNABLES). Chosen before the first allocation from the command line as written,
+    /// or the environment (docs/deploy.md, "The allocator")
+    #[arg(
+        long,
+        value_name = "mimalloc|system",
+        env = "SANDGATE_ALLOCATOR",
+        value_parser = allocator,
+        default_value = "mimalloc"
+    )]
+    pub allocator: String,
     /// What keeps others off an admin listener that is not on loopback (a firewall, a
     /// Kubernetes NetworkPolicy); given, the proxy does not warn at start that the listener
     /// is off loopback
@@ -280,4 +291,14 @@ pub struct HealthArgs {
     /// Seconds to wait for the answer before calling the proxy unhealthy
     #[arg(long, value_name = "SECS", default_value_t = 5)]
     pub timeout: u64,
+}
+
+/// `--allocator`'s value: `mimalloc` or `system`; empty (a variable set but empty) is the
+/// default, as crates/alloc's constructor reads it.
+fn allocator(value: &str) -> Result<String, String> {
+    match value {
+        "" | "mimalloc" => Ok("mimalloc".to_owned()),
+        "system" => Ok("system".to_owned()),
+        other => Err(format!("`{other}` is not an allocator: mimalloc or system")),
+    }
 }
