@@ -33,8 +33,9 @@ pub struct Limits {
     pub tunnel_idle_timeout: Duration,
     /// Client connections served at once by the whole proxy; beyond it, 503.
     pub max_connections: usize,
-    /// Connections one listener may hold (`None`: the whole cap with one listener, else an
-    /// equal share but at least a quarter of the cap).
+    /// Connections one listener may hold, an HTTP/1 and a SOCKS5 listener of one identity
+    /// counting as one (`None`: the whole cap with one listener, else an equal share but at
+    /// least a quarter of the cap).
     pub max_connections_per_listener: Option<usize>,
     /// Connections one client address may hold on each listener: `Some(n)` is a hard cap;
     /// `None` is a share of a quarter of the cap, which a client may go past while a reserve
@@ -63,7 +64,8 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// The limit of each of `listeners` listeners.
+    /// The limit of each of `listeners` listeners (pools of listeners: see `server.rs`'s
+    /// `tenants`).
     pub fn per_listener(&self, listeners: usize) -> usize {
         self.max_connections_per_listener.unwrap_or(match listeners {
             0 | 1 => self.max_connections,

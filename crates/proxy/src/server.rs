@@ -296,14 +296,21 @@ impl Proxy {
         let tracker = TaskTracker::new();
         let admission = Arc::new(Admission::new(&egress.limits));
         let refusals = Arc::new(Semaphore::new(MAX_REFUSALS_IN_FLIGHT));
-        let count = listeners.len();
-        for (listener, meta) in listeners {
+        let doors = tenants(listeners.iter().map(|(_, meta)| meta));
+        let count = doors.iter().max().map_or(0, |last| last + 1);
+        let pools: Vec<_> = (0..count)
+            .map(|_| Admission::listener(&egress.limits, count))
+            .collect();
+        for ((listener, meta), door) in listeners.into_iter().zip(doors) {
+            let Some(slots) = pools.get(door).cloned() else {
+                continue;
+            };
             tracker.spawn(accept_loop(
                 listener,
                 meta,
                 Gate {
                     admission: admission.clone(),
-                    slots: Admission::listener(&egress.limits, count),
+                    slots,
                     refusals: refusals.clone(),
                 },
                 egress.clone(),
@@ -361,6 +368,45 @@ pub(crate) struct ListenerMeta {
     /// Refused peers since the last warning, and when that was (one warning per interval).
     refused_peers: AtomicU64,
     last_peer_warning: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// Which pool of slots each listener draws on (the per-listener limit, and each client
+/// address's share on it): an HTTP/1 listener and a SOCKS5 listener of one identity are one
+/// tenant's two doors and share one, so a client of a proxy serving both protocols
+/// (`--listen` beside `--socks-listen`) is not held to half the cap. Two listeners of one
+/// protocol stay two pools, as separate ports may be separate tenants; a node listener has
+/// its own. Each listener joins the first pool of its identity without a listener of its
+/// protocol yet; pools are numbered from 0 in order of first appearance.
+fn tenants<'a>(metas: impl Iterator<Item = &'a ListenerMeta>) -> Vec<usize> {
+    let mut pools: Vec<(&Identity, Vec<std::mem::Discriminant<FrontEnd>>)> = Vec::new();
+    metas
+        .map(|meta| {
+            let kind = std::mem::discriminant(&meta.front_end);
+            let joins = meta.node().is_none().then(|| {
+                pools.iter().position(|(identity, kinds)| {
+                    **identity == *meta.identity && !kinds.contains(&kind) && !kinds.is_empty()
+                })
+            });
+            match joins.flatten() {
+                Some(pool) => {
+                    if let Some((_, kinds)) = pools.get_mut(pool) {
+                        kinds.push(kind);
+                    }
+                    pool
+                }
+                None => {
+                    // A node listener's pool is joined by none: no kind it could be missing.
+                    let kinds = if meta.node().is_some() {
+                        Vec::new()
+                    } else {
+                        vec![kind]
+                    };
+                    pools.push((&meta.identity, kinds));
+                    pools.len() - 1
+                }
+            }
+        })
+        .collect()
 }
 
 impl ListenerMeta {

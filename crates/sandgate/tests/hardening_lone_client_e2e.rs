@@ -21,7 +21,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::world::{World, base_args, policy_doc, strs, tunnel_from};
+use common::world::{World, base_args, connect_from, policy_doc, strs, tunnel_from};
 use common::{ProxyProcess, read_audit, sandgate_bin, status_of};
 use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::echo::EchoServer;
@@ -44,6 +44,11 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
+    fixture_with(&[])
+}
+
+/// As [`fixture`], with `extra` flags for the proxy.
+fn fixture_with(extra: &[&str]) -> Fixture {
     let w = World::new();
     let echo = w.echo();
     let dns = w.dns(Zone::new().with("echo.test", &["127.0.0.1"]));
@@ -58,6 +63,7 @@ fn fixture() -> Fixture {
     cmd.args(["--nofile=456:456", "--"]).arg(sandgate_bin());
     let mut args = base_args(&dns);
     args.extend(["--policy".into(), policy.to_str().unwrap().to_owned()]);
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
     let p = ProxyProcess::start_with(cmd, &strs(&args));
     Fixture {
         p,
@@ -171,4 +177,50 @@ fn a_lone_client_cannot_take_the_reserve_and_two_cannot_lock_out_a_third() {
 
     assert_eq!(client_limit_records(&f, "127.0.0.2", 4).len(), 4);
     assert_eq!(client_limit_records(&f, "127.0.0.3", 1).len(), 1);
+}
+
+/// A SOCKS5 tunnel (no login) to `target` through `socks` from the local address `from`:
+/// the connection once the proxy answered success, or `None` when it refused or closed.
+fn socks_from(from: &str, socks: SocketAddr, target: &str) -> Option<TcpStream> {
+    let (host, port) = target.rsplit_once(':').unwrap();
+    let mut s = connect_from(from, socks);
+    s.write_all(&[5, 1, 0]).ok()?;
+    let mut choice = [0u8; 2];
+    s.read_exact(&mut choice).ok()?;
+    let mut request = vec![5, 1, 0, 3, u8::try_from(host.len()).unwrap()];
+    request.extend_from_slice(host.as_bytes());
+    request.extend_from_slice(&port.parse::<u16>().unwrap().to_be_bytes());
+    s.write_all(&request).ok()?;
+    let mut reply = [0u8; 10];
+    s.read_exact(&mut reply).ok()?;
+    (reply[1] == 0).then_some(s)
+}
+
+/// One client, nobody else, on a proxy that serves HTTP/1 and SOCKS5 (`--socks-listen`):
+/// the two listeners are one tenant's two doors and share one pool, so the client holds as
+/// many tunnels over SOCKS5 as over HTTP/1 alone, not three quarters of half the cap (37 here,
+/// as when each listener had its own half); past that it is refused and recorded, and a
+/// second address still gets in by the other door.
+#[test]
+fn a_lone_client_holds_as_much_through_either_front_end() {
+    let f = fixture_with(&["--socks-listen", "127.0.0.1:0"]);
+    let socks = f.p.listener(&["role=socks5"]);
+    let mut lone: Vec<TcpStream> = (1..=LONE)
+        .map(|n| {
+            socks_from("127.0.0.2", socks, &f.target)
+                .unwrap_or_else(|| panic!("the lone client's SOCKS5 tunnel {n} of {LONE} was refused"))
+        })
+        .collect();
+    echoes(&mut lone[LONE - 1], "the last is live");
+    assert!(
+        socks_from("127.0.0.2", socks, &f.target).is_none(),
+        "the lone client took the reserve"
+    );
+    // The same address is one client on both doors: HTTP/1 refuses it too.
+    let (status, head, _) = tunnel("127.0.0.2", f.p.addr, &f.target);
+    assert_eq!(status, 503, "{head}");
+    assert_eq!(client_limit_records(&f, "127.0.0.2", 2).len(), 2);
+    let (status, head, mut second) = tunnel("127.0.0.3", f.p.addr, &f.target);
+    assert_eq!(status, 200, "a second address was locked out: {head}");
+    echoes(&mut second, "the second address's tunnel");
 }

@@ -184,8 +184,9 @@ pub struct ProxyArgs {
     /// open-file limit allows at two descriptors each]
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
-    /// Most connections one listener may hold [default: the cap with one listener, else an
-    /// equal share but at least a quarter of it]
+    /// Most connections one listener may hold (an HTTP/1 and a SOCKS5 listener of one
+    /// identity count as one) [default: the cap with one listener, else an equal share but
+    /// at least a quarter of it]
     #[arg(long, value_name = "N")]
     pub max_connections_per_listener: Option<usize>,
     /// Most connections one client address may hold on each listener (counted per listener),
