@@ -1,9 +1,9 @@
 //! Connection admission: how many client connections the proxy, each listener and each
 //! client address on a listener may hold at once.
 //!
-//! A listener here is a pool of slots: an HTTP/1 and a SOCKS5 listener of one identity are
-//! one tenant's two doors and share one (`server.rs`'s `tenants`); two of one protocol, or a
-//! node listener, have their own. A connection is admitted only when all three have room; the permit it then holds gives
+//! A listener here is a pool of slots: an HTTP/1 and a SOCKS5 listener of one tenant are
+//! its two doors and share one (`server/pools.rs` says when two listeners are one tenant's);
+//! two of one protocol, or a node listener, have their own. A connection is admitted only when all three have room; the permit it then holds gives
 //! the room back when the connection ends. A full limit is never a silent wait in the listen
 //! backlog: the caller answers 503 at once (see `server.rs`). The per-listener limit keeps
 //! one tenant (a task-bound listener) from taking every slot; the per-client limit keeps one

@@ -33,11 +33,12 @@ pub struct Limits {
     pub tunnel_idle_timeout: Duration,
     /// Client connections served at once by the whole proxy; beyond it, 503.
     pub max_connections: usize,
-    /// Connections one listener may hold, an HTTP/1 and a SOCKS5 listener of one identity
+    /// Connections one listener may hold, an HTTP/1 and a SOCKS5 listener of one tenant
     /// counting as one (`None`: the whole cap with one listener, else an equal share but at
     /// least a quarter of the cap).
     pub max_connections_per_listener: Option<usize>,
-    /// Connections one client address may hold on each listener: `Some(n)` is a hard cap;
+    /// Connections one client address may hold on each listener (an HTTP/1 and a SOCKS5
+    /// listener of one tenant counting as one, `server/pools.rs`): `Some(n)` is a hard cap;
     /// `None` is a share of a quarter of the cap, which a client may go past while a reserve
     /// stays free for others (see `admission`).
     pub max_connections_per_client: Option<usize>,
@@ -64,8 +65,7 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// The limit of each of `listeners` listeners (pools of listeners: see `server.rs`'s
-    /// `tenants`).
+    /// The limit of each of `listeners` listeners (pools of listeners: see `server/pools.rs`).
     pub fn per_listener(&self, listeners: usize) -> usize {
         self.max_connections_per_listener.unwrap_or(match listeners {
             0 | 1 => self.max_connections,
@@ -93,6 +93,11 @@ pub struct PeerFilter(Arc<Mutex<HashSet<SocketAddr>>>);
 impl PeerFilter {
     pub fn new() -> PeerFilter {
         PeerFilter::default()
+    }
+
+    /// Whether `other` is this very filter (a clone of it), not one equal by content.
+    pub(crate) fn same(&self, other: &PeerFilter) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
     }
 
     pub fn allow(&self, addr: SocketAddr) {

@@ -32,6 +32,7 @@ use crate::rules::PolicyHandle;
 use crate::transport::TlsHandle;
 
 mod accept;
+mod pools;
 
 use accept::{Gate, MAX_REFUSALS_IN_FLIGHT, accept_loop};
 
@@ -296,15 +297,17 @@ impl Proxy {
         let tracker = TaskTracker::new();
         let admission = Arc::new(Admission::new(&egress.limits));
         let refusals = Arc::new(Semaphore::new(MAX_REFUSALS_IN_FLIGHT));
-        let doors = tenants(listeners.iter().map(|(_, meta)| meta));
-        let count = doors.iter().max().map_or(0, |last| last + 1);
-        let pools: Vec<_> = (0..count)
-            .map(|_| Admission::listener(&egress.limits, count))
+        // An HTTP/1 and a SOCKS5 listener of one tenant share one pool (server/pools.rs).
+        let doors: Vec<pools::Door<'_>> = listeners
+            .iter()
+            .map(|(listener, meta)| {
+                let ip = listener.local_addr().ok().map(|a| a.ip());
+                pools::Door::new(&meta.identity, &meta.front_end, meta.peers.as_ref(), ip)
+            })
             .collect();
-        for ((listener, meta), door) in listeners.into_iter().zip(doors) {
-            let Some(slots) = pools.get(door).cloned() else {
-                continue;
-            };
+        let slots = pools::share(&doors, |count| Admission::listener(&egress.limits, count));
+        drop(doors);
+        for ((listener, meta), slots) in listeners.into_iter().zip(slots) {
             tracker.spawn(accept_loop(
                 listener,
                 meta,
@@ -368,45 +371,6 @@ pub(crate) struct ListenerMeta {
     /// Refused peers since the last warning, and when that was (one warning per interval).
     refused_peers: AtomicU64,
     last_peer_warning: std::sync::Mutex<Option<std::time::Instant>>,
-}
-
-/// Which pool of slots each listener draws on (the per-listener limit, and each client
-/// address's share on it): an HTTP/1 listener and a SOCKS5 listener of one identity are one
-/// tenant's two doors and share one, so a client of a proxy serving both protocols
-/// (`--listen` beside `--socks-listen`) is not held to half the cap. Two listeners of one
-/// protocol stay two pools, as separate ports may be separate tenants; a node listener has
-/// its own. Each listener joins the first pool of its identity without a listener of its
-/// protocol yet; pools are numbered from 0 in order of first appearance.
-fn tenants<'a>(metas: impl Iterator<Item = &'a ListenerMeta>) -> Vec<usize> {
-    let mut pools: Vec<(&Identity, Vec<std::mem::Discriminant<FrontEnd>>)> = Vec::new();
-    metas
-        .map(|meta| {
-            let kind = std::mem::discriminant(&meta.front_end);
-            let joins = meta.node().is_none().then(|| {
-                pools.iter().position(|(identity, kinds)| {
-                    **identity == *meta.identity && !kinds.contains(&kind) && !kinds.is_empty()
-                })
-            });
-            match joins.flatten() {
-                Some(pool) => {
-                    if let Some((_, kinds)) = pools.get_mut(pool) {
-                        kinds.push(kind);
-                    }
-                    pool
-                }
-                None => {
-                    // A node listener's pool is joined by none: no kind it could be missing.
-                    let kinds = if meta.node().is_some() {
-                        Vec::new()
-                    } else {
-                        vec![kind]
-                    };
-                    pools.push((&meta.identity, kinds));
-                    pools.len() - 1
-                }
-            }
-        })
-        .collect()
 }
 
 impl ListenerMeta {

@@ -185,11 +185,12 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
     /// Most connections one listener may hold (an HTTP/1 and a SOCKS5 listener of one
-    /// identity count as one) [default: the cap with one listener, else an equal share but
+    /// tenant count as one) [default: the cap with one listener, else an equal share but
     /// at least a quarter of it]
     #[arg(long, value_name = "N")]
     pub max_connections_per_listener: Option<usize>,
-    /// Most connections one client address may hold on each listener (counted per listener),
+    /// Most connections one client address may hold on each listener (counted per listener,
+    /// an HTTP/1 and a SOCKS5 listener of one tenant counting as one),
     /// a hard cap [default: a quarter of the cap, and past it while a quarter of the
     /// listener's and of the proxy's slots stays free for other clients]
     #[arg(long, value_name = "N")]
