@@ -227,45 +227,29 @@ fn received(dir: &Path) -> String {
 /// An HTTP/2 POST (Python's h2) through a CONNECT with a body and trailing fields
 /// `x-leak: PLACEHOLDER`, announced in `trailer`; prints the response's status.
 const H2_TRAILERS: &str = r#"
-import socket, ssl, sys, time
-import h2.config, h2.connection, h2.events
+import sys, time
+import h2.events
+from h2_through import connect, pump, session
 proxy, host, port, cafile, placeholder = sys.argv[1:6]
-s = socket.create_connection(("127.0.0.1", int(proxy)), timeout=10)
-s.sendall(("CONNECT %s:%s HTTP/1.1\r\nHost: %s:%s\r\n\r\n" % (host, port, host, port)).encode())
-head = b""
-while b"\r\n\r\n" not in head:
-    b = s.recv(1)
-    if not b:
-        sys.exit("CONNECT closed: %r" % head)
-    head += b
-ctx = ssl.create_default_context(cafile=cafile)
-ctx.set_alpn_protocols(["h2"])
-t = ctx.wrap_socket(s, server_hostname=host)
-assert t.selected_alpn_protocol() == "h2", t.selected_alpn_protocol()
-c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
-c.initiate_connection()
+s, head = connect(proxy, host, port)
+if s is None:
+    sys.exit("CONNECT closed: %r" % head)
+t, c = session(s, host, cafile)
 sid = c.get_next_available_stream_id()
 c.send_headers(sid, [(":method", "POST"), (":scheme", "https"), (":authority", "%s:%s" % (host, port)), (":path", "/h2-upload"), ("trailer", "x-leak")])
 c.send_data(sid, b"h2-body-data")
 c.send_headers(sid, [("x-leak", placeholder)], end_stream=True)
 t.sendall(c.data_to_send())
-status, deadline = None, time.monotonic() + 10
-while time.monotonic() < deadline:
-    data = t.recv(65536)
-    if not data:
-        break
-    ended = False
-    for ev in c.receive_data(data):
-        if isinstance(ev, h2.events.ResponseReceived):
-            status = dict(ev.headers)[":status"]
-        elif isinstance(ev, h2.events.DataReceived):
-            c.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
-        elif isinstance(ev, h2.events.StreamEnded):
-            ended = True
-    t.sendall(c.data_to_send())
-    if ended:
-        break
-print(status, flush=True)
+got = {"status": None, "ended": False}
+def event(ev):
+    if isinstance(ev, h2.events.ResponseReceived):
+        got["status"] = dict(ev.headers)[":status"]
+    elif isinstance(ev, h2.events.DataReceived):
+        c.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+    elif isinstance(ev, h2.events.StreamEnded):
+        got["ended"] = True
+pump(t, c, lambda: got["ended"], time.monotonic() + 10, event)
+print(got["status"], flush=True)
 "#;
 
 /// A request with a trailer section carrying the placeholder (and a field the origin would
@@ -299,6 +283,7 @@ fn a_requests_trailers_never_reach_the_origin() {
     let out = Command::new("timeout")
         .args(["-k", "5", "30"])
         .arg(python())
+        .envs(super::H2_THROUGH)
         .args(["-c", H2_TRAILERS, &i.proxy.addr.port().to_string(), "up.test"])
         .arg(port.to_string())
         .arg(&i.ca_file)
@@ -326,61 +311,42 @@ fn a_requests_trailers_never_reach_the_origin() {
 /// once the last ended, all waited for `WAIT` seconds. Prints JSON: each A's and B's status,
 /// bytes and whether it ended, and the Bs' time.
 const H2_CLIENT: &str = r#"
-import json, socket, ssl, sys, time
-import h2.config, h2.connection, h2.events
+import json, sys, time
+import h2.events
+from h2_through import connect, pump, session
 proxy, host, port, cafile, wait, path_b = sys.argv[1:7]
 paths_a = sys.argv[7:]
-s = socket.create_connection(("127.0.0.1", int(proxy)), timeout=10)
-s.sendall(("CONNECT %s:%s HTTP/1.1\r\nHost: %s:%s\r\n\r\n" % (host, port, host, port)).encode())
-head = b""
-while b"\r\n\r\n" not in head:
-    b = s.recv(1)
-    if not b:
-        sys.exit("CONNECT closed: %r" % head)
-    head += b
+s, head = connect(proxy, host, port)
+if s is None:
+    sys.exit("CONNECT closed: %r" % head)
 assert head.startswith(b"HTTP/1.1 200"), head
-ctx = ssl.create_default_context(cafile=cafile)
-ctx.set_alpn_protocols(["h2"])
-t = ctx.wrap_socket(s, server_hostname=host)
-assert t.selected_alpn_protocol() == "h2", t.selected_alpn_protocol()
-c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
-c.initiate_connection()
+t, c = session(s, host, cafile)
 def get(path):
     sid = c.get_next_available_stream_id()
     c.send_headers(sid, [(":method", "GET"), (":scheme", "https"), (":authority", "%s:%s" % (host, port)), (":path", path)], end_stream=True)
     t.sendall(c.data_to_send())
     return sid
 got = {}
-def pump(until, deadline):
-    t.settimeout(0.2)
-    while not until() and time.monotonic() < deadline:
-        try:
-            data = t.recv(65536)
-        except socket.timeout:
-            continue
-        if not data:
-            break
-        for ev in c.receive_data(data):
-            s = got.setdefault(getattr(ev, "stream_id", 0), {"status": None, "bytes": 0, "ended": False})
-            if isinstance(ev, h2.events.ResponseReceived):
-                s["status"] = int(dict(ev.headers)[":status"])
-            elif isinstance(ev, h2.events.DataReceived):
-                s["bytes"] += len(ev.data)
-                if ev.stream_id in a:
-                    # The connection's window only: stream A's stays full, unread.
-                    c.increment_flow_control_window(ev.flow_controlled_length)
-                else:
-                    c.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
-            elif isinstance(ev, h2.events.StreamEnded):
-                s["ended"] = True
-        t.sendall(c.data_to_send())
+def event(ev):
+    s = got.setdefault(getattr(ev, "stream_id", 0), {"status": None, "bytes": 0, "ended": False})
+    if isinstance(ev, h2.events.ResponseReceived):
+        s["status"] = int(dict(ev.headers)[":status"])
+    elif isinstance(ev, h2.events.DataReceived):
+        s["bytes"] += len(ev.data)
+        if ev.stream_id in a:
+            # The connection's window only: stream A's stays full, unread.
+            c.increment_flow_control_window(ev.flow_controlled_length)
+        else:
+            c.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+    elif isinstance(ev, h2.events.StreamEnded):
+        s["ended"] = True
 a = [get(p) for p in paths_a]
-pump(lambda: all(got.get(x, {}).get("status") is not None for x in a), time.monotonic() + 10)
+pump(t, c, lambda: all(got.get(x, {}).get("status") is not None for x in a), time.monotonic() + 10, event)
 started = time.monotonic()
 b = []
 for path in path_b.split(","):
     b.append(get(path))
-    pump(lambda: got.get(b[-1], {}).get("ended"), started + float(wait))
+    pump(t, c, lambda: got.get(b[-1], {}).get("ended"), started + float(wait), event)
 print(json.dumps({"a": [got.get(x) for x in a], "b": [got.get(x) for x in b], "b_seconds": round(time.monotonic() - started, 2)}), flush=True)
 t.close()
 "#;
@@ -390,6 +356,7 @@ fn h2_streams(i: &Intercepting, port: u16, paths_a: &[&str], path_b: &str, wait:
     let out = Command::new("timeout")
         .args(["-k", "5", "40"])
         .arg(python())
+        .envs(super::H2_THROUGH)
         .args(["-c", H2_CLIENT, &i.proxy.addr.port().to_string(), "par.test"])
         .arg(port.to_string())
         .arg(&i.ca_file)

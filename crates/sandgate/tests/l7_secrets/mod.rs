@@ -28,6 +28,16 @@ use crate::l7_tls::{Intercepting, intercepting_with};
 
 /// The variable of the proxy's environment (or `sandgate run`'s) that holds the secret.
 pub const SECRET_VAR: &str = "L7_API_KEY";
+
+/// The environment in which the tests' Python scripts find `h2_through.py`, the HTTP/2 client
+/// through a CONNECT they share (on their `PYTHONPATH`, with no bytecode written beside it).
+pub const H2_THROUGH: [(&str, &str); 2] = [
+    (
+        "PYTHONPATH",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/l7_secrets"),
+    ),
+    ("PYTHONDONTWRITEBYTECODE", "1"),
+];
 /// What sandboxed code sends where the secret would go.
 pub const PLACEHOLDER: &str = "SANDGATE_L7_PLACEHOLDER";
 

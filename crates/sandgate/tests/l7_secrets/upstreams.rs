@@ -24,28 +24,14 @@ use crate::l7_tls::{Intercepting, close_of, https_conn, inside, intercepting_wit
 /// with that tunnel still open, a second client from 127.0.0.2: a CONNECT, TLS (HTTP/1.1)
 /// and `GET /second`. Prints JSON: each stream's status, and the second client's.
 const CLIENT: &str = r#"
-import json, socket, ssl, sys, time
-import h2.config, h2.connection, h2.events
+import json, ssl, sys, time
+import h2.events
+from h2_through import connect, pump, session
 proxy, host, port, cafile = sys.argv[1:5]
 paths = sys.argv[5:]
-def connect(source):
-    s = socket.create_connection(("127.0.0.1", int(proxy)), timeout=10, source_address=(source, 0))
-    s.sendall(("CONNECT %s:%s HTTP/1.1\r\nHost: %s:%s\r\n\r\n" % (host, port, host, port)).encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        b = s.recv(1)
-        if not b:
-            return None, head
-        head += b
-    return s, head
-s, head = connect("127.0.0.1")
-assert head.startswith(b"HTTP/1.1 200"), head
-ctx = ssl.create_default_context(cafile=cafile)
-ctx.set_alpn_protocols(["h2"])
-t = ctx.wrap_socket(s, server_hostname=host)
-assert t.selected_alpn_protocol() == "h2", t.selected_alpn_protocol()
-c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
-c.initiate_connection()
+s, head = connect(proxy, host, port)
+assert s is not None and head.startswith(b"HTTP/1.1 200"), head
+t, c = session(s, host, cafile)
 streams = []
 for path in paths:
     sid = c.get_next_available_stream_id()
@@ -53,24 +39,15 @@ for path in paths:
     streams.append(sid)
 t.sendall(c.data_to_send())
 status = {}
-t.settimeout(0.2)
-deadline = time.monotonic() + 20
-while len(status) < len(streams) and time.monotonic() < deadline:
-    try:
-        data = t.recv(65536)
-    except socket.timeout:
-        continue
-    if not data:
-        break
-    for ev in c.receive_data(data):
-        if isinstance(ev, h2.events.ResponseReceived):
-            status[ev.stream_id] = int(dict(ev.headers)[":status"])
-        elif isinstance(ev, h2.events.DataReceived):
-            # The connection's window only: each stream's stays full, unread.
-            c.increment_flow_control_window(ev.flow_controlled_length)
-    t.sendall(c.data_to_send())
+def event(ev):
+    if isinstance(ev, h2.events.ResponseReceived):
+        status[ev.stream_id] = int(dict(ev.headers)[":status"])
+    elif isinstance(ev, h2.events.DataReceived):
+        # The connection's window only: each stream's stays full, unread.
+        c.increment_flow_control_window(ev.flow_controlled_length)
+pump(t, c, lambda: len(status) >= len(streams), time.monotonic() + 20, event)
 second = None
-s2, head = connect("127.0.0.2")
+s2, head = connect(proxy, host, port, source="127.0.0.2")
 if s2 is not None and head.startswith(b"HTTP/1.1 200"):
     t2 = ssl.create_default_context(cafile=cafile).wrap_socket(s2, server_hostname=host)
     t2.sendall(("GET /second HTTP/1.1\r\nHost: %s:%s\r\nConnection: close\r\n\r\n" % (host, port)).encode())
@@ -108,6 +85,7 @@ fn a_tunnels_extra_upstream_connections_count_against_the_connection_limits() {
     let out = Command::new("timeout")
         .args(["-k", "5", "60"])
         .arg(python())
+        .envs(super::H2_THROUGH)
         .args(["-c", CLIENT, &i.proxy.addr.port().to_string(), "par.test"])
         .arg(port.to_string())
         .arg(&i.ca_file)
@@ -210,23 +188,15 @@ while True:
 /// (or 20 s) and prints them, in order, as JSON; then holds the connection open for the
 /// seconds of its sixth argument, if given.
 const DRIPPING: &str = r#"
-import json, socket, ssl, sys, time
-import h2.config, h2.connection, h2.events
+import json, sys, time
+import h2.events
+from h2_through import connect, pump, session
 proxy, host, port, cafile, n = sys.argv[1:6]
-s = socket.create_connection(("127.0.0.1", int(proxy)), timeout=10)
-s.sendall(("CONNECT %s:%s HTTP/1.1\r\nHost: %s:%s\r\n\r\n" % (host, port, host, port)).encode())
-head = b""
-while b"\r\n\r\n" not in head:
-    b = s.recv(1)
-    if not b:
-        sys.exit("CONNECT closed: %r" % head)
-    head += b
+s, head = connect(proxy, host, port)
+if s is None:
+    sys.exit("CONNECT closed: %r" % head)
 assert head.startswith(b"HTTP/1.1 200"), head
-ctx = ssl.create_default_context(cafile=cafile)
-ctx.set_alpn_protocols(["h2"])
-t = ctx.wrap_socket(s, server_hostname=host)
-c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
-c.initiate_connection()
+t, c = session(s, host, cafile)
 streams = []
 for i in range(int(n)):
     sid = c.get_next_available_stream_id()
@@ -235,19 +205,10 @@ for i in range(int(n)):
     streams.append(sid)
 t.sendall(c.data_to_send())
 status = {}
-t.settimeout(0.2)
-deadline = time.monotonic() + 20
-while len(status) < len(streams) and time.monotonic() < deadline:
-    try:
-        data = t.recv(65536)
-    except socket.timeout:
-        continue
-    if not data:
-        break
-    for ev in c.receive_data(data):
-        if isinstance(ev, h2.events.ResponseReceived):
-            status[ev.stream_id] = int(dict(ev.headers)[":status"])
-    t.sendall(c.data_to_send())
+def event(ev):
+    if isinstance(ev, h2.events.ResponseReceived):
+        status[ev.stream_id] = int(dict(ev.headers)[":status"])
+pump(t, c, lambda: len(status) >= len(streams), time.monotonic() + 20, event)
 print(json.dumps([status.get(x) for x in streams]), flush=True)
 time.sleep(float(sys.argv[6]) if len(sys.argv) > 6 else 0)
 t.close()
@@ -299,6 +260,7 @@ fn an_upload_still_going_up_after_an_early_answer_keeps_its_connection() {
     let out = Command::new("timeout")
         .args(["-k", "5", "60"])
         .arg(python())
+        .envs(super::H2_THROUGH)
         .args(["-c", DRIPPING, &i.proxy.addr.port().to_string(), "drip.test"])
         .arg(origin.port.to_string())
         .arg(&i.ca_file)
@@ -401,6 +363,7 @@ fn an_upload_stalled_after_an_early_answer_ends_within_the_body_idle_timeout() {
     // Python itself (no `timeout` in front), so that killing it ends it: it exits by
     // itself 30 s after its answer at the latest.
     let mut client = Command::new(python())
+        .envs(super::H2_THROUGH)
         .args(["-c", DRIPPING, &i.proxy.addr.port().to_string(), "drip.test"])
         .arg(origin.port.to_string())
         .arg(&i.ca_file)
