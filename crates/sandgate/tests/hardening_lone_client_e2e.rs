@@ -21,7 +21,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::world::{World, base_args, connect_from, policy_doc, strs, tunnel_from};
+use common::world::{World, base_args, policy_doc, socks5_from, strs, tunnel_from};
 use common::{ProxyProcess, read_audit, sandgate_bin, status_of};
 use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::echo::EchoServer;
@@ -179,21 +179,10 @@ fn a_lone_client_cannot_take_the_reserve_and_two_cannot_lock_out_a_third() {
     assert_eq!(client_limit_records(&f, "127.0.0.3", 1).len(), 1);
 }
 
-/// A SOCKS5 tunnel (no login) to `target` through `socks` from the local address `from`:
-/// the connection once the proxy answered success, or `None` when it refused or closed.
-fn socks_from(from: &str, socks: SocketAddr, target: &str) -> Option<TcpStream> {
+/// A SOCKS5 tunnel to `target` (`host:port`) through `socks` from the local address `from`.
+fn socks_from(from: &str, socks: SocketAddr, target: &str) -> Result<TcpStream, String> {
     let (host, port) = target.rsplit_once(':').unwrap();
-    let mut s = connect_from(from, socks);
-    s.write_all(&[5, 1, 0]).ok()?;
-    let mut choice = [0u8; 2];
-    s.read_exact(&mut choice).ok()?;
-    let mut request = vec![5, 1, 0, 3, u8::try_from(host.len()).unwrap()];
-    request.extend_from_slice(host.as_bytes());
-    request.extend_from_slice(&port.parse::<u16>().unwrap().to_be_bytes());
-    s.write_all(&request).ok()?;
-    let mut reply = [0u8; 10];
-    s.read_exact(&mut reply).ok()?;
-    (reply[1] == 0).then_some(s)
+    socks5_from(from, socks, host, port.parse().unwrap())
 }
 
 /// One client, nobody else, on a proxy that serves HTTP/1 and SOCKS5 (`--socks-listen`):
@@ -208,12 +197,12 @@ fn a_lone_client_holds_as_much_through_either_front_end() {
     let mut lone: Vec<TcpStream> = (1..=LONE)
         .map(|n| {
             socks_from("127.0.0.2", socks, &f.target)
-                .unwrap_or_else(|| panic!("the lone client's SOCKS5 tunnel {n} of {LONE} was refused"))
+                .unwrap_or_else(|e| panic!("the lone client's SOCKS5 tunnel {n} of {LONE} was refused: {e}"))
         })
         .collect();
     echoes(&mut lone[LONE - 1], "the last is live");
     assert!(
-        socks_from("127.0.0.2", socks, &f.target).is_none(),
+        socks_from("127.0.0.2", socks, &f.target).is_err(),
         "the lone client took the reserve"
     );
     // The same address is one client on both doors: HTTP/1 refuses it too.

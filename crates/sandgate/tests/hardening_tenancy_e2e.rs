@@ -17,11 +17,11 @@ mod central;
 mod common;
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::world::{World, base_args, connect_from, policy_doc, status_from, strs};
+use common::world::{World, base_args, connect_from, policy_doc, socks5_from, status_from, strs};
 use common::{ProxyProcess, read_audit, sandgate_bin};
 use sandgate_testkit::dns::Zone;
 
@@ -104,24 +104,6 @@ fn a_tenant_holding_its_share_does_not_lock_another_out_of_its_own_listener() {
         e["reason_code"] == "connection_limit:client" && e["task_id"] == "tenant-a"
     });
     assert_eq!(refused.len(), 1, "{:#?}", read_audit(&p.audit_path));
-}
-
-/// Opens a SOCKS5 (no login) tunnel to `host:port` through `socks`.
-fn socks_tunnel(socks: SocketAddr, host: &str, port: u16) -> TcpStream {
-    let mut s = TcpStream::connect(socks).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(&[5, 1, 0]).unwrap();
-    let mut choice = [0u8; 2];
-    s.read_exact(&mut choice).unwrap();
-    assert_eq!(choice, [5, 0]);
-    let mut request = vec![5, 1, 0, 3, u8::try_from(host.len()).unwrap()];
-    request.extend_from_slice(host.as_bytes());
-    request.extend_from_slice(&port.to_be_bytes());
-    s.write_all(&request).unwrap();
-    let mut reply = [0u8; 10];
-    s.read_exact(&mut reply).unwrap();
-    assert_eq!(reply[1], 0, "SOCKS5 reply {reply:?}");
-    s
 }
 
 /// Sends `text` through the echo tunnel and reads it back.
@@ -211,7 +193,7 @@ fn tunnels_end_when_the_entry_that_allowed_them_expires() {
 
     let mut connect = central::tunnel(p.addr, &target);
     echoes(&mut connect, "over CONNECT");
-    let mut socks5 = socks_tunnel(socks, "echo.test", port);
+    let mut socks5 = socks5_from("127.0.0.1", socks, "echo.test", port).unwrap();
     echoes(&mut socks5, "over SOCKS5");
     assert!(
         now() < expires as f64,

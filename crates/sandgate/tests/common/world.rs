@@ -104,6 +104,38 @@ pub fn tunnel_from(
     (super::status_of(&text), text, s)
 }
 
+/// A SOCKS5 CONNECT (no login) to `host:port` through `socks` from the local address `from`,
+/// waiting up to 10 s for each answer: the tunnel once the proxy replied success, else what
+/// it did instead (closed, another method, a reply code).
+pub fn socks5_from(
+    from: &str,
+    socks: std::net::SocketAddr,
+    host: &str,
+    port: u16,
+) -> Result<std::net::TcpStream, String> {
+    use std::io::{Read, Write};
+    let mut s = connect_from(from, socks);
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("timeout");
+    let closed = |e: std::io::Error| format!("closed: {e}");
+    s.write_all(&[5, 1, 0]).map_err(closed)?;
+    let mut choice = [0u8; 2];
+    s.read_exact(&mut choice).map_err(closed)?;
+    if choice != [5, 0] {
+        return Err(format!("method choice {choice:?}"));
+    }
+    let mut request = vec![5, 1, 0, 3, u8::try_from(host.len()).expect("a short host")];
+    request.extend_from_slice(host.as_bytes());
+    request.extend_from_slice(&port.to_be_bytes());
+    s.write_all(&request).map_err(closed)?;
+    let mut reply = [0u8; 10];
+    s.read_exact(&mut reply).map_err(closed)?;
+    match reply[1] {
+        0 => Ok(s),
+        _ => Err(format!("SOCKS5 reply {reply:?}")),
+    }
+}
+
 /// A connection to `proxy` from the local address `from` (any port), with a 5 s read timeout.
 pub fn connect_from(from: &str, proxy: std::net::SocketAddr) -> std::net::TcpStream {
     let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
