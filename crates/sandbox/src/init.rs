@@ -8,8 +8,8 @@
 //! In the proxied modes (and with `net.loopback_ports`), for each forward (`--forward 127.0.0.1:3128=/run/sandgate/proxy.sock`, and the SOCKS5
 //! port's `127.0.0.1:1080=/run/sandgate/socks.sock`) it listens on the sandbox's own
 //! loopback and relays every connection to the bridge socket, behind which the run's proxy
-//! (or a bridged host loopback port) waits ([`crate::bridge`]). It refuses to
-//! start the command if any end is not ready (fail closed): the command never runs with a
+//! (or a bridged host loopback port) waits ([`crate::bridge`]). It asks every bridge at
+//! once and refuses to start the command if any end is not ready (fail closed): the command never runs with a
 //! broken or missing way out, and the message names what is missing. Then it starts the
 //! command: in the child it forks, what `sandbox-exec` does (descriptors, the run's rlimits,
 //! the command's own filter on top of the init's; [`crate::exec::Confinement`]) and the
@@ -158,11 +158,25 @@ async fn serve(
                 return EXIT_BRIDGE;
             }
         };
-        if let Err(reason) = open_bridge(bridge).await {
-            eprintln!("sandgate: bridge not ready: {reason}; the command was not run");
-            return EXIT_BRIDGE;
-        }
         ready.push((listener, bridge.clone()));
+    }
+    // Every bridge asked at once (each answer is a round trip through the runner), every
+    // answer awaited: the command starts only when all of them said ready.
+    let checks: Vec<_> = ready
+        .iter()
+        .map(|(_, bridge)| {
+            let bridge = bridge.clone();
+            tokio::spawn(async move { open_bridge(&bridge).await.map(drop) })
+        })
+        .collect();
+    for check in checks {
+        let reason = match check.await {
+            Ok(Ok(())) => continue,
+            Ok(Err(reason)) => reason,
+            Err(e) => format!("the check did not finish ({e})"),
+        };
+        eprintln!("sandgate: bridge not ready: {reason}; the command was not run");
+        return EXIT_BRIDGE;
     }
     for kind in [
         tokio::signal::unix::SignalKind::interrupt(),

@@ -237,14 +237,23 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
     if !opts.quiet {
         eprintln!("sandgate: {}", identity.describe());
     }
-    match sandboxer {
+    let code = match sandboxer {
         seatbelt::Sandboxer::Bwrap(bwrap) => {
             rt.block_on(supervise(policy, opts, identity, env, sandgate_exe, bwrap))
         }
         seatbelt::Sandboxer::Seatbelt(exec) => {
             rt.block_on(seatbelt::supervise(policy, opts, identity, env, exec))
         }
+    };
+    // A run that ended has ended everything it started: the sandbox reaped, the run's
+    // proxy stopped with its audit log written and flushed, the live printer done, the
+    // state removed, the sweep awaited. What the runtime still holds is idle workers, and
+    // joining them one by one would only delay the exit (about half a millisecond of every
+    // run). An error may have left tasks behind: the runtime's drop ends those first.
+    if code.is_ok() {
+        rt.shutdown_background();
     }
+    code
 }
 
 async fn supervise(
