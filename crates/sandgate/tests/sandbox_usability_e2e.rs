@@ -1,7 +1,8 @@
 //! `sandgate run` as a new user meets it, with the real bubblewrap: a default PATH (Python's
 //! venv works), shell exit statuses for commands that cannot run, the DNS files in
 //! `net.mode: all`, a bridged port with nothing behind it, upstream failures in the
-//! summary, stale state swept by lock, and secret-looking environment withheld. The last
+//! summary, every request of a command that exits at once on record, stale state swept by
+//! lock, and secret-looking environment withheld. The last
 //! test reruns this binary as `nobody`.
 
 #![allow(
@@ -22,6 +23,7 @@ use common::runtime;
 use sandbox_support::{base, run, text, write_policy};
 use sandgate_testkit::closed::ClosedPort;
 use sandgate_testkit::dns::{DnsServer, Zone};
+use sandgate_testkit::origin::Origin;
 
 /// The base policy without `PATH` in `env.set`.
 fn without_path(dir: &std::path::Path, extra: &str) -> std::path::PathBuf {
@@ -168,6 +170,52 @@ fn the_summary_lists_upstream_failures_with_their_reason() {
         format!("failed: gone.test:{port} (dns), once"),
     ] {
         assert!(stderr.contains(&want), "missing {want:?}:\n{stderr}");
+    }
+}
+
+/// A command that ends the moment its last requests are answered (a burst in parallel,
+/// plain HTTP through the proxy and tunnels through its SOCKS5 port) cannot get one of them
+/// off the record: when `sandgate run` returns, its kept audit log holds the decision and
+/// the close of every one. The runner leaves its runtime without joining its threads, so
+/// this is what an exit that came before the proxy's stop and flush would lose.
+#[test]
+fn every_request_of_a_command_that_exits_at_once_is_on_record_when_run_returns() {
+    let rt = runtime();
+    let origin = rt.block_on(Origin::http());
+    let dns = rt.block_on(DnsServer::start(Zone::new().with("burst.test", &["127.0.0.1"])));
+    let port = origin.port();
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(
+        dir.path(),
+        &format!(
+            "net:\n  mode: allowlist\n  allow_domains: [ \"burst.test:{port}\" ]\n  allow_ranges: [ 127.0.0.1/32 ]\n  resolver: {{ servers: [ \"{}\" ] }}\n",
+            dns.addr()
+        ),
+    );
+    const EACH: usize = 12;
+    let script = format!(
+        "for i in $(seq {EACH}); do curl -sS -o /dev/null http://burst.test:{port}/http-$i & curl -sS -o /dev/null --socks5-hostname 127.0.0.1:1080 http://burst.test:{port}/socks-$i & done; wait"
+    );
+    for round in 0..3 {
+        let audit = dir.path().join(format!("audit-{round}.jsonl"));
+        let out = run(
+            &policy,
+            &["--quiet", "--audit-log", audit.to_str().unwrap()],
+            &["sh", "-c", &script],
+        );
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        let events = common::read_audit(&audit);
+        let decided = events
+            .iter()
+            .filter(|e| e["event"] == "decision" && e["decision"] == "allow")
+            .count();
+        let closed = events.iter().filter(|e| e["event"] == "close").count();
+        assert_eq!(
+            (decided, closed),
+            (2 * EACH, 2 * EACH),
+            "round {round}: every request decided and closed on record:\n{events:#?}"
+        );
     }
 }
 
