@@ -9,8 +9,9 @@
 //! port's `127.0.0.1:1080=/run/sandgate/socks.sock`) it listens on the sandbox's own
 //! loopback and relays every connection to the bridge socket, behind which the run's proxy
 //! (or a bridged host loopback port) waits ([`crate::bridge`]). It asks every bridge at
-//! once and refuses to start the command if any end is not ready (fail closed): the command never runs with a
-//! broken or missing way out, and the message names what is missing. Then it starts the
+//! once and refuses to start the command if any end is not ready (fail closed): the
+//! command never runs with a broken or missing way out, and the message names what is
+//! missing. Then it starts the
 //! command: in the child it forks, what `sandbox-exec` does (descriptors, the run's rlimits,
 //! the command's own filter on top of the init's; [`crate::exec::Confinement`]) and the
 //! execve, with no second execution of the sandgate binary in between. Without bridges the

@@ -245,9 +245,10 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
             rt.block_on(seatbelt::supervise(policy, opts, identity, env, exec))
         }
     };
-    // A run that ended has ended everything it started: the sandbox reaped, the run's
-    // proxy stopped with its audit log written and flushed, the live printer done, the
-    // state removed, the sweep awaited. What the runtime still holds is idle workers, and
+    // A run that ended has ended everything that records or prints: the sandbox reaped,
+    // the run's proxy stopped with its audit log written and flushed, the live printer and
+    // the output relays done, the state removed, the sweep awaited. What the runtime
+    // still holds is its workers and the bridges' accept loops, whose sandbox is gone;
     // joining them one by one would only delay the exit (about half a millisecond of every
     // run). An error may have left tasks behind: the runtime's drop ends those first.
     if code.is_ok() {

@@ -193,8 +193,9 @@ fn every_request_of_a_command_that_exits_at_once_is_on_record_when_run_returns()
         ),
     );
     const EACH: usize = 12;
+    // Every curl waited for by its pid: one that failed fails the command.
     let script = format!(
-        "for i in $(seq {EACH}); do curl -sS -o /dev/null http://burst.test:{port}/http-$i & curl -sS -o /dev/null --socks5-hostname 127.0.0.1:1080 http://burst.test:{port}/socks-$i & done; wait"
+        "pids=''; for i in $(seq {EACH}); do curl -sS -o /dev/null http://burst.test:{port}/http-$i & pids=\"$pids $!\"; curl -sS -o /dev/null --socks5-hostname 127.0.0.1:1080 http://burst.test:{port}/socks-$i & pids=\"$pids $!\"; done; for p in $pids; do wait $p || exit 9; done"
     );
     for round in 0..3 {
         let audit = dir.path().join(format!("audit-{round}.jsonl"));
@@ -206,16 +207,30 @@ fn every_request_of_a_command_that_exits_at_once_is_on_record_when_run_returns()
         let (stdout, stderr) = text(&out);
         assert!(out.status.success(), "{stdout}\n{stderr}");
         let events = common::read_audit(&audit);
-        let decided = events
-            .iter()
-            .filter(|e| e["event"] == "decision" && e["decision"] == "allow")
-            .count();
-        let closed = events.iter().filter(|e| e["event"] == "close").count();
-        assert_eq!(
-            (decided, closed),
-            (2 * EACH, 2 * EACH),
-            "round {round}: every request decided and closed on record:\n{events:#?}"
-        );
+        // Per front end (plain HTTP through the HTTP proxy, tunnels through the SOCKS5
+        // port): each request allowed once and closed once, under the same request id.
+        for scheme in ["http", "socks5"] {
+            let ids = |event: &str| {
+                let mut ids: Vec<&str> = events
+                    .iter()
+                    .filter(|e| e["event"] == event && e["scheme"] == scheme)
+                    .filter(|e| event != "decision" || e["decision"] == "allow")
+                    .filter_map(|e| e["request_id"].as_str())
+                    .collect();
+                ids.sort_unstable();
+                ids
+            };
+            let (decided, closed) = (ids("decision"), ids("close"));
+            assert_eq!(
+                decided.len(),
+                EACH,
+                "round {round}, {scheme}: {EACH} allowed:\n{stderr}\n{events:#?}"
+            );
+            assert_eq!(
+                decided, closed,
+                "round {round}, {scheme}: each decision closed on record:\n{stderr}\n{events:#?}"
+            );
+        }
     }
 }
 
@@ -357,6 +372,6 @@ fn the_usability_suite_passes_as_an_ordinary_user() {
     common::rerun_as_nobody(
         "sandbox_usability_e2e",
         "the_usability_suite_passes_as_an_ordinary_user",
-        6,
+        8,
     );
 }
