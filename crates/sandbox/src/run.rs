@@ -23,6 +23,7 @@ use crate::policy::{NetMode, SandboxPolicy};
 use crate::state::{RunState, sweep_stale_state};
 use crate::{env, processes, summary};
 
+mod audit_log;
 mod bwrap;
 mod identity;
 mod init_binary;
@@ -33,6 +34,7 @@ mod sources;
 #[path = "seatbelt/run.rs"]
 mod seatbelt;
 
+use audit_log::{audit_place, kept_log};
 pub use bwrap::{BwrapOptions, bwrap_options};
 use identity::RunIdentity;
 pub use identity::user_subject;
@@ -451,36 +453,6 @@ async fn setup_failure(
         .await
         .ok()??;
     Some(SetupFailure::classify(&said)?.advice(sandgate_exe))
-}
-
-/// Where the run's audit log is kept (`kept`, if anywhere) and written: `--audit-log`, else
-/// under the state directory for a proxied run ([`crate::runlog::keep`]), else the run's
-/// own state directory (gone with it). `--learn` needs it kept. Both backends.
-fn audit_place(
-    policy: &SandboxPolicy,
-    opts: &RunOptions,
-    state: &RunState,
-    run: &str,
-) -> Result<(Option<PathBuf>, PathBuf), RunError> {
-    let kept = kept_log(policy, opts, run)?;
-    let audit_path = kept.clone().unwrap_or_else(|| state.audit_path());
-    Ok((kept, audit_path))
-}
-
-/// Where the run's audit log is kept after the run, if anywhere ([`audit_place`]); `--learn`
-/// needs it kept.
-fn kept_log(policy: &SandboxPolicy, opts: &RunOptions, run: &str) -> Result<Option<PathBuf>, RunError> {
-    let kept = match (&opts.audit_log, opts.no_audit_log || !policy.net.proxied()) {
-        (Some(path), _) => Some(path.clone()),
-        (None, true) => None,
-        (None, false) => crate::runlog::keep(run),
-    };
-    if opts.learn && kept.is_none() {
-        return Err(RunError::Usage(
-            "--learn keeps what it learned in the run's audit log, and there is no state directory to keep it in: pass --audit-log PATH".into(),
-        ));
-    }
-    Ok(kept)
 }
 
 /// Relays the command's piped stdout and stderr (`--no-terminal`) to sandgate's own.
