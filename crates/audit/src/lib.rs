@@ -1,8 +1,9 @@
 //! The audit trail: one JSON object per line for every decision and every close.
 //!
-//! Events go through a bounded channel to a dedicated writer thread, so disk latency never
-//! stalls a proxy worker; when the writer falls behind, senders wait (back-pressure) rather
-//! than drop an event. The writer serialises, writes, and flushes whenever the queue runs
+//! Events go through a bounded channel to a dedicated writer thread, so a proxy worker never
+//! writes or syncs the file itself; when the writer falls behind, senders wait
+//! (back-pressure) rather than drop an event. (A write or a sync that blocks still shows in
+//! the tail: the writer then encodes its backlog in one run, docs/benchmarks.md.) The writer serialises, writes, and flushes whenever the queue runs
 //! empty or at most a few milliseconds after an event arrived; on shutdown every queued
 //! event is written and flushed before [`AuditWriter::finish`] returns.
 //!

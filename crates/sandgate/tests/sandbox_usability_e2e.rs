@@ -195,7 +195,7 @@ fn every_request_of_a_command_that_exits_at_once_is_on_record_when_run_returns()
     const EACH: usize = 12;
     // Every curl waited for by its pid: one that failed fails the command.
     let script = format!(
-        "pids=''; for i in $(seq {EACH}); do curl -sS -o /dev/null http://burst.test:{port}/http-$i & pids=\"$pids $!\"; curl -sS -o /dev/null --socks5-hostname 127.0.0.1:1080 http://burst.test:{port}/socks-$i & pids=\"$pids $!\"; done; for p in $pids; do wait $p || exit 9; done"
+        "pids=''; for i in $(seq {EACH}); do curl -fsS -o /dev/null http://burst.test:{port}/http-$i & pids=\"$pids $!\"; curl -fsS -o /dev/null --socks5-hostname 127.0.0.1:1080 http://burst.test:{port}/socks-$i & pids=\"$pids $!\"; done; for p in $pids; do wait $p || exit 9; done"
     );
     for round in 0..3 {
         let audit = dir.path().join(format!("audit-{round}.jsonl"));
