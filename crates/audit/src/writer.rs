@@ -19,6 +19,8 @@ use super::{Audit, AuditDestination, AuditHealth, AuditMetrics, AuditOptions, Ob
 const QUEUE_DEPTH: usize = 8192;
 /// Longest an event waits in the writer before it is handed to the OS.
 const FLUSH_DELAY: Duration = Duration::from_millis(4);
+/// The most encoded bytes the writer gathers before it writes them.
+const BATCH_BYTES: usize = 1 << 20;
 
 /// The writer thread; [`finish`](AuditWriter::finish) waits for it to drain.
 #[derive(Debug)]
@@ -115,13 +117,19 @@ fn write_loop(
                 w.take(*event);
                 // Coalesce: keep taking events for up to FLUSH_DELAY before one write, so a
                 // busy proxy makes a few hundred write calls a second instead of one per event.
+                // A batch also ends at BATCH_BYTES: senders that kept the queue from ever
+                // running empty grew it without bound, and nothing was written for as long
+                // as they kept up (nor, the trail failing, did senders ever wait).
                 let first = Instant::now();
                 loop {
-                    while let Ok(event) = w.rx.try_recv() {
+                    while w.sink.pending_len() < BATCH_BYTES
+                        && let Ok(event) = w.rx.try_recv()
+                    {
                         w.take(*event);
                     }
                     let waited = first.elapsed();
                     if waited >= FLUSH_DELAY
+                        || w.sink.pending_len() >= BATCH_BYTES
                         || w.rx.is_closed()
                         || w.rx.is_empty() && waited >= FLUSH_DELAY / 4
                     {
@@ -251,3 +259,7 @@ fn encode<'a>(line: &'a mut Vec<u8>, event: &Stamped, metrics: &AuditMetrics) ->
     metrics.lag_seconds.set(event.made_at.elapsed().as_secs_f64());
     line
 }
+
+#[cfg(test)]
+#[path = "writer_tests.rs"]
+mod tests;

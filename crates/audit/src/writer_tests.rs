@@ -1,0 +1,65 @@
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::event::{Event, Reload};
+
+#[derive(Debug)]
+struct Nobody;
+
+impl Observe for Nobody {
+    fn observe(&self, _: &Event) {}
+}
+
+fn reload(n: u64) -> Event {
+    Event::PolicyReload(Reload {
+        generation: n,
+        applied: true,
+        rejection: 0,
+        detail: "x".repeat(400),
+    })
+}
+
+/// The disk that fills, at the writer: every write to `/dev/full` fails. The trail is
+/// failing at once; events are taken only up to the bounds (the queue, one batch), after
+/// which a sender waits, however fast the senders are; and a shutdown with the disk still
+/// full ends within its bounded last attempts, the lines on stderr, instead of hanging.
+#[test]
+fn a_full_disk_fails_the_trail_holds_the_senders_and_lets_shutdown_end() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let metrics = Arc::new(AuditMetrics::default());
+    let dest = AuditDestination::File("/dev/full".into());
+    let options = AuditOptions {
+        fsync_interval: None,
+        ..AuditOptions::default()
+    };
+    let (audit, writer) = AuditWriter::start(&dest, &options, metrics.clone(), Arc::new(Nobody)).unwrap();
+    let held = rt.block_on(async {
+        // Bounded: the queue and one batch hold about 9,300 of these.
+        for n in 0..200_000 {
+            if tokio::time::timeout(Duration::from_secs(2), audit.record(reload(n)))
+                .await
+                .is_err()
+            {
+                return Some(n);
+            }
+        }
+        None
+    });
+    let held = held.expect("a sender never waited: events taken without bound");
+    assert!(held > QUEUE_DEPTH as u64, "held after {held}");
+    assert!(audit.available().is_err(), "the trail is not failing");
+    assert!(metrics.write_errors.get() > 0);
+    drop(audit);
+    let started = Instant::now();
+    let finished = rt.block_on(writer.finish());
+    assert!(finished.is_err(), "the last lines could not be written");
+    assert!(
+        started.elapsed() < FINAL_RETRY + Duration::from_secs(10),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
+}
