@@ -38,7 +38,7 @@ fn a_full_disk_fails_the_trail_holds_the_senders_and_lets_shutdown_end() {
     };
     let (audit, writer) = AuditWriter::start(&dest, &options, metrics.clone(), Arc::new(Nobody)).unwrap();
     let held = rt.block_on(async {
-        // Bounded: the queue and one batch hold about 9,300 of these.
+        // Bounded: the queue and one batch hold about 9,100 of these.
         for n in 0..200_000 {
             if tokio::time::timeout(Duration::from_secs(2), audit.record(reload(n)))
                 .await
