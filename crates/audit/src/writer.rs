@@ -117,15 +117,20 @@ fn write_loop(
                 w.take(*event);
                 // Coalesce: keep taking events for up to FLUSH_DELAY before one write, so a
                 // busy proxy makes a few hundred write calls a second instead of one per event.
-                // A batch also ends at BATCH_BYTES: senders that kept the queue from ever
-                // running empty grew it without bound, and nothing was written for as long
-                // as they kept up (nor, the trail failing, did senders ever wait).
+                // A batch also ends once its lines reach BATCH_BYTES, or FLUSH_DELAY has
+                // passed (read every 64 events; aggregated events add no bytes): senders that
+                // kept the queue from ever running empty grew it without bound, and nothing
+                // was written for as long as they kept up (nor, the trail failing, did
+                // senders ever wait).
                 let first = Instant::now();
+                let mut taken: u32 = 0;
                 loop {
                     while w.sink.pending_len() < BATCH_BYTES
+                        && !(taken % 64 == 63 && first.elapsed() >= FLUSH_DELAY)
                         && let Ok(event) = w.rx.try_recv()
                     {
                         w.take(*event);
+                        taken = taken.wrapping_add(1);
                     }
                     let waited = first.elapsed();
                     if waited >= FLUSH_DELAY
