@@ -23,7 +23,7 @@ use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::origin::Origin;
 
 use common::runtime;
-use sandbox_support::{run, text, write_policy};
+use sandbox_support::{allowlist, run, text, write_policy};
 
 /// `sandgate check-config --json FILE`: its exit status, stdout as JSON, stderr.
 fn check_json(file: &Path) -> (Option<i32>, Value, String) {
@@ -238,10 +238,7 @@ fn run_summary_json_says_what_the_text_summary_says_with_the_runs_ids() {
     let port = origin.port();
     let policy = write_policy(
         dir.path(),
-        &format!(
-            "net:\n  mode: allowlist\n  allow_domains: [ \"allowed.test:{port}\" ]\n  allow_ranges: [ 127.0.0.1/32 ]\n  resolver: {{ servers: [ \"{}\" ] }}\n",
-            dns.addr()
-        ),
+        &allowlist(dns.addr(), &[format!("allowed.test:{port}")]),
     );
     let audit = dir.path().join("audit.jsonl");
     let summary = dir.path().join("summary.json");

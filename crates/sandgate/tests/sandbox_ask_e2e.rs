@@ -19,7 +19,7 @@ mod sandbox_support;
 use std::process::Command;
 
 use common::runtime;
-use sandbox_support::{HOST_PYTHON, write_policy};
+use sandbox_support::{HOST_PYTHON, allowlist, write_policy};
 use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::origin::Origin;
 
@@ -72,13 +72,7 @@ fn setup() -> Setup {
     let origin = rt.block_on(Origin::http());
     let dns = rt.block_on(DnsServer::start(Zone::new().with("web.test", &["127.0.0.1"])));
     let dir = tempfile::tempdir().unwrap();
-    let policy = write_policy(
-        dir.path(),
-        &format!(
-            "net:\n  mode: allowlist\n  allow_domains: [ \"other.test\" ]\n  allow_ranges: [ 127.0.0.1/32 ]\n  resolver: {{ servers: [ \"{}\" ] }}\n",
-            dns.addr()
-        ),
-    );
+    let policy = write_policy(dir.path(), &allowlist(dns.addr(), &["other.test".to_owned()]));
     Setup {
         port: origin.port(),
         _rt: rt,

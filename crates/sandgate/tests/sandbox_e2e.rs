@@ -21,7 +21,7 @@ use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::origin::Origin;
 
 use common::runtime;
-use sandbox_support::{base, run, running, text, wait_bounded, write_policy};
+use sandbox_support::{allowlist, base, run, running, text, wait_bounded, write_policy};
 
 #[test]
 fn allowlist_mode_curl_and_python_go_through_the_proxy_only() {
@@ -36,10 +36,7 @@ fn allowlist_mode_curl_and_python_go_through_the_proxy_only() {
     let port = origin.port();
     let policy = write_policy(
         dir.path(),
-        &format!(
-            "net:\n  mode: allowlist\n  allow_domains: [ \"allowed.test:{port}\" ]\n  allow_ranges: [ 127.0.0.1/32 ]\n  resolver: {{ servers: [ \"{}\" ] }}\n",
-            dns.addr()
-        ),
+        &allowlist(dns.addr(), &[format!("allowed.test:{port}")]),
     );
     let audit = dir.path().join("audit.jsonl");
     let script = format!(
@@ -292,10 +289,7 @@ fn an_ordinary_user_runs_a_proxied_sandbox() {
     let port = origin.port();
     let policy = write_policy(
         dir.path(),
-        &format!(
-            "net:\n  mode: allowlist\n  allow_domains: [ \"allowed.test:{port}\" ]\n  allow_ranges: [ 127.0.0.1/32 ]\n  resolver: {{ servers: [ \"{}\" ] }}\n",
-            dns.addr()
-        ),
+        &allowlist(dns.addr(), &[format!("allowed.test:{port}")]),
     );
     std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(0o644)).unwrap();
     let mut cmd = if common::is_root() {

@@ -20,7 +20,7 @@ mod sandbox_support;
 use std::process::{Command, Stdio};
 
 use common::runtime;
-use sandbox_support::{base, run, text, write_policy};
+use sandbox_support::{allowlist, base, run, text, write_policy};
 use sandgate_testkit::closed::ClosedPort;
 use sandgate_testkit::dns::{DnsServer, Zone};
 use sandgate_testkit::origin::Origin;
@@ -154,9 +154,9 @@ fn the_summary_lists_upstream_failures_with_their_reason() {
     let dir = tempfile::tempdir().unwrap();
     let policy = write_policy(
         dir.path(),
-        &format!(
-            "net:\n  mode: allowlist\n  allow_domains: [ \"down.test:{port}\", \"gone.test:{port}\" ]\n  allow_ranges: [ 127.0.0.1/32 ]\n  resolver: {{ servers: [ \"{}\" ] }}\n",
-            dns.addr()
+        &allowlist(
+            dns.addr(),
+            &[format!("down.test:{port}"), format!("gone.test:{port}")],
         ),
     );
     let script = format!(
@@ -187,10 +187,7 @@ fn every_request_of_a_command_that_exits_at_once_is_on_record_when_run_returns()
     let dir = tempfile::tempdir().unwrap();
     let policy = write_policy(
         dir.path(),
-        &format!(
-            "net:\n  mode: allowlist\n  allow_domains: [ \"burst.test:{port}\" ]\n  allow_ranges: [ 127.0.0.1/32 ]\n  resolver: {{ servers: [ \"{}\" ] }}\n",
-            dns.addr()
-        ),
+        &allowlist(dns.addr(), &[format!("burst.test:{port}")]),
     );
     const EACH: usize = 12;
     // Every curl waited for by its pid: one that failed fails the command.

@@ -1,5 +1,5 @@
 //! What the `sandgate run` test files share: a policy that gives the command a working
-//! userland (/usr and the merged-/usr symlinks), running the real binary with a known
+//! userland (/usr and the merged-/usr symlinks), the `net` section of an allowlist run, running the real binary with a known
 //! environment, bounded waits, and the rerun of a whole test binary as `nobody`.
 
 #![allow(dead_code, reason = "each test file uses a different part")]
@@ -30,6 +30,16 @@ pub fn write_policy(dir: &Path, extra: &str) -> PathBuf {
     let path = dir.join("policy.yaml");
     std::fs::write(&path, format!("{}{extra}", base())).unwrap();
     path
+}
+
+/// The `net` section of an allowlist run: `allow` (each entry quoted), loopback allowed as
+/// a range (the tests' origins), names resolved by the test's DNS server at `dns`.
+pub fn allowlist(dns: std::net::SocketAddr, allow: &[String]) -> String {
+    let quoted: Vec<String> = allow.iter().map(|a| format!("\"{a}\"")).collect();
+    format!(
+        "net:\n  mode: allowlist\n  allow_domains: [ {} ]\n  allow_ranges: [ 127.0.0.1/32 ]\n  resolver: {{ servers: [ \"{dns}\" ] }}\n",
+        quoted.join(", ")
+    )
 }
 
 /// `sandgate run --policy P [extra_args] -- command`, with two known host variables.
