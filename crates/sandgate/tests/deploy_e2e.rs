@@ -71,7 +71,16 @@ impl Podman {
 fn the_image_runs_from_its_own_file_system_alone_as_its_user() {
     let podman = Podman::new();
     let tag = "localhost/sandgate:deploy-test";
-    let built = run_ok(podman.with(script("build-image").arg(tag)));
+    // The binary under test when scripts/test built it static, as it does: a cargo build
+    // here (scripts/build-static) would relink that binary in place, unlinked for a moment,
+    // while other tests run it (one failed so, its binary missing). Alone, under a plain
+    // `cargo nextest`, the script builds one.
+    let under_test = Path::new(env!("CARGO_BIN_EXE_sandgate"));
+    let mut build = script("build-image");
+    if is_static_elf(under_test) {
+        build.env("SANDGATE_BINARY", under_test);
+    }
+    let built = run_ok(podman.with(build.arg(tag)));
     assert_eq!(built.trim(), tag);
 
     // The image's configuration: a numeric non-root user, `sandgate proxy` as entry point,

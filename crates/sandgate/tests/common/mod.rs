@@ -217,6 +217,32 @@ impl ProxyProcess {
         }
     }
 
+    /// Stops the proxy dead (SIGSTOP) and returns once the kernel says it is stopped: it
+    /// answers nothing more, yet keeps its ports, which a killed proxy would give up to
+    /// whatever another test binds next (a client still dialling the old address would then
+    /// be answered by that). The drop kills it.
+    pub fn freeze(&mut self) {
+        let pid = self.child.id();
+        Command::new("kill")
+            .args(["-STOP", &pid.to_string()])
+            .status()
+            .expect("kill");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+            // The state follows the command's closing parenthesis.
+            let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+            if state == Some(Some('T')) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "proxy not stopped after SIGSTOP: {stat}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Every audit event written so far (the writer flushes when its queue is empty, so
     /// poll briefly until `want` events are there).
     pub fn audit_events(&self, want: usize) -> Vec<Value> {
