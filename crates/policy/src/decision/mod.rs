@@ -9,101 +9,20 @@
 //! Scopes add up: a request attributed to task T of project P is decided against the union of
 //! the system entries, P's entries and T's entries. An entry at or past its expiry is absent.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::entry::{Entry, Scope};
+use crate::entry::Entry;
 use crate::host::Host;
-use crate::pattern::{HostPattern, Pattern};
-use crate::request::{CanonicalPath, PathError, RequestRules};
+use crate::pattern::Pattern;
+use crate::request::{CanonicalPath, PathError};
 use crate::target::{Access, Target};
 
-/// A rule and where it came from, for the audit log's `rule` field and for `explain`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rule {
-    pub pattern: Pattern,
-    /// Exactly these ports, when the entry listed them.
-    pub ports: Option<Vec<u16>>,
-    pub scope: Scope,
-    /// Unix seconds from which the rule is absent.
-    pub expires_at: Option<i64>,
-    /// `file:line`, `preset:NAME` or `flag`.
-    pub origin: Arc<str>,
-    /// Human label, e.g. `allow:*.example.com`; shared, so a decision copies no string.
-    pub label: Arc<str>,
-    /// The methods and paths it allows; `None`: every request to the host.
-    pub request: Option<Arc<RequestRules>>,
-}
+mod rule;
 
-impl Rule {
-    fn new(entry: Entry, kind: &str) -> Rule {
-        let ports = match &entry.ports {
-            Some(p) => format!(":{}", p.iter().map(u16::to_string).collect::<Vec<_>>().join(",")),
-            None => String::new(),
-        };
-        let request = match &entry.request {
-            Some(r) => format!("[{r}]"),
-            None => String::new(),
-        };
-        let scope = match &entry.scope {
-            Scope::System => String::new(),
-            other => format!(" [{other}]"),
-        };
-        let origin = if &*entry.origin == "flag" {
-            String::new()
-        } else {
-            format!(" ({})", entry.origin)
-        };
-        // An exception's entries are labelled by the exception (`exception:ID`).
-        let label = if entry.origin.starts_with("exception:") {
-            entry.origin.clone()
-        } else {
-            Arc::from(format!("{kind}:{}{ports}{request}{scope}{origin}", entry.pattern))
-        };
-        Rule {
-            pattern: entry.pattern,
-            ports: entry.ports,
-            scope: entry.scope,
-            expires_at: entry.expires_at,
-            origin: entry.origin,
-            label,
-            request: entry.request,
-        }
-    }
-
-    /// Does the rule exist for this request (scope and expiry)?
-    fn applies(&self, ctx: &Context<'_>) -> bool {
-        self.in_scope(ctx) && !self.expired(ctx)
-    }
-
-    fn in_scope(&self, ctx: &Context<'_>) -> bool {
-        match &self.scope {
-            Scope::System => true,
-            Scope::Project(p) => ctx.project == Some(p.as_str()),
-            Scope::Task(t) => ctx.task == Some(t.as_str()),
-        }
-    }
-
-    fn expired(&self, ctx: &Context<'_>) -> bool {
-        self.expires_at.is_some_and(|at| ctx.now >= at)
-    }
-
-    fn allows(&self, target: &Target, access: Access) -> bool {
-        match &self.ports {
-            Some(ports) => ports.contains(&target.port) && self.pattern.host_matches(&target.host),
-            None => self.pattern.allows(target, access),
-        }
-    }
-
-    fn denies(&self, target: &Target) -> bool {
-        match &self.ports {
-            Some(ports) => ports.contains(&target.port) && self.pattern.host_matches(&target.host),
-            None => self.pattern.denies(target),
-        }
-    }
-}
+pub use rule::Rule;
+use rule::RuleIndex;
 
 /// Who traffic belongs to: the task, project and job it is attributed to (from the listener
 /// it arrived on, or from a credential), the subject that started it (a person, a
@@ -217,62 +136,6 @@ impl Decision {
     pub fn rule_label(&self) -> Option<Arc<str>> {
         self.rule.as_ref().map(|r| r.label.clone())
     }
-}
-
-/// Rule maps hash with foldhash: keys are operator-written rules, so a client cannot flood
-/// them with colliding keys, and lookups are on the per-request path.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-
-/// One side (allow or deny) of the policy, indexed for lookup.
-#[derive(Debug, Default, Clone)]
-struct RuleIndex {
-    exact: FastMap<Host, Vec<Arc<Rule>>>,
-    subdomains: FastMap<String, Vec<Arc<Rule>>>,
-    any_name: Vec<Arc<Rule>>,
-}
-
-impl RuleIndex {
-    fn insert(&mut self, rule: Rule) {
-        let rule = Arc::new(rule);
-        match &rule.pattern.host {
-            HostPattern::AnyName => self.any_name.push(rule),
-            HostPattern::Subdomains(suffix) => self
-                .subdomains
-                .entry(suffix.as_str().to_owned())
-                .or_default()
-                .push(rule),
-            HostPattern::Exact(host) => self.exact.entry(host.clone()).or_default().push(rule),
-        }
-    }
-
-    /// Every rule whose host part could match `host`, most specific first.
-    fn candidates<'a>(&'a self, host: &'a Host) -> impl Iterator<Item = &'a Arc<Rule>> + 'a {
-        let exact = self.exact.get(host).into_iter().flatten();
-        let suffixes = host
-            .name()
-            .into_iter()
-            .filter(|_| !self.subdomains.is_empty())
-            .flat_map(|name| proper_suffixes(name.as_str()))
-            .filter_map(|suffix| self.subdomains.get(suffix))
-            .flatten();
-        exact.chain(suffixes).chain(self.any_name.iter())
-    }
-
-    fn is_empty(&self) -> bool {
-        self.exact.is_empty() && self.subdomains.is_empty() && self.any_name.is_empty()
-    }
-
-    fn len(&self) -> usize {
-        self.exact.values().map(Vec::len).sum::<usize>()
-            + self.subdomains.values().map(Vec::len).sum::<usize>()
-            + self.any_name.len()
-    }
-}
-
-/// The suffixes of `name` that start after a dot: `a.b.c` gives `b.c`, then `c`.
-fn proper_suffixes(name: &str) -> impl Iterator<Item = &str> {
-    name.match_indices('.')
-        .filter_map(move |(i, _)| name.get(i + 1..))
 }
 
 /// The allow and deny rules in force.
@@ -518,155 +381,4 @@ pub struct RequestLine<'a> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::target::parse_connect_target;
-
-    #[test]
-    fn address_deny_entries_apply_to_resolved_addresses() {
-        let r = rules(&["*"], &["192.0.2.7", "[2001:db8::7]:443", "198.51.100.1"]);
-        let ctx = Context::system(0);
-        let ip = |s: &str| -> std::net::IpAddr { s.parse().unwrap() };
-        assert!(r.deny_address(ip("192.0.2.7"), 443, &ctx).is_some());
-        assert!(r.deny_address(ip("::ffff:192.0.2.7"), 80, &ctx).is_some());
-        assert!(r.deny_address(ip("2001:db8::7"), 443, &ctx).is_some());
-        assert!(
-            r.deny_address(ip("2001:db8::7"), 80, &ctx).is_none(),
-            "that entry names port 443"
-        );
-        assert!(r.deny_address(ip("192.0.2.8"), 443, &ctx).is_none());
-        assert!(
-            rules(&["*"], &["*.example.com"])
-                .deny_address(ip("192.0.2.7"), 443, &ctx)
-                .is_none()
-        );
-    }
-
-    /// The attacker's name answers with an IPv6 address that a NAT64, 6to4 or Teredo
-    /// gateway delivers to the denied IPv4 address.
-    #[test]
-    fn address_deny_entries_hold_for_the_ipv4_an_ipv6_answer_carries() {
-        let r = rules(&["*"], &["8.8.8.8"]);
-        let ctx = Context::system(0);
-        let ip = |s: &str| -> std::net::IpAddr { s.parse().unwrap() };
-        for carrier in [
-            "64:ff9b::808:808",
-            "64:ff9b:1::808:808",
-            "::8.8.8.8",
-            "2002:808:808::1",
-            "2001:0:808:808::f7f7:f7f7",
-        ] {
-            assert!(r.deny_address(ip(carrier), 443, &ctx).is_some(), "{carrier}");
-        }
-        assert!(r.deny_address(ip("64:ff9b::808:809"), 443, &ctx).is_none());
-    }
-
-    fn rules(allow: &[&str], deny: &[&str]) -> Ruleset {
-        let mut r = Ruleset::new();
-        for a in allow {
-            r.allow(Pattern::parse(a).unwrap());
-        }
-        for d in deny {
-            r.deny(Pattern::parse(d).unwrap());
-        }
-        r
-    }
-
-    fn decide(r: &Ruleset, target: &str, access: Access) -> Decision {
-        r.decide(
-            &parse_connect_target(target).unwrap(),
-            access,
-            &Context::system(0),
-        )
-    }
-
-    fn label(d: &Decision) -> Option<String> {
-        d.rule_label().map(|l| l.to_string())
-    }
-
-    #[test]
-    fn default_deny() {
-        let r = rules(&[], &[]);
-        let d = decide(&r, "example.com:443", Access::Connect);
-        assert_eq!(
-            (d.verdict, d.reason, d.rule),
-            (Verdict::Deny, PolicyReason::NotAllowlisted, None)
-        );
-    }
-
-    #[test]
-    fn deny_wins_over_allow() {
-        let r = rules(&["*.example.com", "*"], &["bad.example.com"]);
-        let d = decide(&r, "bad.example.com:443", Access::Connect);
-        assert_eq!(d.verdict, Verdict::Deny);
-        assert_eq!(label(&d).as_deref(), Some("deny:bad.example.com"));
-        let d = decide(&r, "good.example.com:443", Access::Connect);
-        assert_eq!(d.verdict, Verdict::Allow);
-        assert_eq!(label(&d).as_deref(), Some("allow:*.example.com"));
-    }
-
-    #[test]
-    fn wildcard_deny_covers_subdomains_only() {
-        let r = rules(&["*"], &["*.evil.example"]);
-        assert_eq!(
-            decide(&r, "x.evil.example:443", Access::Connect).verdict,
-            Verdict::Deny
-        );
-        assert_eq!(
-            decide(&r, "evil.example:443", Access::Connect).verdict,
-            Verdict::Allow
-        );
-    }
-
-    #[test]
-    fn most_specific_rule_is_reported() {
-        let r = rules(&["*", "*.example.com", "api.example.com"], &[]);
-        let d = decide(&r, "api.example.com:443", Access::Connect);
-        assert_eq!(label(&d).as_deref(), Some("allow:api.example.com"));
-    }
-
-    #[test]
-    fn ip_literals_only_when_listed() {
-        let r = rules(&["*", "192.0.2.7"], &[]);
-        assert_eq!(
-            decide(&r, "192.0.2.7:443", Access::Connect).verdict,
-            Verdict::Allow
-        );
-        assert_eq!(
-            decide(&r, "192.0.2.8:443", Access::Connect).verdict,
-            Verdict::Deny
-        );
-    }
-
-    #[test]
-    fn expired_rules_that_would_match_are_found_in_scope_only() {
-        let entry = |host: &str, scope: Scope, expires_at: Option<i64>| Entry {
-            expires_at,
-            scope,
-            ..Entry::from_flag(Pattern::parse(host).unwrap())
-        };
-        let mut r = Ruleset::new();
-        r.allow_entry(entry("a.example", Scope::System, Some(100)));
-        r.allow_entry(entry("a.example", Scope::Task("t-2".into()), Some(100)));
-        r.allow_entry(entry("*.b.example", Scope::System, None));
-        let target = parse_connect_target("a.example:443").unwrap();
-        let at = |now| Context {
-            task: Some("t-1"),
-            project: None,
-            now,
-        };
-        assert!(r.expired_matches(&target, Access::Connect, &at(99)).is_empty());
-        let found = r.expired_matches(&target, Access::Connect, &at(100));
-        assert_eq!(found.len(), 1, "{found:?}");
-        assert_eq!(found[0].scope, Scope::System);
-        let other = parse_connect_target("b.example:443").unwrap();
-        assert!(r.expired_matches(&other, Access::Connect, &at(100)).is_empty());
-    }
-
-    #[test]
-    fn suffixes() {
-        let v: Vec<_> = proper_suffixes("a.b.c").collect();
-        assert_eq!(v, ["b.c", "c"]);
-        assert_eq!(proper_suffixes("c").count(), 0);
-    }
-}
+mod tests;
