@@ -1,3 +1,4 @@
+use super::canonical::LOOKALIKES;
 use super::*;
 
 fn path(p: &str) -> CanonicalPath {
