@@ -146,13 +146,23 @@ pub async fn in_state(egress: &Egress, state: &str) -> Result<Value, ControlErro
 
 /// The approved exceptions of `task` (those the control plane shows approved: active, or
 /// past their expiry second only between its clock and ours), typed (an entry that does
-/// not read as one is left out).
+/// not read as one is left out). An answer that is not a list is not read as "none": it is
+/// an error, as an unreachable control plane is (a server at that address that is no
+/// control plane answers so).
 pub async fn approved_of(egress: &Egress, task: &str, lane: Lane) -> Result<Vec<Exception>, ControlError> {
     let all = call(egress, APPROVED.to_owned(), None, lane).await?;
+    let Some(all) = all.as_array() else {
+        return Err(ControlError::Answer(format!(
+            "a list of exceptions was asked for, not {}",
+            match all {
+                Value::Null => "nothing",
+                Value::Object(_) => "an object",
+                _ => "a single value",
+            }
+        )));
+    };
     Ok(all
-        .as_array()
-        .into_iter()
-        .flatten()
+        .iter()
         .take(MAX_APPROVED)
         .filter(|x| crate::at(x, "task_id") == task)
         .filter_map(|x| serde_json::from_value(x.clone()).ok())
@@ -228,15 +238,23 @@ mod tests {
 
     /// A control plane that answers every request at once with no exception.
     fn answering() -> String {
+        answering_with("[]")
+    }
+
+    /// A server that answers every request at once, 200 with `body` as JSON.
+    fn answering_with(body: &'static str) -> String {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| unreachable!("{e}"));
         let addr = listener.local_addr().unwrap_or_else(|e| unreachable!("{e}"));
         std::thread::spawn(move || {
             for mut conn in listener.incoming().take(64).flatten() {
                 let mut head = [0u8; 4096];
                 let _ = conn.read(&mut head);
-                let _ = conn.write_all(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n[]",
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
                 );
+                let _ = conn.write_all(head.as_bytes());
+                let _ = conn.write_all(body.as_bytes());
             }
         });
         format!("http://{addr}")
@@ -301,6 +319,26 @@ mod tests {
             assert!(started.elapsed() < WATCH_TIMEOUT * 2, "{:?}", started.elapsed());
             for f in flood {
                 f.abort();
+            }
+        });
+    }
+
+    /// As an attacker holding the control plane's old address (a test's origin, any server
+    /// that answers 200 with JSON): its answer is not a list of exceptions, and it is an
+    /// error, so a run keeps the tweaks last read until they expire. (Before, it read as
+    /// "nothing approved": every tweak ended at once, named `ended`.)
+    #[test]
+    fn an_answer_that_is_not_a_list_is_an_error_not_none() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| unreachable!("{e}"));
+        let _shutdown = Background(Some(rt));
+        let rt = _shutdown.0.as_ref().unwrap_or_else(|| unreachable!());
+        rt.block_on(async {
+            for body in [r#"{"ok":true}"#, "null", r#""approved""#, " "] {
+                let read = approved_of(&egress(answering_with(body)), "t-1", Lane::Watch).await;
+                assert!(matches!(read, Err(ControlError::Answer(_))), "{body}: {read:?}");
             }
         });
     }

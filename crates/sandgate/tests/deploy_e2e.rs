@@ -71,15 +71,27 @@ impl Podman {
 fn the_image_runs_from_its_own_file_system_alone_as_its_user() {
     let podman = Podman::new();
     let tag = "localhost/sandgate:deploy-test";
-    // The binary under test when scripts/test built it static, as it does: a cargo build
-    // here (scripts/build-static) would relink that binary in place, unlinked for a moment,
-    // while other tests run it (one failed so, its binary missing). Alone, under a plain
-    // `cargo nextest`, the script builds one.
+    // No cargo build here while other tests run: it would relink the binary they run (one
+    // once found it missing). scripts/test hands over what scripts/build-static made, kept
+    // aside; a static binary under test will do too; else (a plain `cargo nextest` of a
+    // dynamic build) the script builds one (scripts/build-static), under another directory.
     let under_test = Path::new(env!("CARGO_BIN_EXE_sandgate"));
+    let profile_release = || match std::env::var("SANDGATE_STATIC_PROFILE") {
+        Ok(profile) => profile == "release",
+        Err(_) => true,
+    };
     let mut build = script("build-image");
-    if is_static_elf(under_test) {
-        build.env("SANDGATE_BINARY", under_test);
-    }
+    let release = match std::env::var_os("SANDGATE_TEST_IMAGE_BINARY") {
+        Some(kept) => {
+            build.env("SANDGATE_BINARY", kept);
+            profile_release()
+        }
+        None if is_static_elf(under_test) => {
+            build.env("SANDGATE_BINARY", under_test);
+            under_test.parent().and_then(Path::file_name) == Some("release".as_ref())
+        }
+        None => profile_release(),
+    };
     let built = run_ok(podman.with(build.arg(tag)));
     assert_eq!(built.trim(), tag);
 
@@ -110,10 +122,6 @@ fn the_image_runs_from_its_own_file_system_alone_as_its_user() {
     // The release image stays small; scripts/test builds the binary unoptimised
     // (SANDGATE_STATIC_PROFILE=static-test, three times faster to build and three times the
     // size), and checks below that the image is that binary and nothing more.
-    let release = match std::env::var("SANDGATE_STATIC_PROFILE") {
-        Ok(profile) => profile == "release",
-        Err(_) => true,
-    };
     if release {
         assert!(size < 32 << 20, "the image grew to {size} bytes");
     }

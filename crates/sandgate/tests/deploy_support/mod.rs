@@ -42,10 +42,10 @@ pub fn venv_bin(name: &str) -> PathBuf {
     bin
 }
 
-/// A command for one of the repository's scripts that runs cargo (scripts/build-image), with
-/// the environment cargo and nextest give a test removed: build scripts track some of those
-/// variables (ring's reads CARGO_MANIFEST_DIR), and a build under them would not match the
-/// one scripts/test made before the tests, so cargo would rebuild and relink.
+/// A command for one of the repository's scripts that may run cargo (scripts/build-image,
+/// when it is handed no binary), with the environment cargo and nextest give a test removed:
+/// build scripts track some of those variables (ring's reads CARGO_MANIFEST_DIR), and a
+/// build under them would not match one made from a shell, so cargo would rebuild.
 pub fn script(name: &str) -> Command {
     let mut cmd = Command::new(repo().join("scripts").join(name));
     for (key, _) in std::env::vars_os() {
