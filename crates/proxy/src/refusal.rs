@@ -12,12 +12,14 @@
 
 use std::borrow::Cow;
 
-use sandgate_policy::{Host, PolicyReason, Target, TargetError};
+use sandgate_policy::{PolicyReason, Target, TargetError};
 
 use crate::audit::event::{Outcome, UpstreamFailure};
 use crate::config::Remedies;
 use crate::dial::DialError;
 use crate::h1::head::HeadError;
+
+mod hints;
 
 /// Failures reading the response on an outbound connection.
 #[derive(Debug, thiserror::Error)]
@@ -473,68 +475,6 @@ impl Refusal {
             hints: self.next_steps(method, remedies),
             upstream_status,
             audit_log: remedies.audit_log.clone(),
-        }
-    }
-
-    /// What the person reading the refusal can do next: the allowlist entry that would
-    /// allow the destination, where the guard's exemptions go, how to see which rule denied.
-    /// Empty when there is nothing to say beyond the text.
-    fn next_steps(&self, method: &str, remedies: &Remedies) -> Vec<String> {
-        match self {
-            Refusal::Policy {
-                target,
-                reason: PolicyReason::NotAllowlisted,
-                ..
-            } => {
-                // A bare name covers the usual port of its kind (443 for CONNECT, 80 for
-                // plain HTTP); anything else is listed with its port.
-                let usual = if method == "CONNECT" { 443 } else { 80 };
-                let entry = match &target.host {
-                    Host::Name(name) if target.port == usual => name.to_string(),
-                    _ => target.to_string(),
-                };
-                vec![format!(
-                    "to allow it, add {entry} to the allowlist ({})",
-                    remedies.allow_hint.say(&entry)
-                )]
-            }
-            Refusal::Policy {
-                target,
-                reason: PolicyReason::Denylisted,
-                ..
-            }
-            | Refusal::AddressDenied { target, .. } => vec![format!(
-                "a deny rule matches and deny rules always win; sandgate explain --policy FILE {target} names it"
-            )],
-            Refusal::Policy {
-                target,
-                reason: PolicyReason::RequestNotAllowed,
-                ..
-            } => vec![format!(
-                "the allow entries for {target} name the methods and paths they allow; sandgate explain --policy FILE --method {method} URL names them"
-            )],
-            Refusal::Policy {
-                reason: PolicyReason::PathNotCanonical,
-                ..
-            } => vec![
-                "the path has an encoded `/` or `\\`, a `.` or `..` segment, an empty segment or another spelling a server may read as a different path; send it in its plain form".to_owned(),
-            ],
-            Refusal::Policy {
-                target,
-                reason: PolicyReason::InspectionRequired,
-                ..
-            } => vec![format!(
-                "{target} is allowed only for some methods and paths, and a tunnel hides them; use plain http://, or allow the host without methods or paths"
-            )],
-            Refusal::Dial {
-                error: DialError::Prohibited(p),
-                ..
-            } => vec![format!(
-                "the address guard refuses {} addresses; an internal service needs its range exempted ({})",
-                p.class.as_str(),
-                remedies.range_hint.say("CIDR")
-            )],
-            _ => Vec::new(),
         }
     }
 }
