@@ -4,7 +4,7 @@
 //!
 //! Data path, in module order: [`server`] accepts and admits connections ([`admission`]);
 //! a front end ([`http1`], [`socks5`], a central's [`node`] streams) reads a bounded request
-//! (the HTTP/1 parsers are [`h1`]) and makes one call into the core (`egress`,
+//! (the HTTP/1 parsers are [`h1`], the `sandgate-h1` crate) and makes one call into the core (`egress`,
 //! `Egress::clear`), which fails closed on the audit trail, asks the pure policy crate, has
 //! [`dial`] resolve, vet and connect (the only module that dials out), and records
 //! decisions and closes in [`audit`]; the front end then forwards HTTP or answers CONNECT; a
@@ -23,7 +23,7 @@ pub mod config;
 pub(crate) mod cuts;
 pub mod dial;
 pub(crate) mod egress;
-pub mod h1;
+pub use sandgate_h1 as h1;
 pub mod hello;
 pub mod http1;
 pub mod inspect;

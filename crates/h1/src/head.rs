@@ -85,7 +85,7 @@ pub enum HeadError {
     /// A request body's chunked framing, refused as it streamed (a request's chunk
     /// extensions and trailer section included).
     #[error("bad chunked request body: {0}")]
-    Chunked(crate::h1::framing::ChunkError),
+    Chunked(crate::framing::ChunkError),
 }
 
 impl HeadError {
@@ -290,7 +290,7 @@ fn response_body(fields: &mut Vec<Field>) -> Result<BodyKind, HeadError> {
 /// Hop-by-hop fields (RFC 9110 section 7.6.1), plus the proxy credentials, which are meant
 /// for this hop only. `Transfer-Encoding` is not here: sandgate relays the message body
 /// with its framing unchanged, so the field stays true for the next hop.
-pub(crate) const HOP_BY_HOP: &[&str] = &[
+pub const HOP_BY_HOP: &[&str] = &[
     "connection",
     "proxy-connection",
     "keep-alive",
@@ -303,20 +303,19 @@ pub(crate) const HOP_BY_HOP: &[&str] = &[
 /// The node attribution fields (`sandgate-task`, `sandgate-subject`, ...) only a node-local
 /// proxy may set, on its own streams to a central one: a client's are dropped, all of this
 /// prefix, and `_` too (servers that map `_` to `-` in field names read both as one).
-pub(crate) fn is_attribution(lower: &str) -> bool {
+pub fn is_attribution(lower: &str) -> bool {
     lower.starts_with("sandgate-") || lower.starts_with("sandgate_")
 }
 
 /// The fields that say where a message's body ends. sandgate relays bodies verbatim, so
 /// these go on with the body whatever `Connection` names: dropped, the next hop would read
 /// the body as the next message (request smuggling past the decision and the record).
-pub(crate) const FRAMING: &[&str] = &["content-length", "transfer-encoding"];
+pub const FRAMING: &[&str] = &["content-length", "transfer-encoding"];
 
 /// Fields that ask an origin to read a request as another method (Rails, Express's
 /// method-override, Google APIs): dropped from a request whose method a rule judged, so a
 /// `POST` allowed to `git-upload-pack` cannot be read as a `DELETE`.
-pub(crate) const METHOD_OVERRIDES: &[&str] =
-    &["x-http-method-override", "x-http-method", "x-method-override"];
+pub const METHOD_OVERRIDES: &[&str] = &["x-http-method-override", "x-http-method", "x-method-override"];
 
 /// Fields to forward: everything but hop-by-hop fields, attribution fields, the fields the
 /// Connection header names (never the framing fields), and Host (which the caller sets from
