@@ -210,17 +210,37 @@ impl Audit {
     /// happens only after shutdown; the event is then logged on stderr.
     /// The event is boxed before the future starts, so a caller's future (a tunnel's, for
     /// its whole life) holds a pointer rather than the event.
+    ///
+    /// Cancel-safe: the caller has already counted the event as written (a grant's close,
+    /// a decision), so a future dropped while it waits for room (a shutdown ending its task,
+    /// a cut, a client's reset of an intercepted stream) still queues the event if there is
+    /// room then, else logs it on stderr and counts it in
+    /// `sandgate_audit_events_not_queued_total`. Before, it was lost without a trace.
     pub fn record(&self, event: Event) -> impl Future<Output = ()> + Send + '_ {
         self.observer.observe(&event);
         let event = Box::new(event.stamp());
         self.live.publish(&event);
         async move {
+            let mut owed = Owed {
+                audit: self,
+                event: Some(event),
+            };
             if self.tx.capacity() == 0 {
                 self.metrics.waits.inc();
             }
-            if let Err(e) = self.tx.send(event).await {
-                let line = serde_json::to_string(&Line::of(&e.0)).unwrap_or_default();
-                tracing::error!(event = %line, "audit writer gone; event written here instead");
+            // Room first, the event after: a wait given up loses nothing (`Owed`).
+            match self.tx.reserve().await {
+                Ok(permit) => {
+                    if let Some(event) = owed.event.take() {
+                        permit.send(event);
+                    }
+                }
+                Err(_) => {
+                    if let Some(event) = owed.event.take() {
+                        let line = serde_json::to_string(&Line::of(&event)).unwrap_or_default();
+                        tracing::error!(event = %line, "audit writer gone; event written here instead");
+                    }
+                }
             }
         }
     }
@@ -233,13 +253,40 @@ impl Audit {
         self.observer.observe(&event);
         let event = Box::new(event.stamp());
         self.live.publish(&event);
+        self.queue_now_or_log(
+            event,
+            "audit queue full while the audit log is failing; event logged here",
+        );
+    }
+
+    /// Queues a stamped event if there is room now, else logs it on stderr (`why`) and
+    /// counts it.
+    fn queue_now_or_log(&self, event: Box<Stamped>, why: &'static str) {
         if let Err(e) = self.tx.try_send(event) {
             let event = match e {
                 mpsc::error::TrySendError::Full(ev) | mpsc::error::TrySendError::Closed(ev) => ev,
             };
             self.metrics.events_not_queued.inc();
             let line = serde_json::to_string(&Line::of(&event)).unwrap_or_default();
-            tracing::warn!(event = %line, "audit queue full while the audit log is failing; event logged here");
+            tracing::warn!(event = %line, "{why}");
+        }
+    }
+}
+
+/// An event [`Audit::record`] has not handed over yet: dropped with it (the recording
+/// future given up), it is queued if there is room, else logged on stderr.
+struct Owed<'a> {
+    audit: &'a Audit,
+    event: Option<Box<Stamped>>,
+}
+
+impl Drop for Owed<'_> {
+    fn drop(&mut self) {
+        if let Some(event) = self.event.take() {
+            self.audit.queue_now_or_log(
+                event,
+                "an event's record was given up while the audit queue was full; event logged here",
+            );
         }
     }
 }

@@ -5,6 +5,7 @@
 
 use std::io::{self, Write};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -26,6 +27,8 @@ const BATCH_BYTES: usize = 1 << 20;
 #[derive(Debug)]
 pub struct AuditWriter {
     thread: std::thread::JoinHandle<io::Result<u64>>,
+    /// Set by `finish`: a writer retrying a failed write stops waiting for senders to go.
+    closing: Arc<AtomicBool>,
 }
 
 impl AuditWriter {
@@ -43,12 +46,14 @@ impl AuditWriter {
         let window = options.aggregate_window;
         let health = Arc::new(AuditHealth::default());
         metrics.healthy.set(1);
+        let closing = Arc::new(AtomicBool::new(false));
         let thread = std::thread::Builder::new()
             .name("sandgate-audit".to_owned())
             .spawn({
                 let metrics = metrics.clone();
                 let health = health.clone();
-                move || write_loop(rx, sink, &metrics, &health, window)
+                let closing = closing.clone();
+                move || write_loop(rx, sink, &metrics, &health, window, closing)
             })?;
         Ok((
             Audit {
@@ -58,13 +63,18 @@ impl AuditWriter {
                 health,
                 live: super::Live::default(),
             },
-            AuditWriter { thread },
+            AuditWriter { thread, closing },
         ))
     }
 
     /// Waits until every handle is dropped and every queued event is written and flushed.
-    /// Returns the number of events written.
+    /// Returns the number of events written. A writer that cannot write (a full disk) does
+    /// not wait for the handles: it closes the queue (a sender still waiting then logs its
+    /// event on stderr), takes what is queued, and ends after its bounded last attempts,
+    /// the rest on stderr. Before, a task that still held a handle and waited on the full
+    /// queue kept it from ever ending, and the shutdown with it.
     pub async fn finish(self) -> io::Result<u64> {
+        self.closing.store(true, Ordering::Release);
         let joined = tokio::task::spawn_blocking(move || self.thread.join()).await;
         match joined {
             Ok(Ok(result)) => result,
@@ -86,6 +96,7 @@ fn write_loop(
     metrics: &AuditMetrics,
     health: &AuditHealth,
     window: Option<Duration>,
+    closing: Arc<AtomicBool>,
 ) -> io::Result<u64> {
     // A small runtime of the writer's own, so it can wait for events with a timeout (to
     // close aggregation windows while the proxy is idle).
@@ -100,6 +111,7 @@ fn write_loop(
         written: 0,
         line: Vec::with_capacity(1024),
         agg: window.map(Aggregator::new),
+        closing,
     };
     loop {
         let next = match w.agg.as_ref().map(Aggregator::due_in) {
@@ -164,6 +176,7 @@ struct Writer<'a> {
     written: u64,
     line: Vec<u8>,
     agg: Option<Aggregator>,
+    closing: Arc<AtomicBool>,
 }
 
 impl Writer<'_> {
@@ -215,6 +228,10 @@ impl Writer<'_> {
                             pending_bytes = self.sink.pending_len(),
                             "cannot write the audit log; refusing new requests (503) until it can be written"
                         );
+                    }
+                    if self.closing.load(Ordering::Acquire) {
+                        // Shutting down with senders left: none gets in now.
+                        self.rx.close();
                     }
                     if self.rx.is_closed() {
                         // Shutting down: `finish` retries for a bounded time.

@@ -22,8 +22,10 @@ fn reload(n: u64) -> Event {
 
 /// The disk that fills, at the writer: every write to `/dev/full` fails. The trail is
 /// failing at once; events are taken only up to the bounds (the queue, one batch), after
-/// which a sender waits, however fast the senders are; and a shutdown with the disk still
-/// full ends within its bounded last attempts, the lines on stderr, instead of hanging.
+/// which a sender waits, however fast the senders are; a record given up while it waits
+/// is logged, not lost; and a shutdown with the disk still full ends within its bounded
+/// last attempts, the lines on stderr, instead of hanging, even while a task still holds a
+/// handle and waits.
 #[test]
 fn a_full_disk_fails_the_trail_holds_the_senders_and_lets_shutdown_end() {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -59,13 +61,36 @@ fn a_full_disk_fails_the_trail_holds_the_senders_and_lets_shutdown_end() {
     );
     assert!(audit.available().is_err(), "the trail is not failing");
     assert!(metrics.write_errors.get() > 0);
+    // As a shutdown or a cut does to a task: a record given up while it waits for room.
+    // The writer takes nothing while it fails, so the queue stays full and this one waits
+    // for certain; its event goes to stderr, counted. (Before, it was lost without a trace:
+    // the caller had already counted it as written.)
+    let before = metrics.events_not_queued.get();
+    let abandoned = rt.block_on(async {
+        tokio::time::timeout(Duration::from_millis(100), audit.record(reload(u64::MAX))).await
+    });
+    assert!(abandoned.is_err(), "the queue had room");
+    assert_eq!(
+        metrics.events_not_queued.get(),
+        before + 1,
+        "the given-up record's event was neither queued nor logged"
+    );
+    // A task that still holds a handle does not keep the shutdown from ending: it waits on
+    // the full queue while `finish` runs, and its event goes to stderr once the queue
+    // closes. (Before, the writer waited for every handle to go, and never ended.)
+    let held_by_task = audit.clone();
+    let waiting = rt.spawn(async move { held_by_task.record(reload(u64::MAX - 1)).await });
     drop(audit);
     let started = Instant::now();
-    let finished = rt.block_on(writer.finish());
+    let finished = rt.block_on(async {
+        tokio::time::timeout(FINAL_RETRY + Duration::from_secs(30), writer.finish()).await
+    });
+    let finished = finished.expect("the writer never ended while a task held a handle");
     assert!(finished.is_err(), "the last lines could not be written");
     assert!(
         started.elapsed() < FINAL_RETRY + Duration::from_secs(10),
         "shutdown took {:?}",
         started.elapsed()
     );
+    rt.block_on(waiting).expect("the waiting task ended");
 }
