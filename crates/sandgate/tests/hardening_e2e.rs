@@ -53,19 +53,18 @@ fn until_status(proxy: &str, url: &str, want: &str, tries: usize) -> Vec<String>
     seen
 }
 
-/// Item 9: an audit log that cannot be written stops traffic (503 naming the cause), the
-/// writer recovers by itself when space returns, and no event is lost or torn.
-#[test]
-fn a_full_disk_under_the_audit_log_stops_traffic_and_loses_no_event() {
-    let rt = runtime();
-    let origin = rt.block_on(Origin::http());
-    let dns = rt.block_on(DnsServer::start(Zone::new().with("allowed.test", &["127.0.0.1"])));
+/// The audit log in a 1 MiB tmpfs of the proxy's own mount namespace (a user namespace
+/// makes the mount): the running proxy, the directory, and the log's directory as the test
+/// reaches it (through `/proc/PID/root`). A shell holds the namespace, passes SIGTERM on,
+/// and copies the log out (to `audit.copy` in the directory) once the proxy has exited. The
+/// proxy allows `allow` and syncs at no interval.
+fn proxy_over_a_small_tmpfs(
+    dns: &DnsServer,
+    allow: &str,
+) -> (ProxyProcess, tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let mnt = dir.path().join("audit");
     std::fs::create_dir(&mnt).unwrap();
-    // The proxy runs in a mount namespace of its own with a 1 MiB tmpfs for its audit log;
-    // the test reaches that tmpfs through /proc/PID/root. A shell holds the namespace,
-    // passes SIGTERM on, and copies the log out once the proxy has exited.
     let mut cmd = Command::new("unshare");
     cmd.args(["--user", "--map-root-user", "--mount", "--", "sh", "-c"])
         .arg(
@@ -74,19 +73,30 @@ fn a_full_disk_under_the_audit_log_stops_traffic_and_loses_no_event() {
         )
         .arg(&mnt)
         .arg(common::sandgate_bin());
-    let allow = format!("allowed.test:{}", origin.port());
-    let mut args = base_args(&dns);
+    let mut args = base_args(dns);
     args.extend([
         "--allow".into(),
-        allow,
+        allow.to_owned(),
         "--audit-fsync-interval".into(),
         "0".into(),
     ]);
-    let mut p = ProxyProcess::start_with_audit(cmd, Some(mnt.join("audit.jsonl")), &strs(&args));
+    let p = ProxyProcess::start_with_audit(cmd, Some(mnt.join("audit.jsonl")), &strs(&args));
     let inside = Path::new("/proc")
         .join(p.child.id().to_string())
         .join("root")
         .join(mnt.strip_prefix("/").unwrap());
+    (p, dir, inside)
+}
+
+/// Item 9: an audit log that cannot be written stops traffic (503 naming the cause), the
+/// writer recovers by itself when space returns, and no event is lost or torn.
+#[test]
+fn a_full_disk_under_the_audit_log_stops_traffic_and_loses_no_event() {
+    let rt = runtime();
+    let origin = rt.block_on(Origin::http());
+    let dns = rt.block_on(DnsServer::start(Zone::new().with("allowed.test", &["127.0.0.1"])));
+    let allow = format!("allowed.test:{}", origin.port());
+    let (mut p, dir, inside) = proxy_over_a_small_tmpfs(&dns, &allow);
     let url = |n: usize| format!("http://allowed.test:{}/req-{n}", origin.port());
     let (_, code, _) = curl(&p.url(), &["-o", "/dev/null", "-w", "%{http_code}", &url(1)]);
     assert_eq!(code, "200");
@@ -139,6 +149,90 @@ fn a_full_disk_under_the_audit_log_stops_traffic_and_loses_no_event() {
             .any(|e| e["reason_code"] == "audit_unavailable" && e["status"] == 503),
         "{events:#?}"
     );
+}
+
+/// Hostile review (2026-11-28), as the client: a request decided while the audit log could
+/// be written and let through only after a wait must not pass once the log has failed. A
+/// tunnel's allow is recorded when its first bytes come; the disk fills during the wait;
+/// those bytes go nowhere, and the tunnel's one decision is the 503's deny. Before, the
+/// core checked the log only when it decided, and the bytes reached the origin.
+#[test]
+fn a_tunnel_whose_first_bytes_come_after_the_log_failed_carries_nothing() {
+    let rt = runtime();
+    let origin = rt.block_on(Origin::http());
+    let dns = rt.block_on(DnsServer::start(Zone::new().with("allowed.test", &["127.0.0.1"])));
+    let port = origin.port();
+    let (mut p, dir, inside) = proxy_over_a_small_tmpfs(&dns, &format!("allowed.test:{port}"));
+
+    // Answered 200; the proxy waits for the tunnel's first bytes (10 s by default).
+    let mut tunnel = TcpStream::connect(p.addr).unwrap();
+    tunnel.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    tunnel
+        .write_all(
+            format!("CONNECT allowed.test:{port} HTTP/1.1\r\nHost: allowed.test:{port}\r\n\r\n").as_bytes(),
+        )
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 4096 {
+        assert_eq!(tunnel.read(&mut byte).unwrap(), 1, "the proxy closed: {head:?}");
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+
+    fill(&inside.join("filler"));
+    let url = format!("http://allowed.test:{port}/after-the-fill");
+    let seen = until_status(&p.url(), &url, "503", 50);
+    assert_eq!(
+        seen.last().map(String::as_str),
+        Some("503"),
+        "never refused: {seen:?}"
+    );
+
+    tunnel
+        .write_all(b"GET /through-the-tunnel HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = tunnel.read_to_end(&mut answer);
+    assert!(
+        answer.is_empty(),
+        "the tunnel carried an answer while the log could not be written: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert!(
+        !origin
+            .requests()
+            .iter()
+            .any(|r| r.contains("/through-the-tunnel")),
+        "the tunnel's bytes reached the origin: {:?}",
+        origin.requests()
+    );
+
+    // Space again: the log has the tunnel's one decision, the 503's deny, and no allow.
+    std::fs::remove_file(inside.join("filler")).unwrap();
+    let seen = until_status(&p.url(), &url, "200", 50);
+    assert_eq!(
+        seen.last().map(String::as_str),
+        Some("200"),
+        "never recovered: {seen:?}"
+    );
+    assert!(p.terminate().success());
+    let events: Vec<Value> = std::fs::read_to_string(dir.path().join("audit.copy"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let tunnel_decisions: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["event"] == "decision" && e["method"] == "CONNECT")
+        .collect();
+    assert_eq!(tunnel_decisions.len(), 1, "{tunnel_decisions:#?}");
+    assert_eq!(tunnel_decisions[0]["decision"], "deny", "{tunnel_decisions:#?}");
+    assert_eq!(tunnel_decisions[0]["reason_code"], "audit_unavailable");
 }
 
 /// Issue 29: with an audit log that cannot be written (`/dev/full`), every front end refuses
@@ -558,6 +652,6 @@ fn the_hardening_suite_passes_as_an_ordinary_user() {
     common::rerun_as_nobody(
         "hardening_e2e",
         "the_hardening_suite_passes_as_an_ordinary_user",
-        6,
+        7,
     );
 }

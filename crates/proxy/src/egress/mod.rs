@@ -419,13 +419,23 @@ impl Egress {
 
     /// Records the allow. `stop`: the grant's stop token and cut registration, when they
     /// were taken before (a dialled tunnel's); otherwise they are taken now.
+    ///
+    /// Fails closed again: a request decided while the audit log could be written may wait
+    /// before it is let through (a person's answer to `--ask`, a tunnel's first bytes, an
+    /// intercepted request's turn on an upstream connection). If the log has failed
+    /// meanwhile, it is refused here (503, `audit_unavailable`: the request's one decision)
+    /// and nothing passes.
     async fn allow(
         &self,
         mut d: Decided,
         resolved: Option<IpAddr>,
         tls_server_name: Option<String>,
         stop: Option<(CancellationToken, Option<CutGuard>)>,
-    ) -> Grant {
+    ) -> Result<Grant, Refused> {
+        if let Err(cause) = self.audit.available() {
+            let refusal = Refusal::AuditUnavailable(cause);
+            return Err(self.refuse(d.pending, Some((&d.target, d.access)), refusal).await);
+        }
         // Readers take the verdict from `would_deny`; `detail` keeps the words docs/audit.md
         // promises people (`would deny: not_allowlisted`).
         let (reason_code, detail) = match d.would_deny {
@@ -454,7 +464,7 @@ impl Egress {
         });
         self.audit.record(e).await;
         let (stop, cut) = stop.unwrap_or_else(|| self.stop_for(d.rule.as_ref(), d.expires));
-        Grant {
+        Ok(Grant {
             party,
             stop,
             cuttable: cut.is_some(),
@@ -465,6 +475,6 @@ impl Egress {
             resolved,
             started,
             owed: Some(self.audit.clone()),
-        }
+        })
     }
 }

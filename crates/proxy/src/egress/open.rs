@@ -28,7 +28,7 @@ impl Decided {
     pub async fn open(self, egress: &Egress) -> Result<Opened, Refused> {
         let (decided, vetted) = self.vet(egress).await?;
         let (target, access) = (decided.target.clone(), decided.access);
-        let mut grant = egress.allow(decided, vetted.primary(), None, None).await;
+        let mut grant = egress.allow(decided, vetted.primary(), None, None).await?;
         let times = hop_times(egress);
         let identity = grant.party.identity.clone();
         let dialed = egress
@@ -75,7 +75,7 @@ impl Decided {
                 })
             }
             Err(error) => {
-                let grant = egress.allow(decided, vetted.primary(), None, None).await;
+                let grant = egress.allow(decided, vetted.primary(), None, None).await?;
                 Err(egress.fail(grant, Refusal::Dial { target, error }, 0, 0).await)
             }
         }
@@ -96,7 +96,7 @@ impl Decided {
                     .await);
             }
             Err(error) => {
-                let grant = egress.allow(self, None, None, None).await;
+                let grant = egress.allow(self, None, None, None).await?;
                 return Err(egress.fail(grant, Refusal::Dial { target, error }, 0, 0).await);
             }
         };
@@ -123,8 +123,9 @@ impl Decided {
     }
 
     /// Records the allow for a request served on a kept upstream connection to `addr`,
-    /// which was vetted for this same destination.
-    pub async fn reuse(self, egress: &Egress, addr: SocketAddr) -> Grant {
+    /// which was vetted for this same destination; refused (on record) if the audit log
+    /// has failed since the decision.
+    pub async fn reuse(self, egress: &Egress, addr: SocketAddr) -> Result<Grant, Refused> {
         egress.allow(self, Some(addr.ip()), None, None).await
     }
 
@@ -150,8 +151,9 @@ impl Decided {
 
 impl Dialed {
     /// Records the allow (with the TLS server name read, if any): the connection is the
-    /// request's.
-    pub async fn admit(self, egress: &Egress, tls_server_name: Option<String>) -> Opened {
+    /// request's. Refused (on record; the connection dropped unused) if the audit log has
+    /// failed since the decision: a tunnel waits for its first bytes in between.
+    pub async fn admit(self, egress: &Egress, tls_server_name: Option<String>) -> Result<Opened, Refused> {
         let Dialed {
             decided,
             stream,
@@ -161,15 +163,15 @@ impl Dialed {
         } = self;
         let mut grant = egress
             .allow(decided, vetted_ip, tls_server_name, Some(stop))
-            .await;
+            .await?;
         // The close names the address actually connected to.
         grant.resolved = Some(addr.ip());
-        Opened {
+        Ok(Opened {
             stream,
             addr,
             chained: egress.dialer.sends_absolute_form(),
             grant,
-        }
+        })
     }
 
     /// Records `refusal` as the request's deny; the connection is dropped unused.

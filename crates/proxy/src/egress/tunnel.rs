@@ -196,7 +196,10 @@ impl Egress {
     /// Records a tunnel that ended (`outcome`) before any byte was carried: nothing was
     /// refused, so an allow and its close.
     async fn end_unstarted(&self, dialed: Dialed, status: Option<u16>, outcome: Outcome) {
-        let opened = dialed.admit(self, None).await;
+        // Refused instead when the audit log failed meanwhile: that deny is its record.
+        let Ok(opened) = dialed.admit(self, None).await else {
+            return;
+        };
         let end = End {
             sent: 0,
             received: 0,
@@ -229,7 +232,9 @@ impl Egress {
     ) -> Option<(Opened, Vec<u8>, Then)> {
         let rules = self.rules().tunnels().clone();
         if !rules.inspects(dialed.target().port) {
-            return Some((dialed.admit(self, None).await, early, Then::Relay));
+            // Refused (on record) when the audit log failed meanwhile: not carried.
+            let opened = dialed.admit(self, None).await.ok()?;
+            return Some((opened, early, Then::Relay));
         }
         // A tunnel that idles out before its first byte ends as idle, as it would in the relay.
         let idle = self.limits.tunnel_idle_timeout;
@@ -275,7 +280,10 @@ impl Egress {
                     Seen::Silent => Then::CheckLate(rules),
                     _ => Then::Relay,
                 };
-                Some((dialed.admit(self, name).await, first, then))
+                // Refused (on record) when the audit log failed during the wait: the
+                // first bytes go nowhere.
+                let opened = dialed.admit(self, name).await.ok()?;
+                Some((opened, first, then))
             }
             Err(refusal) => {
                 let target = dialed.target().clone();

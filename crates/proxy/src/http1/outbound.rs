@@ -62,7 +62,7 @@ pub(super) async fn connect(
         .filter(|u| u.host == http.target.host && u.port == http.target.port && u.identity == *identity)
         .and_then(|u| u.is_alive().then_some(u.addr));
     if let Some(addr) = reusable {
-        return Ok(decided.reuse(egress, addr).await);
+        return decided.reuse(egress, addr).await;
     }
     give_up(outbound);
     let opened = decided.open(egress).await?;

@@ -146,16 +146,17 @@ impl Exchanges {
         if let Some(conn) = turn.idle().await {
             // Recorded with the address this connection goes to (one `open` dialled may be
             // another than the CONNECT's).
-            let grant = decided.reuse(&self.egress, conn.addr()).await;
+            let grant = decided
+                .reuse(&self.egress, conn.addr())
+                .await
+                .map_err(|refused| refusal(&refused))?;
             return Ok((grant, turn.lease(conn)));
         }
         let (grant, stream, addr, slot) = match turn.spare() {
-            Some((stream, slot)) => (
-                decided.reuse(&self.egress, self.addr).await,
-                stream,
-                self.addr,
-                slot,
-            ),
+            Some((stream, slot)) => match decided.reuse(&self.egress, self.addr).await {
+                Ok(grant) => (grant, stream, self.addr, slot),
+                Err(refused) => return Err(refusal(&refused)),
+            },
             None => {
                 let slot = match turn.slot(deadline).await {
                     Ok(slot) => slot,

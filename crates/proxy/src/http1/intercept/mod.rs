@@ -93,9 +93,13 @@ pub(crate) async fn serve(egress: &Arc<Egress>, client: Client, dialed: Dialed) 
         let _ = dialed.refuse(egress, Refusal::Tunnel { target, refusal }).await;
         return;
     }
-    let Opened {
+    // Refused (on record) when the audit log failed during the handshake: nothing carried.
+    let Ok(Opened {
         stream, addr, grant, ..
-    } = dialed.admit(egress, sni).await;
+    }) = dialed.admit(egress, sni).await
+    else {
+        return;
+    };
     let totals = Totals::default();
     let stop = grant.stop().clone();
     let tunnel = Tunnel {
