@@ -65,6 +65,26 @@ pub fn may_hold_host_sockets(canonical: &Path) -> bool {
         || canonical.starts_with("/var/run")
 }
 
+/// Why binding this canonical path would put the host's own over the sandbox's `/proc`
+/// (bound after it): the host's `/proc` (or any path in it, `/proc/self` resolving to the
+/// runner's) lets the command follow `/proc/PID/root` of the user's other processes to the
+/// host's whole file system, writable where the user may write, past every bind; and `/`,
+/// bound as a listed path, brings the host's `/proc` and `/dev` along. `None` for any
+/// other path. Every network mode: this is the file system's boundary, not the network's.
+pub fn shadows_the_sandboxs_own(canonical: &Path) -> Option<&'static str> {
+    if canonical == Path::new("/") {
+        Some(
+            "would cover the sandbox's own /proc and /dev with the host's; fs.allow_read_all or fs.allow_write_all give the whole file system without them",
+        )
+    } else if canonical.starts_with("/proc") {
+        Some(
+            "is the host's /proc, whose /proc/PID/root reaches the host's whole file system; the sandbox has a /proc of its own",
+        )
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

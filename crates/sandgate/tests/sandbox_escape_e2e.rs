@@ -459,6 +459,41 @@ fn earlier_runs_logs_cannot_be_erased_or_planted_from_a_writable_home() {
     );
 }
 
+/// A hostile review (2026-11-28): a policy that lists the host's `/proc` (or `/`, which
+/// brings it along) put it over the sandbox's own, and the command followed
+/// `/proc/PID/root` of a process of the same user outside (here the test itself) to the
+/// host's whole file system, past every bind. Such a policy is refused now, in every mode,
+/// before anything runs; before, this run printed the secret.
+#[test]
+fn the_hosts_proc_listed_in_a_policy_is_refused_not_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("not-bound.txt");
+    std::fs::write(&secret, "secret-outside-the-sandbox").unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let through = format!("/proc/{}/root{}", std::process::id(), secret.display());
+    for (paths, mode) in [("/proc", "none"), ("/proc/self", "none"), ("/", "all")] {
+        let doc = sandbox_support::base().replace("read_paths: [ ", &format!("read_paths: [ {paths}, "));
+        let policy = dir.path().join("policy.yaml");
+        std::fs::write(&policy, format!("{doc}net:\n  mode: {mode}\n")).unwrap();
+        let out = run(&policy, &[], &["cat", &through]);
+        let (stdout, stderr) = text(&out);
+        assert!(
+            !stdout.contains("secret-outside-the-sandbox"),
+            "{paths} ({mode}): the command read a file outside the sandbox through the host's /proc"
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(64),
+            "{paths} ({mode}): {stdout}\n{stderr}"
+        );
+        assert!(
+            stderr.contains("/proc"),
+            "{paths} ({mode}): the refusal does not name /proc: {stderr}"
+        );
+    }
+}
+
 /// The escape an earlier hostile review found in `sandgate mcp`: the server checks the
 /// workspace an agent names (under an allowed root), then starts `sandgate run` with its
 /// canonical path as `WORKSPACE`; a concurrent run that can write a parent directory swaps
@@ -518,6 +553,6 @@ fn the_escape_suite_passes_as_an_ordinary_user() {
     common::rerun_as_nobody(
         "sandbox_escape_e2e",
         "the_escape_suite_passes_as_an_ordinary_user",
-        8,
+        9,
     );
 }

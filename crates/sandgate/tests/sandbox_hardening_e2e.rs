@@ -163,6 +163,7 @@ print("personality-linux32", sc(135, 8)); sc(135, 0)
 print("personality-no-aslr", sc(135, 0x0040000))
 print("userfaultfd", sc(323, 0))
 print("perf_event_open", sc(298, 0, 0, -1, -1, 0))
+print("bpf", sc(321, 0, 0, 0))
 print("init_module", sc(175, 0, 0, b""))
 print("finit_module", sc(313, -1, b"", 0))
 print("delete_module", sc(176, b"nope", 0))
@@ -204,6 +205,7 @@ fn the_seccomp_filter_holds_in_every_mode() {
         "personality-no-aslr EPERM",
         "userfaultfd EPERM",
         "perf_event_open EPERM",
+        "bpf EPERM",
         "init_module EPERM",
         "finit_module EPERM",
         "delete_module EPERM",

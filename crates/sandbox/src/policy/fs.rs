@@ -155,6 +155,12 @@ fn bind_list(field: &str, list: &[String], resolve: Resolve<'_>) -> Result<Bound
     };
     for value in list {
         let (canonical, alias) = paths::resolve(field, value, resolve)?;
+        if let Some(why) = paths::shadows_the_sandboxs_own(&canonical) {
+            return Err(PolicyError(format!(
+                "{field}: {value:?} ({}) {why}",
+                canonical.display()
+            )));
+        }
         bound.canonical.push(canonical);
         bound.aliases.extend(alias);
     }

@@ -154,13 +154,16 @@ fn eperm_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
         );
     }
     // ptrace: no debugging or memory access of other processes (the init included).
-    // userfaultfd, perf_event_open: kernel attack surface and side channels a command does
-    // not need. Modules and kexec: changing the running kernel (already refused without
-    // host capabilities; denied here so that no configuration can allow it).
+    // userfaultfd, perf_event_open, bpf: kernel attack surface and side channels a command
+    // does not need (bpf(2) is open to ordinary users where the kernel's
+    // unprivileged_bpf_disabled is 0; classic socket filters do not use it). Modules and
+    // kexec: changing the running kernel (already refused without host capabilities;
+    // denied here so that no configuration can allow it).
     for call in [
         libc::SYS_ptrace,
         libc::SYS_userfaultfd,
         libc::SYS_perf_event_open,
+        libc::SYS_bpf,
         libc::SYS_init_module,
         libc::SYS_finit_module,
         libc::SYS_delete_module,

@@ -116,6 +116,7 @@ fn every_listed_call_is_denied_and_ordinary_ones_pass() {
         libc::SYS_ptrace,
         libc::SYS_userfaultfd,
         libc::SYS_perf_event_open,
+        libc::SYS_bpf,
         libc::SYS_init_module,
         libc::SYS_finit_module,
         libc::SYS_delete_module,
