@@ -1,7 +1,8 @@
 //! Where a run's audit log is kept: `$XDG_STATE_HOME/sandgate/runs/RUN.jsonl`
 //! (`~/.local/state/sandgate/runs/` by default), so what a run did can be read after it
 //! ended (`sandgate audit tail --file`, `sandgate policy suggest --from`). The directory is
-//! private to the user (0700), read-only inside every sandbox whose write paths cover it;
+//! private to the user (0700), made by every run (kept log or not: [`protected_dir`]) and
+//! read-only inside every sandbox whose write paths cover it, never a link;
 //! the newest [`KEEP`] logs by run id (which carries the start time) are kept, older ones
 //! removed when a new run starts. Files whose names are not run ids, or whose time lies in
 //! the future, are neither counted nor removed: planted files cannot push real logs out.
@@ -77,19 +78,51 @@ pub fn keep(run: &str) -> Option<PathBuf> {
         );
         return None;
     };
-    if let Err(e) = std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-    {
-        eprintln!(
-            "sandgate: the run's audit log is not kept: cannot create {}: {e} (pass --audit-log PATH)",
-            dir.display()
-        );
+    if let Err(why) = ensure(&dir) {
+        eprintln!("sandgate: the run's audit log is not kept: {why} (pass --audit-log PATH)");
         return None;
     }
     prune(&dir, KEEP.saturating_sub(1));
     Some(dir.join(file_name(run)))
+}
+
+/// The kept logs' directory for this environment, made if it is not there and checked
+/// ([`ensure`]): every run protects it (read-only inside the sandbox), kept log or not, so
+/// that a command with a writable home cannot make it first and plant logs there for later
+/// runs. `None` where there is none to protect (no home, or it cannot be made or used).
+pub fn protected_dir() -> Option<PathBuf> {
+    let dir = dir()?;
+    ensure(&dir).ok().map(|()| dir)
+}
+
+/// Makes `dir` (private: 0700) if it is not there, and checks it is a directory of this
+/// user's, not a symbolic link (nor its parent), that no one else may use: logs kept in a
+/// directory a link leads elsewhere would land where another user reads or removes them.
+fn ensure(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    for (path, what) in [(dir, "it"), (dir.parent().unwrap_or(dir), "its parent")] {
+        let meta = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if !meta.file_type().is_dir() {
+            return Err(format!(
+                "{} ({what}) is a symbolic link or not a directory",
+                path.display()
+            ));
+        }
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if meta.uid() != rustix::process::geteuid().as_raw() {
+        return Err(format!("{} belongs to another user", dir.display()));
+    }
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("cannot make {} private: {e}", dir.display()))?;
+    }
+    Ok(())
 }
 
 /// The newest kept run log, if there is one (for readers that were given no file).

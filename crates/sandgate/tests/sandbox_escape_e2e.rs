@@ -459,6 +459,68 @@ fn earlier_runs_logs_cannot_be_erased_or_planted_from_a_writable_home() {
     );
 }
 
+/// A hostile review (2026-11-28): the kept logs' directory was protected only once it
+/// existed, and only proxied runs made it. A first run without a network (nothing kept)
+/// and a writable home could make it and plant logs named for a time to come, which later
+/// runs would count as the newest and keep in place of real ones. Now every run makes it
+/// first and binds it read-only. And a directory that is a link to another place (made
+/// before) keeps nothing: logs would land where that place's owner reads or removes them.
+#[test]
+fn the_kept_logs_directory_cannot_be_made_first_or_redirected_from_a_writable_home() {
+    let home = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(home.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let h = home.path().display().to_string();
+    let runs = home.path().join(".local/state/sandgate/runs");
+    let go = |net: &str, command: &[&str]| {
+        let policy = home.path().join("policy.yaml");
+        let doc = sandbox_support::base().replace("fs:\n", &format!("fs:\n  write_paths: [ \"{h}\" ]\n"));
+        std::fs::write(&policy, format!("{doc}{net}")).unwrap();
+        Command::new(common::sandgate_bin())
+            .args(["run", "--policy"])
+            .arg(&policy)
+            .arg("--")
+            .args(command)
+            .env("HOME", home.path())
+            .env_remove("XDG_STATE_HOME")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let plant = format!(
+        "mkdir -p {r}; touch {r}/run-1-ffffffffffffffff.jsonl; echo tried",
+        r = runs.display()
+    );
+    let out = go("net:\n  mode: none\n", &["sh", "-c", &plant]);
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.contains("tried"), "{stdout}\n{stderr}");
+    let planted: Vec<_> = std::fs::read_dir(&runs)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        planted.is_empty(),
+        "planted in the kept logs' directory: {planted:?}"
+    );
+
+    // Made a link to elsewhere (as a command could have before this fix): nothing is kept.
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::remove_dir(&runs).unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), &runs).unwrap();
+    let out = go(
+        "net:\n  mode: allowlist\n  allow_domains: [ a.example ]\n",
+        &["true"],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        std::fs::read_dir(elsewhere.path()).unwrap().next().is_none(),
+        "a log was kept where the link leads"
+    );
+    assert!(
+        stderr.contains("audit log is not kept") && stderr.contains("symbolic link"),
+        "{stderr}"
+    );
+}
+
 /// A hostile review (2026-11-28): a policy that lists the host's `/proc` (or `/`, which
 /// brings it along) put it over the sandbox's own, and the command followed
 /// `/proc/PID/root` of a process of the same user outside (here the test itself) to the
@@ -553,6 +615,6 @@ fn the_escape_suite_passes_as_an_ordinary_user() {
     common::rerun_as_nobody(
         "sandbox_escape_e2e",
         "the_escape_suite_passes_as_an_ordinary_user",
-        9,
+        10,
     );
 }

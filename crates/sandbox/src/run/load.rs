@@ -73,7 +73,7 @@ pub(super) fn protected_files(
         egress_policy_path(opts, policy),
         policy.exceptions.as_ref().map(|e| e.token_file.clone()),
         audit.map(Path::to_path_buf),
-        crate::runlog::dir(),
+        crate::runlog::protected_dir(),
     ]
     .into_iter()
     .flatten()
