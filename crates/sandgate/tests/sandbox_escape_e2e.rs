@@ -399,6 +399,21 @@ fn orphans_are_reaped_dev_is_sized_and_datagram_pairs_reach_nothing() {
     );
 }
 
+/// `sandgate run` of `command` under `policy` with `HOME` at `home` (and no
+/// `XDG_STATE_HOME`, so the kept logs go under that home).
+fn run_at_home(policy: &std::path::Path, home: &std::path::Path, command: &[&str]) -> std::process::Output {
+    Command::new(common::sandgate_bin())
+        .args(["run", "--policy"])
+        .arg(policy)
+        .arg("--")
+        .args(command)
+        .env("HOME", home)
+        .env_remove("XDG_STATE_HOME")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
 /// The review of the fixes: a run whose write paths cover the runs directory (a writable
 /// home) removes an earlier run's kept log and plants a file beside it.
 #[test]
@@ -413,18 +428,7 @@ fn earlier_runs_logs_cannot_be_erased_or_planted_from_a_writable_home() {
         format!("{doc}net:\n  mode: allowlist\n  allow_domains: [ a.example ]\n"),
     )
     .unwrap();
-    let go = |command: &[&str]| {
-        Command::new(common::sandgate_bin())
-            .args(["run", "--policy"])
-            .arg(&policy)
-            .arg("--")
-            .args(command)
-            .env("HOME", home.path())
-            .env_remove("XDG_STATE_HOME")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
-    };
+    let go = |command: &[&str]| run_at_home(&policy, home.path(), command);
     let first = go(&["true"]);
     assert!(first.status.success(), "{:?}", text(&first));
     let runs = home.path().join(".local/state/sandgate/runs");
@@ -475,16 +479,7 @@ fn the_kept_logs_directory_cannot_be_made_first_or_redirected_from_a_writable_ho
         let policy = home.path().join("policy.yaml");
         let doc = sandbox_support::base().replace("fs:\n", &format!("fs:\n  write_paths: [ \"{h}\" ]\n"));
         std::fs::write(&policy, format!("{doc}{net}")).unwrap();
-        Command::new(common::sandgate_bin())
-            .args(["run", "--policy"])
-            .arg(&policy)
-            .arg("--")
-            .args(command)
-            .env("HOME", home.path())
-            .env_remove("XDG_STATE_HOME")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
+        run_at_home(&policy, home.path(), command)
     };
     let plant = format!(
         "mkdir -p {r}; touch {r}/run-1-ffffffffffffffff.jsonl; echo tried",
