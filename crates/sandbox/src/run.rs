@@ -403,7 +403,13 @@ async fn supervise(
     };
     let code = match status {
         Ok(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)),
-        Err(e) => return Err(RunError::Unavailable(format!("waiting for bwrap failed: {e}"))),
+        Err(e) => {
+            // The proxy stopped first, its audit log drained: what it decided is on record.
+            if let Some(running) = proxy {
+                let _ = running.stop().await;
+            }
+            return Err(RunError::Unavailable(format!("waiting for bwrap failed: {e}")));
+        }
     };
     if !policy.unshare_pid {
         let _ = tokio::task::spawn_blocking(processes::kill_leftovers).await;
@@ -413,9 +419,10 @@ async fn supervise(
     }
     let failed = setup_failure(code, started.elapsed(), &bwrap, &policy, &sandgate_exe).await;
     let proxied = proxy.is_some();
-    if let Some(running) = proxy {
-        running.stop().await;
-    }
+    let unrecorded = match proxy {
+        Some(running) => running.stop().await.err(),
+        None => None,
+    };
     if failed.is_none() {
         let log = audit_path
             .as_deref()
@@ -430,7 +437,20 @@ async fn supervise(
     drop(state);
     drop(limits);
     let _ = sweep.await;
-    failed.map_or(Ok(code), |why| Err(RunError::Unavailable(why)))
+    match (failed, unrecorded) {
+        (Some(why), _) => Err(RunError::Unavailable(why)),
+        (None, Some(why)) => Err(RunError::Unavailable(unrecorded_run(code, &why))),
+        (None, None) => Ok(code),
+    }
+}
+
+/// What a run whose audit log is not whole says instead of its command's exit status (the
+/// run then exits 69): the log is the run's record, and a caller reading only the status
+/// must not take the run as recorded.
+pub(crate) fn unrecorded_run(code: i32, why: &str) -> String {
+    format!(
+        "the run's audit log is not whole: {why}; what the proxy could not write is on stderr above (the command exited {code})"
+    )
 }
 
 /// Was an exit of 1 bwrap's own failure to set the sandbox up? Its message went to the

@@ -190,9 +190,13 @@ pub fn total_line(t: &Totals, kept: Option<&Path>) -> String {
     )
 }
 
-/// The records of a run's audit log (none when it cannot be read), and a line for each
-/// line of it that is not an event.
+/// The records of a run's audit log (none when it cannot be read, or is not a regular
+/// file: `--audit-log /dev/full` would be read forever, a pipe waited on), and a line for
+/// each line of it that is not an event.
 pub fn read(audit: &Path) -> (Vec<Record>, Vec<String>) {
+    if !std::fs::metadata(audit).is_ok_and(|m| m.is_file()) {
+        return (Vec::new(), Vec::new());
+    }
     match sandgate_proxy::audit_query::read_events(&[audit.to_path_buf()]) {
         Ok((entries, skipped)) => (
             entries.into_iter().map(|e| e.record).collect(),

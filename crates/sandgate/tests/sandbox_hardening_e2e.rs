@@ -71,6 +71,28 @@ fn in_pty(script: &str, feed: &str, when: &str) -> String {
     host_python(PTY_DRIVER, &[script, feed, when])
 }
 
+/// A hostile review (2026-11-28): a run whose audit log could not be written (its proxy
+/// refused traffic meanwhile, and wrote what it could not record on stderr) exited with its
+/// command's status, as if all were on record. Now it says the log is not whole and exits
+/// 69, whatever the command's status; before, this exited 0.
+#[test]
+fn a_run_whose_audit_log_cannot_be_written_does_not_exit_as_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write_policy(
+        dir.path(),
+        "net:\n  mode: allowlist\n  allow_domains: [ a.example ]\n",
+    );
+    // A denied request makes an event to write; the disk (here /dev/full) takes none.
+    let out = run(
+        &policy,
+        &["--audit-log", "/dev/full"],
+        &["sh", "-c", "curl -s -o /dev/null http://b.example/; exit 0"],
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(69), "{stdout}\n{stderr}");
+    assert!(stderr.contains("audit log is not whole"), "{stderr}");
+}
+
 /// Item 1: a command that pushes `echo pwned` into its terminal with TIOCSTI; the shell that
 /// started the run then reads the next line.
 #[test]
@@ -657,6 +679,6 @@ fn the_hardening_suite_passes_as_an_ordinary_user() {
     common::rerun_as_nobody(
         "sandbox_hardening_e2e",
         "the_hardening_suite_passes_as_an_ordinary_user",
-        11,
+        12,
     );
 }

@@ -79,14 +79,20 @@ pub(super) struct RunningProxy {
 
 impl RunningProxy {
     /// Stops the proxy (its audit log drained), then the live printer (what it was sent
-    /// printed).
-    pub(super) async fn stop(self) {
+    /// printed). `Err`: why the audit log is not whole (it could not be written, and what
+    /// the proxy could not write went to stderr; or the proxy failed): the run must say so.
+    pub(super) async fn stop(self) -> Result<(), String> {
         drop(self.follower);
         let _ = self.stop.send(());
-        let _ = self.task.await;
+        let served = match self.task.await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(format!("the run's proxy failed: {e}")),
+        };
         if let Some(live) = self.live {
             live.finish().await;
         }
+        served
     }
 }
 

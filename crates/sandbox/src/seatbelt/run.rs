@@ -130,10 +130,13 @@ pub(super) async fn supervise(
         }
     }
     let proxied = network.is_some();
-    if let Some(Network { proxy, fronts }) = network {
-        fronts.close().await;
-        proxy.stop().await;
-    }
+    let unrecorded = match network {
+        Some(Network { proxy, fronts }) => {
+            fronts.close().await;
+            proxy.stop().await.err()
+        }
+        None => None,
+    };
     let log = proxied.then(|| crate::summary::AuditPlace {
         written: &audit_path,
         kept: kept.as_deref(),
@@ -141,7 +144,10 @@ pub(super) async fn supervise(
     let summary = crate::summary::RunSummary::of(ids, policy.net.name(), code.as_ref().ok().copied(), log);
     crate::summary::at_exit(super::exit_output(&opts), &summary, proxied);
     drop(state);
-    code
+    match (code, unrecorded) {
+        (Ok(code), Some(why)) => Err(RunError::Unavailable(super::unrecorded_run(code, &why))),
+        (code, _) => code,
+    }
 }
 
 /// `--print-argv` under this backend: the sandbox-exec command line the run would start,
@@ -215,7 +221,7 @@ async fn open_fronts(
     match front::open(&bridges).await {
         Ok(fronts) => Ok(Network { proxy, fronts }),
         Err(reason) => {
-            proxy.stop().await;
+            let _ = proxy.stop().await;
             Err(RunError::Unavailable(format!(
                 "the run's proxy is not ready: {reason}; the command was not run"
             )))
