@@ -35,12 +35,13 @@ mod sources;
 mod seatbelt;
 
 use audit_log::{audit_place, kept_log};
+pub(crate) use audit_log::unrecorded_run;
 pub use bwrap::{BwrapOptions, bwrap_options};
 use identity::RunIdentity;
 pub use identity::user_subject;
 pub use init_binary::{INIT_BINARY, init_binary, init_not_used};
-use load::protected_files;
 pub use load::{load_policy, path_param};
+use load::{protected_files, refuse_covering_run_state};
 pub use proxy::{Follow, FollowRequest, Following};
 use proxy::{ProxyRun, open_bridge, start_proxy};
 pub use sources::WORKSPACE_PARAM;
@@ -213,6 +214,8 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
         );
         return Ok(0);
     }
+    let tmp = std::fs::canonicalize(std::env::temp_dir()).unwrap_or_else(|_| std::env::temp_dir());
+    refuse_covering_run_state(&policy, &tmp)?;
     let sandboxer = seatbelt::Sandboxer::choose(preflight)?;
     if opts.no_terminal {
         // Out of the caller's session: no controlling terminal to read, write or take (it
@@ -442,15 +445,6 @@ async fn supervise(
         (None, Some(why)) => Err(RunError::Unavailable(unrecorded_run(code, &why))),
         (None, None) => Ok(code),
     }
-}
-
-/// What a run whose audit log is not whole says instead of its command's exit status (the
-/// run then exits 69): the log is the run's record, and a caller reading only the status
-/// must not take the run as recorded.
-pub(crate) fn unrecorded_run(code: i32, why: &str) -> String {
-    format!(
-        "the run's audit log is not whole: {why}; what the proxy could not write is on stderr above (the command exited {code})"
-    )
 }
 
 /// Was an exit of 1 bwrap's own failure to set the sandbox up? Its message went to the

@@ -463,6 +463,71 @@ fn earlier_runs_logs_cannot_be_erased_or_planted_from_a_writable_home() {
     );
 }
 
+/// A hostile review (2026-11-28), as a run without a network: runs keep their bridge
+/// sockets in the temporary directory, and a run whose read paths held it (and that may
+/// make Unix sockets) could connect to another run's proxy socket, the way to that run's
+/// proxy and allowlist (and, with write paths there, rename its sockets). Any run that
+/// would hold that directory is refused now (exit 64); before, this run connected and the
+/// other run's bridge answered.
+#[test]
+fn a_run_that_would_hold_other_runs_bridge_sockets_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    // The other run: an allowlist run whose bridge sockets wait in `tmp` while it sleeps.
+    let other = write_policy(
+        dir.path(),
+        "net:\n  mode: allowlist\n  allow_domains: [ a.example ]\n",
+    );
+    let mut b = sandbox_support::run_command(&other, &[], &["sleep", "20"])
+        .env("TMPDIR", &tmp)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let socket = || -> Option<std::path::PathBuf> {
+        std::fs::read_dir(&tmp)
+            .ok()?
+            .flatten()
+            .map(|e| e.path().join("bridge/proxy.sock"))
+            .find(|p| p.exists())
+    };
+    assert!(
+        sandbox_support::eventually(std::time::Duration::from_secs(15), || socket().is_some()),
+        "the other run's bridge never appeared"
+    );
+    let socket = socket().unwrap();
+    // The attacker: no network, Unix sockets allowed, the directory above `tmp` readable.
+    let d = dir.path().display().to_string();
+    let doc = sandbox_support::base().replace("read_paths: [ ", &format!("read_paths: [ \"{d}\", "));
+    let attacker = dir.path().join("attacker.yaml");
+    std::fs::write(
+        &attacker,
+        format!("{doc}net:\n  mode: none\nplatform:\n  seccomp: {{ allow_unix_sockets: true }}\n"),
+    )
+    .unwrap();
+    let reach = format!(
+        "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({:?})\nprint('connected', s.recv(1))\n",
+        socket.display().to_string()
+    );
+    let out = sandbox_support::run_command(&attacker, &[], &[HOST_PYTHON, "-c", &reach])
+        .env("TMPDIR", &tmp)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let _ = b.kill();
+    let _ = b.wait();
+    let (stdout, stderr) = text(&out);
+    assert!(
+        !stdout.contains("connected"),
+        "a run without a network reached another run's bridge: {stdout}"
+    );
+    assert_eq!(out.status.code(), Some(64), "{stdout}\n{stderr}");
+    assert!(stderr.contains("bridge sockets"), "{stderr}");
+}
+
 /// A hostile review (2026-11-28): the kept logs' directory was protected only once it
 /// existed, and only proxied runs made it. A first run without a network (nothing kept)
 /// and a writable home could make it and plant logs named for a time to come, which later
@@ -610,6 +675,6 @@ fn the_escape_suite_passes_as_an_ordinary_user() {
     common::rerun_as_nobody(
         "sandbox_escape_e2e",
         "the_escape_suite_passes_as_an_ordinary_user",
-        10,
+        11,
     );
 }

@@ -40,3 +40,12 @@ pub(super) fn kept_log(
     }
     Ok(kept)
 }
+
+/// What a run whose audit log is not whole says instead of its command's exit status (the
+/// run then exits 69): the log is the run's record, and a caller reading only the status
+/// must not take the run as recorded.
+pub(crate) fn unrecorded_run(code: i32, why: &str) -> String {
+    format!(
+        "the run's audit log is not whole: {why}; what the proxy could not write is on stderr above (the command exited {code})"
+    )
+}

@@ -87,6 +87,41 @@ pub(super) fn protected_files(
     Ok(out)
 }
 
+/// Refuses a run whose sandbox would hold the directory where runs keep their bridge
+/// sockets (`tmp`, canonical: the temporary directory), or one above it, in any network
+/// mode. Another run's `bridge/` is a directory of the same user: a command that could
+/// write there could rename its sockets (sending that run's traffic to a third run's proxy,
+/// or, with Unix sockets allowed, to a listener of its own, off the record), and one that
+/// could read there could connect to them (another run's proxy, from a run without a
+/// network). The whole file system (`fs.allow_read_all`, `allow_write_all`) passes where
+/// the sandbox's private `/tmp` hides `tmp`.
+pub(super) fn refuse_covering_run_state(policy: &SandboxPolicy, tmp: &Path) -> Result<(), RunError> {
+    let listed = [
+        ("fs.read_paths", &policy.read_paths),
+        ("fs.write_paths", &policy.write_paths),
+        ("platform.bwrap.ro_bind", &policy.extra_ro_binds),
+        ("platform.bwrap.rw_bind", &policy.extra_rw_binds),
+    ];
+    let how = "set TMPDIR for sandgate to a directory no sandbox binds, or bind something narrower";
+    for (field, paths) in listed {
+        if let Some(p) = paths.iter().find(|p| tmp.starts_with(p)) {
+            return Err(RunError::Usage(format!(
+                "{field}: {} holds {}, where runs keep their bridge sockets: the command could redirect or use other runs' traffic; {how}",
+                p.display(),
+                tmp.display()
+            )));
+        }
+    }
+    let whole = policy.allow_read_all || policy.allow_write_all;
+    if whole && !(policy.private_tmp && tmp.starts_with("/tmp")) {
+        return Err(RunError::Usage(format!(
+            "fs.allow_read_all/allow_write_all: the whole file system holds {}, where runs keep their bridge sockets, and the sandbox's private /tmp does not hide it: the command could redirect or use other runs' traffic; {how}",
+            tmp.display()
+        )));
+    }
+    Ok(())
+}
+
 /// A policy error as `file:line: field: message`: errors of the YAML layer and of entries
 /// name the file and line already; for the others (`field: message`), the line where that
 /// field is written, when it can be found.
