@@ -220,11 +220,12 @@ impl Audit {
         self.observer.observe(&event);
         let event = Box::new(event.stamp());
         self.live.publish(&event);
+        // Owed from here, before the first poll: a future dropped unpolled owes it too.
+        let mut owed = Owed {
+            audit: self,
+            event: Some(event),
+        };
         async move {
-            let mut owed = Owed {
-                audit: self,
-                event: Some(event),
-            };
             if self.tx.capacity() == 0 {
                 self.metrics.waits.inc();
             }
@@ -237,8 +238,9 @@ impl Audit {
                 }
                 Err(_) => {
                     if let Some(event) = owed.event.take() {
+                        self.metrics.events_not_queued.inc();
                         let line = serde_json::to_string(&Line::of(&event)).unwrap_or_default();
-                        tracing::error!(event = %line, "audit writer gone; event written here instead");
+                        tracing::error!(event = %line, "audit queue closed (shutdown); event written here instead");
                     }
                 }
             }
@@ -285,7 +287,7 @@ impl Drop for Owed<'_> {
         if let Some(event) = self.event.take() {
             self.audit.queue_now_or_log(
                 event,
-                "an event's record was given up while the audit queue was full; event logged here",
+                "an event's record was given up while the audit queue was full or closed; event logged here",
             );
         }
     }

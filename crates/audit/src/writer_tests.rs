@@ -94,3 +94,26 @@ fn a_full_disk_fails_the_trail_holds_the_senders_and_lets_shutdown_end() {
     );
     rt.block_on(waiting).expect("the waiting task ended");
 }
+
+/// A record future dropped before it was ever polled (a losing `select!` branch) still
+/// owes its event: it is queued, and written. (Before, the event the caller had already
+/// counted as recorded was gone.)
+#[test]
+fn a_record_dropped_unpolled_is_still_written() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.jsonl");
+    let metrics = Arc::new(AuditMetrics::default());
+    let dest = AuditDestination::File(path.clone());
+    let (audit, writer) =
+        AuditWriter::start(&dest, &AuditOptions::default(), metrics, Arc::new(Nobody)).unwrap();
+    drop(audit.record(reload(7)));
+    drop(audit);
+    let written = rt.block_on(writer.finish()).unwrap();
+    assert_eq!(written, 1, "the unpolled record's event was not written");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
+}

@@ -34,8 +34,8 @@ mod sources;
 #[path = "seatbelt/run.rs"]
 mod seatbelt;
 
-use audit_log::{audit_place, kept_log};
 pub(crate) use audit_log::unrecorded_run;
+use audit_log::{audit_place, kept_log};
 pub use bwrap::{BwrapOptions, bwrap_options};
 use identity::RunIdentity;
 pub use identity::user_subject;

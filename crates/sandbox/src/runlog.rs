@@ -92,7 +92,10 @@ pub fn keep(run: &str) -> Option<PathBuf> {
 /// runs. `None` where there is none to protect (no home, or it cannot be made or used).
 pub fn protected_dir() -> Option<PathBuf> {
     let dir = dir()?;
-    ensure(&dir).ok().map(|()| dir)
+    // Protected wherever it resolves to, even where it is not used for keeping (a link,
+    // another user's): no command changes what is there.
+    let _ = ensure(&dir);
+    Some(dir)
 }
 
 /// Makes `dir` (private: 0700) if it is not there, and checks it is a directory of this

@@ -87,35 +87,43 @@ pub(super) fn protected_files(
     Ok(out)
 }
 
-/// Refuses a run whose sandbox would hold the directory where runs keep their bridge
-/// sockets (`tmp`, canonical: the temporary directory), or one above it, in any network
+/// Refuses a run whose sandbox would hold a directory where runs keep their bridge sockets
+/// (`tmp`, canonical: this run's temporary directory; and `/tmp` and `/var/tmp`, where runs
+/// started with another `TMPDIR` usually keep theirs), or one above it, in any network
 /// mode. Another run's `bridge/` is a directory of the same user: a command that could
 /// write there could rename its sockets (sending that run's traffic to a third run's proxy,
 /// or, with Unix sockets allowed, to a listener of its own, off the record), and one that
 /// could read there could connect to them (another run's proxy, from a run without a
-/// network). The whole file system (`fs.allow_read_all`, `allow_write_all`) passes where
-/// the sandbox's private `/tmp` hides `tmp`.
+/// network). Under bubblewrap the whole file system (`fs.allow_read_all`,
+/// `allow_write_all`) passes only where the sandbox's private `/tmp` hides `tmp`. A run
+/// whose `TMPDIR` is elsewhere still is not seen (docs/sandbox.md, "Other runs' bridges").
 pub(super) fn refuse_covering_run_state(policy: &SandboxPolicy, tmp: &Path) -> Result<(), RunError> {
+    let usual = ["/tmp", "/var/tmp"].map(|d| std::fs::canonicalize(d).unwrap_or_else(|_| PathBuf::from(d)));
+    let held: Vec<&Path> = std::iter::once(tmp)
+        .chain(usual.iter().map(PathBuf::as_path))
+        .collect();
     let listed = [
         ("fs.read_paths", &policy.read_paths),
         ("fs.write_paths", &policy.write_paths),
         ("platform.bwrap.ro_bind", &policy.extra_ro_binds),
         ("platform.bwrap.rw_bind", &policy.extra_rw_binds),
     ];
-    let how = "set TMPDIR for sandgate to a directory no sandbox binds, or bind something narrower";
     for (field, paths) in listed {
-        if let Some(p) = paths.iter().find(|p| tmp.starts_with(p)) {
+        let found = paths
+            .iter()
+            .find_map(|p| held.iter().find(|h| h.starts_with(p)).map(|h| (p, h)));
+        if let Some((p, h)) = found {
             return Err(RunError::Usage(format!(
-                "{field}: {} holds {}, where runs keep their bridge sockets: the command could redirect or use other runs' traffic; {how}",
+                "{field}: {} holds {}, where runs keep their bridge sockets: the command could redirect or use other runs' traffic; bind something narrower (and for a temporary directory of its own, fs.tmp: private gives the sandbox one)",
                 p.display(),
-                tmp.display()
+                h.display()
             )));
         }
     }
     let whole = policy.allow_read_all || policy.allow_write_all;
-    if whole && !(policy.private_tmp && tmp.starts_with("/tmp")) {
+    if cfg!(target_os = "linux") && whole && !(policy.private_tmp && tmp.starts_with("/tmp")) {
         return Err(RunError::Usage(format!(
-            "fs.allow_read_all/allow_write_all: the whole file system holds {}, where runs keep their bridge sockets, and the sandbox's private /tmp does not hide it: the command could redirect or use other runs' traffic; {how}",
+            "fs.allow_read_all/allow_write_all: the whole file system holds {}, where runs keep their bridge sockets, and the sandbox's private /tmp does not hide it: the command could redirect or use other runs' traffic; keep fs.tmp private (the default) and TMPDIR under /tmp, or list read and write paths",
             tmp.display()
         )));
     }
