@@ -260,6 +260,12 @@ impl Proxy {
         }
     }
 
+    /// The audit trail's counters (events written, events that went to stderr instead), for
+    /// a caller that must say whether the log is whole once the proxy has stopped.
+    pub fn audit_metrics(&self) -> Arc<crate::audit::AuditMetrics> {
+        self.egress.metrics.audit.clone()
+    }
+
     /// A handle to replace the policy while the proxy runs.
     pub fn policy_handle(&self) -> PolicyHandle {
         PolicyHandle {

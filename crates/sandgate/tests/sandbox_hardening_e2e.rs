@@ -71,6 +71,62 @@ fn in_pty(script: &str, feed: &str, when: &str) -> String {
     host_python(PTY_DRIVER, &[script, feed, when])
 }
 
+/// A hostile review (2026-11-28), as the command: it fills the disk under the run's audit
+/// log through a write path on the same file system, makes its proxy refuse more requests
+/// than the log's queue holds (their events go to stderr), frees the disk, and exits 0.
+/// The log recovered, but lacks those events: the run exits 69 and says so. Before, it
+/// exited 0. The log is on a 32 MiB tmpfs of a mount namespace the test makes (a user
+/// namespace makes the mount; the sandbox's is nested in it).
+#[test]
+fn a_run_whose_log_failed_and_recovered_without_some_events_does_not_exit_as_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mnt = dir.path().join("m");
+    std::fs::create_dir(&mnt).unwrap();
+    let m = mnt.display().to_string();
+    let policy = write_policy(
+        dir.path(),
+        &format!("  write_paths: [ \"{m}\" ]\nnet:\n  mode: allowlist\n  allow_domains: [ a.example ]\n"),
+    );
+    let attack = format!(
+        "import os, socket\nf = open('{m}/filler', 'wb')\ntry:\n    while True:\n        f.write(b'x' * 65536); f.flush()\nexcept OSError:\n    pass\nf.close()\n\
+         host, port = os.environ['http_proxy'].split('//')[1].split(':')\ncodes = {{}}\n\
+         for i in range(12000):\n    s = socket.create_connection((host, int(port)))\n    \
+         s.sendall(b'GET http://b.example/ HTTP/1.1\\r\\nHost: b.example\\r\\nConnection: close\\r\\n\\r\\n')\n    \
+         code = s.recv(12)[9:12]\n    codes[code] = codes.get(code, 0) + 1\n    s.close()\n\
+         os.remove('{m}/filler')\nprint(codes)\n"
+    );
+    let out = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "--", "sh", "-c"])
+        .arg("mount -t tmpfs -o size=32m tmpfs \"$0\" || exit 1; shift; exec \"$@\"")
+        .arg(&mnt)
+        .arg("--")
+        .arg(common::sandgate_bin())
+        .args(["run", "--quiet", "--policy"])
+        .arg(&policy)
+        .arg("--audit-log")
+        .arg(mnt.join("audit.jsonl"))
+        .args(["--", "python3", "-c", &attack])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    let said = stderr
+        .lines()
+        .filter(|l| !l.contains("\"event\""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        stdout.contains("b'503'"),
+        "the disk never filled: {stdout}\n{said}"
+    );
+    assert_eq!(out.status.code(), Some(69), "{stdout}\n{said}");
+    assert!(
+        said.contains("audit log is not whole") && said.contains("went to stderr instead"),
+        "{said}"
+    );
+}
+
 /// A hostile review (2026-11-28): a run whose audit log could not be written (its proxy
 /// refused traffic meanwhile, and wrote what it could not record on stderr) exited with its
 /// command's status, as if all were on record. Now it says the log is not whole and exits
@@ -679,6 +735,6 @@ fn the_hardening_suite_passes_as_an_ordinary_user() {
     common::rerun_as_nobody(
         "sandbox_hardening_e2e",
         "the_hardening_suite_passes_as_an_ordinary_user",
-        12,
+        13,
     );
 }

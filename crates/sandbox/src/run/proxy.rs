@@ -72,6 +72,8 @@ pub struct FollowRequest {
 pub(super) struct RunningProxy {
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<std::io::Result<u64>>,
+    /// The proxy's audit counters: events that went to stderr make the log not whole.
+    audit: std::sync::Arc<sandgate_proxy::audit::AuditMetrics>,
     live: Option<crate::live::Printer>,
     /// The follower of `net.exceptions`, while the proxy serves.
     follower: Option<Following>,
@@ -85,7 +87,14 @@ impl RunningProxy {
         drop(self.follower);
         let _ = self.stop.send(());
         let served = match self.task.await {
-            Ok(Ok(_)) => Ok(()),
+            // The log failed for a while and recovered: what could not wait for it went to
+            // stderr, and the file lacks it.
+            Ok(Ok(_)) => match self.audit.events_not_queued.get() {
+                0 => Ok(()),
+                n => Err(format!(
+                    "it could not be written for a while, and {n} events went to stderr instead"
+                )),
+            },
             Ok(Err(e)) => Err(e.to_string()),
             Err(e) => Err(format!("the run's proxy failed: {e}")),
         };
@@ -142,12 +151,14 @@ pub(super) async fn start_proxy(
         open_bridge(state, socket, addr, what.to_owned(), Some(peers.clone()))?;
     }
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let audit = proxy.audit_metrics();
     let task = tokio::spawn(proxy.run(async move {
         let _ = stop_rx.await;
     }));
     Ok(RunningProxy {
         stop: stop_tx,
         task,
+        audit,
         live,
         follower,
     })
