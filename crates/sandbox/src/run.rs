@@ -214,6 +214,7 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
         );
         return Ok(0);
     }
+    // Canonical: the bridge directory is a bind source, opened and checked ([`sources`]).
     let tmp = std::fs::canonicalize(std::env::temp_dir()).unwrap_or_else(|_| std::env::temp_dir());
     refuse_covering_run_state(&policy, &tmp)?;
     let sandboxer = seatbelt::Sandboxer::choose(preflight)?;
@@ -244,7 +245,7 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
     }
     let code = match sandboxer {
         seatbelt::Sandboxer::Bwrap(bwrap) => {
-            rt.block_on(supervise(policy, opts, identity, env, sandgate_exe, bwrap))
+            rt.block_on(supervise(policy, opts, identity, env, sandgate_exe, bwrap, tmp))
         }
         seatbelt::Sandboxer::Seatbelt(exec) => {
             rt.block_on(seatbelt::supervise(policy, opts, identity, env, exec))
@@ -269,9 +270,8 @@ async fn supervise(
     env: Vec<(String, String)>,
     sandgate_exe: PathBuf,
     bwrap: PathBuf,
+    tmp: PathBuf,
 ) -> Result<i32, RunError> {
-    // Canonical: the bridge directory is a bind source, opened and checked ([`sources`]).
-    let tmp = std::fs::canonicalize(std::env::temp_dir()).unwrap_or_else(|_| std::env::temp_dir());
     // A run without bridges keeps nothing on the host while it runs: no state directory.
     let state = if needs_bridges(&policy) {
         Some(RunState::create(&tmp).map_err(|e| {

@@ -88,6 +88,25 @@ fn proxy_over_a_small_tmpfs(
     (p, dir, inside)
 }
 
+/// Frees the full tmpfs of [`proxy_over_a_small_tmpfs`] (its `filler` in `inside`), waits
+/// until a GET of `url` passes again (the writer recovered), stops the proxy, and returns
+/// every event of the log it copied out to `dir`, failing on a torn or bad line.
+fn recover_and_stop(p: &mut ProxyProcess, dir: &Path, inside: &Path, url: &str) -> Vec<Value> {
+    std::fs::remove_file(inside.join("filler")).unwrap();
+    let seen = until_status(&p.url(), url, "200", 50);
+    assert_eq!(
+        seen.last().map(String::as_str),
+        Some("200"),
+        "never recovered: {seen:?}"
+    );
+    assert!(p.terminate().success());
+    std::fs::read_to_string(dir.join("audit.copy"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("torn or bad line {l:?}: {e}")))
+        .collect()
+}
+
 /// Item 9: an audit log that cannot be written stops traffic (503 naming the cause), the
 /// writer recovers by itself when space returns, and no event is lost or torn.
 #[test]
@@ -117,20 +136,7 @@ fn a_full_disk_under_the_audit_log_stops_traffic_and_loses_no_event() {
         "{headers}"
     );
 
-    std::fs::remove_file(inside.join("filler")).unwrap();
-    let seen = until_status(&p.url(), &url(4), "200", 50);
-    assert_eq!(
-        seen.last().map(String::as_str),
-        Some("200"),
-        "never recovered: {seen:?}"
-    );
-    assert!(p.terminate().success());
-
-    let events: Vec<Value> = std::fs::read_to_string(dir.path().join("audit.copy"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("torn or bad line {l:?}: {e}")))
-        .collect();
+    let events = recover_and_stop(&mut p, dir.path(), &inside, &url(4));
     let served: Vec<&str> = events
         .iter()
         .filter(|e| e["event"] == "close" && e["outcome"] == "ok")
@@ -213,19 +219,7 @@ fn a_tunnel_whose_first_bytes_come_after_the_log_failed_carries_nothing() {
     );
 
     // Space again: the log has the tunnel's one decision, the 503's deny, and no allow.
-    std::fs::remove_file(inside.join("filler")).unwrap();
-    let seen = until_status(&p.url(), &url, "200", 50);
-    assert_eq!(
-        seen.last().map(String::as_str),
-        Some("200"),
-        "never recovered: {seen:?}"
-    );
-    assert!(p.terminate().success());
-    let events: Vec<Value> = std::fs::read_to_string(dir.path().join("audit.copy"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let events = recover_and_stop(&mut p, dir.path(), &inside, &url);
     let tunnel_decisions: Vec<&Value> = events
         .iter()
         .filter(|e| e["event"] == "decision" && e["method"] == "CONNECT")
