@@ -8,6 +8,11 @@
 //! bytes, or [`UNREACHABLE`] followed by a one-line reason and the end of the stream. The
 //! init's readiness check fails closed on it, naming the port, and later connections that
 //! find nothing behind the bridge are reset, not answered with an empty reply.
+//!
+//! A bridge serves only its own run: on Linux each connection's peer (`SO_PEERCRED`) must be
+//! a process descended from this runner (bwrap and everything under it; an orphan the
+//! runner reaps as a subreaper is one too). Another run that can reach the socket, through a
+//! path its policy lists, is closed on without a byte. (On macOS the peer is not checked.)
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -32,8 +37,64 @@ pub async fn serve(listener: UnixListener, target: SocketAddr, what: String, pee
         let Ok((unix, _)) = listener.accept().await else {
             continue;
         };
+        if let Err(e) = ours(&unix) {
+            tracing::warn!(target = what, "a connection to the run's bridge was refused: {e}");
+            continue;
+        }
         tokio::spawn(relay(unix, target, what.clone(), peers.clone()));
     }
+}
+
+/// Whether the peer of `unix` is a process of this run: this process or one descended from
+/// it (what this runner started, and orphans it reaps).
+#[cfg(target_os = "linux")]
+fn ours(unix: &tokio::net::UnixStream) -> Result<(), String> {
+    let cred = unix
+        .peer_cred()
+        .map_err(|e| format!("its peer cannot be read: {e}"))?;
+    let pid = cred
+        .pid()
+        .and_then(|p| u32::try_from(p).ok())
+        .ok_or("its peer has no process id")?;
+    if descends_from(pid, std::process::id()) {
+        Ok(())
+    } else {
+        Err(format!("process {pid} is not in this run's sandbox"))
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn ours(_: &tokio::net::UnixStream) -> Result<(), String> {
+    Ok(())
+}
+
+/// The most parents followed from a peer toward the runner.
+#[cfg(target_os = "linux")]
+const MAX_DEPTH: usize = 4096;
+
+/// Whether process `pid` is `root` or below it, by its parents in `/proc` (a process whose
+/// parent cannot be read is not).
+#[cfg(target_os = "linux")]
+fn descends_from(mut pid: u32, root: u32) -> bool {
+    for _ in 0..MAX_DEPTH {
+        if pid == root {
+            return true;
+        }
+        match parent_of(pid) {
+            Some(parent) if parent != 0 && parent != pid => pid = parent,
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// The parent of `pid`: the field after the state, past the command name's closing
+/// parenthesis (the name may hold spaces and parentheses of its own).
+#[cfg(target_os = "linux")]
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 #[expect(
@@ -78,4 +139,24 @@ async fn refuse(unix: &mut tokio::net::UnixStream, what: &str, reason: &str) {
     message.extend_from_slice(format!("nothing answers on {what}: {reason}").as_bytes());
     let _ = unix.write_all(&message).await;
     let _ = unix.shutdown().await;
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::{descends_from, parent_of};
+
+    #[test]
+    fn a_child_descends_from_this_process_and_this_process_not_from_it() {
+        let mut child = std::process::Command::new("sleep").arg("10").spawn().unwrap();
+        let me = std::process::id();
+        assert_eq!(parent_of(child.id()), Some(me));
+        assert!(descends_from(child.id(), me));
+        assert!(descends_from(me, me));
+        assert!(!descends_from(me, child.id()));
+        // Not a process (past pid_max), and the kernel's: not below anything.
+        assert!(!descends_from(u32::MAX, me));
+        assert!(!descends_from(2, me));
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }

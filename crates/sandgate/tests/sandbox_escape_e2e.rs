@@ -463,14 +463,17 @@ fn earlier_runs_logs_cannot_be_erased_or_planted_from_a_writable_home() {
     );
 }
 
-/// A hostile review (2026-11-28), as a run without a network: runs keep their bridge
-/// sockets in the temporary directory, and a run whose read paths held it (and that may
-/// make Unix sockets) could connect to another run's proxy socket, the way to that run's
-/// proxy and allowlist (and, with write paths there, rename its sockets). Any run that
-/// would hold that directory is refused now (exit 64); before, this run connected and the
-/// other run's bridge answered.
-#[test]
-fn a_run_that_would_hold_other_runs_bridge_sockets_is_refused() {
+/// Another run, in allowlist mode, started with `TMPDIR` at `tmp` in a directory of its own
+/// (readable by anyone) and sleeping; with that directory, `tmp`, the run and its proxy's
+/// bridge socket once it is there.
+fn another_run_with_a_bridge(
+    stderr: Stdio,
+) -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    std::process::Child,
+    std::path::PathBuf,
+) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let tmp = dir.path().join("tmp");
@@ -484,7 +487,7 @@ fn a_run_that_would_hold_other_runs_bridge_sockets_is_refused() {
         .env("TMPDIR", &tmp)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let socket = || -> Option<std::path::PathBuf> {
@@ -494,11 +497,33 @@ fn a_run_that_would_hold_other_runs_bridge_sockets_is_refused() {
             .map(|e| e.path().join("bridge/proxy.sock"))
             .find(|p| p.exists())
     };
-    assert!(
-        sandbox_support::eventually(std::time::Duration::from_secs(15), || socket().is_some()),
-        "the other run's bridge never appeared"
-    );
+    if !sandbox_support::eventually(std::time::Duration::from_secs(15), || socket().is_some()) {
+        let _ = b.kill();
+        let _ = b.wait();
+        panic!("the other run's bridge never appeared");
+    }
     let socket = socket().unwrap();
+    (dir, tmp, b, socket)
+}
+
+/// A Python program that connects to the Unix socket at `socket` and prints the first byte
+/// it is answered with (`b''` when the other end closes without one).
+fn reach(socket: &std::path::Path) -> String {
+    format!(
+        "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({:?})\nprint('connected', s.recv(1))\n",
+        socket.display().to_string()
+    )
+}
+
+/// A hostile review (2026-11-28), as a run without a network: runs keep their bridge
+/// sockets in the temporary directory, and a run whose read paths held it (and that may
+/// make Unix sockets) could connect to another run's proxy socket, the way to that run's
+/// proxy and allowlist (and, with write paths there, rename its sockets). Any run that
+/// would hold that directory is refused now (exit 64); before, this run connected and the
+/// other run's bridge answered.
+#[test]
+fn a_run_that_would_hold_other_runs_bridge_sockets_is_refused() {
+    let (dir, tmp, mut b, socket) = another_run_with_a_bridge(Stdio::null());
     // The attacker: no network, Unix sockets allowed, the directory above `tmp` readable.
     let d = dir.path().display().to_string();
     let doc = sandbox_support::base().replace("read_paths: [ ", &format!("read_paths: [ \"{d}\", "));
@@ -508,11 +533,7 @@ fn a_run_that_would_hold_other_runs_bridge_sockets_is_refused() {
         format!("{doc}net:\n  mode: none\nplatform:\n  seccomp: {{ allow_unix_sockets: true }}\n"),
     )
     .unwrap();
-    let reach = format!(
-        "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({:?})\nprint('connected', s.recv(1))\n",
-        socket.display().to_string()
-    );
-    let out = sandbox_support::run_command(&attacker, &[], &[HOST_PYTHON, "-c", &reach])
+    let out = sandbox_support::run_command(&attacker, &[], &[HOST_PYTHON, "-c", &reach(&socket)])
         .env("TMPDIR", &tmp)
         .stdin(Stdio::null())
         .output()
@@ -526,6 +547,46 @@ fn a_run_that_would_hold_other_runs_bridge_sockets_is_refused() {
     );
     assert_eq!(out.status.code(), Some(64), "{stdout}\n{stderr}");
     assert!(stderr.contains("bridge sockets"), "{stderr}");
+}
+
+/// The bridge check at load time covers the temporary directory of the run being started,
+/// `/tmp` and `/var/tmp`; another run of the same user started with another `TMPDIR` keeps
+/// its bridge sockets elsewhere, and a policy may list that place. Each bridge now serves
+/// only processes of its own run (`SO_PEERCRED`, the peer's parents read up to the runner):
+/// this run reaches the socket, connects, and is closed on without a byte. Before, the other
+/// run's bridge answered with its ready byte, the way to that run's proxy and allowlist.
+#[test]
+fn another_runs_bridge_closes_on_a_process_of_this_run() {
+    let (dir, _tmp, mut b, socket) = another_run_with_a_bridge(Stdio::piped());
+    // This run: no network, Unix sockets allowed, the other run's directory readable, and a
+    // temporary directory of its own elsewhere, so the check at load time passes.
+    let own_tmp = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let doc = sandbox_support::base().replace("read_paths: [ ", &format!("read_paths: [ \"{d}\", "));
+    let attacker = own_tmp.path().join("attacker.yaml");
+    std::fs::write(
+        &attacker,
+        format!("{doc}net:\n  mode: none\nplatform:\n  seccomp: {{ allow_unix_sockets: true }}\n"),
+    )
+    .unwrap();
+    let out = sandbox_support::run_command(&attacker, &[], &[HOST_PYTHON, "-c", &reach(&socket)])
+        .env("TMPDIR", own_tmp.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let _ = b.kill();
+    let other_run = b.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("connected b''"),
+        "another run's bridge answered this run: {stdout}\n{stderr}"
+    );
+    let other_stderr = String::from_utf8_lossy(&other_run.stderr);
+    assert!(
+        other_stderr.contains("not in this run's sandbox"),
+        "the other run did not say it refused a stranger: {other_stderr}"
+    );
 }
 
 /// A hostile review (2026-11-28): the kept logs' directory was protected only once it
@@ -675,6 +736,6 @@ fn the_escape_suite_passes_as_an_ordinary_user() {
     common::rerun_as_nobody(
         "sandbox_escape_e2e",
         "the_escape_suite_passes_as_an_ordinary_user",
-        11,
+        12,
     );
 }
