@@ -1,5 +1,6 @@
 //! `sandgate-bench`: the in-repo load benchmark. Runs one suite against a direct connection
-//! (the harness's physical limit), sandgate, Squid and tinyproxy, interleaved round by round,
+//! (the harness's physical limit), a bare relay (the floor for any proxy), sandgate, Squid and
+//! tinyproxy, interleaved round by round,
 //! and prints medians with ratios to direct and to sandgate as a Markdown table; and keep-alive
 //! HTTPS GETs through a blind tunnel and through an intercepting sandgate, with the proxy's CPU
 //! per request.
@@ -11,6 +12,7 @@
 mod client;
 mod process;
 mod proxies;
+mod relay;
 mod report;
 mod scenarios;
 mod servers;
@@ -55,10 +57,11 @@ struct Args {
     /// on tunnels), sandgate-intercept (the HTTPS origin allowed read-only, so its tunnels
     /// are intercepted), sandgate-central (a node-local proxy and a central one, both on the
     /// proxies' core; sandgate-central-http1: a TLS connection per tunnel instead of HTTP/2
-    /// streams), squid, tinyproxy.
+    /// streams), relay (a bare relay: one thread, no policy, no audit, the floor), squid,
+    /// tinyproxy.
     #[arg(
         long,
-        default_value = "direct,sandgate,squid,tinyproxy",
+        default_value = "direct,relay,sandgate,squid,tinyproxy",
         value_delimiter = ','
     )]
     targets: Vec<String>,
@@ -99,6 +102,9 @@ enum Scenario {
 const PINNED_ENV: &str = "SANDGATE_BENCH_PINNED";
 
 fn main() -> ExitCode {
+    if std::env::args_os().nth(1).is_some_and(|a| a == relay::FLAG) {
+        return relay::serve();
+    }
     let mut args = Args::parse();
     if args.smoke {
         args.rounds = 1;
@@ -211,6 +217,8 @@ fn start_target(name: &str, b: &Bench<'_>) -> Result<Option<RunningProxy>, BoxEr
         "sandgate-central-http1" => proxies::sandgate_central(bin, s, core, true)?,
         "squid" => proxies::squid(s, core)?,
         "tinyproxy" => proxies::tinyproxy(s, core)?,
+        // The floor: a bare relay, one thread, no policy, no audit.
+        "relay" => proxies::bare_relay(core)?,
         other => return Err(format!("unknown target {other}").into()),
     }))
 }

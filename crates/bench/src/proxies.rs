@@ -1,5 +1,6 @@
 //! Starting the proxies under test, each pinned to core 0 and allowing exactly the harness's
-//! servers: sandgate, Squid and tinyproxy (Debian packages), with equivalent allowlists.
+//! servers: sandgate, Squid and tinyproxy (Debian packages), with equivalent allowlists, and
+//! the bare relay that is every proxy's floor.
 //! sandgate listens on port 0 and its start-up log says where; the other two cannot, and are
 //! checked to hold the port they were given.
 
@@ -413,6 +414,39 @@ pub fn tinyproxy(s: &Servers, core: Option<usize>) -> Result<RunningProxy, BoxEr
         intercept_ca_pem: None,
         _dir: dir,
     })
+}
+
+/// The bare relay (`relay.rs`): this binary again, pinned as the proxies are, printing the
+/// address it listens on as its first line (at most 15 s).
+pub fn bare_relay(core: Option<usize>) -> Result<RunningProxy, BoxError> {
+    use std::io::BufRead;
+    let exe = std::env::current_exe()?;
+    let mut child = pinned(&exe, core)
+        .arg(crate::relay::FLAG)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line.trim().parse::<SocketAddr>());
+    });
+    match rx.recv_timeout(Duration::from_secs(15)) {
+        Ok(Ok(addr)) => Ok(RunningProxy {
+            addr,
+            child,
+            companion: None,
+            intercept_ca_pem: None,
+            _dir: tempfile::tempdir()?,
+        }),
+        _ => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err("the bare relay did not say where it listens".into())
+        }
+    }
 }
 
 pub fn which(name: &str) -> Option<PathBuf> {

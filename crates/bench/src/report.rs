@@ -148,11 +148,16 @@ pub fn print_report(args: &Args, results: &Results, pinned: bool) {
 }
 
 /// The CPU table: a column a target with the proxy's CPU per unit of work (for `direct`,
-/// the load side's: the limit), then each proxy against that limit. A `sandgate-nopeek`
-/// column is the new tunnel without the ClientHello check.
+/// the load side's: the limit), then each proxy against that limit, and sandgate against the
+/// bare relay when both ran. A `sandgate-nopeek` column is the new tunnel without the
+/// ClientHello check.
 fn print_cpu(targets: &[&str], results: &Results) {
     let proxies: Vec<&str> = targets.iter().copied().filter(|t| *t != "direct").collect();
-    let ratios: Vec<String> = proxies.iter().map(|t| format!("{t} / limit")).collect();
+    let mut ratios: Vec<String> = proxies.iter().map(|t| format!("{t} / limit")).collect();
+    let floor = targets.contains(&"sandgate") && targets.contains(&"relay");
+    if floor {
+        ratios.push("sandgate / relay".to_owned());
+    }
     print_header(
         "proxy's CPU per unit (direct: the load side's, the limit)",
         targets,
@@ -175,14 +180,21 @@ fn print_cpu(targets: &[&str], results: &Results) {
         for t in &proxies {
             line.push_str(&ratio(of(t), limit));
         }
+        if floor {
+            line.push_str(&ratio(of("sandgate"), of("relay")));
+        }
         println!("{line}");
     }
 }
 
 /// The suite's table: a column a target, sandgate against direct, the best other proxy
-/// against sandgate.
+/// against sandgate, and sandgate against the bare relay when both ran.
 fn print_suite(targets: &[&str], results: &Results) {
-    let ratios = ["sandgate / direct".to_owned(), "best other / sandgate".to_owned()];
+    let mut ratios = vec!["sandgate / direct".to_owned(), "best other / sandgate".to_owned()];
+    let floor = targets.contains(&"sandgate") && targets.contains(&"relay");
+    if floor {
+        ratios.push("sandgate / relay".to_owned());
+    }
     print_header("metric", targets, &ratios);
     for (key, label, higher_better) in METRICS {
         let Some(by_target) = results.get(key) else {
@@ -202,6 +214,9 @@ fn print_suite(targets: &[&str], results: &Results) {
             others.iter().copied().reduce(f64::min)
         };
         line.push_str(&ratio(best, sg));
+        if floor {
+            line.push_str(&ratio(sg, med("relay")));
+        }
         println!("{line}");
     }
 }

@@ -1,5 +1,5 @@
-//! Runs the load benchmark in smoke mode (tiny sizes; direct, sandgate, and sandgate
-//! intercepting the HTTPS origin) so the harness cannot rot. It checks that every scenario
+//! Runs the load benchmark in smoke mode (tiny sizes; direct, sandgate, sandgate
+//! intercepting the HTTPS origin, and the bare relay) so the harness cannot rot. It checks that every scenario
 //! ran and produced figures; it asserts no speed.
 
 #![allow(clippy::panic, clippy::expect_used, reason = "test")]
@@ -30,7 +30,7 @@ fn smoke_run_produces_every_figure() {
             "--smoke",
             "--no-pin",
             "--targets",
-            "direct,sandgate,sandgate-intercept",
+            "direct,sandgate,sandgate-intercept,relay",
             "--sandgate",
         ])
         .arg(&sandgate)
@@ -39,7 +39,7 @@ fn smoke_run_produces_every_figure() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    // Columns: direct, sandgate, sandgate-intercept.
+    // Columns: direct, sandgate, sandgate-intercept, relay.
     for metric in [
         "tunnel throughput up",
         "tunnel throughput down",
@@ -49,11 +49,13 @@ fn smoke_run_produces_every_figure() {
         "RSS per idle tunnel past",
         "RSS per tunnel waiting",
     ] {
-        let cell = figure(&stdout, metric, 2);
-        assert!(
-            cell.parse::<f64>().is_ok(),
-            "{metric}: no sandgate figure: {cell:?}"
-        );
+        for (column, target) in [(2, "sandgate"), (4, "relay")] {
+            let cell = figure(&stdout, metric, column);
+            assert!(
+                cell.parse::<f64>().is_ok(),
+                "{metric}: no {target} figure: {cell:?}"
+            );
+        }
     }
     for metric in [
         "keep-alive HTTPS GETs",
@@ -76,7 +78,8 @@ fn smoke_run_produces_every_figure() {
         "CPU per GiB relayed",
     ];
     for metric in cpu {
-        let cells = [(1, "direct"), (2, "sandgate")].map(|(c, t)| (figure(&stdout, metric, c), t));
+        let cells =
+            [(1, "direct"), (2, "sandgate"), (4, "relay")].map(|(c, t)| (figure(&stdout, metric, c), t));
         for (cell, target) in cells {
             assert!(
                 cell.parse::<f64>().is_ok(),
@@ -84,6 +87,8 @@ fn smoke_run_produces_every_figure() {
             );
         }
     }
-    // Only the intercepting target's failures leave the run's status untouched.
+    // Only the intercepting target's and the relay's failures leave the run's status
+    // untouched.
     assert!(!stderr.contains("sandgate-intercept:"), "{stderr}");
+    assert!(!stderr.contains("relay:"), "{stderr}");
 }
