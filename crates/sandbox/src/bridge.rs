@@ -10,9 +10,11 @@
 //! find nothing behind the bridge are reset, not answered with an empty reply.
 //!
 //! A bridge serves only its own run: on Linux each connection's peer (`SO_PEERCRED`) must be
-//! a process descended from this runner (bwrap and everything under it; an orphan the
-//! runner reaps as a subreaper is one too). Another run that can reach the socket, through a
-//! path its policy lists, is closed on without a byte. (On macOS the peer is not checked.)
+//! a process at most [`MAX_DEPTH`] generations below this runner (bwrap and the sandbox's
+//! init, which makes every bridge connection, are two). Another run that can reach the
+//! socket, through a path its policy lists, is closed on without a byte, and the run warns
+//! on the first such connection and then at each power of two, so a flood of them cannot
+//! fill the run's stderr. (On macOS the peer is not checked.)
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -33,20 +35,28 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// socket's address is registered before connecting, so the run's proxy serves only this
 /// bridge.
 pub async fn serve(listener: UnixListener, target: SocketAddr, what: String, peers: Option<PeerFilter>) {
+    let mut refused: u64 = 0;
     loop {
         let Ok((unix, _)) = listener.accept().await else {
             continue;
         };
         if let Err(e) = ours(&unix) {
-            tracing::warn!(target = what, "a connection to the run's bridge was refused: {e}");
+            refused += 1;
+            if refused.is_power_of_two() {
+                tracing::warn!(
+                    target = what,
+                    refused,
+                    "a connection to the run's bridge was refused: {e}"
+                );
+            }
             continue;
         }
         tokio::spawn(relay(unix, target, what.clone(), peers.clone()));
     }
 }
 
-/// Whether the peer of `unix` is a process of this run: this process or one descended from
-/// it (what this runner started, and orphans it reaps).
+/// Whether the peer of `unix` is a process of this run: this process or one at most
+/// [`MAX_DEPTH`] generations below it.
 #[cfg(target_os = "linux")]
 fn ours(unix: &tokio::net::UnixStream) -> Result<(), String> {
     let cred = unix
@@ -68,15 +78,17 @@ fn ours(_: &tokio::net::UnixStream) -> Result<(), String> {
     Ok(())
 }
 
-/// The most parents followed from a peer toward the runner.
+/// The most parents followed from a peer toward the runner: the init that connects is two
+/// generations below it (bwrap, then the init), a setuid bwrap may add one; a deeper chain
+/// is not the run's, and the check never reads more than this many files.
 #[cfg(target_os = "linux")]
-const MAX_DEPTH: usize = 4096;
+const MAX_DEPTH: usize = 8;
 
-/// Whether process `pid` is `root` or below it, by its parents in `/proc` (a process whose
-/// parent cannot be read is not).
+/// Whether process `pid` is `root` or at most [`MAX_DEPTH`] generations below it, by its
+/// parents in `/proc` (a process whose parent cannot be read is not).
 #[cfg(target_os = "linux")]
 fn descends_from(mut pid: u32, root: u32) -> bool {
-    for _ in 0..MAX_DEPTH {
+    for _ in 0..=MAX_DEPTH {
         if pid == root {
             return true;
         }
@@ -158,5 +170,77 @@ mod tests {
         assert!(!descends_from(2, me));
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    /// A chain deeper than the bound is not followed to its end (each step is a file read,
+    /// and a stranger could build a long chain to make every refusal cost more).
+    #[test]
+    fn a_chain_deeper_than_the_bound_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("chain.sh");
+        // Each shell starts the next and waits for it; the last one starts a sleep.
+        std::fs::write(
+            &script,
+            "if [ \"$1\" -gt 1 ]; then sh \"$0\" $(($1 - 1)); else sleep 10; fi; true\n",
+        )
+        .unwrap();
+        let shells = super::MAX_DEPTH + 3;
+        let mut top = std::process::Command::new("sh")
+            .arg(&script)
+            .arg(shells.to_string())
+            .spawn()
+            .unwrap();
+        let me = std::process::id();
+        let mut bottom = None;
+        for _ in 0..500 {
+            bottom = leaf(top.id()).filter(|b| {
+                std::fs::read_to_string(format!("/proc/{b}/comm")).is_ok_and(|c| c.trim() == "sleep")
+            });
+            if bottom.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let bottom = bottom.expect("the chain of shells never reached its sleep");
+        let length = chain_length(bottom, me).unwrap();
+        assert!(length > super::MAX_DEPTH, "the chain is {length} long");
+        // The process exactly MAX_DEPTH generations below is accepted, the bottom is not.
+        let mut at_bound = bottom;
+        for _ in super::MAX_DEPTH..length {
+            at_bound = parent_of(at_bound).unwrap();
+        }
+        assert_eq!(chain_length(at_bound, me), Some(super::MAX_DEPTH));
+        assert!(descends_from(at_bound, me));
+        assert!(
+            !descends_from(bottom, me),
+            "{length} generations below were accepted"
+        );
+        let _ = std::process::Command::new("kill")
+            .arg(bottom.to_string())
+            .status();
+        let _ = top.wait();
+    }
+
+    /// The last descendant of `pid` along first children (`/proc/PID/task/PID/children`).
+    fn leaf(mut pid: u32) -> Option<u32> {
+        for _ in 0..64 {
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+            match children.split_whitespace().next() {
+                Some(c) => pid = c.parse().ok()?,
+                None => return Some(pid),
+            }
+        }
+        None
+    }
+
+    /// Generations from `pid` up to `root`, if it is below it at all.
+    fn chain_length(mut pid: u32, root: u32) -> Option<usize> {
+        for n in 0..64 {
+            if pid == root {
+                return Some(n);
+            }
+            pid = parent_of(pid)?;
+        }
+        None
     }
 }

@@ -554,7 +554,8 @@ fn a_run_that_would_hold_other_runs_bridge_sockets_is_refused() {
 /// its bridge sockets elsewhere, and a policy may list that place. Each bridge now serves
 /// only processes of its own run (`SO_PEERCRED`, the peer's parents read up to the runner):
 /// this run reaches the socket, connects, and is closed on without a byte. Before, the other
-/// run's bridge answered with its ready byte, the way to that run's proxy and allowlist.
+/// run's bridge answered with its ready byte, the way to that run's proxy and allowlist. A
+/// flood of such connections does not flood the other run's stderr with warnings.
 #[test]
 fn another_runs_bridge_closes_on_a_process_of_this_run() {
     let (dir, _tmp, mut b, socket) = another_run_with_a_bridge(Stdio::piped());
@@ -569,7 +570,13 @@ fn another_runs_bridge_closes_on_a_process_of_this_run() {
         format!("{doc}net:\n  mode: none\nplatform:\n  seccomp: {{ allow_unix_sockets: true }}\n"),
     )
     .unwrap();
-    let out = sandbox_support::run_command(&attacker, &[], &[HOST_PYTHON, "-c", &reach(&socket)])
+    // Then 299 more: the other run warns at each power of two, not for each one.
+    let flood = format!(
+        "{}for _ in range(299):\n    t = socket.socket(socket.AF_UNIX)\n    t.connect({:?})\n    t.recv(1)\n    t.close()\n",
+        reach(&socket),
+        socket.display().to_string()
+    );
+    let out = sandbox_support::run_command(&attacker, &[], &[HOST_PYTHON, "-c", &flood])
         .env("TMPDIR", own_tmp.path())
         .stdin(Stdio::null())
         .output()
@@ -586,6 +593,11 @@ fn another_runs_bridge_closes_on_a_process_of_this_run() {
     assert!(
         other_stderr.contains("not in this run's sandbox"),
         "the other run did not say it refused a stranger: {other_stderr}"
+    );
+    let warnings = other_stderr.matches("not in this run's sandbox").count();
+    assert!(
+        (1..=9).contains(&warnings),
+        "300 refusals, {warnings} warnings (1, 2, 4 .. 256 are 9): {other_stderr}"
     );
 }
 
