@@ -5,8 +5,9 @@
 //! Layout inside the sandbox: nothing of the host but the listed paths (bound at their
 //! canonical place, with a symlink where the policy spelled them differently); a fresh
 //! /proc, a minimal /dev, a private /tmp; the root itself read-only; the sandgate binary at
-//! [`INIT_PATH`]; in the proxied modes the bridge directory, read-only, at [`BRIDGE_DIR`]
-//! (one socket for the HTTP proxy, one for its SOCKS5 listener).
+//! [`INIT_PATH`]; in the proxied modes the bridge directory's files at [`BRIDGE_DIR`] (one
+//! socket for the HTTP proxy, one for its SOCKS5 listener, one per loopback port, the
+//! interception CA's two files), each bound read-only on its own ([`bridge_files`]).
 //!
 //! The command starts in `policy.cwd` (`--chdir`; see [`crate::policy::start_dir`]).
 //!
@@ -32,6 +33,10 @@ pub const BRIDGE_DIR: &str = "/run/sandgate";
 pub const PROXY_SOCKET: &str = "proxy.sock";
 /// The bridge socket of the run's SOCKS5 listener, in the bridge directory.
 pub const SOCKS_SOCKET: &str = "socks.sock";
+/// The run's interception CA certificate, in the bridge directory.
+pub const CA_CERT: &str = "ca.pem";
+/// The system's roots and that CA, in the bridge directory.
+pub const CA_BUNDLE: &str = "ca-bundle.pem";
 /// Where the sandgate binary appears inside the sandbox.
 pub const INIT_PATH: &str = "/run/sandgate-init";
 
@@ -81,6 +86,30 @@ fn bind(argv: &mut Vec<OsString>, flag: &str, source: &Path, dest: &Path) {
 /// Does the sandbox hold bridge sockets (kept by the init)?
 pub fn needs_bridges(policy: &SandboxPolicy) -> bool {
     policy.net.proxied() || !policy.loopback_ports.is_empty()
+}
+
+/// The files of the bridge directory the sandbox gets, as the runner makes them before bwrap
+/// starts: the HTTP proxy's socket and the SOCKS5 listener's, the interception CA's
+/// certificate and bundle, one socket per `net.loopback_ports` port.
+pub fn bridge_files(policy: &SandboxPolicy) -> Vec<String> {
+    let mut files = Vec::new();
+    if policy.net.proxied() {
+        files.push(PROXY_SOCKET.to_owned());
+        if policy.socks_port.is_some() {
+            files.push(SOCKS_SOCKET.to_owned());
+        }
+        if policy.intercepts() {
+            files.push(CA_CERT.to_owned());
+            files.push(CA_BUNDLE.to_owned());
+        }
+    }
+    files.extend(
+        policy
+            .loopback_ports
+            .iter()
+            .map(|port| format!("port-{port}.sock")),
+    );
+    files
 }
 
 /// Does the command start behind the in-sandbox init? Always as PID 1 of a PID namespace,
@@ -205,11 +234,20 @@ fn mounts(argv: &mut Vec<OsString>, policy: &SandboxPolicy, facts: &RunFacts) {
             bind(argv, "--ro-bind", source, dest);
         }
     }
-    // Read-only, so the sandbox can create nothing in the host directory behind it; a
-    // socket accepts connect() on a read-only mount (it needs write permission on the
-    // socket inode, not a writable file system).
+    // Read-only (a socket accepts connect() on a read-only mount: it needs write permission
+    // on the socket inode, not a writable file system), and each file on its own: a mount
+    // stays on the file it was made of, so a process outside that renames the host's socket
+    // and puts another in its place (a run that may write where this run's state is) does not
+    // redirect the init, which connects by path.
     if let (true, Some(dir)) = (needs_bridges(policy), &facts.bridge_dir) {
-        bind(argv, "--ro-bind", dir, Path::new(BRIDGE_DIR));
+        for name in bridge_files(policy) {
+            bind(
+                argv,
+                "--ro-bind",
+                &dir.join(&name),
+                &Path::new(BRIDGE_DIR).join(&name),
+            );
+        }
     }
     bind(argv, "--ro-bind", &facts.init_exe, Path::new(INIT_PATH));
     // An alias is needed only where the host's own symlink is not already visible through a

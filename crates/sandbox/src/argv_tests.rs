@@ -55,7 +55,7 @@ fn allowlist_mode_routes_through_the_init_and_the_bridge() {
     assert!(s.contains(" --disable-userns "), "{s}");
     assert!(
         s.contains(
-            "--ro-bind /tmp/sg-1/bridge /run/sandgate --ro-bind /opt/sandgate /run/sandgate-init --remount-ro /dev --remount-ro / --as-pid-1"
+            "--ro-bind /tmp/sg-1/bridge/proxy.sock /run/sandgate/proxy.sock --ro-bind /tmp/sg-1/bridge/socks.sock /run/sandgate/socks.sock --ro-bind /opt/sandgate /run/sandgate-init --remount-ro /dev --remount-ro / --as-pid-1"
         ),
         "{s}"
     );
@@ -180,6 +180,12 @@ fn loopback_ports_are_forwarded_by_the_init() {
     );
     assert!(
         s.ends_with("sandbox-init --build BUILD --rlimit nproc=512 --forward 127.0.0.1:5432=/run/sandgate/port-5432.sock -- curl https://a.example/"),
+        "{s}"
+    );
+    // The socket itself is bound, not the directory it is in.
+    assert!(
+        s.contains("--ro-bind /tmp/sg-1/bridge/port-5432.sock /run/sandgate/port-5432.sock ")
+            && !s.contains("/tmp/sg-1/bridge "),
         "{s}"
     );
 }

@@ -152,7 +152,7 @@ pub fn environment(
     // bundle of the system's roots and it for clients that take one file, the CA alone
     // for Node, which adds it to its own roots.
     if policy.intercepts() {
-        let bundle = format!("{}/{}", crate::argv::BRIDGE_DIR, CA_BUNDLE);
+        let bundle = format!("{}/{}", crate::argv::BRIDGE_DIR, crate::argv::CA_BUNDLE);
         for k in [
             "SSL_CERT_FILE",
             "REQUESTS_CA_BUNDLE",
@@ -163,16 +163,11 @@ pub fn environment(
         }
         out.insert(
             "NODE_EXTRA_CA_CERTS".to_owned(),
-            format!("{}/{}", crate::argv::BRIDGE_DIR, CA_CERT),
+            format!("{}/{}", crate::argv::BRIDGE_DIR, crate::argv::CA_CERT),
         );
     }
     (out.into_iter().collect(), withheld)
 }
-
-/// The run's interception CA certificate, in the bridge directory.
-pub const CA_CERT: &str = "ca.pem";
-/// The system's roots and that CA, in the bridge directory.
-pub const CA_BUNDLE: &str = "ca-bundle.pem";
 
 #[cfg(test)]
 mod tests {

@@ -1,6 +1,7 @@
 //! A run's state on the host: one private directory, `sandgate-run-XXXXXXXXXX` in the
 //! temporary directory, holding the run's audit log and `bridge/`, the only part bound into
-//! the sandbox (read-only, holding nothing but the bridge sockets).
+//! the sandbox (its files each bound read-only on their own: the bridge sockets, and the
+//! interception CA's certificate and bundle).
 //!
 //! The directory is locked (`flock`, exclusive) for the whole run. A run that ends removes
 //! its directory; one that cannot (killed with `kill -9`) leaves it, unlocked, and the next

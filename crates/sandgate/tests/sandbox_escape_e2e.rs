@@ -474,19 +474,38 @@ fn another_run_with_a_bridge(
     std::process::Child,
     std::path::PathBuf,
 ) {
+    another_run_running(stderr, &["sleep", "20"], |_| String::new())
+}
+
+/// [`another_run_with_a_bridge`] running `command`, its policy's read paths with those
+/// `read` gives for the directory.
+fn another_run_running(
+    stderr: Stdio,
+    command: &[&str],
+    read: impl FnOnce(&std::path::Path) -> String,
+) -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    std::process::Child,
+    std::path::PathBuf,
+) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let tmp = dir.path().join("tmp");
     std::fs::create_dir(&tmp).unwrap();
-    // The other run: an allowlist run whose bridge sockets wait in `tmp` while it sleeps.
-    let other = write_policy(
-        dir.path(),
-        "net:\n  mode: allowlist\n  allow_domains: [ a.example ]\n",
-    );
-    let mut b = sandbox_support::run_command(&other, &[], &["sleep", "20"])
+    // The other run: an allowlist run whose bridge sockets wait in `tmp` while it runs.
+    let doc =
+        sandbox_support::base().replace("read_paths: [ ", &format!("read_paths: [ {}", read(dir.path())));
+    let other = dir.path().join("policy.yaml");
+    std::fs::write(
+        &other,
+        format!("{doc}net:\n  mode: allowlist\n  allow_domains: [ a.example ]\n"),
+    )
+    .unwrap();
+    let mut b = sandbox_support::run_command(&other, &[], command)
         .env("TMPDIR", &tmp)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(stderr)
         .spawn()
         .unwrap();
@@ -504,6 +523,96 @@ fn another_run_with_a_bridge(
     }
     let socket = socket().unwrap();
     (dir, tmp, b, socket)
+}
+
+/// A hostile review (2026-11-28): a run that may write where another run's state is (its
+/// paths hold that run's `TMPDIR`) renamed that run's bridge socket and put its own in its
+/// place; the other run's init connects by path, so the other run's next request went to
+/// this run, off its record. Each bridge file is now bound on its own, and a mount stays on
+/// the file it was made of: the other run's request still reaches its own proxy (a 403 for
+/// a host it does not allow). Before, it printed what this run answered.
+#[test]
+fn a_renamed_bridge_socket_does_not_redirect_the_run_that_made_it() {
+    // The other run waits for the swap, then asks its proxy for a host it does not allow.
+    let ask = r#"
+import os, socket, time
+for _ in range(1500):
+    if os.path.exists(os.environ['SIGNAL']):
+        break
+    time.sleep(0.01)
+s = socket.create_connection(('127.0.0.1', 3128))
+s.sendall(b'GET http://b.example/ HTTP/1.1\r\nHost: b.example\r\n\r\n')
+print('answered', s.recv(200))
+"#;
+    let signal_dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        signal_dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let signal = signal_dir.path().join("swapped");
+    let s_dir = signal_dir.path().display().to_string();
+    let set_signal = format!("SIGNAL={}", signal.display());
+    let (dir, _tmp, victim, socket) = another_run_running(
+        Stdio::piped(),
+        &["env", &set_signal, HOST_PYTHON, "-c", ask],
+        |_| format!("\"{s_dir}\", "),
+    );
+    // This run: no network, Unix sockets allowed, the other run's directory and the signal's
+    // writable, a temporary directory of its own elsewhere (so the check at load time passes).
+    let own_tmp = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let doc = sandbox_support::base().replace(
+        "fs:\n",
+        &format!("fs:\n  write_paths: [ \"{d}\", \"{s_dir}\" ]\n"),
+    );
+    let attacker = own_tmp.path().join("attacker.yaml");
+    std::fs::write(
+        &attacker,
+        format!("{doc}net:\n  mode: none\nplatform:\n  seccomp: {{ allow_unix_sockets: true }}\n"),
+    )
+    .unwrap();
+    let swap = format!(
+        r#"
+import os, socket
+path = {sock:?}
+os.rename(path, path + '.old')
+l = socket.socket(socket.AF_UNIX)
+l.bind(path)
+l.listen(1)
+open({signal:?}, 'w').close()
+l.settimeout(20)
+c, _ = l.accept()
+c.sendall(b'\x00HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\nhijacked')
+c.recv(100)
+"#,
+        sock = socket.display().to_string(),
+        signal = signal.display().to_string(),
+    );
+    let mut attack = sandbox_support::run_command(&attacker, &[], &[HOST_PYTHON, "-c", &swap])
+        .env("TMPDIR", own_tmp.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = victim.wait_with_output().unwrap();
+    let _ = attack.kill();
+    let attack = attack.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(
+        signal.exists(),
+        "the swap did not happen: {}",
+        String::from_utf8_lossy(&attack.stderr)
+    );
+    assert!(
+        !stdout.contains("hijacked"),
+        "the other run's request went to this run: {stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("answered") && stdout.contains("403"),
+        "the other run's proxy did not answer: {stdout}\n{stderr}"
+    );
 }
 
 /// A Python program that connects to the Unix socket at `socket` and prints the first byte
@@ -748,6 +857,6 @@ fn the_escape_suite_passes_as_an_ordinary_user() {
     common::rerun_as_nobody(
         "sandbox_escape_e2e",
         "the_escape_suite_passes_as_an_ordinary_user",
-        12,
+        13,
     );
 }

@@ -333,8 +333,8 @@ fn intercept(proxy: &Proxy, state: &RunState, identity: &super::RunIdentity) -> 
     })?;
     let dir = state.bridge_dir();
     for (file, text) in [
-        (crate::env::CA_CERT, interceptor.ca().cert_pem().to_owned()),
-        (crate::env::CA_BUNDLE, interceptor.bundle_pem()),
+        (crate::argv::CA_CERT, interceptor.ca().cert_pem().to_owned()),
+        (crate::argv::CA_BUNDLE, interceptor.bundle_pem()),
     ] {
         let path = dir.join(file);
         std::fs::write(&path, text)
