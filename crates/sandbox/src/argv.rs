@@ -58,6 +58,11 @@ pub struct RunFacts {
     pub init_exe: PathBuf,
     /// The host directory holding the bridge sockets (proxied modes, loopback ports).
     pub bridge_dir: Option<PathBuf>,
+    /// Files of the bridge directory given to bwrap as data (`--ro-bind-data`), not bound from
+    /// the host: (name, a descriptor to read them from, inherited by bwrap). The interception
+    /// CA's certificate and bundle, which so never exist on the host, where a run that may
+    /// write there could plant a link for the runner to write through or change their text.
+    pub bridge_data: Vec<(&'static str, std::os::fd::RawFd)>,
     /// `net.mode: all`: the host's DNS files that exist, as (canonical source, place inside).
     pub dns_files: Vec<(PathBuf, PathBuf)>,
     /// The run's own files (its policy files, its audit log, `--protect`), canonical: bound
@@ -241,12 +246,14 @@ fn mounts(argv: &mut Vec<OsString>, policy: &SandboxPolicy, facts: &RunFacts) {
     // redirect the init, which connects by path.
     if let (true, Some(dir)) = (needs_bridges(policy), &facts.bridge_dir) {
         for name in bridge_files(policy) {
-            bind(
-                argv,
-                "--ro-bind",
-                &dir.join(&name),
-                &Path::new(BRIDGE_DIR).join(&name),
-            );
+            let dest = Path::new(BRIDGE_DIR).join(&name);
+            match facts.bridge_data.iter().find(|(n, _)| *n == name) {
+                Some((_, fd)) => {
+                    push(argv, &["--ro-bind-data", &fd.to_string()]);
+                    argv.push(dest.into());
+                }
+                None => bind(argv, "--ro-bind", &dir.join(&name), &dest),
+            }
         }
     }
     bind(argv, "--ro-bind", &facts.init_exe, Path::new(INIT_PATH));

@@ -11,6 +11,7 @@ fn facts() -> RunFacts {
     RunFacts {
         init_exe: "/opt/sandgate".into(),
         bridge_dir: Some("/tmp/sg-1/bridge".into()),
+        bridge_data: Vec::new(),
         dns_files: vec![("/run/resolv/stub.conf".into(), "/etc/resolv.conf".into())],
         protected: Vec::new(),
         disable_userns: true,
@@ -399,4 +400,25 @@ fn the_start_directory_is_given_to_bwrap() {
     );
     p.cwd = None;
     assert!(!joined(&bwrap_argv(&p, &facts())).contains("--chdir"));
+}
+
+/// An intercepting run's CA files come to bwrap as data from the descriptors the runner
+/// made; they are never bound from the host's bridge directory, the sockets still are.
+#[test]
+fn the_interception_cas_files_are_data_not_host_files() {
+    let p = policy(
+        "net:\n  mode: allowlist\n  allowlist:\n    - host: ro.example\n      ports: [443]\n      read_only: true\n",
+    );
+    assert!(p.intercepts());
+    let mut f = facts();
+    f.bridge_data = vec![(super::CA_CERT, 7), (super::CA_BUNDLE, 8)];
+    let s = joined(&bwrap_argv(&p, &f));
+    assert!(
+        s.contains("--ro-bind /tmp/sg-1/bridge/proxy.sock /run/sandgate/proxy.sock ")
+            && s.contains(
+                "--ro-bind-data 7 /run/sandgate/ca.pem --ro-bind-data 8 /run/sandgate/ca-bundle.pem "
+            ),
+        "{s}"
+    );
+    assert!(!s.contains("/tmp/sg-1/bridge/ca"), "{s}");
 }

@@ -9,12 +9,12 @@
 //! init's readiness check fails closed on it, naming the port, and later connections that
 //! find nothing behind the bridge are reset, not answered with an empty reply.
 //!
-//! A bridge serves only its own run: on Linux each connection's peer (`SO_PEERCRED`) must be
-//! a process at most [`MAX_DEPTH`] generations below this runner (bwrap and the sandbox's
-//! init, which makes every bridge connection, are two). Another run that can reach the
-//! socket, through a path its policy lists, is closed on without a byte, and the run warns
-//! on the first such connection and then at each power of two, so a flood of them cannot
-//! fill the run's stderr. (On macOS the peer is not checked.)
+//! A bridge serves only its own run: on Linux each connection's peer (its pidfd, else
+//! `SO_PEERCRED`'s pid) must be a process at most [`MAX_DEPTH`] generations below this
+//! runner (bwrap and the sandbox's init, which makes every bridge connection, are two).
+//! Another run that can reach the socket, through a path its policy lists, is closed on
+//! without a byte, and the run warns on the first such connection and then at each power of
+//! two, so a flood of them cannot fill the run's stderr. (On macOS the peer is not checked.)
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -57,20 +57,47 @@ pub async fn serve(listener: UnixListener, target: SocketAddr, what: String, pee
 
 /// Whether the peer of `unix` is a process of this run: this process or one at most
 /// [`MAX_DEPTH`] generations below it.
+///
+/// The peer is taken through its pidfd (`SO_PEERPIDFD`, Linux 6.5) where the kernel has one:
+/// that names the very process that connected, so a peer that has exited since, whose
+/// number another process may have by now, has no pid to check, and the pidfd is read
+/// again after the check. Elsewhere `SO_PEERCRED`'s pid, from the time of `connect()`.
 #[cfg(target_os = "linux")]
 fn ours(unix: &tokio::net::UnixStream) -> Result<(), String> {
-    let cred = unix
-        .peer_cred()
-        .map_err(|e| format!("its peer cannot be read: {e}"))?;
-    let pid = cred
-        .pid()
-        .and_then(|p| u32::try_from(p).ok())
-        .ok_or("its peer has no process id")?;
-    if descends_from(pid, std::process::id()) {
-        Ok(())
-    } else {
-        Err(format!("process {pid} is not in this run's sandbox"))
+    use nix::sys::socket::{getsockopt, sockopt::PeerPidfd};
+    let pidfd = getsockopt(unix, PeerPidfd).ok();
+    let pid = match &pidfd {
+        Some(fd) => pidfd_pid(fd).ok_or("its peer has exited")?,
+        None => unix
+            .peer_cred()
+            .map_err(|e| format!("its peer cannot be read: {e}"))?
+            .pid()
+            .and_then(|p| u32::try_from(p).ok())
+            .filter(|p| *p != 0)
+            .ok_or("its peer has no process id here")?,
+    };
+    if !descends_from(pid, std::process::id()) {
+        return Err(format!("process {pid} is not in this run's sandbox"));
     }
+    match &pidfd {
+        Some(fd) if pidfd_pid(fd) != Some(pid) => Err(format!("process {pid} exited while it was checked")),
+        _ => Ok(()),
+    }
+}
+
+/// The pid of the process a pidfd names, from `/proc/self/fdinfo` (`Pid:`, which is -1 once
+/// it has exited and 0 when it is outside this PID namespace): `None` for both.
+#[cfg(target_os = "linux")]
+fn pidfd_pid(fd: &std::os::fd::OwnedFd) -> Option<u32> {
+    use std::os::fd::AsRawFd as _;
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
+    let pid: i64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("Pid:"))?
+        .trim()
+        .parse()
+        .ok()?;
+    u32::try_from(pid).ok().filter(|p| *p != 0)
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -155,7 +182,47 @@ async fn refuse(unix: &mut tokio::net::UnixStream, what: &str, reason: &str) {
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
-    use super::{descends_from, parent_of};
+    use super::{descends_from, ours, parent_of};
+
+    /// A peer is checked as the process that connected: this process itself and a live
+    /// child of it are this run's; a peer that has exited is not, whatever its number now
+    /// names.
+    #[tokio::test]
+    async fn a_peer_is_the_process_that_connected_while_it_lives() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bridge.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let _mine = tokio::net::UnixStream::connect(&path).await.unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        assert_eq!(ours(&accepted), Ok(()));
+        // A child that connects, says so, and waits to be told to exit.
+        let script = format!(
+            "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect({:?})\nprint('in', flush=True)\nsys.stdin.read()\n",
+            path.display().to_string()
+        );
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", &script])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "in");
+        let (from_child, _) = listener.accept().await.unwrap();
+        assert_eq!(ours(&from_child), Ok(()));
+        drop(child.stdin.take());
+        child.wait().unwrap();
+        let gone = ours(&from_child).unwrap_err();
+        assert!(
+            gone.contains("exited") || gone.contains("not in this run's sandbox"),
+            "{gone}"
+        );
+    }
 
     #[test]
     fn a_child_descends_from_this_process_and_this_process_not_from_it() {

@@ -148,7 +148,7 @@ pub fn environment(
             out.insert(name.clone(), spec.placeholder.clone());
         }
     }
-    // The run's interception CA (written beside the bridges by the run's proxy): the
+    // The run's interception CA (handed to bwrap as data by the run's proxy): the
     // bundle of the system's roots and it for clients that take one file, the CA alone
     // for Node, which adds it to its own roots.
     if policy.intercepts() {

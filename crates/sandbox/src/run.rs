@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd as _;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 
@@ -195,6 +196,7 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
         let facts = RunFacts {
             init_exe: init_binary(&sandgate_exe),
             bridge_dir: Some("/tmp/sandgate-run-XXXXXXXXXX/bridge".into()),
+            bridge_data: Vec::new(),
             dns_files: dns_files(&policy),
             protected: protected_files(&opts, &policy, opts.audit_log.as_deref())?,
             disable_userns: find_in_path("bwrap").is_some_and(|b| bwrap_options(&b).disable_userns),
@@ -326,9 +328,13 @@ async fn supervise(
         eprintln!("sandgate: warning: limit not enforced here: {what}");
     }
     let options = bwrap_options(&bwrap);
+    // The interception CA's files go to bwrap as data: nothing on the host to change.
+    let ca_files = proxy.as_ref().map_or(&[][..], |p| p.ca_files.as_slice());
+    let data = sources::data(ca_files)?;
     let facts = RunFacts {
         init_exe: init_binary(&sandgate_exe),
         bridge_dir: state.as_ref().map(RunState::bridge_dir),
+        bridge_data: data.iter().map(|(name, fd)| (*name, fd.as_raw_fd())).collect(),
         dns_files: dns_files(&policy),
         protected: protected_files(&opts, &policy, audit_path.as_deref())?,
         disable_userns: options.disable_userns,
@@ -359,7 +365,11 @@ async fn supervise(
     let mut cmd = tokio::process::Command::new(&bwrap);
     cmd.args(argv.iter().skip(1)).env_clear().envs(env);
     join.before_exec(cmd.as_std_mut());
-    crate::fds::inherit_in_child(cmd.as_std_mut(), sources.raw());
+    let inherited = sources
+        .raw()
+        .into_iter()
+        .chain(data.iter().map(|(_, fd)| fd.as_raw_fd()));
+    crate::fds::inherit_in_child(cmd.as_std_mut(), inherited.collect());
     // --no-terminal: where sandgate's own stdin, stdout or stderr is a terminal, the sandbox
     // gets /dev/null or a pipe instead (relayed here): a descriptor of the terminal would
     // let it read what the person types or change the terminal's modes.
@@ -386,7 +396,7 @@ async fn supervise(
             "cannot start bwrap{inside}: {e}; the command was not run"
         ))
     })?;
-    drop(sources);
+    drop((sources, data));
     let started = std::time::Instant::now();
     // The state of runs that were killed is removed while bwrap builds the sandbox, off the
     // run's path (a directory is removed only once its lock is free, so never this run's).

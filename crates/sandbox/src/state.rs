@@ -66,7 +66,7 @@ impl RunState {
         self.dir.path()
     }
 
-    /// The directory bound into the sandbox (read-only): bridge sockets only.
+    /// The directory of the bridge sockets, each bound into the sandbox on its own.
     pub fn bridge_dir(&self) -> PathBuf {
         self.dir.path().join("bridge")
     }

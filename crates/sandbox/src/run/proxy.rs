@@ -77,6 +77,9 @@ pub(super) struct RunningProxy {
     live: Option<crate::live::Printer>,
     /// The follower of `net.exceptions`, while the proxy serves.
     follower: Option<Following>,
+    /// The interception CA's files for the sandbox (name, text), when the run intercepts:
+    /// handed to bwrap as data, never written on the host.
+    pub(super) ca_files: Vec<(&'static str, String)>,
 }
 
 impl RunningProxy {
@@ -131,9 +134,11 @@ pub(super) async fn start_proxy(
     }
     proxy.set_report_only(how.learn);
     proxy.set_record_query(how.audit_query);
-    if policy.intercepts() {
-        intercept(&proxy, state, &how.identity)?;
-    }
+    let ca_files = if policy.intercepts() {
+        intercept(&proxy, &how.identity)?
+    } else {
+        Vec::new()
+    };
     let follower = follow(policy, &how, &proxy).await?;
     let live = how
         .live
@@ -161,6 +166,7 @@ pub(super) async fn start_proxy(
         audit,
         live,
         follower,
+        ca_files,
     })
 }
 
@@ -321,27 +327,22 @@ fn centrals(
     }
 }
 
-/// Makes the run's interception CA and has the proxy use it; writes its certificate, and a
-/// bundle of it with the system's roots, in the bridge directory (read-only inside, at
+/// Makes the run's interception CA and has the proxy use it; returns its certificate, and a
+/// bundle of it with the system's roots, for the sandbox (read-only inside, at
 /// `/run/sandgate`). Its key stays in this process.
-fn intercept(proxy: &Proxy, state: &RunState, identity: &super::RunIdentity) -> Result<(), RunError> {
+fn intercept(proxy: &Proxy, identity: &super::RunIdentity) -> Result<Vec<(&'static str, String)>, RunError> {
     let name = format!("sandgate run {} interception CA", identity.run);
     let interceptor = sandgate_proxy::inspect::Interceptor::new(&name).map_err(|e| {
         RunError::Unavailable(format!(
             "cannot intercept TLS for the entries with methods or paths: {e}"
         ))
     })?;
-    let dir = state.bridge_dir();
-    for (file, text) in [
+    let files = vec![
         (crate::argv::CA_CERT, interceptor.ca().cert_pem().to_owned()),
         (crate::argv::CA_BUNDLE, interceptor.bundle_pem()),
-    ] {
-        let path = dir.join(file);
-        std::fs::write(&path, text)
-            .map_err(|e| RunError::Unavailable(format!("cannot write {}: {e}", path.display())))?;
-    }
+    ];
     proxy.set_interceptor(std::sync::Arc::new(interceptor));
-    Ok(())
+    Ok(files)
 }
 
 /// Binds `name` in the run's bridge directory and relays its connections to `target`

@@ -57,6 +57,27 @@ impl Sources {
     }
 }
 
+/// Each (name, text) in a memory file of its own (`memfd`, close-on-exec), read from its
+/// start: what bwrap copies into the sandbox with `--ro-bind-data`, never a file on the host.
+pub(super) fn data(files: &[(&'static str, String)]) -> Result<Vec<(&'static str, OwnedFd)>, RunError> {
+    use std::io::{Seek as _, Write as _};
+    files
+        .iter()
+        .map(|(name, text)| {
+            let made = rustix::fs::memfd_create(*name, rustix::fs::MemfdFlags::CLOEXEC)
+                .map_err(std::io::Error::from)
+                .and_then(|fd| {
+                    let mut file = std::fs::File::from(fd);
+                    file.write_all(text.as_bytes())?;
+                    file.rewind()?;
+                    Ok(OwnedFd::from(file))
+                });
+            made.map(|fd| (*name, fd))
+                .map_err(|e| RunError::Unavailable(format!("cannot hand {name} to the sandbox: {e}")))
+        })
+        .collect()
+}
+
 /// `argv` (bwrap's, as [`crate::argv::bwrap_argv`] built it) with each `--bind SRC DEST` and
 /// `--ro-bind SRC DEST` before the first `--` replaced by `--bind-fd FD DEST` and
 /// `--ro-bind-fd FD DEST`, and the descriptors opened. Refused when a source cannot be

@@ -141,6 +141,13 @@ fn holds_only_the_placeholder(binding: Binding) {
     // whatever they started), seen from outside.
     let started = descendants(child.id());
     let state_files = files_under(state.path());
+    let bridges: Vec<PathBuf> = std::fs::read_dir(state.path())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("bridge/proxy.sock"))
+        .filter(|p| p.exists())
+        .collect();
     let _ = child.stdin.take().unwrap().write_all(b"done\n");
     let status = wait_bounded(&mut child);
     let stderr = stderr.join().unwrap();
@@ -194,8 +201,17 @@ fn holds_only_the_placeholder(binding: Binding) {
         "no environment was read from outside: {started:#?}"
     );
     assert!(
-        state_files.iter().any(|f| f.ends_with("ca.pem")),
-        "not the run's state directory: {state_files:#?}"
+        !bridges.is_empty(),
+        "not the run's state directory: {:?}",
+        state.path()
+    );
+    // The interception CA reached the command (it fetched through it above) without ever
+    // being a file on the host, where another run that may write there could change it.
+    assert!(
+        !state_files
+            .iter()
+            .any(|f| f.extension().is_some_and(|e| e == "pem")),
+        "the interception CA is on the host: {state_files:#?}"
     );
     // What the run left behind too, once it ended.
     let mut written = state_files;
