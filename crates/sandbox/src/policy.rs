@@ -369,7 +369,13 @@ pub fn parse_at(
         credentials: network.credentials,
         egress_policy: raw.net.egress_policy.as_ref().map(PathBuf::from),
         egress: None,
-        loopback_ports: raw.net.loopback_ports,
+        // A port listed twice is bridged once (its bridge socket could not be made twice).
+        loopback_ports: {
+            let mut seen = std::collections::BTreeSet::new();
+            let mut ports = raw.net.loopback_ports;
+            ports.retain(|port| seen.insert(*port));
+            ports
+        },
         upstream_proxy,
         upstream_proxy_name,
         central: network.central,

@@ -106,6 +106,9 @@ fn proxy_mode_without_an_upstream_is_the_runs_own_filtering_proxy() {
             allowlist.all_proxy_http
         )
     );
+    // A port listed twice is bridged once, in the order first listed.
+    let p = parse_ok("net:\n  mode: loopback\n  loopback_ports: [ 6379, 5432, 6379 ]\n");
+    assert_eq!(p.loopback_ports, [6379, 5432]);
     // No key at all is the same; loopback ports bridge in as in allowlist mode.
     let p = parse_ok("net:\n  mode: proxy\n  loopback_ports: [ 5432 ]\n");
     assert_eq!(
