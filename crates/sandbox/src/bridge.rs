@@ -9,8 +9,8 @@
 //! init's readiness check fails closed on it, naming the port, and later connections that
 //! find nothing behind the bridge are reset, not answered with an empty reply.
 //!
-//! A bridge serves only its own run: on Linux each connection's peer (its pidfd, else
-//! `SO_PEERCRED`'s pid) must be a process at most [`MAX_DEPTH`] generations below this
+//! A bridge serves only its own run: on Linux each connection's peer (`SO_PEERCRED`, and
+//! still running after, by its pidfd) must be a process at most [`MAX_DEPTH`] generations below this
 //! runner (bwrap and the sandbox's init, which makes every bridge connection, are two).
 //! Another run that can reach the socket, through a path its policy lists, is closed on
 //! without a byte, and the run warns on the first such connection and then at each power of
@@ -56,48 +56,40 @@ pub async fn serve(listener: UnixListener, target: SocketAddr, what: String, pee
 }
 
 /// Whether the peer of `unix` is a process of this run: this process or one at most
-/// [`MAX_DEPTH`] generations below it.
+/// [`MAX_DEPTH`] generations below it (its pid from `SO_PEERCRED`).
 ///
-/// The peer is taken through its pidfd (`SO_PEERPIDFD`, Linux 6.5) where the kernel has one:
-/// that names the very process that connected, so a peer that has exited since, whose
-/// number another process may have by now, has no pid to check, and the pidfd is read
-/// again after the check. Elsewhere `SO_PEERCRED`'s pid, from the time of `connect()`.
+/// That pid is the number the process had when it connected. Where the kernel gives the
+/// peer's pidfd (`SO_PEERPIDFD`, Linux 6.5) the peer must still be running once its parents
+/// have been read: a peer that has exited could have its number given to another process,
+/// whose parents would have been read instead. (A pidfd turns readable when its process
+/// exits: one `poll`, no file read.)
 #[cfg(target_os = "linux")]
 fn ours(unix: &tokio::net::UnixStream) -> Result<(), String> {
     use nix::sys::socket::{getsockopt, sockopt::PeerPidfd};
     let pidfd = getsockopt(unix, PeerPidfd).ok();
-    let pid = match &pidfd {
-        Some(fd) => pidfd_pid(fd).ok_or("its peer has exited")?,
-        None => unix
-            .peer_cred()
-            .map_err(|e| format!("its peer cannot be read: {e}"))?
-            .pid()
-            .and_then(|p| u32::try_from(p).ok())
-            .filter(|p| *p != 0)
-            .ok_or("its peer has no process id here")?,
-    };
+    let pid = unix
+        .peer_cred()
+        .map_err(|e| format!("its peer cannot be read: {e}"))?
+        .pid()
+        .and_then(|p| u32::try_from(p).ok())
+        .filter(|p| *p != 0)
+        .ok_or("its peer has no process id here")?;
     if !descends_from(pid, std::process::id()) {
         return Err(format!("process {pid} is not in this run's sandbox"));
     }
-    match &pidfd {
-        Some(fd) if pidfd_pid(fd) != Some(pid) => Err(format!("process {pid} exited while it was checked")),
+    match pidfd {
+        Some(fd) if exited(&fd) => Err(format!("process {pid} exited while it was checked")),
         _ => Ok(()),
     }
 }
 
-/// The pid of the process a pidfd names, from `/proc/self/fdinfo` (`Pid:`, which is -1 once
-/// it has exited and 0 when it is outside this PID namespace): `None` for both.
+/// Whether the process a pidfd names has exited (or cannot be asked).
 #[cfg(target_os = "linux")]
-fn pidfd_pid(fd: &std::os::fd::OwnedFd) -> Option<u32> {
-    use std::os::fd::AsRawFd as _;
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
-    let pid: i64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("Pid:"))?
-        .trim()
-        .parse()
-        .ok()?;
-    u32::try_from(pid).ok().filter(|p| *p != 0)
+fn exited(fd: &std::os::fd::OwnedFd) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd as _;
+    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    !matches!(poll(&mut fds, PollTimeout::ZERO), Ok(0))
 }
 
 #[cfg(not(target_os = "linux"))]
