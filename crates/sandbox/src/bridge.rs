@@ -40,6 +40,12 @@ pub async fn serve(listener: UnixListener, target: SocketAddr, what: String, pee
         let Ok((unix, _)) = listener.accept().await else {
             continue;
         };
+        // This process itself: the runner's check that the socket bwrap binds is this one
+        // (`run/sources.rs`), closed at once, before it reaches the proxy or a host port.
+        #[cfg(target_os = "linux")]
+        if peer_is_self(&unix) {
+            continue;
+        }
         if let Err(e) = ours(&unix) {
             refused += 1;
             if refused.is_power_of_two() {
@@ -81,6 +87,16 @@ fn ours(unix: &tokio::net::UnixStream) -> Result<(), String> {
         Some(fd) if exited(&fd) => Err(format!("process {pid} exited while it was checked")),
         _ => Ok(()),
     }
+}
+
+/// Whether the peer of `unix` is this process.
+#[cfg(target_os = "linux")]
+fn peer_is_self(unix: &tokio::net::UnixStream) -> bool {
+    unix.peer_cred()
+        .ok()
+        .and_then(|c| c.pid())
+        .and_then(|p| u32::try_from(p).ok())
+        == Some(std::process::id())
 }
 
 /// Whether the process a pidfd names has exited (or cannot be asked).
@@ -187,24 +203,11 @@ mod tests {
         let _mine = tokio::net::UnixStream::connect(&path).await.unwrap();
         let (accepted, _) = listener.accept().await.unwrap();
         assert_eq!(ours(&accepted), Ok(()));
-        // A child that connects, says so, and waits to be told to exit.
-        let script = format!(
-            "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect({:?})\nprint('in', flush=True)\nsys.stdin.read()\n",
+        // A child that connects and waits to be told to exit.
+        let mut child = crate::test_support::python_until_told(&format!(
+            "s = socket.socket(socket.AF_UNIX)\ns.connect({:?})",
             path.display().to_string()
-        );
-        let mut child = std::process::Command::new("python3")
-            .args(["-c", &script])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        assert_eq!(line.trim(), "in");
+        ));
         let (from_child, _) = listener.accept().await.unwrap();
         assert_eq!(ours(&from_child), Ok(()));
         drop(child.stdin.take());

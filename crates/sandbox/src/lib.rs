@@ -41,3 +41,5 @@ pub mod seccomp;
 pub mod state;
 pub mod steps;
 pub mod summary;
+#[cfg(test)]
+mod test_support;

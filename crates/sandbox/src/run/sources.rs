@@ -107,12 +107,48 @@ pub(super) fn open(argv: Vec<OsString>) -> Result<(Vec<OsString>, Sources), RunE
             )));
         };
         let fd = open_source(Path::new(&source))?;
+        if Path::new(&dest).starts_with(crate::argv::BRIDGE_DIR) && is_socket(&fd) {
+            listened_here(&fd, Path::new(&source))?;
+        }
         out.push(flag.into());
         out.push(fd.as_raw_fd().to_string().into());
         out.push(dest);
         fds.push(fd);
     }
     Ok((out, Sources { fds }))
+}
+
+fn is_socket(fd: &OwnedFd) -> bool {
+    use std::os::unix::fs::FileTypeExt as _;
+    std::fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd())).is_ok_and(|m| m.file_type().is_socket())
+}
+
+/// Checks that the socket `fd` names (a bridge socket, opened for bwrap) is listened on by
+/// this process: between its creation and this open, a process that may write the run's
+/// state directory could have renamed another socket onto its name. A connection through
+/// the descriptor (`/proc/self/fd/N`) gets the listener's credentials (`SO_PEERCRED`, set at
+/// `listen()`); the bridge closes that probe at once ([`crate::bridge`]: its peer is this
+/// process).
+pub(super) fn listened_here(fd: &OwnedFd, path: &Path) -> Result<(), RunError> {
+    use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+    let refuse = |why: String| {
+        RunError::Unavailable(format!(
+            "the bridge socket {} {why}; the command was not run",
+            path.display()
+        ))
+    };
+    let probe = std::os::unix::net::UnixStream::connect(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|e| refuse(format!("cannot be reached: {e}")))?;
+    let listener = getsockopt(&probe, PeerCredentials)
+        .map_err(|e| refuse(format!("has no listener that can be told: {e}")))?
+        .pid();
+    if u32::try_from(listener).ok() == Some(std::process::id()) {
+        Ok(())
+    } else {
+        Err(refuse(format!(
+            "is not this run's: process {listener} listens on it"
+        )))
+    }
 }
 
 /// Opens `path` (canonical) as an `O_PATH` descriptor, close-on-exec, and checks that the

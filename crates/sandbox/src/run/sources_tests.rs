@@ -145,3 +145,51 @@ fn a_workspace_that_resolves_elsewhere_is_refused_naming_it() {
     let p = policy_with("/srv/work/a/sub", &[("/srv/work/a/sub", "/etc")]);
     assert!(check_workspace(&p, &workspace("/srv/work/a")).is_err());
 }
+
+/// A bridge socket is bound only when this process listens on it: one a process outside
+/// (here a child, as a run that may write the state directory would) renamed onto its
+/// name before bwrap's descriptors were opened is refused, naming the process.
+#[test]
+fn a_bridge_socket_someone_else_listens_on_is_refused() {
+    let (_dir, root) = tree();
+    let ours = root.join("proxy.sock");
+    let _listening = std::os::unix::net::UnixListener::bind(&ours).unwrap();
+    let argv: Vec<OsString> = [
+        "bwrap",
+        "--ro-bind",
+        ours.to_str().unwrap(),
+        "/run/sandgate/proxy.sock",
+        "--",
+        "true",
+    ]
+    .iter()
+    .map(OsString::from)
+    .collect();
+    assert!(open(argv).is_ok());
+
+    let theirs = root.join("socks.sock");
+    let mut child = crate::test_support::python_until_told(&format!(
+        "s = socket.socket(socket.AF_UNIX)\ns.bind({:?})\ns.listen(1)",
+        theirs.display().to_string()
+    ));
+    let argv: Vec<OsString> = [
+        "bwrap",
+        "--ro-bind",
+        theirs.to_str().unwrap(),
+        "/run/sandgate/socks.sock",
+        "--",
+        "true",
+    ]
+    .iter()
+    .map(OsString::from)
+    .collect();
+    let refused = open(argv);
+    drop(child.stdin.take());
+    let _ = child.wait();
+    match refused {
+        Err(RunError::Unavailable(why)) => {
+            assert!(why.contains("is not this run's: process"), "{why}")
+        }
+        other => panic!("bound a socket another process listens on: {other:?}"),
+    }
+}
