@@ -10,11 +10,13 @@
 //! find nothing behind the bridge are reset, not answered with an empty reply.
 //!
 //! A bridge serves only its own run: on Linux each connection's peer (`SO_PEERCRED`, and
-//! still running after, by its pidfd) must be a process at most [`MAX_DEPTH`] generations below this
-//! runner (bwrap and the sandbox's init, which makes every bridge connection, are two).
-//! Another run that can reach the socket, through a path its policy lists, is closed on
-//! without a byte, and the run warns on the first such connection and then at each power of
-//! two, so a flood of them cannot fill the run's stderr. (On macOS the peer is not checked.)
+//! still running after, by its pidfd) must be a process at most [`MAX_DEPTH`] generations
+//! below this runner (bwrap and the sandbox's init, which makes every bridge connection, are
+//! two). Another run that can reach the socket, through a path its policy lists, is closed
+//! on without a byte, and the run warns on the first such connection and then at each power
+//! of two, so a flood of them cannot fill the run's stderr. Under bwrap a connection from
+//! the runner itself is its check of the socket bwrap binds (`run/sources.rs`), dropped at
+//! once. (On macOS the peer is not checked.)
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -34,16 +36,25 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// reasons ("the run's proxy", "host loopback port 5432"). With `peers`, each outgoing
 /// socket's address is registered before connecting, so the run's proxy serves only this
 /// bridge.
-pub async fn serve(listener: UnixListener, target: SocketAddr, what: String, peers: Option<PeerFilter>) {
+///
+/// With `probed`, the runner checks the socket once through bwrap's bind descriptor
+/// (`run/sources.rs`) and nothing else of this process connects: a connection from this
+/// process is that check, dropped at once, before it reaches the proxy or a host port.
+/// Without (Seatbelt, whose front ports in this process relay here), it is served.
+pub async fn serve(
+    listener: UnixListener,
+    target: SocketAddr,
+    what: String,
+    peers: Option<PeerFilter>,
+    probed: bool,
+) {
     let mut refused: u64 = 0;
     loop {
         let Ok((unix, _)) = listener.accept().await else {
             continue;
         };
-        // This process itself: the runner's check that the socket bwrap binds is this one
-        // (`run/sources.rs`), closed at once, before it reaches the proxy or a host port.
         #[cfg(target_os = "linux")]
-        if peer_is_self(&unix) {
+        if probed && peer_is_self(&unix) {
             continue;
         }
         if let Err(e) = ours(&unix) {

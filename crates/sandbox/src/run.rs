@@ -305,6 +305,7 @@ async fn supervise(
             live: !opts.quiet,
             follow: opts.follow.clone(),
             kept_log: kept.clone(),
+            probed: true,
         };
         Some(start_proxy(&policy, audit_path, state, how).await?)
     } else {
@@ -319,6 +320,7 @@ async fn supervise(
                 SocketAddr::from(([127, 0, 0, 1], *port)),
                 format!("host loopback port {port} (net.loopback_ports)"),
                 None,
+                true,
             )?;
         }
     }

@@ -36,6 +36,10 @@ pub(super) struct ProxyRun {
     /// Where the run's audit log is kept after the run, if anywhere: a refusal names it
     /// beside its request id.
     pub(super) kept_log: Option<std::path::PathBuf>,
+    /// The bridges are checked once through bwrap's bind descriptors, and nothing else of
+    /// this process connects to them (see [`bridge::serve`]); false under Seatbelt, whose
+    /// front ports in this process relay to them.
+    pub(super) probed: bool,
 }
 
 /// What starts a follower of `net.exceptions` for the run's proxy. The binary gives it: it
@@ -153,7 +157,14 @@ pub(super) async fn start_proxy(
         (SOCKS_SOCKET, "the run's SOCKS5 proxy"),
     ];
     for (addr, (socket, what)) in addrs.into_iter().zip(bridges) {
-        open_bridge(state, socket, addr, what.to_owned(), Some(peers.clone()))?;
+        open_bridge(
+            state,
+            socket,
+            addr,
+            what.to_owned(),
+            Some(peers.clone()),
+            how.probed,
+        )?;
     }
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let audit = proxy.audit_metrics();
@@ -353,10 +364,11 @@ pub(super) fn open_bridge(
     target: SocketAddr,
     what: String,
     peers: Option<PeerFilter>,
+    probed: bool,
 ) -> Result<(), RunError> {
     let socket = state.bridge_dir().join(name);
     let unix = UnixListener::bind(&socket)
         .map_err(|e| RunError::Unavailable(format!("cannot create the bridge {}: {e}", socket.display())))?;
-    tokio::spawn(bridge::serve(unix, target, what, peers));
+    tokio::spawn(bridge::serve(unix, target, what, peers, probed));
     Ok(())
 }

@@ -103,6 +103,7 @@ pub(super) async fn supervise(
                 live: !opts.quiet,
                 follow: opts.follow.clone(),
                 kept_log: kept.clone(),
+                probed: false,
             };
             let proxy = start_proxy(&policy, &audit_path, &state, how).await?;
             Some(open_fronts(&policy, &state, proxy).await?)
