@@ -93,27 +93,40 @@ pub fn needs_bridges(policy: &SandboxPolicy) -> bool {
     policy.net.proxied() || !policy.loopback_ports.is_empty()
 }
 
-/// The files of the bridge directory the sandbox gets, as the runner makes them before bwrap
-/// starts: the HTTP proxy's socket and the SOCKS5 listener's, the interception CA's
-/// certificate and bundle, one socket per `net.loopback_ports` port.
-pub fn bridge_files(policy: &SandboxPolicy) -> Vec<String> {
-    let mut files = Vec::new();
+/// The bridge socket of a `net.loopback_ports` port, in the bridge directory.
+pub fn loopback_socket(port: u16) -> String {
+    format!("port-{port}.sock")
+}
+
+/// The bridge sockets of a run, each with the loopback port the init listens on inside for
+/// it: the HTTP proxy's and the SOCKS5 listener's (proxied modes), one per
+/// `net.loopback_ports` port. What the runner makes, bwrap binds and the init forwards.
+fn bridge_sockets(policy: &SandboxPolicy) -> Vec<(u16, String)> {
+    let mut sockets = Vec::new();
     if policy.net.proxied() {
-        files.push(PROXY_SOCKET.to_owned());
-        if policy.socks_port.is_some() {
-            files.push(SOCKS_SOCKET.to_owned());
-        }
-        if policy.intercepts() {
-            files.push(CA_CERT.to_owned());
-            files.push(CA_BUNDLE.to_owned());
+        sockets.push((policy.proxy_port, PROXY_SOCKET.to_owned()));
+        if let Some(port) = policy.socks_port {
+            sockets.push((port, SOCKS_SOCKET.to_owned()));
         }
     }
-    files.extend(
+    sockets.extend(
         policy
             .loopback_ports
             .iter()
-            .map(|port| format!("port-{port}.sock")),
+            .map(|&port| (port, loopback_socket(port))),
     );
+    sockets
+}
+
+/// The files of the bridge directory the sandbox gets, as the runner makes them before bwrap
+/// starts: the bridge sockets ([`bridge_sockets`]), then, where the run intercepts, the
+/// interception CA's certificate and bundle.
+pub fn bridge_files(policy: &SandboxPolicy) -> Vec<String> {
+    let mut files: Vec<String> = bridge_sockets(policy).into_iter().map(|(_, name)| name).collect();
+    if policy.intercepts() {
+        files.push(CA_CERT.to_owned());
+        files.push(CA_BUNDLE.to_owned());
+    }
     files
 }
 
@@ -187,15 +200,8 @@ pub fn bwrap_argv(policy: &SandboxPolicy, facts: &RunFacts) -> Vec<OsString> {
         push(&mut argv, &["--rlimit", rlimit]);
     }
     if init {
-        if policy.net.proxied() {
-            let socks = policy.socks_port.map(|port| (port, SOCKS_SOCKET));
-            for (port, socket) in [(policy.proxy_port, PROXY_SOCKET)].into_iter().chain(socks) {
-                let forward = format!("127.0.0.1:{port}={BRIDGE_DIR}/{socket}");
-                push(&mut argv, &["--forward", &forward]);
-            }
-        }
-        for port in &policy.loopback_ports {
-            let forward = format!("127.0.0.1:{port}={BRIDGE_DIR}/port-{port}.sock");
+        for (port, socket) in bridge_sockets(policy) {
+            let forward = format!("127.0.0.1:{port}={BRIDGE_DIR}/{socket}");
             push(&mut argv, &["--forward", &forward]);
         }
     }

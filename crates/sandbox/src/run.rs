@@ -316,7 +316,7 @@ async fn supervise(
         for port in &policy.loopback_ports {
             open_bridge(
                 state,
-                &format!("port-{port}.sock"),
+                &crate::argv::loopback_socket(*port),
                 SocketAddr::from(([127, 0, 0, 1], *port)),
                 format!("host loopback port {port} (net.loopback_ports)"),
                 None,

@@ -108,16 +108,19 @@ fn ensure(dir: &Path) -> Result<(), String> {
         .mode(0o700)
         .create(dir)
         .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    for (path, what) in [(dir, "it"), (dir.parent().unwrap_or(dir), "its parent")] {
+    let plain_dir = |path: &Path, what: &str| {
         let meta = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        if !meta.file_type().is_dir() {
-            return Err(format!(
+        if meta.file_type().is_dir() {
+            Ok(meta)
+        } else {
+            Err(format!(
                 "{} ({what}) is a symbolic link or not a directory",
                 path.display()
-            ));
+            ))
         }
-    }
-    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    };
+    let meta = plain_dir(dir, "it")?;
+    plain_dir(dir.parent().unwrap_or(dir), "its parent")?;
     if meta.uid() != rustix::process::geteuid().as_raw() {
         return Err(format!("{} belongs to another user", dir.display()));
     }

@@ -566,12 +566,7 @@ print('answered', s.recv(200))
         "fs:\n",
         &format!("fs:\n  write_paths: [ \"{d}\", \"{s_dir}\" ]\n"),
     );
-    let attacker = own_tmp.path().join("attacker.yaml");
-    std::fs::write(
-        &attacker,
-        format!("{doc}net:\n  mode: none\nplatform:\n  seccomp: {{ allow_unix_sockets: true }}\n"),
-    )
-    .unwrap();
+    let attacker = attacker_policy(own_tmp.path(), &doc);
     let swap = format!(
         r#"
 import os, socket
@@ -615,6 +610,18 @@ c.recv(100)
     );
 }
 
+/// The attacking run's policy, written to `dir/attacker.yaml`: `doc` (the base with its own
+/// paths), no network, Unix sockets allowed.
+fn attacker_policy(dir: &std::path::Path, doc: &str) -> std::path::PathBuf {
+    let path = dir.join("attacker.yaml");
+    std::fs::write(
+        &path,
+        format!("{doc}net:\n  mode: none\nplatform:\n  seccomp: {{ allow_unix_sockets: true }}\n"),
+    )
+    .unwrap();
+    path
+}
+
 /// A Python program that connects to the Unix socket at `socket` and prints the first byte
 /// it is answered with (`b''` when the other end closes without one).
 fn reach(socket: &std::path::Path) -> String {
@@ -636,12 +643,7 @@ fn a_run_that_would_hold_other_runs_bridge_sockets_is_refused() {
     // The attacker: no network, Unix sockets allowed, the directory above `tmp` readable.
     let d = dir.path().display().to_string();
     let doc = sandbox_support::base().replace("read_paths: [ ", &format!("read_paths: [ \"{d}\", "));
-    let attacker = dir.path().join("attacker.yaml");
-    std::fs::write(
-        &attacker,
-        format!("{doc}net:\n  mode: none\nplatform:\n  seccomp: {{ allow_unix_sockets: true }}\n"),
-    )
-    .unwrap();
+    let attacker = attacker_policy(dir.path(), &doc);
     let out = sandbox_support::run_command(&attacker, &[], &[HOST_PYTHON, "-c", &reach(&socket)])
         .env("TMPDIR", &tmp)
         .stdin(Stdio::null())
@@ -673,12 +675,7 @@ fn another_runs_bridge_closes_on_a_process_of_this_run() {
     let own_tmp = tempfile::tempdir().unwrap();
     let d = dir.path().display().to_string();
     let doc = sandbox_support::base().replace("read_paths: [ ", &format!("read_paths: [ \"{d}\", "));
-    let attacker = own_tmp.path().join("attacker.yaml");
-    std::fs::write(
-        &attacker,
-        format!("{doc}net:\n  mode: none\nplatform:\n  seccomp: {{ allow_unix_sockets: true }}\n"),
-    )
-    .unwrap();
+    let attacker = attacker_policy(own_tmp.path(), &doc);
     // Then 299 more: the other run warns at each power of two, not for each one.
     let flood = format!(
         "{}for _ in range(299):\n    t = socket.socket(socket.AF_UNIX)\n    t.connect({:?})\n    t.recv(1)\n    t.close()\n",
