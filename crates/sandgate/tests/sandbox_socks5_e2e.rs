@@ -311,13 +311,15 @@ fn no_other_host_process_can_use_the_runs_socks5_listener() {
     );
     let mut child = Command::new(common::sandgate_bin())
         .args(["run", "--quiet", "--policy", policy.to_str().unwrap(), "--"])
-        .args(["sh", "-c", "sleep 4"])
-        .stdin(Stdio::null())
+        // The command lasts until the test closes its stdin, however slow the machine.
+        .args(["sh", "-c", "read -r line; true"])
+        .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let pid = child.id();
+    let told = child.stdin.take();
     let mut ports = Vec::new();
     assert!(
         eventually(Duration::from_secs(3), || {
@@ -331,11 +333,22 @@ fn no_other_host_process_can_use_the_runs_socks5_listener() {
         // A SOCKS5 greeting and an HTTP CONNECT: the proxy closes the connection of any
         // peer its bridges did not register, before reading a byte, so neither is answered.
         for hello in [&b"\x05\x01\x00"[..], b"CONNECT a.example:443 HTTP/1.1\r\n\r\n"] {
-            let mut s = TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], *port))).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut s = match TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], *port))) {
+                Ok(s) => s,
+                Err(e) => {
+                    drop(told);
+                    let _ = wait_bounded(&mut child);
+                    let mut stderr = String::new();
+                    let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+                    panic!("port {port} of a live run refused a connection ({e}): {stderr}");
+                }
+            };
+            // A peer the proxy served would have its answer in milliseconds; the bound only
+            // keeps a proxy that holds the connection open from hanging the test.
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
             let _ = s.write_all(hello);
             let mut reply = Vec::new();
-            // Closed (or reset) at once, not held open until the read timeout.
+            // Closed (or reset) with nothing said, not held open until the read timeout.
             let closed = match s.read_to_end(&mut reply) {
                 Ok(_) => true,
                 Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
@@ -346,6 +359,7 @@ fn no_other_host_process_can_use_the_runs_socks5_listener() {
             );
         }
     }
+    drop(told);
     let status = wait_bounded(&mut child);
     let mut stderr = String::new();
     let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
