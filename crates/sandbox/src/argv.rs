@@ -253,9 +253,17 @@ fn mounts(argv: &mut Vec<OsString>, policy: &SandboxPolicy, facts: &RunFacts) {
     if let (true, Some(dir)) = (needs_bridges(policy), &facts.bridge_dir) {
         for name in bridge_files(policy) {
             let dest = Path::new(BRIDGE_DIR).join(&name);
+            let data = name == CA_CERT || name == CA_BUNDLE;
             match facts.bridge_data.iter().find(|(n, _)| *n == name) {
                 Some((_, fd)) => {
                     push(argv, &["--ro-bind-data", &fd.to_string()]);
+                    argv.push(dest.into());
+                }
+                // The CA's files are only ever data: without a descriptor (`--print-argv`,
+                // which opens none) the word stands where the run's would be, and a run
+                // that lacked one would fail in bwrap rather than bind a host path.
+                None if data => {
+                    push(argv, &["--ro-bind-data", "FD"]);
                     argv.push(dest.into());
                 }
                 None => bind(argv, "--ro-bind", &dir.join(&name), &dest),

@@ -421,4 +421,14 @@ fn the_interception_cas_files_are_data_not_host_files() {
         "{s}"
     );
     assert!(!s.contains("/tmp/sg-1/bridge/ca"), "{s}");
+    // `--print-argv` has no descriptors: it still prints data, never a host path (it
+    // printed `--ro-bind /tmp/sg-1/bridge/ca.pem ...`, which the run does not do).
+    let printed = joined(&bwrap_argv(&p, &facts()));
+    assert!(
+        printed.contains(
+            "--ro-bind-data FD /run/sandgate/ca.pem --ro-bind-data FD /run/sandgate/ca-bundle.pem "
+        ),
+        "{printed}"
+    );
+    assert!(!printed.contains("/tmp/sg-1/bridge/ca"), "{printed}");
 }

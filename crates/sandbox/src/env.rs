@@ -148,7 +148,8 @@ pub fn environment(
             out.insert(name.clone(), spec.placeholder.clone());
         }
     }
-    // The run's interception CA (handed to bwrap as data by the run's proxy): the
+    // The run's interception CA (handed to bwrap as data by the run's proxy; under
+    // Seatbelt the runner points these at its state directory instead): the
     // bundle of the system's roots and it for clients that take one file, the CA alone
     // for Node, which adds it to its own roots.
     if policy.intercepts() {

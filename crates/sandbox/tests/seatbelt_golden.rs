@@ -22,6 +22,7 @@ fn facts() -> seatbelt::Facts {
         fontconfig_cache: Some("/Users/dev/.cache/fontconfig".into()),
         protected: Vec::new(),
         trace_tag: None,
+        ca_files: Vec::new(),
     }
 }
 
@@ -84,7 +85,7 @@ fn allowlist() {
 }
 
 /// The design's `platform.seatbelt`, every key, beside a `platform.bwrap` section (which the
-/// profile ignores), with the run's protected files and trace tag.
+/// profile ignores), with the run's protected files, trace tag and interception CA files.
 #[test]
 fn design_keys() {
     let facts = seatbelt::Facts {
@@ -93,6 +94,10 @@ fn design_keys() {
             PathBuf::from("/Users/dev/.local/state/sandgate/runs"),
         ],
         trace_tag: Some("sandgate-run-42-0000000000000001".into()),
+        ca_files: vec![
+            PathBuf::from("/private/var/folders/xy/T/sandgate-run-0123456789/ca.pem"),
+            PathBuf::from("/private/var/folders/xy/T/sandgate-run-0123456789/ca-bundle.pem"),
+        ],
         ..facts()
     };
     golden_with(

@@ -19,6 +19,8 @@
 )]
 
 mod common;
+#[path = "seatbelt/interception.rs"]
+mod interception;
 mod sandbox_support;
 
 use std::path::{Path, PathBuf};

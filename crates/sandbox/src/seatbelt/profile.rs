@@ -41,6 +41,8 @@ pub struct Facts {
     pub protected: Vec<PathBuf>,
     /// `platform.seatbelt.trace`: the tag every denial carries in the unified log.
     pub trace_tag: Option<String>,
+    /// The run's interception CA files (in its state directory): read, never written.
+    pub ca_files: Vec<PathBuf>,
 }
 
 /// Fonts and fontconfig's configuration and caches, for plotting (matplotlib, fontconfig):
@@ -196,6 +198,13 @@ fn paths(w: &mut Writer, policy: &SandboxPolicy, facts: &Facts) {
             "READ_EXTRA",
             &policy.seatbelt.file_read_extra,
         );
+    }
+    if !facts.ca_files.is_empty() {
+        w.line(";; The run's interception CA, which the command's TLS clients trust.");
+        for (i, path) in facts.ca_files.iter().enumerate() {
+            let param = w.param(format!("CA_{i}"), path);
+            w.line(&format!("(allow file-read* (literal {param}))"));
+        }
     }
     if let Some(tmp) = facts.tmp.as_deref().filter(|_| policy.private_tmp) {
         w.line(";; tmp: private. macOS has no private tmpfs: the run's own directory (TMPDIR) stands in.");

@@ -9,7 +9,8 @@
 //!
 //! 1. the run's state directory, and in the proxied modes the run's own proxy and its
 //!    bridges, exactly as for bwrap, with a loopback port in front of each bridge
-//!    ([`crate::seatbelt::front`]); the command's proxy variables name those ports;
+//!    ([`crate::seatbelt::front`]); the command's proxy variables name those ports, and
+//!    its CA variables the interception CA's files, written into the state directory;
 //! 2. the profile ([`crate::seatbelt::profile`]) written to `profile.sb` in the state
 //!    directory, and `tmp/` beside it for `tmp: private` (the command's `TMPDIR`);
 //! 3. `sandbox-exec -f profile.sb -D ... -- COMMAND` with exactly the command's environment,
@@ -113,12 +114,18 @@ pub(super) async fn supervise(
     let ports = network.as_ref().map(|n| n.fronts.ports.as_slice());
     let (policy, mut env) = at_front_ports(policy, env, ports.unwrap_or_default());
     let tmp = private_tmp(&policy, &state, &mut env)?;
+    let ca_files = match &network {
+        Some(n) => ca_files(&n.proxy.ca_files, &state, &mut env)?,
+        None => Vec::new(),
+    };
     let recorder = policy.seatbelt.trace.then(|| record_denials(&run)).flatten();
     let mut protected = protected_files(&opts, &policy, Some(&audit_path))?;
     protected.extend(recorder.as_ref().map(|r| r.path.clone()));
+    protected.extend(ca_files.iter().cloned());
     let facts = Facts {
         tmp,
         protected,
+        ca_files,
         trace_tag: recorder.as_ref().map(|_| trace::tag(&run)),
         ..crate::seatbelt::user_facts()
     };
@@ -169,14 +176,19 @@ pub(super) fn print_argv(
     if trace {
         protected.push(trace::path(crate::runlog::dir().as_deref(), run));
     }
+    // Canonical, as `private_tmp` and `ca_files` make them.
+    let canonical = std::fs::canonicalize(&tmp).unwrap_or(tmp).join(placeholder);
+    let ca_files: Vec<PathBuf> = match policy.intercepts() {
+        true => [crate::argv::CA_CERT, crate::argv::CA_BUNDLE]
+            .iter()
+            .map(|name| canonical.join(name))
+            .collect(),
+        false => Vec::new(),
+    };
+    protected.extend(ca_files.iter().cloned());
     let facts = Facts {
-        // Canonical, as `private_tmp` makes it.
-        tmp: policy.private_tmp.then(|| {
-            std::fs::canonicalize(&tmp)
-                .unwrap_or(tmp)
-                .join(placeholder)
-                .join("tmp")
-        }),
+        tmp: policy.private_tmp.then(|| canonical.join("tmp")),
+        ca_files,
         protected,
         trace_tag: trace.then(|| trace::tag(run)),
         ..crate::seatbelt::user_facts()
@@ -284,6 +296,34 @@ fn private_tmp(
         env.push(("TMPDIR".to_owned(), dir.display().to_string()));
     }
     Ok(Some(dir))
+}
+
+/// The run's interception CA (its certificate, and the bundle of it with the system's
+/// roots) where the command can read it: macOS has no `/run/sandgate` to hand it in as
+/// bwrap's data, so each is written, new, into the state directory (the runner's own,
+/// made private before the proxy started) by its canonical path (Seatbelt matches real
+/// paths), and every variable that named it under `/run/sandgate` names it there. The
+/// profile lets the command read these two files and write neither. Returns their paths.
+fn ca_files(
+    files: &[(&'static str, String)],
+    state: &RunState,
+    env: &mut [(String, String)],
+) -> Result<Vec<PathBuf>, RunError> {
+    let mut paths = Vec::new();
+    for (name, pem) in files {
+        let path = state.path().join(name);
+        let path = write_private(&path, pem)
+            .and_then(|()| std::fs::canonicalize(&path))
+            .map_err(|e| {
+                RunError::Unavailable(format!("cannot write the run's CA to {}: {e}", path.display()))
+            })?;
+        let inside = format!("{}/{name}", crate::argv::BRIDGE_DIR);
+        for (_, value) in env.iter_mut().filter(|(_, v)| *v == inside) {
+            *value = path.display().to_string();
+        }
+        paths.push(path);
+    }
+    Ok(paths)
 }
 
 /// Starts recording the profile's denials; a run goes on without it, saying why.
