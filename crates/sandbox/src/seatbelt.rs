@@ -68,12 +68,26 @@ pub fn user_facts() -> Facts {
 /// stands in for the run's own, and the trace tag is `sandgate`.
 pub fn host_facts(policy: &SandboxPolicy) -> Facts {
     let tmp = std::env::temp_dir();
+    let tmp = std::fs::canonicalize(&tmp).unwrap_or(tmp);
+    let ca_files = ca_files_in(policy, &tmp);
     Facts {
-        tmp: policy
-            .private_tmp
-            .then(|| std::fs::canonicalize(&tmp).unwrap_or(tmp)),
+        tmp: policy.private_tmp.then(|| tmp.clone()),
         trace_tag: policy.seatbelt.trace.then(|| "sandgate".to_owned()),
+        protected: ca_files.clone(),
+        ca_files,
         ..user_facts()
+    }
+}
+
+/// Where a run of `policy` with its state in `dir` keeps the interception CA's files (the
+/// certificate, then the bundle), when it intercepts; for printing what a run would do.
+pub fn ca_files_in(policy: &SandboxPolicy, dir: &std::path::Path) -> Vec<PathBuf> {
+    match policy.intercepts() {
+        true => [crate::argv::CA_CERT, crate::argv::CA_BUNDLE]
+            .iter()
+            .map(|name| dir.join(name))
+            .collect(),
+        false => Vec::new(),
     }
 }
 

@@ -1,7 +1,8 @@
 //! A run's state on the host: one private directory, `sandgate-run-XXXXXXXXXX` in the
 //! temporary directory, holding the run's audit log and `bridge/`, the only part bound into
-//! the sandbox (its files each bound read-only on their own: the bridge sockets, and the
-//! interception CA's certificate and bundle).
+//! the sandbox (its files each bound read-only on their own: the bridge sockets; the
+//! interception CA's certificate and bundle go to bwrap as data, never files here). Under
+//! Seatbelt it also holds the profile, `tmp/` and the CA's two files (`seatbelt/run.rs`).
 //!
 //! The directory is locked (`flock`, exclusive) for the whole run. A run that ends removes
 //! its directory; one that cannot (killed with `kill -9`) leaves it, unlocked, and the next

@@ -88,16 +88,20 @@ fn allowlist() {
 /// profile ignores), with the run's protected files, trace tag and interception CA files.
 #[test]
 fn design_keys() {
+    let ca_files = vec![
+        PathBuf::from("/private/var/folders/xy/T/sandgate-run-0123456789/ca.pem"),
+        PathBuf::from("/private/var/folders/xy/T/sandgate-run-0123456789/ca-bundle.pem"),
+    ];
+    let mut protected = vec![
+        PathBuf::from("/Users/dev/project/policy.yaml"),
+        PathBuf::from("/Users/dev/.local/state/sandgate/runs"),
+    ];
+    // A run protects its CA files as it protects its other files.
+    protected.extend(ca_files.iter().cloned());
     let facts = seatbelt::Facts {
-        protected: vec![
-            PathBuf::from("/Users/dev/project/policy.yaml"),
-            PathBuf::from("/Users/dev/.local/state/sandgate/runs"),
-        ],
+        protected,
         trace_tag: Some("sandgate-run-42-0000000000000001".into()),
-        ca_files: vec![
-            PathBuf::from("/private/var/folders/xy/T/sandgate-run-0123456789/ca.pem"),
-            PathBuf::from("/private/var/folders/xy/T/sandgate-run-0123456789/ca-bundle.pem"),
-        ],
+        ca_files,
         ..facts()
     };
     golden_with(

@@ -321,13 +321,18 @@ fn no_other_host_process_can_use_the_runs_socks5_listener() {
     let pid = child.id();
     let told = child.stdin.take();
     let mut ports = Vec::new();
-    assert!(
-        eventually(Duration::from_secs(3), || {
-            ports = listening_ports(pid);
-            ports.len() >= 2
-        }),
-        "the run's proxy listeners: {ports:?}"
-    );
+    // Returns as soon as both listen; the bound only ends a run that never gets there.
+    if !eventually(Duration::from_secs(60), || {
+        ports = listening_ports(pid);
+        ports.len() >= 2
+    }) {
+        drop(told);
+        let _ = child.kill();
+        let _ = child.wait();
+        let mut stderr = String::new();
+        let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+        panic!("the run's proxy listeners: {ports:?}\n{stderr}");
+    }
     assert_eq!(ports.len(), 2, "an HTTP and a SOCKS5 listener: {ports:?}");
     for port in &ports {
         // A SOCKS5 greeting and an HTTP CONNECT: the proxy closes the connection of any

@@ -122,3 +122,76 @@ fn print_argv_under_seatbelt_prints_the_sandbox_exec_command_line_it_would_run()
     // Printed, not run.
     assert!(!started.exists());
 }
+
+/// An intercepting policy: both printers show the CA's two files as a run has them, read
+/// and protected (they printed neither before the run wrote the files under Seatbelt).
+#[test]
+fn both_printers_show_an_intercepting_runs_ca_files_read_and_protected() {
+    let work = tempfile::tempdir().unwrap();
+    let stand_in = work.path().join("sandbox-exec");
+    std::fs::write(&stand_in, "#!/bin/sh\nexit 99\n").unwrap();
+    let policy = write_policy(
+        work.path(),
+        "net:\n  mode: allowlist\n  allowlist:\n    - host: ro.example\n      read_only: true\n",
+    );
+    let print = |args: &[&str], exec: Option<&Path>| {
+        let mut cmd = Command::new(common::sandgate_bin());
+        cmd.args(["run", "--policy"])
+            .arg(&policy)
+            .args(args)
+            .args(["--", "true"]);
+        match exec {
+            Some(e) => cmd.env("SANDGATE_SANDBOX_EXEC", e),
+            None => cmd.env_remove("SANDGATE_SANDBOX_EXEC"),
+        };
+        let out = cmd.stdin(Stdio::null()).output().unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stderr}");
+        stdout
+    };
+    let argv = print(&["--print-argv"], Some(&stand_in));
+    let profile = print(&["--print-profile", "seatbelt"], None);
+    for (printed, line) in [
+        (&argv, argv.trim_end().to_owned()),
+        (
+            &profile,
+            profile
+                .lines()
+                .find_map(|l| l.strip_prefix(";; run with: "))
+                .unwrap()
+                .to_owned(),
+        ),
+    ] {
+        let words = shell_words(&line);
+        let value = |name: &str| {
+            words
+                .iter()
+                .find_map(|w| w.strip_prefix(&format!("{name}=")))
+                .unwrap_or_else(|| panic!("no {name}: {line}"))
+                .to_owned()
+        };
+        let (cert, bundle) = (value("CA_0"), value("CA_1"));
+        assert!(
+            cert.ends_with("/ca.pem") && bundle.ends_with("/ca-bundle.pem"),
+            "{line}"
+        );
+        for ca in [&cert, &bundle] {
+            assert!(
+                words
+                    .iter()
+                    .any(|w| w.starts_with("PROTECT_") && w.ends_with(&format!("={ca}"))),
+                "{line}"
+            );
+        }
+        if printed == &argv {
+            // Beside the profile, in the run's state directory.
+            let dir = words[2].trim_end_matches("/profile.sb");
+            assert_eq!(cert, format!("{dir}/ca.pem"), "{line}");
+        } else {
+            assert!(
+                printed.contains("(allow file-read* (literal (param \"CA_1\")))"),
+                "{printed}"
+            );
+        }
+    }
+}

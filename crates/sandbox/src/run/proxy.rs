@@ -82,7 +82,8 @@ pub(super) struct RunningProxy {
     /// The follower of `net.exceptions`, while the proxy serves.
     follower: Option<Following>,
     /// The interception CA's files for the sandbox (name, text), when the run intercepts:
-    /// handed to bwrap as data, never written on the host.
+    /// handed to bwrap as data, never written on the host (under Seatbelt, which has no
+    /// such data, written into the state directory: `seatbelt/run.rs`).
     pub(super) ca_files: Vec<(&'static str, String)>,
 }
 

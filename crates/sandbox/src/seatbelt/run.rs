@@ -178,13 +178,7 @@ pub(super) fn print_argv(
     }
     // Canonical, as `private_tmp` and `ca_files` make them.
     let canonical = std::fs::canonicalize(&tmp).unwrap_or(tmp).join(placeholder);
-    let ca_files: Vec<PathBuf> = match policy.intercepts() {
-        true => [crate::argv::CA_CERT, crate::argv::CA_BUNDLE]
-            .iter()
-            .map(|name| canonical.join(name))
-            .collect(),
-        false => Vec::new(),
-    };
+    let ca_files = crate::seatbelt::ca_files_in(policy, &canonical);
     protected.extend(ca_files.iter().cloned());
     let facts = Facts {
         tmp: policy.private_tmp.then(|| canonical.join("tmp")),
@@ -302,21 +296,33 @@ fn private_tmp(
 /// roots) where the command can read it: macOS has no `/run/sandgate` to hand it in as
 /// bwrap's data, so each is written, new, into the state directory (the runner's own,
 /// made private before the proxy started) by its canonical path (Seatbelt matches real
-/// paths), and every variable that named it under `/run/sandgate` names it there. The
-/// profile lets the command read these two files and write neither. Returns their paths.
+/// paths), and every variable whose value is exactly its path under `/run/sandgate` (the
+/// runner's own, and an `env.set` that names it) names it there. The profile lets the
+/// command read these two files and write neither. Returns their paths.
+///
+/// The directory is resolved once, before anything is written, and each file is made new
+/// (`create_new`: a link planted at its name is not followed): the paths named are the ones
+/// written, never what a link found after the write would point to.
 fn ca_files(
     files: &[(&'static str, String)],
     state: &RunState,
     env: &mut [(String, String)],
 ) -> Result<Vec<PathBuf>, RunError> {
+    if files.is_empty() {
+        return Ok(Vec::new());
+    }
+    let dir = std::fs::canonicalize(state.path()).map_err(|e| {
+        RunError::Unavailable(format!(
+            "cannot resolve the run's state {}: {e}",
+            state.path().display()
+        ))
+    })?;
     let mut paths = Vec::new();
     for (name, pem) in files {
-        let path = state.path().join(name);
-        let path = write_private(&path, pem)
-            .and_then(|()| std::fs::canonicalize(&path))
-            .map_err(|e| {
-                RunError::Unavailable(format!("cannot write the run's CA to {}: {e}", path.display()))
-            })?;
+        let path = dir.join(name);
+        write_private(&path, pem).map_err(|e| {
+            RunError::Unavailable(format!("cannot write the run's CA to {}: {e}", path.display()))
+        })?;
         let inside = format!("{}/{name}", crate::argv::BRIDGE_DIR);
         for (_, value) in env.iter_mut().filter(|(_, v)| *v == inside) {
             *value = path.display().to_string();
@@ -470,6 +476,43 @@ async fn wait_forwarding(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Another process of the user that plants a link where the CA goes: the runner
+    /// refuses to write, and writes nothing through it.
+    #[test]
+    fn a_link_planted_where_the_ca_goes_is_not_written_through() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = RunState::create(tmp.path()).unwrap();
+        let target = tmp.path().join("elsewhere.pem");
+        std::os::unix::fs::symlink(&target, state.path().join(crate::argv::CA_CERT)).unwrap();
+        let mut env = Vec::new();
+        let written = ca_files(&[(crate::argv::CA_CERT, "CERT".to_owned())], &state, &mut env);
+        assert!(written.is_err(), "{written:?}");
+        assert!(!target.exists());
+    }
+
+    /// A variable whose value is the file's path inside bwrap is pointed at the run's own
+    /// file; one that only contains that path is left as it is.
+    #[test]
+    fn the_ca_variables_name_the_files_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = RunState::create(tmp.path()).unwrap();
+        let bundle = format!("{}/{}", crate::argv::BRIDGE_DIR, crate::argv::CA_BUNDLE);
+        let mut env = vec![
+            ("SSL_CERT_FILE".to_owned(), bundle.clone()),
+            ("PIP_OPTS".to_owned(), format!("--cert={bundle}")),
+        ];
+        let files = [
+            (crate::argv::CA_CERT, "CERT".to_owned()),
+            (crate::argv::CA_BUNDLE, "BUNDLE".to_owned()),
+        ];
+        let paths = ca_files(&files, &state, &mut env).unwrap();
+        let dir = std::fs::canonicalize(state.path()).unwrap();
+        assert_eq!(paths, [dir.join("ca.pem"), dir.join("ca-bundle.pem")]);
+        assert_eq!(std::fs::read_to_string(&paths[1]).unwrap(), "BUNDLE");
+        assert_eq!(env[0].1, paths[1].display().to_string());
+        assert_eq!(env[1].1, format!("--cert={bundle}"));
+    }
 
     #[test]
     fn the_proxy_variables_name_the_ports_the_command_has() {

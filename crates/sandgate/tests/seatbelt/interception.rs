@@ -97,7 +97,7 @@ fn intercepted_https_works_under_seatbelt_with_the_ca_in_the_runs_own_directory(
         let protected = stand_in
             .recorded("params")
             .lines()
-            .any(|l| l.starts_with("PROTECT_") && l.ends_with(&format!("/{file}")));
+            .any(|l| l.starts_with("PROTECT_") && l.split_once('=').is_some_and(|(_, p)| p == param));
         assert!(
             protected,
             "the profile does not keep {file} from writes:\n{profile}"
