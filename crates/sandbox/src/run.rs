@@ -187,6 +187,10 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
             )));
         }
     }
+    // Canonical: the bridge directory is a bind source, opened and checked ([`sources`]).
+    let tmp = std::fs::canonicalize(std::env::temp_dir()).unwrap_or_else(|_| std::env::temp_dir());
+    // Before `--print-argv` too: it prints only what a run would start.
+    refuse_covering_run_state(&policy, &tmp)?;
     if opts.print_argv {
         // What `run` would start: sandbox-exec where the seatbelt backend is chosen.
         if let Some(exec) = crate::seatbelt::sandbox_exec() {
@@ -216,9 +220,6 @@ pub fn run(opts: RunOptions) -> Result<i32, RunError> {
         );
         return Ok(0);
     }
-    // Canonical: the bridge directory is a bind source, opened and checked ([`sources`]).
-    let tmp = std::fs::canonicalize(std::env::temp_dir()).unwrap_or_else(|_| std::env::temp_dir());
-    refuse_covering_run_state(&policy, &tmp)?;
     let sandboxer = seatbelt::Sandboxer::choose(preflight)?;
     if opts.no_terminal {
         // Out of the caller's session: no controlling terminal to read, write or take (it

@@ -364,6 +364,36 @@ fn secret_looking_environment_is_withheld_and_a_bare_star_is_refused() {
 }
 
 /// This whole binary again as `nobody` when the tests run as root.
+/// `--print-argv` prints only what a run would start: a policy the run refuses (its read
+/// paths hold the temporary directory, where runs keep their bridge sockets) is refused the
+/// same way, exit 64, with nothing printed. Before, it printed a bwrap command line and
+/// exited 0 for a run that would not start.
+#[test]
+fn print_argv_refuses_what_a_run_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let doc = base().replace(
+        "read_paths: [ ",
+        &format!("read_paths: [ \"{}\", ", dir.path().display()),
+    );
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, doc).unwrap();
+    for args in [&["--print-argv"][..], &[]] {
+        let out = sandbox_support::run_command(&policy, args, &["true"])
+            .env("TMPDIR", &tmp)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {stdout}\n{stderr}");
+        assert!(
+            stdout.is_empty() && stderr.contains("bridge sockets"),
+            "{args:?}: {stdout}\n{stderr}"
+        );
+    }
+}
+
 #[test]
 fn the_usability_suite_passes_as_an_ordinary_user() {
     common::rerun_as_nobody(

@@ -106,8 +106,14 @@ pub(super) fn open(argv: Vec<OsString>) -> Result<(Vec<OsString>, Sources), RunE
                 word.to_string_lossy()
             )));
         };
-        let fd = open_source(Path::new(&source))?;
-        if Path::new(&dest).starts_with(crate::argv::BRIDGE_DIR) && is_socket(&fd) {
+        let bridge = Path::new(&dest).starts_with(crate::argv::BRIDGE_DIR);
+        let fd = open_source(Path::new(&source)).map_err(|e| match (bridge, e) {
+            // The runner made it a moment ago: gone or moved is not the policy's mistake
+            // (exit 64) but the run's own state failing it (69).
+            (true, RunError::Usage(why)) => RunError::Unavailable(why),
+            (_, e) => e,
+        })?;
+        if bridge && is_socket(&fd) {
             listened_here(&fd, Path::new(&source))?;
         }
         out.push(flag.into());

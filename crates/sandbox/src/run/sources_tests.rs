@@ -102,6 +102,19 @@ fn a_source_that_is_gone_is_refused() {
         panic!("a missing source was opened");
     };
     assert!(m.starts_with("cannot open the bind source"), "{m}");
+    // A bridge socket the runner made, gone before bwrap got it (removed by a process that
+    // may write the run's state directory): the run's state failed, not the policy (69, not
+    // the usage error 64 it was).
+    let argv: Vec<OsString> = vec![
+        "bwrap".into(),
+        "--ro-bind".into(),
+        root.join("proxy.sock").into(),
+        "/run/sandgate/proxy.sock".into(),
+    ];
+    let Err(RunError::Unavailable(m)) = open(argv) else {
+        panic!("a missing bridge socket was not the run's failure");
+    };
+    assert!(m.starts_with("cannot open the bind source"), "{m}");
 }
 
 fn policy_with(write: &str, links: &[(&str, &str)]) -> SandboxPolicy {
