@@ -6,8 +6,9 @@
 //! per request.
 //!
 //! The proxy under test is pinned to core 0 and the load generator (with its loopback
-//! servers) to core 1 with `taskset`. Not a test: figures go to docs/benchmarks.md. `--smoke`
-//! runs tiny sizes so the test suite keeps the harness from rotting.
+//! servers) to core 1 with `taskset`. The sandbox's start-up is measured first, unpinned
+//! (`startup.rs`). Not a test: figures go to docs/benchmarks.md. `--smoke` runs tiny sizes so
+//! the test suite keeps the harness from rotting.
 
 mod client;
 mod process;
@@ -16,6 +17,7 @@ mod relay;
 mod report;
 mod scenarios;
 mod servers;
+mod startup;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -70,9 +72,12 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "tunnel,http,new-tunnels,idle,https"
+        default_value = "tunnel,http,new-tunnels,idle,https,startup"
     )]
     scenarios: Vec<Scenario>,
+    /// Paired rounds of the start-up scenario.
+    #[arg(long, default_value_t = 40)]
+    startup_rounds: usize,
     /// The sandgate binary (default: next to this one).
     #[arg(long)]
     sandgate: Option<PathBuf>,
@@ -97,6 +102,9 @@ enum Scenario {
     Idle,
     /// Keep-alive HTTPS GETs, a tunnel and a TLS handshake per connection.
     Https,
+    /// `sandgate run -- /bin/true` in `none` and `allowlist` against bare bwrap, paired
+    /// (sandgate's alone, whatever the targets).
+    Startup,
 }
 
 const PINNED_ENV: &str = "SANDGATE_BENCH_PINNED";
@@ -114,10 +122,23 @@ fn main() -> ExitCode {
         args.tunnel_secs = 0.3;
         args.tunnel_conns = 4;
         args.idle = 50;
+        args.startup_rounds = 3;
+    }
+    let already_pinned = std::env::var_os(PINNED_ENV).is_some();
+    // The start-up first, in this unpinned process (the pinned one below skips it).
+    let mut started_ok = true;
+    if args.scenarios.contains(&Scenario::Startup) && !already_pinned {
+        started_ok = startup(&args);
+    }
+    if args.scenarios.iter().all(|s| *s == Scenario::Startup) {
+        return if started_ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
     }
     let _ = rlimit::increase_nofile_limit(u64::MAX);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let already_pinned = std::env::var_os(PINNED_ENV).is_some();
     let pin = already_pinned || (!args.no_pin && cores >= 2 && proxies::which("taskset").is_some());
     if pin && !already_pinned {
         // Re-run this process on core 1; proxies will get core 0.
@@ -130,7 +151,8 @@ fn main() -> ExitCode {
                 .status()
         });
         return match status {
-            Ok(s) if s.success() => ExitCode::SUCCESS,
+            Ok(s) if s.success() && started_ok => ExitCode::SUCCESS,
+            Ok(s) if s.success() => ExitCode::FAILURE,
             Ok(_) => ExitCode::FAILURE,
             Err(e) => {
                 eprintln!("sandgate-bench: cannot pin with taskset: {e}");
@@ -146,11 +168,42 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(run(&args, pin.then_some(0))) {
-        Ok(true) => ExitCode::SUCCESS,
+        Ok(true) if started_ok => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::FAILURE,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("sandgate-bench: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Measures and prints the sandbox's start-up; false if it could not be measured where it
+/// can be (a host without bwrap only says so).
+fn startup(args: &Args) -> bool {
+    let sandgate = match &args.sandgate {
+        Some(p) => p.clone(),
+        None => match std::env::current_exe() {
+            Ok(exe) => exe.with_file_name("sandgate"),
+            Err(e) => {
+                eprintln!("sandgate-bench: start-up: {e}");
+                return false;
+            }
+        },
+    };
+    if proxies::which("bwrap").is_none() {
+        eprintln!("sandgate-bench: start-up: skipped, no bwrap on PATH");
+        return true;
+    }
+    eprintln!("start-up: {} paired rounds", args.startup_rounds);
+    match startup::measure(&sandgate, args.startup_rounds.max(1)) {
+        Ok(figures) => {
+            startup::print(&figures);
+            true
+        }
+        Err(e) => {
+            eprintln!("sandgate-bench: start-up: {e}");
+            false
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Runs the load benchmark in smoke mode (tiny sizes; direct, sandgate, sandgate
-//! intercepting the HTTPS origin, and the bare relay) so the harness cannot rot. It checks that every scenario
+//! intercepting the HTTPS origin, and the bare relay; and three rounds of the sandbox's
+//! start-up) so the harness cannot rot. It checks that every scenario
 //! ran and produced figures; it asserts no speed.
 
 #![allow(clippy::panic, clippy::expect_used, reason = "test")]
@@ -84,6 +85,18 @@ fn smoke_run_produces_every_figure() {
             assert!(
                 cell.parse::<f64>().is_ok(),
                 "{metric}: no {target} figure: {cell:?}"
+            );
+        }
+    }
+    // The sandbox's start-up, paired with bare bwrap (where bwrap is, as in CI).
+    let bwrap = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("bwrap").is_file()));
+    if bwrap {
+        for (column, variant) in [(1, "bare bwrap"), (2, "none"), (3, "allowlist")] {
+            let cell = figure(&stdout, "measured", column);
+            assert!(
+                cell.parse::<f64>().is_ok_and(f64::is_finite),
+                "start-up: no {variant} figure: {cell:?}\n{stdout}\n{stderr}"
             );
         }
     }
