@@ -1,6 +1,7 @@
 //! Sandbox start-up (issue 32): `sandgate run --quiet --no-audit-log -- /bin/true` in
 //! `net.mode: none` and `allowlist`, each paired with bare bwrap running `/bin/true` under
-//! the same namespaces and mounts. Every round runs the three once, in an order rotated
+//! the same namespaces and mounts (but for `--disable-userns`, which sandgate passes where
+//! bwrap has it: one more user namespace on sandgate's side). Every round runs the three once, in an order rotated
 //! round by round; a variant's figure is the median over the rounds of its time minus bare
 //! bwrap's in the same round, so what the machine does meanwhile (another build, a slower
 //! hour) weighs on both sides of each difference. Wall time from spawn to exit, process exit
@@ -67,7 +68,9 @@ pub fn measure(sandgate: &Path, rounds: usize) -> Result<Startup, BoxError> {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         let started = Instant::now();
-        let status = cmd.status()?;
+        let status = cmd
+            .status()
+            .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
         let ms = started.elapsed().as_secs_f64() * 1e3;
         if status.success() {
             return Ok(ms);

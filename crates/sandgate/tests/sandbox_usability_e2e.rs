@@ -363,7 +363,6 @@ fn secret_looking_environment_is_withheld_and_a_bare_star_is_refused() {
     );
 }
 
-/// This whole binary again as `nobody` when the tests run as root.
 /// `--print-argv` prints only what a run would start: a policy the run refuses (its read
 /// paths hold the temporary directory, where runs keep their bridge sockets) is refused the
 /// same way, exit 64, with nothing printed. Before, it printed a bwrap command line and
@@ -394,6 +393,7 @@ fn print_argv_refuses_what_a_run_refuses() {
     }
 }
 
+/// This whole binary again as `nobody` when the tests run as root.
 #[test]
 fn the_usability_suite_passes_as_an_ordinary_user() {
     common::rerun_as_nobody(
