@@ -1199,16 +1199,23 @@ fn venv_of(python: &str) -> PathBuf {
     PathBuf::from(String::from_utf8(o.stdout).unwrap().trim())
 }
 
-/// `--python-env copy`: the bundle carries a copy of the venv in `env/`. Composed from a
-/// venv that is then deleted, and moved, it still starts kernels (through jupyter_client
-/// and under `jupyter launch`) whose interpreter, packages and scripts are the bundle's
-/// own, at its new path.
-#[test]
-fn a_carried_environment_moves_with_its_bundle_and_outlives_its_source_venv() {
-    let dir = tempfile::tempdir().unwrap();
-    // A venv of its own to compose from (hard links: quick, and target/venv is untouched
-    // when it goes).
-    let source = dir.path().join("source-venv");
+/// Packages of the tests' venv that other tests use and no kernel here imports: 400 of its
+/// 655 MB (pyarrow 170, kubernetes_validate 108).
+const NOT_CARRIED: [&str; 6] = [
+    "pyarrow",
+    "kubernetes_validate",
+    "selenium",
+    "faker",
+    "babel",
+    "jupyterlab",
+];
+
+/// A venv to carry (`--python-env copy`): the tests' own, hard-linked into `dir` (quick,
+/// and target/venv is untouched when it goes), without [`NOT_CARRIED`]. Two tests copying
+/// all of it at once took more than the two minutes a test may take on the loaded CI
+/// machine (the clean-clone CI of 33c6ad8; 37-77 s in the runs before it).
+fn slim_venv(dir: &Path) -> PathBuf {
+    let source = dir.join("source-venv");
     let o = Command::new("cp")
         .arg("-al")
         .arg(venv_of(&common::python()))
@@ -1216,6 +1223,33 @@ fn a_carried_environment_moves_with_its_bundle_and_outlives_its_source_venv() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
+    for lib in std::fs::read_dir(source.join("lib")).unwrap().flatten() {
+        let site = lib.path().join("site-packages");
+        for entry in std::fs::read_dir(&site).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().to_lowercase();
+            let heavy = NOT_CARRIED.iter().any(|h| {
+                name == *h
+                    || name
+                        .strip_prefix(&format!("{h}-"))
+                        .is_some_and(|v| v.ends_with(".dist-info"))
+            });
+            if heavy {
+                std::fs::remove_dir_all(entry.path()).unwrap();
+            }
+        }
+    }
+    source
+}
+
+/// `--python-env copy`: the bundle carries a copy of the venv in `env/`. Composed from a
+/// venv that is then deleted, and moved, it still starts kernels (through jupyter_client
+/// and under `jupyter launch`) whose interpreter, packages and scripts are the bundle's
+/// own, at its new path.
+#[test]
+fn a_carried_environment_moves_with_its_bundle_and_outlives_its_source_venv() {
+    let dir = tempfile::tempdir().unwrap();
+    // A venv of its own to compose from, deleted once composed.
+    let source = slim_venv(dir.path());
     let out = dir.path().join("b");
     let o = sandgate(&[
         "jupyter",
@@ -1369,7 +1403,19 @@ fn kernel_start(bundle: &Path, dir: &Path) -> Output {
 #[test]
 fn a_carried_environment_tampered_to_reach_out_of_the_bundle_is_refused_before_it_runs() {
     let dir = tempfile::tempdir().unwrap();
-    let bundle = compose_ok(&dir.path().join("b"), &["--python-env", "copy"]);
+    let python = slim_venv(dir.path()).join("bin/python");
+    let bundle = dir.path().join("b");
+    let o = sandgate(&[
+        "jupyter",
+        "compose",
+        "--out",
+        bundle.to_str().unwrap(),
+        "--python",
+        python.to_str().unwrap(),
+        "--python-env",
+        "copy",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
     let env = bundle.join("env");
     let ws = bundle.join("workspace");
     let marker = dir.path().join("ran");
