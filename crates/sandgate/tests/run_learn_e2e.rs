@@ -344,13 +344,19 @@ fn refusals_show_as_they_happen_rate_limited_and_quiet_silences_them() {
         &format!("  allow_domains: [ \"api.test:{}\" ]\n", w.api.port()),
     );
     let api = w.api.port();
-    // One refusal, then a pause, then a marker: the refusal's line comes first. Then eight
-    // refusals at once: at most five lines a second, the rest counted.
+    // One refusal; the command then waits (30 s at most, saying so if it gave up) until the
+    // test has read the refusal's line on the run's stderr, so the line came while the
+    // command ran, and a marker follows it. Then eight refusals at once: at most five lines
+    // a second, the rest counted. (The command slept a second instead, and the line had to
+    // come within it: a bound a loaded machine need not keep.)
+    let go = w.dir.path().join("go");
+    let gate = go.display();
     let script = format!(
         r#"
 curl -sS -o /dev/null http://api.test:{api}/ok
 curl -sS -o /dev/null http://denied.test:{api}/first
-sleep 1
+i=0; while [ ! -e {gate} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+[ -e {gate} ] || echo GATE-TIMEOUT >&2
 echo MARKER >&2
 python3 -c '
 import urllib.request, urllib.error
@@ -362,11 +368,44 @@ for i in range(8):
 '
 "#
     );
-    let out = run_in(state.path(), &policy, &[], &script);
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
     let first = format!(
         "sandgate: blocked denied.test:{api} (not allowlisted; --allow-domain denied.test:{api} would allow it)"
+    );
+    let mut child = Command::new(sandgate_bin())
+        .args(["run", "--policy"])
+        .arg(&policy)
+        .args(["--", "sh", "-c", &script])
+        .env("XDG_STATE_HOME", state.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(err)).map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut lines = Vec::new();
+    while let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        let seen = line == first;
+        lines.push(line);
+        if seen {
+            std::fs::write(&go, "").unwrap();
+            break;
+        }
+    }
+    lines.extend(rx.iter());
+    reader.join().unwrap();
+    let status = sandbox_support::wait_bounded(&mut child);
+    let stdout = std::io::read_to_string(child.stdout.take().unwrap()).unwrap();
+    let stderr = lines.join("\n");
+    assert!(status.success(), "{stdout}\n{stderr}");
+    assert!(
+        !stderr.contains("GATE-TIMEOUT"),
+        "the refusal's line did not come while the command ran:\n{stderr}"
     );
     let at = |needle: &str| {
         stderr
