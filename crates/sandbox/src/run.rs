@@ -349,7 +349,7 @@ async fn supervise(
     // without `--bind-fd` (before 0.10.0, no backport) mounts the paths as they are when it
     // reads them; `sandgate mcp` then runs one command at a time where workspaces are taken.
     let (argv, sources) = if options.bind_fd {
-        sources::open(bwrap_argv(&policy, &facts))?
+        sources::open(bwrap_argv(&policy, &facts), facts.bridge_dir.as_deref())?
     } else {
         tracing::debug!(
             "{} has no --bind-fd: bind sources passed as paths",

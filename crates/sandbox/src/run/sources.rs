@@ -81,8 +81,13 @@ pub(super) fn data(files: &[(&'static str, String)]) -> Result<Vec<(&'static str
 /// `argv` (bwrap's, as [`crate::argv::bwrap_argv`] built it) with each `--bind SRC DEST` and
 /// `--ro-bind SRC DEST` before the first `--` replaced by `--bind-fd FD DEST` and
 /// `--ro-bind-fd FD DEST`, and the descriptors opened. Refused when a source cannot be
-/// opened or is no longer at its canonical path.
-pub(super) fn open(argv: Vec<OsString>) -> Result<(Vec<OsString>, Sources), RunError> {
+/// opened or is no longer at its canonical path. A source in `bridges` (the run's bridge
+/// directory) is a socket this runner made: it must be one this process listens on, and
+/// its absence is the run's failure, not the policy's.
+pub(super) fn open(
+    argv: Vec<OsString>,
+    bridges: Option<&Path>,
+) -> Result<(Vec<OsString>, Sources), RunError> {
     let mut out = Vec::with_capacity(argv.len());
     let mut fds = Vec::new();
     let mut words = argv.into_iter();
@@ -106,7 +111,7 @@ pub(super) fn open(argv: Vec<OsString>) -> Result<(Vec<OsString>, Sources), RunE
                 word.to_string_lossy()
             )));
         };
-        let bridge = Path::new(&dest).starts_with(crate::argv::BRIDGE_DIR);
+        let bridge = bridges.is_some_and(|dir| Path::new(&source).starts_with(dir));
         let fd = open_source(Path::new(&source)).map_err(|e| match (bridge, e) {
             // The runner made it a moment ago: gone or moved is not the policy's mistake
             // (exit 64) but the run's own state failing it (69).

@@ -35,7 +35,7 @@ fn each_bind_before_the_separator_becomes_a_descriptor_of_the_same_place() {
         "--bind".into(),
         "x".into(),
     ];
-    let (out, sources) = open(argv).unwrap();
+    let (out, sources) = open(argv, None).unwrap();
     let fds = sources.raw();
     assert_eq!(fds.len(), 2);
     let ws_text = ws.display().to_string();
@@ -74,7 +74,7 @@ fn a_source_whose_parent_became_a_symlink_is_refused_naming_both_paths() {
         "--".into(),
         "true".into(),
     ];
-    let Err(RunError::Usage(m)) = open(argv) else {
+    let Err(RunError::Usage(m)) = open(argv, None) else {
         panic!("a swapped source was opened");
     };
     let now = root.join("elsewhere/ws");
@@ -92,13 +92,14 @@ fn a_source_whose_parent_became_a_symlink_is_refused_naming_both_paths() {
 fn a_source_that_is_gone_is_refused() {
     let (_dir, root) = tree();
     let gone = root.join("real/nothing");
+    let gone_too = gone.clone();
     let argv: Vec<OsString> = vec![
         "bwrap".into(),
         "--ro-bind".into(),
         gone.clone().into(),
         gone.into(),
     ];
-    let Err(RunError::Usage(m)) = open(argv) else {
+    let Err(RunError::Usage(m)) = open(argv, None) else {
         panic!("a missing source was opened");
     };
     assert!(m.starts_with("cannot open the bind source"), "{m}");
@@ -111,10 +112,22 @@ fn a_source_that_is_gone_is_refused() {
         root.join("proxy.sock").into(),
         "/run/sandgate/proxy.sock".into(),
     ];
-    let Err(RunError::Unavailable(m)) = open(argv) else {
+    let Err(RunError::Unavailable(m)) = open(argv, Some(&root)) else {
         panic!("a missing bridge socket was not the run's failure");
     };
     assert!(m.starts_with("cannot open the bind source"), "{m}");
+    // Known by where it comes from, not where it goes: a path of the policy's that is
+    // gone stays the usage error it is, wherever it is bound.
+    let argv: Vec<OsString> = vec![
+        "bwrap".into(),
+        "--ro-bind".into(),
+        gone_too.into(),
+        "/run/sandgate/mine".into(),
+    ];
+    assert!(matches!(
+        open(argv, Some(&root.join("bridge"))),
+        Err(RunError::Usage(_))
+    ));
 }
 
 fn policy_with(write: &str, links: &[(&str, &str)]) -> SandboxPolicy {
@@ -178,7 +191,7 @@ fn a_bridge_socket_someone_else_listens_on_is_refused() {
     .iter()
     .map(OsString::from)
     .collect();
-    assert!(open(argv).is_ok());
+    assert!(open(argv, Some(&root)).is_ok());
 
     let theirs = root.join("socks.sock");
     let mut child = crate::test_support::python_until_told(&format!(
@@ -196,7 +209,7 @@ fn a_bridge_socket_someone_else_listens_on_is_refused() {
     .iter()
     .map(OsString::from)
     .collect();
-    let refused = open(argv);
+    let refused = open(argv, Some(&root));
     drop(child.stdin.take());
     let _ = child.wait();
     match refused {
