@@ -51,14 +51,18 @@ fn text(o: &Output) -> String {
 
 /// `jupyter compose` into `out` with the venv's Python; the output.
 fn compose(out: &Path, extra: &[&str]) -> Output {
-    let python = common::python();
+    compose_with(out, &common::python(), extra)
+}
+
+/// `jupyter compose` into `out` with `python`; the output.
+fn compose_with(out: &Path, python: &str, extra: &[&str]) -> Output {
     let mut args = vec![
         "jupyter",
         "compose",
         "--out",
         out.to_str().unwrap(),
         "--python",
-        &python,
+        python,
     ];
     args.extend(extra);
     sandgate(&args)
@@ -1251,16 +1255,8 @@ fn a_carried_environment_moves_with_its_bundle_and_outlives_its_source_venv() {
     // A venv of its own to compose from, deleted once composed.
     let source = slim_venv(dir.path());
     let out = dir.path().join("b");
-    let o = sandgate(&[
-        "jupyter",
-        "compose",
-        "--out",
-        out.to_str().unwrap(),
-        "--python",
-        source.join("bin/python").to_str().unwrap(),
-        "--python-env",
-        "copy",
-    ]);
+    let python = source.join("bin/python");
+    let o = compose_with(&out, python.to_str().unwrap(), &["--python-env", "copy"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(
         text(&o).contains(&format!("kernels run {}/env/bin/python", out.display())),
@@ -1405,16 +1401,7 @@ fn a_carried_environment_tampered_to_reach_out_of_the_bundle_is_refused_before_i
     let dir = tempfile::tempdir().unwrap();
     let python = slim_venv(dir.path()).join("bin/python");
     let bundle = dir.path().join("b");
-    let o = sandgate(&[
-        "jupyter",
-        "compose",
-        "--out",
-        bundle.to_str().unwrap(),
-        "--python",
-        python.to_str().unwrap(),
-        "--python-env",
-        "copy",
-    ]);
+    let o = compose_with(&bundle, python.to_str().unwrap(), &["--python-env", "copy"]);
     assert!(o.status.success(), "{}", text(&o));
     let env = bundle.join("env");
     let ws = bundle.join("workspace");

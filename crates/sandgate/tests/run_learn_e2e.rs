@@ -32,16 +32,20 @@ use sandbox_support::{base, text};
 
 /// `sandgate run --policy P ARGS -- sh -c SCRIPT` with XDG_STATE_HOME=`state`.
 fn run_in(state: &Path, policy: &Path, args: &[&str], script: &str) -> Output {
-    Command::new(sandgate_bin())
-        .arg("run")
+    run_command_in(state, policy, args, script).output().unwrap()
+}
+
+/// The command [`run_in`] runs, for a test that reads the run while it lasts.
+fn run_command_in(state: &Path, policy: &Path, args: &[&str], script: &str) -> Command {
+    let mut cmd = Command::new(sandgate_bin());
+    cmd.arg("run")
         .arg("--policy")
         .arg(policy)
         .args(args)
         .args(["--", "sh", "-c", script])
         .env("XDG_STATE_HOME", state)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
+        .stdin(Stdio::null());
+    cmd
 }
 
 /// The audit log the totals line names.
@@ -304,12 +308,7 @@ done
 "#,
         f = ports_file.display()
     );
-    let mut child = Command::new(sandgate_bin())
-        .args(["run", "--learn", "--policy"])
-        .arg(&policy)
-        .args(["--", "sh", "-c", &script])
-        .env("XDG_STATE_HOME", state.path())
-        .stdin(Stdio::null())
+    let mut child = run_command_in(state.path(), &policy, &["--learn"], &script)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -371,12 +370,7 @@ for i in range(8):
     let first = format!(
         "sandgate: blocked denied.test:{api} (not allowlisted; --allow-domain denied.test:{api} would allow it)"
     );
-    let mut child = Command::new(sandgate_bin())
-        .args(["run", "--policy"])
-        .arg(&policy)
-        .args(["--", "sh", "-c", &script])
-        .env("XDG_STATE_HOME", state.path())
-        .stdin(Stdio::null())
+    let mut child = run_command_in(state.path(), &policy, &[], &script)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

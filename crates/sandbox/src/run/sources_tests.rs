@@ -8,6 +8,16 @@ fn words(v: &[OsString]) -> Vec<String> {
     v.iter().map(|w| w.to_string_lossy().into_owned()).collect()
 }
 
+/// bwrap's command line binding `source` read-only at `dest`, and nothing else.
+fn ro_bind(source: &Path, dest: impl AsRef<Path>) -> Vec<OsString> {
+    vec![
+        "bwrap".into(),
+        "--ro-bind".into(),
+        source.into(),
+        dest.as_ref().into(),
+    ]
+}
+
 /// A canonical temporary directory holding `real/ws` and `elsewhere/ws`.
 fn tree() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
@@ -92,38 +102,21 @@ fn a_source_whose_parent_became_a_symlink_is_refused_naming_both_paths() {
 fn a_source_that_is_gone_is_refused() {
     let (_dir, root) = tree();
     let gone = root.join("real/nothing");
-    let gone_too = gone.clone();
-    let argv: Vec<OsString> = vec![
-        "bwrap".into(),
-        "--ro-bind".into(),
-        gone.clone().into(),
-        gone.into(),
-    ];
-    let Err(RunError::Usage(m)) = open(argv, None) else {
+    let Err(RunError::Usage(m)) = open(ro_bind(&gone, &gone), None) else {
         panic!("a missing source was opened");
     };
     assert!(m.starts_with("cannot open the bind source"), "{m}");
     // A bridge socket the runner made, gone before bwrap got it (removed by a process that
     // may write the run's state directory): the run's state failed, not the policy (69, not
     // the usage error 64 it was).
-    let argv: Vec<OsString> = vec![
-        "bwrap".into(),
-        "--ro-bind".into(),
-        root.join("proxy.sock").into(),
-        "/run/sandgate/proxy.sock".into(),
-    ];
+    let argv = ro_bind(&root.join("proxy.sock"), "/run/sandgate/proxy.sock");
     let Err(RunError::Unavailable(m)) = open(argv, Some(&root)) else {
         panic!("a missing bridge socket was not the run's failure");
     };
     assert!(m.starts_with("cannot open the bind source"), "{m}");
     // Known by where it comes from, not where it goes: a path of the policy's that is
     // gone stays the usage error it is, wherever it is bound.
-    let argv: Vec<OsString> = vec![
-        "bwrap".into(),
-        "--ro-bind".into(),
-        gone_too.into(),
-        "/run/sandgate/mine".into(),
-    ];
+    let argv = ro_bind(&gone, "/run/sandgate/mine");
     assert!(matches!(
         open(argv, Some(&root.join("bridge"))),
         Err(RunError::Usage(_))
@@ -180,36 +173,14 @@ fn a_bridge_socket_someone_else_listens_on_is_refused() {
     let (_dir, root) = tree();
     let ours = root.join("proxy.sock");
     let _listening = std::os::unix::net::UnixListener::bind(&ours).unwrap();
-    let argv: Vec<OsString> = [
-        "bwrap",
-        "--ro-bind",
-        ours.to_str().unwrap(),
-        "/run/sandgate/proxy.sock",
-        "--",
-        "true",
-    ]
-    .iter()
-    .map(OsString::from)
-    .collect();
-    assert!(open(argv, Some(&root)).is_ok());
+    assert!(open(ro_bind(&ours, "/run/sandgate/proxy.sock"), Some(&root)).is_ok());
 
     let theirs = root.join("socks.sock");
     let mut child = crate::test_support::python_until_told(&format!(
         "s = socket.socket(socket.AF_UNIX)\ns.bind({:?})\ns.listen(1)",
         theirs.display().to_string()
     ));
-    let argv: Vec<OsString> = [
-        "bwrap",
-        "--ro-bind",
-        theirs.to_str().unwrap(),
-        "/run/sandgate/socks.sock",
-        "--",
-        "true",
-    ]
-    .iter()
-    .map(OsString::from)
-    .collect();
-    let refused = open(argv, Some(&root));
+    let refused = open(ro_bind(&theirs, "/run/sandgate/socks.sock"), Some(&root));
     drop(child.stdin.take());
     let _ = child.wait();
     match refused {
